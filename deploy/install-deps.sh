@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs the Debian packages ditserve builds and tests with. Idempotent: when
+# everything is present it does nothing (and needs no network).
+# The CUDA toolkit (nvcc, cuBLASLt, NCCL) is not a Debian package here; the
+# build uses it when it is on PATH and skips the GPU code otherwise.
+set -euo pipefail
+
+packages=(
+  build-essential pkg-config meson ninja-build  # compiler and build system
+  libopenblas-openmp-dev                       # GEMMs on the cpu backend (OpenMP build)
+  libcjson-dev                                 # config.json and safetensors headers
+  check                                        # unit-test framework
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then
+  sudo="sudo"
+fi
+echo "installing: ${missing[*]}"
+$sudo apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"

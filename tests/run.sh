@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Configures, builds and runs every test suite (unit and end-to-end).
+#   tests/run.sh              release build in build/
+#   tests/run.sh --sanitize   AddressSanitizer + UBSan build in build-asan/
+# DIT_CUDA=enabled|auto|disabled chooses whether the CUDA backend is built
+# (default auto: built when nvcc is found). CI forces it on.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+cuda=${DIT_CUDA:-auto}
+builddir=build
+opts=(-Dcuda="$cuda")
+if [ "${1:-}" = "--sanitize" ]; then
+  builddir=build-asan
+  opts+=(-Db_sanitize=address,undefined -Dbuildtype=debugoptimized)
+fi
+
+if [ -f "$builddir/build.ninja" ]; then
+  meson configure "$builddir" "${opts[@]}" >/dev/null
+else
+  meson setup "$builddir" "${opts[@]}"
+fi
+meson compile -C "$builddir"
+meson test -C "$builddir" --print-errorlogs

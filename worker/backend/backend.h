@@ -1,0 +1,140 @@
+/* The compute backend interface: a struct of function pointers that every
+ * device implements (cpu is the readable reference, cuda the fast one).
+ *
+ * Conventions for every op:
+ *  - Tensors live in the backend's memory (dit_backend_alloc). Shapes are
+ *    outermost first; the comment on each op gives the shapes it accepts.
+ *  - Inputs and outputs may be strided views as long as their innermost dim
+ *    is dense (unit stride); an op that needs more says so.
+ *  - Activations are f32 on the cpu backend. Weights are whatever the backend
+ *    chose at upload (cpu: f32, cuda: bf16).
+ *  - Ops may run asynchronously; dit_backend_download and dit_backend_sync
+ *    wait for everything issued before them.
+ *
+ * Owner: the thread that created the backend. Backends are not thread-safe. */
+#ifndef DIT_BACKEND_BACKEND_H
+#define DIT_BACKEND_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "core/status.h"
+#include "core/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct dit_backend dit_backend;
+
+typedef enum dit_act {
+    DIT_ACT_NONE = 0,
+    DIT_ACT_GELU_TANH, /* 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */
+    DIT_ACT_SILU,      /* x * sigmoid(x) */
+} dit_act;
+
+typedef struct dit_backend_ops {
+    const char *name;
+    void (*destroy)(dit_backend *be);
+
+    dit_status (*alloc)(dit_backend *be, size_t bytes, void **out);
+    void (*free)(dit_backend *be, void *ptr);
+
+    /* Dtype the backend stores weights in after upload. */
+    dit_dtype weight_dtype;
+
+    /* dst (backend) <- src (host view, any dtype, any strides, same shape). */
+    dit_status (*upload)(dit_backend *be, const dit_tensor *dst, const dit_tensor *host_src);
+    /* dst (host, contiguous, any dtype) <- src (backend view). Waits. */
+    dit_status (*download)(dit_backend *be, const dit_tensor *host_dst, const dit_tensor *src);
+    /* dst <- src, both backend views of the same shape (up to 4 dims). */
+    dit_status (*copy)(dit_backend *be, const dit_tensor *dst, const dit_tensor *src);
+    /* Every element of dst <- value. */
+    dit_status (*fill)(dit_backend *be, const dit_tensor *dst, float value);
+
+    /* y = act(x w^T + bias) + beta * y.
+     * x (B, M, K), w (N, K) contiguous, bias (N) or NULL, y (B, M, N).
+     * x may also be 2-D (M, K) with y (M, N). beta != 0 requires
+     * act == DIT_ACT_NONE. */
+    dit_status (*linear)(dit_backend *be, const dit_tensor *y, const dit_tensor *x,
+                         const dit_tensor *w, const dit_tensor *bias, dit_act act, float beta);
+
+    /* y = act(x), same shape, any rank <= 4. y may alias x. */
+    dit_status (*activate)(dit_backend *be, const dit_tensor *y, const dit_tensor *x, dit_act act);
+
+    /* y = LayerNorm(x) * (1 + scale) + shift, no affine parameters.
+     * x, y (B, S, C) (y may alias x); shift, scale (B, C) or NULL. */
+    dit_status (*layer_norm_mod)(dit_backend *be, const dit_tensor *y, const dit_tensor *x,
+                                 const dit_tensor *shift, const dit_tensor *scale, float eps);
+
+    /* In place on x (B, S, H, D): RMSNorm over D with weight (D), then, when
+     * cos and sin (S, D) are given, rotary embedding on interleaved pairs
+     * (x[2i], x[2i+1]) in f32. */
+    dit_status (*rms_norm_rope)(dit_backend *be, const dit_tensor *x, const dit_tensor *weight,
+                                float eps, const dit_tensor *cos, const dit_tensor *sin);
+
+    /* res += gate * x, gate (B, C) broadcast over S, or NULL for a plain add.
+     * res, x (B, S, C). */
+    dit_status (*gated_add)(dit_backend *be, const dit_tensor *res, const dit_tensor *x,
+                            const dit_tensor *gate);
+
+    /* Softmax attention without mask:
+     *   out = softmax(scale * q k^T) v, lse = log(sum exp(scale * q k^T)).
+     * q (B, Sq, H, D), k and v (B, Skv, H, D), out (B, Sq, H, D),
+     * lse (B, H, Sq) contiguous f32 or NULL. Never materialises Sq x Skv. */
+    dit_status (*attention)(dit_backend *be, const dit_tensor *out, const dit_tensor *lse,
+                            const dit_tensor *q, const dit_tensor *k, const dit_tensor *v,
+                            float scale);
+
+    /* Merges a partial attention result into a running one, in f32:
+     *   lse' = log(e^lse + e^lse_b),
+     *   out' = (e^lse out + e^lse_b out_b) / (e^lse + e^lse_b).
+     * out, out_b (B, S, H, D); lse, lse_b (B, H, S) f32. Updates out, lse. */
+    dit_status (*lse_merge)(dit_backend *be, const dit_tensor *out, const dit_tensor *lse,
+                            const dit_tensor *out_b, const dit_tensor *lse_b);
+
+    /* Waits for all issued work. */
+    dit_status (*sync)(dit_backend *be);
+} dit_backend_ops;
+
+/* Every backend struct starts with this header. */
+struct dit_backend {
+    const dit_backend_ops *ops;
+};
+
+typedef enum dit_backend_kind {
+    DIT_BACKEND_CPU = 0,
+    DIT_BACKEND_CUDA,
+} dit_backend_kind;
+
+typedef struct dit_backend_config {
+    dit_backend_kind kind;
+    int n_threads; /* cpu: worker threads, 0 = all cores */
+    int device;    /* cuda: device ordinal */
+} dit_backend_config;
+
+dit_status dit_backend_create(const dit_backend_config *cfg, dit_backend **out, dit_diag *diag);
+void dit_backend_destroy(dit_backend *be);
+
+/* Parses "cpu" / "cuda". */
+dit_status dit_backend_kind_parse(const char *s, dit_backend_kind *out);
+
+/* Whether this build has the backend compiled in. */
+bool dit_backend_available(dit_backend_kind kind);
+
+/* Thin dispatchers, so callers read `dit_backend_linear(be, ...)`. */
+static inline dit_status dit_backend_alloc(dit_backend *be, size_t bytes, void **out)
+{
+    return be->ops->alloc(be, bytes, out);
+}
+static inline void dit_backend_free(dit_backend *be, void *p)
+{
+    if (p)
+        be->ops->free(be, p);
+}
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

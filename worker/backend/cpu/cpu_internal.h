@@ -1,0 +1,37 @@
+/* Private to the cpu backend: its struct and the op entry points that
+ * cpu_backend.c puts into the ops table. */
+#ifndef DIT_BACKEND_CPU_INTERNAL_H
+#define DIT_BACKEND_CPU_INTERNAL_H
+
+#include "backend/backend.h"
+
+typedef struct dit_cpu_backend {
+    dit_backend base; /* must stay first */
+    int n_threads;
+} dit_cpu_backend;
+
+static inline int dit_cpu_threads(dit_backend *be)
+{
+    return ((dit_cpu_backend *)be)->n_threads;
+}
+
+/* Strided element-wise copy with dtype conversion, up to 4 dims, between two
+ * host views of the same shape. Used for upload, download and copy. */
+dit_status dit_cpu_copy_strided(const dit_tensor *dst, const dit_tensor *src, int n_threads);
+
+dit_status dit_cpu_linear(dit_backend *be, const dit_tensor *y, const dit_tensor *x,
+                          const dit_tensor *w, const dit_tensor *bias, dit_act act, float beta);
+dit_status dit_cpu_activate(dit_backend *be, const dit_tensor *y, const dit_tensor *x, dit_act act);
+dit_status dit_cpu_layer_norm_mod(dit_backend *be, const dit_tensor *y, const dit_tensor *x,
+                                  const dit_tensor *shift, const dit_tensor *scale, float eps);
+dit_status dit_cpu_rms_norm_rope(dit_backend *be, const dit_tensor *x, const dit_tensor *weight,
+                                 float eps, const dit_tensor *cos, const dit_tensor *sin);
+dit_status dit_cpu_gated_add(dit_backend *be, const dit_tensor *res, const dit_tensor *x,
+                             const dit_tensor *gate);
+dit_status dit_cpu_attention(dit_backend *be, const dit_tensor *out, const dit_tensor *lse,
+                             const dit_tensor *q, const dit_tensor *k, const dit_tensor *v,
+                             float scale);
+dit_status dit_cpu_lse_merge(dit_backend *be, const dit_tensor *out, const dit_tensor *lse,
+                             const dit_tensor *out_b, const dit_tensor *lse_b);
+
+#endif

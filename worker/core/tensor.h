@@ -1,0 +1,93 @@
+/* Tensor views: dtype, shape, byte strides and a data pointer.
+ *
+ * A dit_tensor is a plain value type (a view): it does not own memory. Memory
+ * comes from a backend allocation (weights, arenas) or, for host tensors, from
+ * the caller (an mmap of a safetensors file, a malloc). Shapes are written
+ * outermost first, as PyTorch writes them: a (B, S, H, D) tensor has
+ * ne = {B, S, H, D} and, when contiguous, nb = {S*H*D*e, H*D*e, D*e, e} where
+ * e is the element size in bytes.
+ *
+ * Owner: whoever owns the memory the view points into. */
+#ifndef DIT_CORE_TENSOR_H
+#define DIT_CORE_TENSOR_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum dit_dtype {
+    DIT_F32 = 0,
+    DIT_BF16,
+    DIT_F16,
+    DIT_DTYPE_COUNT
+} dit_dtype;
+
+#define DIT_MAX_DIMS 4
+
+typedef struct dit_tensor {
+    dit_dtype dtype;
+    int ndim;
+    int64_t ne[DIT_MAX_DIMS]; /* elements per dim, outermost first */
+    int64_t nb[DIT_MAX_DIMS]; /* stride per dim in bytes */
+    void *data;
+} dit_tensor;
+
+size_t dit_dtype_size(dit_dtype dt);
+const char *dit_dtype_name(dit_dtype dt);
+
+/* A contiguous view of `ndim` dims over `data`. */
+dit_tensor dit_tensor_make(void *data, dit_dtype dt, int ndim, const int64_t *shape);
+
+/* Shorthands for contiguous views. */
+dit_tensor dit_tensor_1d(void *data, dit_dtype dt, int64_t n0);
+dit_tensor dit_tensor_2d(void *data, dit_dtype dt, int64_t n0, int64_t n1);
+dit_tensor dit_tensor_3d(void *data, dit_dtype dt, int64_t n0, int64_t n1, int64_t n2);
+dit_tensor dit_tensor_4d(void *data, dit_dtype dt, int64_t n0, int64_t n1, int64_t n2, int64_t n3);
+
+int64_t dit_tensor_numel(const dit_tensor *t);
+
+/* Bytes spanned by a contiguous tensor of this shape. */
+size_t dit_tensor_nbytes(const dit_tensor *t);
+
+bool dit_tensor_is_contiguous(const dit_tensor *t);
+
+/* True when the innermost dim has unit stride (rows are dense). */
+bool dit_tensor_rows_dense(const dit_tensor *t);
+
+bool dit_tensor_same_shape(const dit_tensor *a, const dit_tensor *b);
+
+/* View of elements [start, start+len) along `dim`; the caller guarantees the
+ * range is inside the tensor. */
+dit_tensor dit_tensor_narrow(const dit_tensor *t, int dim, int64_t start, int64_t len);
+
+/* Splits the last dim of a view into (n_outer, inner) where
+ * n_outer * inner == ne[last]: (B, S, H*D) -> (B, S, H, D). */
+dit_tensor dit_tensor_split_last(const dit_tensor *t, int64_t inner);
+
+/* Prints "(2, 3, 4) f32" into buf. */
+void dit_tensor_shape_str(const dit_tensor *t, char *buf, size_t cap);
+
+/* Scalar conversions used by loaders and the CPU backend. Round to nearest
+ * even, the way PyTorch converts. */
+float dit_bf16_to_f32(uint16_t h);
+uint16_t dit_f32_to_bf16(float f);
+float dit_f16_to_f32(uint16_t h);
+uint16_t dit_f32_to_f16(float f);
+
+/* Converts `n` elements from `src` of dtype `st` to f32. */
+void dit_convert_to_f32(float *dst, const void *src, dit_dtype st, size_t n);
+
+/* Converts `n` f32 elements to dtype `dt`. */
+void dit_convert_from_f32(void *dst, dit_dtype dt, const float *src, size_t n);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

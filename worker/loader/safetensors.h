@@ -1,0 +1,71 @@
+/* safetensors files: read through mmap, with every header field checked
+ * before anything is dereferenced, and written for outputs.
+ *
+ * Format: 8-byte little-endian header length N, N bytes of JSON
+ *   {"name": {"dtype": "F32", "shape": [2, 3], "data_offsets": [begin, end]},
+ *    ..., "__metadata__": {"k": "v"}}
+ * then the data buffer; offsets are relative to the buffer start.
+ *
+ * A dit_st_set is what a diffusers model folder holds: one file
+ * (`<base>.safetensors`) or a sharded checkpoint (`<base>.safetensors.index.json`
+ * with a weight_map naming the shard of each tensor).
+ *
+ * Every error names the file, and the tensor where there is one.
+ *
+ * Owner: the thread that opened it; read-only afterwards, so views into the
+ * mapping may be shared with other threads while the file stays open. */
+#ifndef DIT_LOADER_SAFETENSORS_H
+#define DIT_LOADER_SAFETENSORS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/status.h"
+#include "core/tensor.h"
+
+typedef struct dit_st_file dit_st_file;
+typedef struct dit_st_set dit_st_set;
+
+/* `view` points into the read-only mapping: never write through it. A scalar
+ * (shape []) has ndim 0 and one element. The data may be misaligned for its
+ * dtype (odd offsets are legal), so read it with memcpy, not typed loads. */
+typedef struct dit_st_entry {
+    const char *name;
+    const char *file; /* path of the file holding it */
+    dit_tensor view;  /* host view into the mapping, contiguous */
+} dit_st_entry;
+
+/* Opens and validates one file. */
+dit_status dit_st_file_open(const char *path, dit_st_file **out, dit_diag *diag);
+void dit_st_file_close(dit_st_file *f);
+size_t dit_st_file_count(const dit_st_file *f);
+/* Entries are sorted by name. */
+const dit_st_entry *dit_st_file_at(const dit_st_file *f, size_t i);
+const dit_st_entry *dit_st_file_find(const dit_st_file *f, const char *name);
+/* Value of a "__metadata__" key, or NULL. */
+const char *dit_st_file_metadata(const dit_st_file *f, const char *key);
+
+/* Opens `<dir>/<base>.safetensors`, or else `<dir>/<base>.safetensors.index.json`
+ * and every shard it names. */
+dit_status dit_st_set_open_dir(const char *dir, const char *base, dit_st_set **out,
+                               dit_diag *diag);
+/* Opens a single .safetensors file or an .index.json by path. */
+dit_status dit_st_set_open_path(const char *path, dit_st_set **out, dit_diag *diag);
+void dit_st_set_close(dit_st_set *s);
+size_t dit_st_set_count(const dit_st_set *s);
+/* Entries across all shards, sorted by name. */
+const dit_st_entry *dit_st_set_at(const dit_st_set *s, size_t i);
+const dit_st_entry *dit_st_set_find(const dit_st_set *s, const char *name);
+
+/* Writes tensors (host views, any strides; written contiguous in their own
+ * dtype) to `path`, replacing it atomically (write to a temp name, rename). */
+typedef struct dit_st_write_item {
+    const char *name;
+    const dit_tensor *tensor;
+} dit_st_write_item;
+
+dit_status dit_st_write(const char *path, const dit_st_write_item *items, size_t n,
+                        dit_diag *diag);
+
+#endif

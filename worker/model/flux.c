@@ -1,0 +1,990 @@
+/* FluxTransformer2DModel on the backend interface. See flux.h for the layout
+ * of activations; the weight plan below is the single place that knows how
+ * checkpoint tensors map onto (possibly sliced, possibly fused) device
+ * tensors. */
+#include "model/flux.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "loader/safetensors.h"
+
+/* ------------------------------------------------------------------------ */
+/* Weights                                                                   */
+
+typedef struct flux_linear {
+    dit_tensor w; /* (N, K) */
+    dit_tensor b; /* (N), valid when has_b */
+    bool has_b;
+} flux_linear;
+
+typedef struct flux_double {
+    flux_linear norm1, norm1_ctx;   /* AdaLayerNormZero linears (6C, C) */
+    flux_linear qkv, add_qkv;       /* fused [q; k; v] (3 Cl, C) for image / text */
+    dit_tensor norm_q, norm_k;      /* (D) */
+    dit_tensor norm_added_q, norm_added_k;
+    flux_linear to_out, to_add_out; /* (C, Cl), row-split */
+    flux_linear ff0, ffc0;          /* (Fl, C), column-split */
+    flux_linear ff2, ffc2;          /* (C, Fl), row-split */
+} flux_double;
+
+typedef struct flux_single {
+    flux_linear norm;       /* AdaLayerNormZeroSingle linear (3C, C) */
+    flux_linear qkv_mlp;    /* fused [q; k; v; proj_mlp] (3 Cl + Fl, C) */
+    dit_tensor norm_q, norm_k;
+    flux_linear proj_attn;  /* proj_out columns of the attention block (C, Cl) + bias */
+    flux_linear proj_mlp;   /* proj_out columns of the MLP block (C, Fl), no bias */
+} flux_single;
+
+struct dit_flux {
+    dit_backend *be;
+    dit_flux_config cfg;
+    dit_flux_shard shard;
+    dit_flux_hooks hooks;
+    void *weights;
+    size_t weight_bytes;
+    flux_linear x_emb, ctx_emb;
+    flux_linear t1, t2, g1, g2, p1, p2; /* timestep, guidance, pooled-text MLPs */
+    flux_linear norm_out, proj_out;
+    flux_double *dbl;
+    flux_single *sgl;
+};
+
+/* One checkpoint tensor (or a slice of it) and where it goes. */
+typedef struct wpiece {
+    char name[160];
+    int ndim;
+    int64_t shape[2]; /* full shape expected in the checkpoint */
+    int64_t r0, nr;   /* rows taken (dim 0) */
+    int64_t c0, nc;   /* columns taken (dim 1; 2-D only) */
+    dit_tensor *dst;  /* NULL: checked and consumed, not stored on this rank */
+    int64_t dst_row0; /* first row of dst it fills */
+} wpiece;
+
+typedef struct wplan {
+    wpiece *items;
+    size_t n, cap;
+    dit_tensor **tensors; /* destination tensors whose data is an offset until placed */
+    size_t nt, tcap;
+    size_t bytes;
+    dit_dtype mat_dtype;
+    bool oom;
+} wplan;
+
+#define WALIGN 256
+
+static void plan_free(wplan *p)
+{
+    free(p->items);
+    free(p->tensors);
+}
+
+/* Reserves space for a destination tensor; its data pointer holds the byte
+ * offset until plan_place() adds the buffer base. */
+static void plan_tensor(wplan *p, dit_tensor *t, dit_dtype dt, int ndim, int64_t n0, int64_t n1)
+{
+    int64_t shape[2] = {n0, n1};
+    *t = dit_tensor_make(NULL, dt, ndim, shape);
+    t->data = (void *)(uintptr_t)p->bytes;
+    p->bytes += (dit_tensor_nbytes(t) + WALIGN - 1) / WALIGN * WALIGN;
+    if (p->nt == p->tcap) {
+        size_t cap = p->tcap ? p->tcap * 2 : 256;
+        dit_tensor **nt = realloc(p->tensors, cap * sizeof *nt);
+        if (!nt) {
+            p->oom = true;
+            return;
+        }
+        p->tensors = nt;
+        p->tcap = cap;
+    }
+    p->tensors[p->nt++] = t;
+}
+
+static void plan_place(wplan *p, void *base)
+{
+    for (size_t i = 0; i < p->nt; i++)
+        p->tensors[i]->data = (char *)base + (uintptr_t)p->tensors[i]->data;
+}
+
+static wpiece *plan_piece(wplan *p, const char *name, int ndim, int64_t s0, int64_t s1)
+{
+    if (p->n == p->cap) {
+        size_t cap = p->cap ? p->cap * 2 : 512;
+        wpiece *ni = realloc(p->items, cap * sizeof *ni);
+        if (!ni) {
+            p->oom = true;
+            return NULL;
+        }
+        p->items = ni;
+        p->cap = cap;
+    }
+    wpiece *w = &p->items[p->n++];
+    memset(w, 0, sizeof *w);
+    snprintf(w->name, sizeof w->name, "%s", name);
+    w->ndim = ndim;
+    w->shape[0] = s0;
+    w->shape[1] = s1;
+    w->r0 = 0;
+    w->nr = s0;
+    w->c0 = 0;
+    w->nc = s1;
+    return w;
+}
+
+static void plan_vector(wplan *p, dit_tensor *dst, const char *name, int64_t n)
+{
+    plan_tensor(p, dst, DIT_F32, 1, n, 0);
+    wpiece *w = plan_piece(p, name, 1, n, 0);
+    if (w)
+        w->dst = dst;
+}
+
+/* A whole (replicated) linear: name.weight (N, K), name.bias (N). */
+static void plan_replicated(wplan *p, flux_linear *L, const char *name, int64_t N, int64_t K)
+{
+    char buf[144];
+    plan_tensor(p, &L->w, p->mat_dtype, 2, N, K);
+    plan_tensor(p, &L->b, DIT_F32, 1, N, 0);
+    L->has_b = true;
+    snprintf(buf, sizeof buf, "%s.weight", name);
+    wpiece *w = plan_piece(p, buf, 2, N, K);
+    if (w)
+        w->dst = &L->w;
+    snprintf(buf, sizeof buf, "%s.bias", name);
+    w = plan_piece(p, buf, 1, N, 0);
+    if (w)
+        w->dst = &L->b;
+}
+
+/* Column-parallel piece: rows [r0, r0 + n) of name.weight (N_full, K) and of
+ * its bias go to rows [row0, row0 + n) of L (already planned). */
+static void plan_rows_into(wplan *p, flux_linear *L, const char *name, int64_t N_full, int64_t K,
+                           int64_t r0, int64_t n, int64_t row0)
+{
+    char buf[144];
+    snprintf(buf, sizeof buf, "%s.weight", name);
+    wpiece *w = plan_piece(p, buf, 2, N_full, K);
+    if (w) {
+        w->r0 = r0;
+        w->nr = n;
+        w->dst = &L->w;
+        w->dst_row0 = row0;
+    }
+    snprintf(buf, sizeof buf, "%s.bias", name);
+    w = plan_piece(p, buf, 1, N_full, 0);
+    if (w) {
+        w->r0 = r0;
+        w->nr = n;
+        w->dst = &L->b;
+        w->dst_row0 = row0;
+    }
+}
+
+/* Row-parallel piece: columns [c0, c0 + nc) of name.weight (N, K_full) into
+ * L->w (N, nc). The bias is added once, by the rank told to; the others
+ * still check it. take_bias < 0 leaves the bias to another piece. */
+static void plan_cols(wplan *p, flux_linear *L, const char *name, int64_t N, int64_t K_full,
+                      int64_t c0, int64_t nc, int take_bias)
+{
+    char buf[144];
+    plan_tensor(p, &L->w, p->mat_dtype, 2, N, nc);
+    snprintf(buf, sizeof buf, "%s.weight", name);
+    wpiece *w = plan_piece(p, buf, 2, N, K_full);
+    if (w) {
+        w->c0 = c0;
+        w->nc = nc;
+        w->dst = &L->w;
+    }
+    L->has_b = false;
+    if (take_bias < 0)
+        return;
+    snprintf(buf, sizeof buf, "%s.bias", name);
+    w = plan_piece(p, buf, 1, N, 0);
+    if (!w)
+        return;
+    if (take_bias) {
+        plan_tensor(p, &L->b, DIT_F32, 1, N, 0);
+        L->has_b = true;
+        w->dst = &L->b;
+    }
+}
+
+static void plan_fused(wplan *p, flux_linear *L, int64_t N, int64_t K)
+{
+    plan_tensor(p, &L->w, p->mat_dtype, 2, N, K);
+    plan_tensor(p, &L->b, DIT_F32, 1, N, 0);
+    L->has_b = true;
+}
+
+static dit_status plan_build(wplan *p, dit_flux *m)
+{
+    const dit_flux_config *c = &m->cfg;
+    const int64_t C = c->inner_dim, D = c->attention_head_dim, F = c->mlp_dim;
+    const int T = m->shard.tp_degree, r = m->shard.tp_rank;
+    const int64_t Cl = C / T, Fl = F / T;
+    char pre[96], buf[128];
+
+    plan_replicated(p, &m->x_emb, "x_embedder", C, c->in_channels);
+    plan_replicated(p, &m->ctx_emb, "context_embedder", C, c->joint_attention_dim);
+    plan_replicated(p, &m->t1, "time_text_embed.timestep_embedder.linear_1", C, 256);
+    plan_replicated(p, &m->t2, "time_text_embed.timestep_embedder.linear_2", C, C);
+    if (c->guidance_embeds) {
+        plan_replicated(p, &m->g1, "time_text_embed.guidance_embedder.linear_1", C, 256);
+        plan_replicated(p, &m->g2, "time_text_embed.guidance_embedder.linear_2", C, C);
+    }
+    plan_replicated(p, &m->p1, "time_text_embed.text_embedder.linear_1", C,
+                    c->pooled_projection_dim);
+    plan_replicated(p, &m->p2, "time_text_embed.text_embedder.linear_2", C, C);
+
+    for (int i = 0; i < c->num_layers; i++) {
+        flux_double *b = &m->dbl[i];
+        snprintf(pre, sizeof pre, "transformer_blocks.%d", i);
+#define NAME(suffix) (snprintf(buf, sizeof buf, "%s.%s", pre, suffix), buf)
+        plan_replicated(p, &b->norm1, NAME("norm1.linear"), 6 * C, C);
+        plan_replicated(p, &b->norm1_ctx, NAME("norm1_context.linear"), 6 * C, C);
+        plan_fused(p, &b->qkv, 3 * Cl, C);
+        plan_rows_into(p, &b->qkv, NAME("attn.to_q"), C, C, r * Cl, Cl, 0);
+        plan_rows_into(p, &b->qkv, NAME("attn.to_k"), C, C, r * Cl, Cl, Cl);
+        plan_rows_into(p, &b->qkv, NAME("attn.to_v"), C, C, r * Cl, Cl, 2 * Cl);
+        plan_fused(p, &b->add_qkv, 3 * Cl, C);
+        plan_rows_into(p, &b->add_qkv, NAME("attn.add_q_proj"), C, C, r * Cl, Cl, 0);
+        plan_rows_into(p, &b->add_qkv, NAME("attn.add_k_proj"), C, C, r * Cl, Cl, Cl);
+        plan_rows_into(p, &b->add_qkv, NAME("attn.add_v_proj"), C, C, r * Cl, Cl, 2 * Cl);
+        plan_vector(p, &b->norm_q, NAME("attn.norm_q.weight"), D);
+        plan_vector(p, &b->norm_k, NAME("attn.norm_k.weight"), D);
+        plan_vector(p, &b->norm_added_q, NAME("attn.norm_added_q.weight"), D);
+        plan_vector(p, &b->norm_added_k, NAME("attn.norm_added_k.weight"), D);
+        plan_cols(p, &b->to_out, NAME("attn.to_out.0"), C, C, r * Cl, Cl, r == 0);
+        plan_cols(p, &b->to_add_out, NAME("attn.to_add_out"), C, C, r * Cl, Cl, r == 0);
+        plan_fused(p, &b->ff0, Fl, C);
+        plan_rows_into(p, &b->ff0, NAME("ff.net.0.proj"), F, C, r * Fl, Fl, 0);
+        plan_fused(p, &b->ffc0, Fl, C);
+        plan_rows_into(p, &b->ffc0, NAME("ff_context.net.0.proj"), F, C, r * Fl, Fl, 0);
+        plan_cols(p, &b->ff2, NAME("ff.net.2"), C, F, r * Fl, Fl, r == 0);
+        plan_cols(p, &b->ffc2, NAME("ff_context.net.2"), C, F, r * Fl, Fl, r == 0);
+#undef NAME
+    }
+    for (int i = 0; i < c->num_single_layers; i++) {
+        flux_single *s = &m->sgl[i];
+        snprintf(pre, sizeof pre, "single_transformer_blocks.%d", i);
+#define NAME(suffix) (snprintf(buf, sizeof buf, "%s.%s", pre, suffix), buf)
+        plan_replicated(p, &s->norm, NAME("norm.linear"), 3 * C, C);
+        plan_fused(p, &s->qkv_mlp, 3 * Cl + Fl, C);
+        plan_rows_into(p, &s->qkv_mlp, NAME("attn.to_q"), C, C, r * Cl, Cl, 0);
+        plan_rows_into(p, &s->qkv_mlp, NAME("attn.to_k"), C, C, r * Cl, Cl, Cl);
+        plan_rows_into(p, &s->qkv_mlp, NAME("attn.to_v"), C, C, r * Cl, Cl, 2 * Cl);
+        plan_rows_into(p, &s->qkv_mlp, NAME("proj_mlp"), F, C, r * Fl, Fl, 3 * Cl);
+        plan_vector(p, &s->norm_q, NAME("attn.norm_q.weight"), D);
+        plan_vector(p, &s->norm_k, NAME("attn.norm_k.weight"), D);
+        /* proj_out's input is cat([attn (C), mlp (F)]): each block is split
+         * on its own, matching how the two halves were column-split. */
+        plan_cols(p, &s->proj_attn, NAME("proj_out"), C, C + F, r * Cl, Cl, r == 0);
+        plan_cols(p, &s->proj_mlp, NAME("proj_out"), C, C + F, C + r * Fl, Fl, -1);
+#undef NAME
+    }
+    plan_replicated(p, &m->norm_out, "norm_out.linear", 2 * C, C);
+    plan_replicated(p, &m->proj_out, "proj_out", c->out_dim, C);
+    return p->oom ? DIT_ERR_NOMEM : DIT_OK;
+}
+
+/* Host view of the slice a piece takes from a checkpoint tensor. */
+static dit_tensor piece_src(const wpiece *w, const dit_tensor *full)
+{
+    dit_tensor v = dit_tensor_narrow(full, 0, w->r0, w->nr);
+    if (w->ndim == 2)
+        v = dit_tensor_narrow(&v, 1, w->c0, w->nc);
+    return v;
+}
+
+static dit_tensor piece_dst(const wpiece *w)
+{
+    return dit_tensor_narrow(w->dst, 0, w->dst_row0, w->nr);
+}
+
+static void shape_str(const int64_t *s, int ndim, char *buf, size_t cap)
+{
+    if (ndim == 1)
+        snprintf(buf, cap, "(%lld)", (long long)s[0]);
+    else
+        snprintf(buf, cap, "(%lld, %lld)", (long long)s[0], (long long)s[1]);
+}
+
+static dit_status plan_load(wplan *p, dit_backend *be, const dit_st_set *set, const char *dir,
+                            dit_diag *diag)
+{
+    dit_status st = DIT_OK;
+    size_t count = dit_st_set_count(set);
+    bool *used = calloc(count ? count : 1, sizeof *used);
+    if (!used)
+        return dit_diag_set(diag, DIT_ERR_NOMEM, "%s: out of memory", dir);
+
+    size_t missing = 0;
+    char first_missing[3][160];
+    for (size_t i = 0; i < p->n; i++) {
+        const wpiece *w = &p->items[i];
+        const dit_st_entry *e = dit_st_set_find(set, w->name);
+        if (!e) {
+            if (missing < 3)
+                snprintf(first_missing[missing], sizeof first_missing[0], "%s", w->name);
+            missing++;
+            continue;
+        }
+        used[e - dit_st_set_at(set, 0)] = true;
+        bool ok = e->view.ndim == w->ndim && e->view.ne[0] == w->shape[0] &&
+                  (w->ndim == 1 || e->view.ne[1] == w->shape[1]);
+        if (!ok) {
+            char want[64], got[64];
+            shape_str(w->shape, w->ndim, want, sizeof want);
+            dit_tensor_shape_str(&e->view, got, sizeof got);
+            st = dit_diag_set(diag, DIT_ERR_FORMAT,
+                              "%s: tensor '%s' has shape %s, but config.json implies %s",
+                              e->file, w->name, got, want);
+            goto cleanup;
+        }
+        if (!w->dst)
+            continue;
+        dit_tensor src = piece_src(w, &e->view);
+        dit_tensor dst = piece_dst(w);
+        st = be->ops->upload(be, &dst, &src);
+        if (st != DIT_OK) {
+            st = dit_diag_set(diag, st, "%s: uploading tensor '%s' failed", e->file, w->name);
+            goto cleanup;
+        }
+    }
+    if (missing) {
+        st = dit_diag_set(diag, DIT_ERR_FORMAT,
+                          "%s: %zu tensor(s) the config needs are missing from the checkpoint, "
+                          "e.g. '%s'%s%s%s%s (does config.json belong to these weights?)",
+                          dir, missing, first_missing[0], missing > 1 ? ", '" : "",
+                          missing > 1 ? first_missing[1] : "", missing > 1 ? "'" : "",
+                          missing > 2 ? ", ..." : "");
+        goto cleanup;
+    }
+    for (size_t i = 0; i < count; i++) {
+        if (!used[i]) {
+            const dit_st_entry *e = dit_st_set_at(set, i);
+            st = dit_diag_set(diag, DIT_ERR_FORMAT,
+                              "%s: unexpected tensor '%s': FluxTransformer2DModel with this "
+                              "config.json has no such parameter",
+                              e->file, e->name);
+            goto cleanup;
+        }
+    }
+cleanup:
+    free(used);
+    return st;
+}
+
+/* splitmix64: a tiny, well-mixed generator for reproducible random weights. */
+static uint64_t splitmix64(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static uint64_t hash_str(const char *s, uint64_t h)
+{
+    for (; *s; s++)
+        h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
+    return h;
+}
+
+static dit_status plan_randomize(wplan *p, dit_backend *be, uint64_t seed, dit_diag *diag)
+{
+    dit_status st = DIT_OK;
+    float *host = NULL;
+    size_t host_cap = 0;
+    for (size_t i = 0; i < p->n; i++) {
+        const wpiece *w = &p->items[i];
+        if (!w->dst)
+            continue;
+        size_t n = (size_t)w->nr * (size_t)(w->ndim == 2 ? w->nc : 1);
+        if (n > host_cap) {
+            free(host);
+            host = malloc(n * sizeof *host);
+            host_cap = n;
+            if (!host) {
+                st = dit_diag_set(diag, DIT_ERR_NOMEM, "random weights: out of memory");
+                goto cleanup;
+            }
+        }
+        const bool is_bias = strstr(w->name, ".bias") != NULL;
+        const bool is_norm = w->ndim == 1 && !is_bias;
+        /* Uniform(-a, a) with a = 1/sqrt(fan_in), like nn.Linear's default. */
+        const float a = w->ndim == 2 ? 1.0f / sqrtf((float)w->shape[1]) : 0.02f;
+        const uint64_t base = hash_str(w->name, 0xcbf29ce484222325ull ^ seed);
+        const int64_t cols = w->ndim == 2 ? w->nc : 1;
+#pragma omp parallel for schedule(static)
+        for (int64_t r = 0; r < w->nr; r++) {
+            /* Seeded by the global row, so slices of a split tensor are
+             * slices of the same whole. */
+            uint64_t s = base + (uint64_t)(w->r0 + r) * 0x2545f4914f6cdd1dull;
+            for (int64_t k = 0; k < w->c0; k++)
+                splitmix64(&s);
+            for (int64_t cidx = 0; cidx < cols; cidx++) {
+                double u = (double)(splitmix64(&s) >> 11) * 0x1.0p-53;
+                host[r * cols + cidx] = is_norm ? 1.0f : (float)((2.0 * u - 1.0) * a);
+            }
+        }
+        dit_tensor src = w->ndim == 2 ? dit_tensor_2d(host, DIT_F32, w->nr, w->nc)
+                                      : dit_tensor_1d(host, DIT_F32, w->nr);
+        dit_tensor dst = piece_dst(w);
+        st = be->ops->upload(be, &dst, &src);
+        if (st != DIT_OK) {
+            st = dit_diag_set(diag, st, "random weights: upload of '%s' failed", w->name);
+            goto cleanup;
+        }
+    }
+cleanup:
+    free(host);
+    return st;
+}
+
+static dit_status flux_alloc(dit_backend *be, const dit_flux_config *cfg,
+                             const dit_flux_shard *shard, dit_flux **out, wplan *plan,
+                             dit_diag *diag)
+{
+    dit_flux_shard sh = shard ? *shard : (dit_flux_shard){.tp_degree = 1, .tp_rank = 0};
+    if (sh.tp_degree < 1 || sh.tp_rank < 0 || sh.tp_rank >= sh.tp_degree)
+        return dit_diag_set(diag, DIT_ERR_INVALID_ARG, "tensor parallel rank %d of degree %d",
+                            sh.tp_rank, sh.tp_degree);
+    if (cfg->num_attention_heads % sh.tp_degree != 0)
+        return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
+                            "tp_degree %d must divide num_attention_heads %d", sh.tp_degree,
+                            cfg->num_attention_heads);
+    if (cfg->mlp_dim % sh.tp_degree != 0)
+        return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
+                            "tp_degree %d must divide the FFN width %d", sh.tp_degree,
+                            cfg->mlp_dim);
+    dit_flux *m = calloc(1, sizeof *m);
+    if (!m)
+        return dit_diag_set(diag, DIT_ERR_NOMEM, "flux: out of memory");
+    m->be = be;
+    m->cfg = *cfg;
+    m->shard = sh;
+    m->dbl = calloc((size_t)cfg->num_layers + 1, sizeof *m->dbl);
+    m->sgl = calloc((size_t)cfg->num_single_layers + 1, sizeof *m->sgl);
+    memset(plan, 0, sizeof *plan);
+    plan->mat_dtype = be->ops->weight_dtype;
+    dit_status st = (m->dbl && m->sgl) ? plan_build(plan, m) : DIT_ERR_NOMEM;
+    if (st == DIT_OK)
+        st = dit_backend_alloc(be, plan->bytes, &m->weights);
+    if (st != DIT_OK) {
+        st = dit_diag_set(diag, st, "flux: cannot allocate %.1f MiB of weights",
+                          (double)plan->bytes / 1048576.0);
+        dit_flux_destroy(m);
+        plan_free(plan);
+        return st;
+    }
+    m->weight_bytes = plan->bytes;
+    plan_place(plan, m->weights);
+    *out = m;
+    return DIT_OK;
+}
+
+dit_status dit_flux_load(dit_backend *be, const char *dir, const dit_flux_shard *shard,
+                         dit_flux **out, dit_diag *diag)
+{
+    char path[4096];
+    dit_flux_config cfg;
+    dit_st_set *set = NULL;
+    dit_flux *m = NULL;
+    wplan plan;
+    memset(&plan, 0, sizeof plan);
+    dit_status st;
+
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    DIT_CHECK(dit_flux_config_load(path, &cfg, diag));
+    DIT_CHECK(dit_st_set_open_dir(dir, "diffusion_pytorch_model", &set, diag));
+    DIT_CHECK(flux_alloc(be, &cfg, shard, &m, &plan, diag));
+    DIT_CHECK(plan_load(&plan, be, set, dir, diag));
+    *out = m;
+    m = NULL;
+cleanup:
+    plan_free(&plan);
+    dit_flux_destroy(m);
+    dit_st_set_close(set);
+    return st;
+}
+
+dit_status dit_flux_create_random(dit_backend *be, const dit_flux_config *cfg_in,
+                                  const dit_flux_shard *shard, uint64_t seed, dit_flux **out,
+                                  dit_diag *diag)
+{
+    dit_flux_config cfg = *cfg_in;
+    dit_flux *m = NULL;
+    wplan plan;
+    memset(&plan, 0, sizeof plan);
+    dit_status st;
+    DIT_CHECK(dit_flux_config_finish(&cfg, "random model config", diag));
+    DIT_CHECK(flux_alloc(be, &cfg, shard, &m, &plan, diag));
+    DIT_CHECK(plan_randomize(&plan, be, seed, diag));
+    *out = m;
+    m = NULL;
+cleanup:
+    plan_free(&plan);
+    dit_flux_destroy(m);
+    return st;
+}
+
+void dit_flux_destroy(dit_flux *m)
+{
+    if (!m)
+        return;
+    dit_backend_free(m->be, m->weights);
+    free(m->dbl);
+    free(m->sgl);
+    free(m);
+}
+
+const dit_flux_config *dit_flux_config_of(const dit_flux *m)
+{
+    return &m->cfg;
+}
+
+size_t dit_flux_weight_bytes(const dit_flux *m)
+{
+    return m->weight_bytes;
+}
+
+void dit_flux_set_hooks(dit_flux *m, const dit_flux_hooks *hooks)
+{
+    if (hooks)
+        m->hooks = *hooks;
+    else
+        memset(&m->hooks, 0, sizeof m->hooks);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Forward                                                                   */
+
+/* Sinusoidal timestep embedding of width 256 with cos first, computed with
+ * the same f32 operations as diffusers' get_timestep_embedding so that the
+ * (large) arguments of sin/cos round identically. */
+static void timestep_embedding(const float *t, int64_t B, float *out)
+{
+    const int half = 128;
+    const float neg_log_period = (float)-9.210340371976184; /* -ln(10000) */
+    for (int64_t b = 0; b < B; b++) {
+        const float tb = t[b] * 1000.0f;
+        for (int j = 0; j < half; j++) {
+            const float freq = expf(neg_log_period * (float)j / (float)half);
+            const float arg = tb * freq;
+            out[b * 256 + j] = cosf(arg);
+            out[b * 256 + half + j] = sinf(arg);
+        }
+    }
+}
+
+/* RoPE tables (S, D) for ids (S, n_axes): per axis a of width d_a, pair i
+ * rotates by pos * 10000^(-2i/d_a), computed in f64 and stored in f32, with
+ * each value repeated for the two elements of its pair. */
+static void rope_tables(const dit_flux_config *c, const float *txt_ids, int64_t St,
+                        const float *img_ids, int64_t Si, float *cosb, float *sinb)
+{
+    const int64_t D = c->attention_head_dim;
+    for (int64_t s = 0; s < St + Si; s++) {
+        const float *ids = s < St ? txt_ids + s * c->n_axes : img_ids + (s - St) * c->n_axes;
+        int64_t off = 0;
+        for (int a = 0; a < c->n_axes; a++) {
+            const int da = c->axes_dims_rope[a];
+            const double pos = (double)ids[a];
+            for (int i = 0; i < da / 2; i++) {
+                const double freq = 1.0 / pow(10000.0, (double)(2 * i) / (double)da);
+                const double ang = pos * freq;
+                const float cv = (float)cos(ang), sv = (float)sin(ang);
+                cosb[s * D + off + 2 * i] = cv;
+                cosb[s * D + off + 2 * i + 1] = cv;
+                sinb[s * D + off + 2 * i] = sv;
+                sinb[s * D + off + 2 * i + 1] = sv;
+            }
+            off += da;
+        }
+    }
+}
+
+/* Views used throughout the forward pass. */
+static dit_tensor seq(const dit_tensor *t, int64_t start, int64_t len)
+{
+    return dit_tensor_narrow(t, 1, start, len);
+}
+
+static dit_tensor feat(const dit_tensor *t, int64_t start, int64_t len)
+{
+    return dit_tensor_narrow(t, t->ndim - 1, start, len);
+}
+
+static dit_tensor heads(const dit_tensor *t, int64_t start, int64_t len, int64_t D)
+{
+    dit_tensor f = feat(t, start, len);
+    return dit_tensor_split_last(&f, D);
+}
+
+typedef struct fwd {
+    dit_flux *m;
+    dit_backend *be;
+    dit_arena *arena;
+    dit_diag *diag;
+    int64_t B, St, Si, S, C, D, Hl, Cl, Fl;
+    float scale;
+    dit_tensor x;        /* (B, S, C) residual stream, text rows first */
+    dit_tensor n;        /* (B, S, C) normalised + modulated */
+    dit_tensor y;        /* (B, S, 3 Cl + Fl) projections */
+    dit_tensor attn;     /* (B, S, Cl) attention output */
+    dit_tensor o;        /* (B, S, C) block output before its gate */
+    dit_tensor emb;      /* (B, 6C) modulation of one stream */
+    dit_tensor emb_ctx;  /* (B, 6C) modulation of the other */
+    dit_tensor silu_t;   /* (B, C) SiLU(temb) */
+    dit_tensor cos, sin; /* (S, D) */
+} fwd;
+
+#define BE(call)                                                                             \
+    do {                                                                                     \
+        st = (call);                                                                         \
+        if (st != DIT_OK) {                                                                  \
+            st = dit_diag_set(f->diag, st, "flux forward: %s failed: %s", #call,             \
+                              dit_status_str(st));                                           \
+            goto cleanup;                                                                    \
+        }                                                                                    \
+    } while (0)
+
+static dit_status linear(fwd *f, const dit_tensor *y, const dit_tensor *x, const flux_linear *L,
+                         dit_act act, float beta)
+{
+    return f->be->ops->linear(f->be, y, x, &L->w, L->has_b ? &L->b : NULL, act, beta);
+}
+
+static dit_status tp_reduce(fwd *f, const dit_tensor *t)
+{
+    if (!f->m->hooks.tp_all_reduce || f->m->shard.tp_degree == 1)
+        return DIT_OK;
+    return f->m->hooks.tp_all_reduce(f->m->hooks.ctx, t, f->diag);
+}
+
+static dit_status attention(fwd *f, const dit_tensor *out, const dit_tensor *q,
+                            const dit_tensor *k, const dit_tensor *v)
+{
+    if (f->m->hooks.attention)
+        return f->m->hooks.attention(f->m->hooks.ctx, f->arena, out, q, k, v, f->scale, f->diag);
+    return f->be->ops->attention(f->be, out, NULL, q, k, v, f->scale);
+}
+
+/* Modulation chunk k of width C from an emb (B, nC) tensor. */
+static dit_tensor chunk(const dit_tensor *emb, int k, int64_t C)
+{
+    return feat(emb, k * C, C);
+}
+
+static dit_status double_block(fwd *f, const flux_double *w)
+{
+    dit_status st = DIT_OK;
+    dit_backend *be = f->be;
+    const int64_t St = f->St, Si = f->Si, C = f->C, D = f->D, Cl = f->Cl, Fl = f->Fl;
+    /* Stream 0 is text (rows [0, St)), stream 1 is image (rows [St, S)). */
+    const int64_t r0[2] = {0, St}, len[2] = {St, Si};
+    const flux_linear *ada[2] = {&w->norm1_ctx, &w->norm1};
+    const flux_linear *qkv[2] = {&w->add_qkv, &w->qkv};
+    const dit_tensor *nq[2] = {&w->norm_added_q, &w->norm_q};
+    const dit_tensor *nk[2] = {&w->norm_added_k, &w->norm_k};
+    const flux_linear *outp[2] = {&w->to_add_out, &w->to_out};
+    const flux_linear *ff0[2] = {&w->ffc0, &w->ff0};
+    const flux_linear *ff2[2] = {&w->ffc2, &w->ff2};
+    const dit_tensor *embs[2] = {&f->emb_ctx, &f->emb};
+
+    dit_tensor qkv_all = feat(&f->y, 0, 3 * Cl);
+    for (int s = 0; s < 2; s++) {
+        BE(linear(f, embs[s], &f->silu_t, ada[s], DIT_ACT_NONE, 0.0f));
+        if (len[s] == 0)
+            continue;
+        dit_tensor xs = seq(&f->x, r0[s], len[s]), ns = seq(&f->n, r0[s], len[s]);
+        dit_tensor shift = chunk(embs[s], 0, C), scale = chunk(embs[s], 1, C);
+        BE(be->ops->layer_norm_mod(be, &ns, &xs, &shift, &scale, 1e-6f));
+        dit_tensor ys = seq(&qkv_all, r0[s], len[s]);
+        BE(linear(f, &ys, &ns, qkv[s], DIT_ACT_NONE, 0.0f));
+        dit_tensor q = heads(&ys, 0, Cl, D), k = heads(&ys, Cl, Cl, D);
+        dit_tensor cs = dit_tensor_narrow(&f->cos, 0, r0[s], len[s]);
+        dit_tensor sn = dit_tensor_narrow(&f->sin, 0, r0[s], len[s]);
+        BE(be->ops->rms_norm_rope(be, &q, nq[s], 1e-6f, &cs, &sn));
+        BE(be->ops->rms_norm_rope(be, &k, nk[s], 1e-6f, &cs, &sn));
+    }
+    dit_tensor q = heads(&qkv_all, 0, Cl, D), k = heads(&qkv_all, Cl, Cl, D);
+    dit_tensor v = heads(&qkv_all, 2 * Cl, Cl, D);
+    dit_tensor a4 = dit_tensor_split_last(&f->attn, D);
+    BE(attention(f, &a4, &q, &k, &v));
+
+    /* Attention output projections, one all-reduce for both streams. */
+    for (int s = 0; s < 2; s++) {
+        if (len[s] == 0)
+            continue;
+        dit_tensor as = seq(&f->attn, r0[s], len[s]), os = seq(&f->o, r0[s], len[s]);
+        BE(linear(f, &os, &as, outp[s], DIT_ACT_NONE, 0.0f));
+    }
+    BE(tp_reduce(f, &f->o));
+    for (int s = 0; s < 2; s++) {
+        if (len[s] == 0)
+            continue;
+        dit_tensor xs = seq(&f->x, r0[s], len[s]), os = seq(&f->o, r0[s], len[s]);
+        dit_tensor gate = chunk(embs[s], 2, C);
+        BE(be->ops->gated_add(be, &xs, &os, &gate));
+        /* MLP: LN + modulation, Linear-GELU(tanh), Linear. */
+        dit_tensor ns = seq(&f->n, r0[s], len[s]);
+        dit_tensor shift = chunk(embs[s], 3, C), scale = chunk(embs[s], 4, C);
+        BE(be->ops->layer_norm_mod(be, &ns, &xs, &shift, &scale, 1e-6f));
+        dit_tensor hs = seq(&f->y, r0[s], len[s]);
+        hs = feat(&hs, 0, Fl);
+        BE(linear(f, &hs, &ns, ff0[s], DIT_ACT_GELU_TANH, 0.0f));
+        BE(linear(f, &os, &hs, ff2[s], DIT_ACT_NONE, 0.0f));
+    }
+    BE(tp_reduce(f, &f->o));
+    for (int s = 0; s < 2; s++) {
+        if (len[s] == 0)
+            continue;
+        dit_tensor xs = seq(&f->x, r0[s], len[s]), os = seq(&f->o, r0[s], len[s]);
+        dit_tensor gate = chunk(embs[s], 5, C);
+        BE(be->ops->gated_add(be, &xs, &os, &gate));
+    }
+cleanup:
+    return st;
+}
+
+static dit_status single_block(fwd *f, const flux_single *w)
+{
+    dit_status st = DIT_OK;
+    dit_backend *be = f->be;
+    const int64_t C = f->C, D = f->D, Cl = f->Cl, Fl = f->Fl;
+    dit_tensor emb3 = feat(&f->emb, 0, 3 * C);
+    BE(linear(f, &emb3, &f->silu_t, &w->norm, DIT_ACT_NONE, 0.0f));
+    dit_tensor shift = chunk(&emb3, 0, C), scale = chunk(&emb3, 1, C);
+    dit_tensor gate = chunk(&emb3, 2, C);
+    BE(be->ops->layer_norm_mod(be, &f->n, &f->x, &shift, &scale, 1e-6f));
+    /* One GEMM for q, k, v and the MLP input; GELU on the MLP columns. */
+    BE(linear(f, &f->y, &f->n, &w->qkv_mlp, DIT_ACT_NONE, 0.0f));
+    dit_tensor mlp = feat(&f->y, 3 * Cl, Fl);
+    BE(be->ops->activate(be, &mlp, &mlp, DIT_ACT_GELU_TANH));
+    dit_tensor q = heads(&f->y, 0, Cl, D), k = heads(&f->y, Cl, Cl, D);
+    dit_tensor v = heads(&f->y, 2 * Cl, Cl, D);
+    BE(be->ops->rms_norm_rope(be, &q, &w->norm_q, 1e-6f, &f->cos, &f->sin));
+    BE(be->ops->rms_norm_rope(be, &k, &w->norm_k, 1e-6f, &f->cos, &f->sin));
+    dit_tensor a4 = dit_tensor_split_last(&f->attn, D);
+    BE(attention(f, &a4, &q, &k, &v));
+    /* proj_out(cat([attn, mlp])) as two GEMMs into the same output. */
+    BE(linear(f, &f->o, &f->attn, &w->proj_attn, DIT_ACT_NONE, 0.0f));
+    BE(linear(f, &f->o, &mlp, &w->proj_mlp, DIT_ACT_NONE, 1.0f));
+    BE(tp_reduce(f, &f->o));
+    BE(be->ops->gated_add(be, &f->x, &f->o, &gate));
+cleanup:
+    return st;
+}
+
+static dit_status check_input(const dit_tensor *t, int ndim, const int64_t *want,
+                              const char *name, dit_diag *diag)
+{
+    bool ok = t->dtype == DIT_F32 && t->ndim == ndim;
+    for (int i = 0; ok && i < ndim; i++)
+        ok = want[i] < 0 || t->ne[i] == want[i];
+    if (ok)
+        return DIT_OK;
+    char got[64];
+    dit_tensor_shape_str(t, got, sizeof got);
+    char exp[96] = "(";
+    size_t used = 1;
+    for (int i = 0; i < ndim; i++) {
+        int n = want[i] < 0 ? snprintf(exp + used, sizeof exp - used, "%s*", i ? ", " : "")
+                            : snprintf(exp + used, sizeof exp - used, "%s%lld", i ? ", " : "",
+                                       (long long)want[i]);
+        used += n > 0 ? (size_t)n : 0;
+        if (used >= sizeof exp)
+            break;
+    }
+    return dit_diag_set(diag, DIT_ERR_INVALID_ARG, "input '%s' is %s, expected %s) f32", name,
+                        got, used < sizeof exp ? exp : "?");
+}
+
+dit_status dit_flux_forward(dit_flux *m, dit_arena *arena, const dit_flux_inputs *in,
+                            const dit_tensor *sample, dit_diag *diag)
+{
+    dit_status st = DIT_OK;
+    const dit_flux_config *c = &m->cfg;
+    fwd fs;
+    fwd *f = &fs;
+    memset(f, 0, sizeof *f);
+    float *host = NULL;
+    f->m = m;
+    f->be = m->be;
+    f->arena = arena;
+    f->diag = diag;
+    dit_backend *be = m->be;
+
+    const int64_t B = in->hidden_states.ne[0];
+    const int64_t Si = in->hidden_states.ndim == 3 ? in->hidden_states.ne[1] : -1;
+    const int64_t St = in->encoder_hidden_states.ndim == 3 ? in->encoder_hidden_states.ne[1] : -1;
+    {
+        const int64_t sh_h[3] = {-1, -1, c->in_channels};
+        const int64_t sh_e[3] = {B, -1, c->joint_attention_dim};
+        const int64_t sh_p[2] = {B, c->pooled_projection_dim};
+        const int64_t sh_o[3] = {B, Si, c->out_dim};
+        DIT_CHECK(check_input(&in->hidden_states, 3, sh_h, "hidden_states", diag));
+        DIT_CHECK(check_input(&in->encoder_hidden_states, 3, sh_e, "encoder_hidden_states", diag));
+        DIT_CHECK(check_input(&in->pooled_projections, 2, sh_p, "pooled_projections", diag));
+        DIT_CHECK(check_input(sample, 3, sh_o, "sample (output)", diag));
+    }
+    if (B < 1) {
+        st = dit_diag_set(diag, DIT_ERR_INVALID_ARG, "batch size must be at least 1");
+        goto cleanup;
+    }
+    if (!in->timestep || !in->txt_ids || !in->img_ids) {
+        st = dit_diag_set(diag, DIT_ERR_INVALID_ARG, "timestep, txt_ids and img_ids are required");
+        goto cleanup;
+    }
+    if (c->guidance_embeds != (in->guidance != NULL)) {
+        st = dit_diag_set(diag, DIT_ERR_INVALID_ARG,
+                          c->guidance_embeds
+                              ? "this model has guidance embeddings: input 'guidance' is required"
+                              : "this model has no guidance embeddings: drop input 'guidance'");
+        goto cleanup;
+    }
+
+    const int64_t C = c->inner_dim, D = c->attention_head_dim, T = m->shard.tp_degree;
+    const int64_t S = St + Si;
+    f->B = B;
+    f->St = St;
+    f->Si = Si;
+    f->S = S;
+    f->C = C;
+    f->D = D;
+    f->Hl = c->num_attention_heads / T;
+    f->Cl = f->Hl * D;
+    f->Fl = c->mlp_dim / T;
+    f->scale = (float)(1.0 / sqrt((double)D));
+
+    /* Host-side tables: timestep/guidance sinusoids and RoPE. */
+    size_t host_n = (size_t)(2 * B * 256 + 2 * S * D);
+    host = malloc(host_n * sizeof *host);
+    if (!host) {
+        st = dit_diag_set(diag, DIT_ERR_NOMEM, "flux forward: out of memory");
+        goto cleanup;
+    }
+    float *tproj = host, *gproj = host + B * 256, *cosh_ = host + 2 * B * 256;
+    float *sinh_ = cosh_ + S * D;
+    timestep_embedding(in->timestep, B, tproj);
+    if (in->guidance)
+        timestep_embedding(in->guidance, B, gproj);
+    rope_tables(c, in->txt_ids, St, in->img_ids, Si, cosh_, sinh_);
+
+#define ALLOC(t, nd, ...)                                                                    \
+    do {                                                                                     \
+        const int64_t shp_[] = {__VA_ARGS__};                                                \
+        st = dit_arena_tensor(arena, DIT_F32, nd, shp_, &(t));                               \
+        if (st != DIT_OK) {                                                                  \
+            st = dit_diag_set(diag, st, "flux forward: activation memory exhausted");        \
+            goto cleanup;                                                                    \
+        }                                                                                    \
+    } while (0)
+
+    dit_tensor tp, gp, h1, temb;
+    ALLOC(tp, 2, B, 256);
+    ALLOC(gp, 2, B, 256);
+    ALLOC(h1, 2, B, C);
+    ALLOC(temb, 2, B, C);
+    ALLOC(f->silu_t, 2, B, C);
+    ALLOC(f->cos, 2, S, D);
+    ALLOC(f->sin, 2, S, D);
+    ALLOC(f->x, 3, B, S, C);
+    ALLOC(f->n, 3, B, S, C);
+    ALLOC(f->y, 3, B, S, 3 * f->Cl + f->Fl);
+    ALLOC(f->attn, 3, B, S, f->Cl);
+    ALLOC(f->o, 3, B, S, C);
+    ALLOC(f->emb, 2, B, 6 * C);
+    ALLOC(f->emb_ctx, 2, B, 6 * C);
+#undef ALLOC
+
+    {
+        dit_tensor h_tp = dit_tensor_2d(tproj, DIT_F32, B, 256);
+        dit_tensor h_gp = dit_tensor_2d(gproj, DIT_F32, B, 256);
+        dit_tensor h_cos = dit_tensor_2d(cosh_, DIT_F32, S, D);
+        dit_tensor h_sin = dit_tensor_2d(sinh_, DIT_F32, S, D);
+        BE(be->ops->upload(be, &tp, &h_tp));
+        if (in->guidance)
+            BE(be->ops->upload(be, &gp, &h_gp));
+        BE(be->ops->upload(be, &f->cos, &h_cos));
+        BE(be->ops->upload(be, &f->sin, &h_sin));
+    }
+
+    /* temb = MLP(t) [+ MLP(guidance)] + MLP(pooled text). */
+    BE(linear(f, &h1, &tp, &m->t1, DIT_ACT_SILU, 0.0f));
+    BE(linear(f, &temb, &h1, &m->t2, DIT_ACT_NONE, 0.0f));
+    if (in->guidance) {
+        BE(linear(f, &h1, &gp, &m->g1, DIT_ACT_SILU, 0.0f));
+        BE(linear(f, &temb, &h1, &m->g2, DIT_ACT_NONE, 1.0f));
+    }
+    BE(linear(f, &h1, &in->pooled_projections, &m->p1, DIT_ACT_SILU, 0.0f));
+    BE(linear(f, &temb, &h1, &m->p2, DIT_ACT_NONE, 1.0f));
+    BE(be->ops->activate(be, &f->silu_t, &temb, DIT_ACT_SILU));
+
+    /* Embed both streams into the shared residual buffer. */
+    if (St > 0) {
+        dit_tensor xt = seq(&f->x, 0, St);
+        BE(linear(f, &xt, &in->encoder_hidden_states, &m->ctx_emb, DIT_ACT_NONE, 0.0f));
+    }
+    if (Si > 0) {
+        dit_tensor xi = seq(&f->x, St, Si);
+        BE(linear(f, &xi, &in->hidden_states, &m->x_emb, DIT_ACT_NONE, 0.0f));
+    }
+
+    for (int i = 0; i < c->num_layers; i++) {
+        st = double_block(f, &m->dbl[i]);
+        if (st != DIT_OK) {
+            dit_diag_prefix(diag, "double block %d: ", i);
+            goto cleanup;
+        }
+    }
+    for (int i = 0; i < c->num_single_layers; i++) {
+        st = single_block(f, &m->sgl[i]);
+        if (st != DIT_OK) {
+            dit_diag_prefix(diag, "single block %d: ", i);
+            goto cleanup;
+        }
+    }
+
+    /* norm_out: (scale, shift) in that order, then proj_out on image rows. */
+    {
+        dit_tensor emb2 = feat(&f->emb, 0, 2 * C);
+        BE(linear(f, &emb2, &f->silu_t, &m->norm_out, DIT_ACT_NONE, 0.0f));
+        if (Si > 0) {
+            dit_tensor scale = chunk(&emb2, 0, C), shift = chunk(&emb2, 1, C);
+            dit_tensor xi = seq(&f->x, St, Si), ni = seq(&f->n, St, Si);
+            BE(be->ops->layer_norm_mod(be, &ni, &xi, &shift, &scale, 1e-6f));
+            BE(linear(f, sample, &ni, &m->proj_out, DIT_ACT_NONE, 0.0f));
+        }
+    }
+cleanup:
+    free(host);
+    return st;
+}
+
+double dit_flux_forward_flops(const dit_flux_config *c, int64_t B, int64_t St, int64_t Si)
+{
+    const double C = c->inner_dim, F = c->mlp_dim, S = (double)(St + Si);
+    const double b = (double)B;
+    double fl = 0.0;
+    /* Embedders and the conditioning MLPs. */
+    fl += 2.0 * b * Si * c->in_channels * C + 2.0 * b * St * c->joint_attention_dim * C;
+    fl += 2.0 * b * (256.0 * C + C * C) * (c->guidance_embeds ? 2 : 1);
+    fl += 2.0 * b * (c->pooled_projection_dim * C + C * C);
+    /* Double blocks: 2 AdaLN (6C), qkv (3C), out (C), FFN (F + F) per token. */
+    double dbl = 2.0 * b * 2.0 * 6.0 * C * C;
+    dbl += 2.0 * b * S * (3.0 * C * C + C * C + 2.0 * C * F);
+    dbl += 4.0 * b * S * S * C;
+    /* Single blocks: AdaLN (3C), qkv + mlp (3C + F), proj_out (C + F -> C). */
+    double sgl = 2.0 * b * 3.0 * C * C;
+    sgl += 2.0 * b * S * ((3.0 * C + F) * C + (C + F) * C);
+    sgl += 4.0 * b * S * S * C;
+    fl += c->num_layers * dbl + c->num_single_layers * sgl;
+    /* norm_out and proj_out. */
+    fl += 2.0 * b * 2.0 * C * C + 2.0 * b * Si * C * c->out_dim;
+    return fl;
+}
