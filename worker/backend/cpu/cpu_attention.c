@@ -18,7 +18,10 @@
 #include "backend/cpu/cpu_internal.h"
 #include "backend/cpu/cpu_math.h"
 
-enum { ATTN_BQ = 64, ATTN_BK = 256 };
+/* Query rows per task (at most) and keys per block. Big query blocks amortise
+ * the packing OpenBLAS does for every small GEMM; they shrink when there
+ * would otherwise be too few tasks to keep every thread busy. */
+enum { ATTN_BQ_MAX = 256, ATTN_BQ_MIN = 32, ATTN_BK = 256 };
 
 static bool is_bshd(const dit_tensor *t)
 {
@@ -44,16 +47,19 @@ dit_status dit_cpu_attention(dit_backend *be, const dit_tensor *out, const dit_t
 
     /* Row strides in floats: consecutive tokens of one head. */
     const int64_t ldq = q->nb[1] / 4, ldk = k->nb[1] / 4, ldv = v->nb[1] / 4, ldo = out->nb[1] / 4;
-    const int64_t n_qblk = (Sq + ATTN_BQ - 1) / ATTN_BQ;
+    const int nt = B * Sq * Skv * H * D < 65536 ? 1 : dit_cpu_threads(be);
+    int64_t bq_max = ATTN_BQ_MAX;
+    while (bq_max > ATTN_BQ_MIN && B * H * ((Sq + bq_max - 1) / bq_max) < 4 * nt)
+        bq_max /= 2;
+    const int64_t n_qblk = (Sq + bq_max - 1) / bq_max;
     const int64_t n_tasks = B * H * n_qblk;
-    const int nt = n_tasks * Sq * Skv * D < 65536 ? 1 : dit_cpu_threads(be);
     dit_status st = DIT_OK;
 
 #pragma omp parallel num_threads(nt)
     {
-        float *s_blk = malloc(sizeof(float) * ATTN_BQ * ATTN_BK);
-        float *o_acc = malloc(sizeof(float) * ATTN_BQ * (size_t)D);
-        float m[ATTN_BQ], l[ATTN_BQ];
+        float *s_blk = malloc(sizeof(float) * (size_t)(bq_max * ATTN_BK));
+        float *o_acc = malloc(sizeof(float) * (size_t)(bq_max * D));
+        float m[ATTN_BQ_MAX], l[ATTN_BQ_MAX];
         if (!s_blk || !o_acc) {
 #pragma omp atomic write
             st = DIT_ERR_NOMEM;
@@ -65,8 +71,8 @@ dit_status dit_cpu_attention(dit_backend *be, const dit_tensor *out, const dit_t
             const int64_t qb = task % n_qblk;
             const int64_t h = (task / n_qblk) % H;
             const int64_t b = task / (n_qblk * H);
-            const int64_t q0 = qb * ATTN_BQ;
-            const int64_t bq = Sq - q0 < ATTN_BQ ? Sq - q0 : ATTN_BQ;
+            const int64_t q0 = qb * bq_max;
+            const int64_t bq = Sq - q0 < bq_max ? Sq - q0 : bq_max;
             const float *qp = (const float *)((const char *)q->data + b * q->nb[0] +
                                               q0 * q->nb[1] + h * q->nb[2]);
             const float *kp = (const float *)((const char *)k->data + b * k->nb[0] + h * k->nb[2]);

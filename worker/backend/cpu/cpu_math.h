@@ -5,7 +5,6 @@
 #define DIT_BACKEND_CPU_MATH_H
 
 #include <stdint.h>
-#include <string.h>
 
 /* e^x for f32. Range reduction x = n ln2 + r with |r| <= ln2/2, a degree-6
  * polynomial for e^r, and 2^n built in the exponent bits. Returns 0 below
@@ -14,7 +13,10 @@ static inline float dit_expf(float x)
 {
     const float hi = 88.7228f, lo = -87.3365f;
     float xc = x > hi ? hi : (x < lo ? lo : x);
-    float n = __builtin_roundevenf(xc * 1.44269504088896341f);
+    /* Round to nearest by adding and subtracting 1.5 * 2^23 (exact for the
+     * |n| <= 128 here); unlike roundevenf this vectorises. */
+    const float shifter = 12582912.0f;
+    float n = (xc * 1.44269504088896341f + shifter) - shifter;
     float r = xc - n * 0.693145751953125f; /* ln2 high part, exact product */
     r = r - n * 1.428606765330187045e-06f; /* ln2 low part */
     float p = 1.9875691500e-4f;
@@ -29,10 +31,13 @@ static inline float dit_expf(float x)
     int32_t ni = (int32_t)n;
     float extra = ni > 127 ? 2.0f : 1.0f;
     ni = ni > 127 ? 127 : ni;
-    int32_t e = (ni + 127) << 23;
-    float scale;
-    memcpy(&scale, &e, sizeof scale);
-    float y = p * scale * extra;
+    /* A union pun (well defined in C) rather than memcpy: GCC keeps it in
+     * registers and so still vectorises the loops that call this. */
+    union {
+        int32_t i;
+        float f;
+    } scale = {.i = (ni + 127) << 23};
+    float y = p * scale.f * extra;
     y = x < lo ? 0.0f : y;
     y = x > hi ? __builtin_inff() : y;
     return y;
