@@ -15,8 +15,7 @@
 #include <unistd.h>
 
 #include "loader/safetensors.h"
-
-extern char **environ;
+#include "test_proc.h"
 
 /* Relative tolerance on max|ours - diffusers| / max|diffusers|. f32 CPU
  * implementations of the same graph differ by summation order only. */
@@ -25,64 +24,6 @@ extern char **environ;
 enum { MAX_CASES = 64 };
 static char case_dirs[MAX_CASES][1024]; /* filled once in main, read-only after */
 static int n_cases;
-
-static const char *env_or_die(const char *name)
-{
-    const char *v = getenv(name);
-    if (!v) {
-        fprintf(stderr, "%s is not set; run this test through meson\n", name);
-        exit(1);
-    }
-    return v;
-}
-
-/* Runs argv with stdout and stderr captured into `out` (cap bytes). */
-static int run_capture(char *const argv[], char *out, size_t cap)
-{
-    char path[] = "/tmp/dit_golden_XXXXXX";
-    int fd = mkstemp(path);
-    ck_assert_int_ge(fd, 0);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, fd, 1);
-    posix_spawn_file_actions_adddup2(&fa, fd, 2);
-    pid_t pid;
-    int rc = posix_spawn(&pid, argv[0], &fa, NULL, argv, environ);
-    posix_spawn_file_actions_destroy(&fa);
-    ck_assert_msg(rc == 0, "cannot start %s", argv[0]);
-    int status;
-    waitpid(pid, &status, 0);
-    lseek(fd, 0, SEEK_SET);
-    ssize_t n = read(fd, out, cap - 1);
-    out[n > 0 ? n : 0] = '\0';
-    close(fd);
-    unlink(path);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
-typedef struct err_stats {
-    double max_abs, max_ref, rel;
-} err_stats;
-
-static err_stats compare(const dit_tensor *a, const dit_tensor *b)
-{
-    err_stats e = {0, 0, 0};
-    size_t n = (size_t)dit_tensor_numel(a);
-    float *pa = malloc(n * sizeof *pa), *pb = malloc(n * sizeof *pb);
-    dit_convert_to_f32(pa, a->data, a->dtype, n);
-    dit_convert_to_f32(pb, b->data, b->dtype, n);
-    for (size_t i = 0; i < n; i++) {
-        double d = fabs((double)pa[i] - pb[i]);
-        if (!(d <= e.max_abs)) /* NaN propagates as a failure */
-            e.max_abs = isnan(d) ? INFINITY : d;
-        if (fabs(pb[i]) > e.max_ref)
-            e.max_ref = fabs(pb[i]);
-    }
-    e.rel = e.max_ref > 0 ? e.max_abs / e.max_ref : e.max_abs;
-    free(pa);
-    free(pb);
-    return e;
-}
 
 START_TEST(golden_case_matches_diffusers)
 {
@@ -93,9 +34,9 @@ START_TEST(golden_case_matches_diffusers)
     snprintf(inputs, sizeof inputs, "%s/inputs.safetensors", dir);
     snprintf(expected, sizeof expected, "%s/expected.safetensors", dir);
     snprintf(output, sizeof output, "/tmp/dit_golden_%d_%s.safetensors", (int)getpid(), name);
-    char *argv[] = {(char *)env_or_die("DITRUN"), "forward", "--model", model, "--inputs", inputs,
+    char *argv[] = {(char *)test_env("DITRUN"), "forward", "--model", model, "--inputs", inputs,
                     "--output", output, "--threads", "2", "--quiet", NULL};
-    int rc = run_capture(argv, log, sizeof log);
+    int rc = test_run(argv, NULL, log, sizeof log, NULL);
     ck_assert_msg(rc == 0, "%s: ditrun exited %d:\n%s", name, rc, log);
 
     dit_diag diag;
@@ -110,12 +51,12 @@ START_TEST(golden_case_matches_diffusers)
     ck_assert_ptr_nonnull(w);
     ck_assert(dit_tensor_same_shape(&g->view, &w->view));
 
-    err_stats e = compare(&g->view, &w->view);
+    test_err e = test_compare_views(&g->view, &w->view);
     printf("%-28s vs diffusers f32: max abs %.3g, max|ref| %.3g, rel %.3g", name, e.max_abs,
            e.max_ref, e.rel);
     if (w64) {
-        err_stats e64 = compare(&g->view, &w64->view);
-        err_stats d64 = compare(&w->view, &w64->view);
+        test_err e64 = test_compare_views(&g->view, &w64->view);
+        test_err d64 = test_compare_views(&w->view, &w64->view);
         printf("; vs f64: ours %.3g, diffusers f32 %.3g", e64.rel, d64.rel);
     }
     printf("\n");
@@ -131,33 +72,33 @@ END_TEST
 START_TEST(cli_help_and_usage_errors)
 {
     char out[8192];
-    char *ditrun = (char *)env_or_die("DITRUN");
+    char *ditrun = (char *)test_env("DITRUN");
     char *help[] = {ditrun, "forward", "--help", NULL};
-    ck_assert_int_eq(run_capture(help, out, sizeof out), 0);
+    ck_assert_int_eq(test_run(help, NULL, out, sizeof out, NULL), 0);
     ck_assert_ptr_nonnull(strstr(out, "--model DIR"));
     ck_assert_ptr_nonnull(strstr(out, "--inputs"));
 
     char *top[] = {ditrun, "--help", NULL};
-    ck_assert_int_eq(run_capture(top, out, sizeof out), 0);
+    ck_assert_int_eq(test_run(top, NULL, out, sizeof out, NULL), 0);
     ck_assert_ptr_nonnull(strstr(out, "forward"));
 
     char *none[] = {ditrun, NULL};
-    ck_assert_int_eq(run_capture(none, out, sizeof out), 2);
+    ck_assert_int_eq(test_run(none, NULL, out, sizeof out, NULL), 2);
 
     char *unknown_cmd[] = {ditrun, "frobnicate", NULL};
-    ck_assert_int_eq(run_capture(unknown_cmd, out, sizeof out), 2);
+    ck_assert_int_eq(test_run(unknown_cmd, NULL, out, sizeof out, NULL), 2);
     ck_assert_ptr_nonnull(strstr(out, "unknown command 'frobnicate'"));
 
     char *missing[] = {ditrun, "forward", "--inputs", "x", "--output", "y", NULL};
-    ck_assert_int_eq(run_capture(missing, out, sizeof out), 2);
+    ck_assert_int_eq(test_run(missing, NULL, out, sizeof out, NULL), 2);
     ck_assert_ptr_nonnull(strstr(out, "--model is required"));
 
     char *bad_opt[] = {ditrun, "forward", "--bogus", NULL};
-    ck_assert_int_eq(run_capture(bad_opt, out, sizeof out), 2);
+    ck_assert_int_eq(test_run(bad_opt, NULL, out, sizeof out, NULL), 2);
     ck_assert_ptr_nonnull(strstr(out, "unknown option '--bogus'"));
 
     char *bad_threads[] = {ditrun, "forward", "--threads", "zero", NULL};
-    ck_assert_int_eq(run_capture(bad_threads, out, sizeof out), 2);
+    ck_assert_int_eq(test_run(bad_threads, NULL, out, sizeof out, NULL), 2);
     ck_assert_ptr_nonnull(strstr(out, "--threads"));
 }
 END_TEST
@@ -165,10 +106,10 @@ END_TEST
 START_TEST(cli_reports_bad_model_and_inputs)
 {
     char out[8192];
-    char *ditrun = (char *)env_or_die("DITRUN");
+    char *ditrun = (char *)test_env("DITRUN");
     char *nomodel[] = {ditrun, "forward", "--model", "/nonexistent/model", "--inputs", "x",
                        "--output", "/tmp/unused.safetensors", NULL};
-    ck_assert_int_eq(run_capture(nomodel, out, sizeof out), 1);
+    ck_assert_int_eq(test_run(nomodel, NULL, out, sizeof out, NULL), 1);
     ck_assert_ptr_nonnull(strstr(out, "/nonexistent/model/config.json"));
 
     /* Case 0's model with deliberately broken copies of its own inputs. */
@@ -198,7 +139,7 @@ START_TEST(cli_reports_bad_model_and_inputs)
     dit_tensor saved = views[hi];
     views[hi] = dit_tensor_narrow(&saved, 2, 0, saved.ne[2] - 1);
     ck_assert_int_eq(dit_st_write(broken, items, n, NULL), DIT_OK);
-    ck_assert_int_eq(run_capture(argv, out, sizeof out), 1);
+    ck_assert_int_eq(test_run(argv, NULL, out, sizeof out, NULL), 1);
     ck_assert_msg(strstr(out, "input 'hidden_states'"), "unhelpful: %s", out);
     views[hi] = saved;
 
@@ -206,12 +147,12 @@ START_TEST(cli_reports_bad_model_and_inputs)
     items[n].name = "guidence";
     items[n].tensor = &views[0];
     ck_assert_int_eq(dit_st_write(broken, items, n + 1, NULL), DIT_OK);
-    ck_assert_int_eq(run_capture(argv, out, sizeof out), 1);
+    ck_assert_int_eq(test_run(argv, NULL, out, sizeof out, NULL), 1);
     ck_assert_msg(strstr(out, "unknown input 'guidence'"), "unhelpful: %s", out);
 
     /* a required input left out */
     ck_assert_int_eq(dit_st_write(broken, items + 1, n - 1, NULL), DIT_OK);
-    ck_assert_int_eq(run_capture(argv, out, sizeof out), 1);
+    ck_assert_int_eq(test_run(argv, NULL, out, sizeof out, NULL), 1);
     ck_assert_msg(strstr(out, "is missing"), "unhelpful: %s", out);
 
     unlink(broken);
@@ -227,7 +168,7 @@ static int cmp_str(const void *a, const void *b)
 int main(void)
 {
     char root[600];
-    snprintf(root, sizeof root, "%s/tests/data/golden", env_or_die("DIT_SOURCE_ROOT"));
+    snprintf(root, sizeof root, "%s/tests/data/golden", test_env("DIT_SOURCE_ROOT"));
     DIR *d = opendir(root);
     if (!d) {
         fprintf(stderr, "cannot open %s\n", root);

@@ -152,6 +152,18 @@ CASES = [
           num_layers=2, num_single_layers=2, num_attention_heads=2, attention_head_dim=8,
           axes_dims_rope=(2, 2, 4), in_channels=8, joint_attention_dim=16,
           pooled_projection_dim=12, guidance_embeds=True),
+    # For the parallel modes: 4 heads and token counts divisible by 2 and 4, so
+    # every plain layout (ring/ulysses 2 and 4, tp 2 and 4, tp x cp) applies.
+    _case("parallel_even", 808, batch=2, txt_tokens=8, grid=(4, 6),
+          num_layers=2, num_single_layers=2, num_attention_heads=4, attention_head_dim=8,
+          axes_dims_rope=(2, 2, 4), in_channels=8, joint_attention_dim=16,
+          pooled_projection_dim=12, guidance_embeds=True),
+    # For the anything modes: 3 heads (not divisible by 2 or 4) and odd token
+    # counts, so every split is uneven.
+    _case("parallel_odd", 909, batch=1, txt_tokens=7, grid=(5, 7),
+          num_layers=2, num_single_layers=1, num_attention_heads=3, attention_head_dim=8,
+          axes_dims_rope=(2, 2, 4), in_channels=8, joint_attention_dim=12,
+          pooled_projection_dim=10, guidance_embeds=False),
 ]
 
 # The demo model: small, but with every block type repeated.  hidden = 2 x 16 =

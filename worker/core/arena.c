@@ -105,13 +105,34 @@ dit_status dit_arena_tensor(dit_arena *a, dit_dtype dt, int ndim, const int64_t 
     return DIT_OK;
 }
 
+dit_arena_mark dit_arena_get_mark(const dit_arena *a)
+{
+    dit_arena_mark m = {a->head, a->head ? a->head->used : 0, a->in_use};
+    return m;
+}
+
+void dit_arena_release(dit_arena *a, dit_arena_mark mark)
+{
+    /* Blocks added after the mark go back to the backend; reset() later
+     * replaces the chain by one block of the high-water size anyway. */
+    while (a->head && a->head != (arena_block *)mark.block) {
+        arena_block *next = a->head->next;
+        dit_backend_free(a->be, a->head->base);
+        free(a->head);
+        a->head = next;
+    }
+    if (a->head)
+        a->head->used = mark.used;
+    a->in_use = mark.in_use;
+}
+
 void dit_arena_reset(dit_arena *a)
 {
     if (!a)
         return;
-    if (a->head && a->head->next) {
-        /* Several blocks were needed: replace them by one that fits the
-         * high-water mark, so the next pass allocates without growing. */
+    if (a->high_water > 0 && (!a->head || a->head->next || a->head->size < a->high_water)) {
+        /* The pass needed more than one block: replace them by one that fits
+         * the high-water mark, so the next pass allocates without growing. */
         blocks_free(a);
         if (block_new(a, a->high_water, &a->head) != DIT_OK)
             a->head = NULL; /* the next allocation retries */

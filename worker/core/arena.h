@@ -27,6 +27,17 @@ dit_status dit_arena_tensor(dit_arena *a, dit_dtype dt, int ndim, const int64_t 
 /* Raw bytes from the arena, 64-byte aligned. */
 dit_status dit_arena_bytes(dit_arena *a, size_t bytes, void **out);
 
+/* A position in the arena; dit_arena_release(a, mark) frees everything
+ * allocated after dit_arena_mark returned it (scoped scratch). */
+typedef struct dit_arena_mark {
+    void *block;
+    size_t used;
+    size_t in_use;
+} dit_arena_mark;
+
+dit_arena_mark dit_arena_get_mark(const dit_arena *a);
+void dit_arena_release(dit_arena *a, dit_arena_mark mark);
+
 /* Releases everything allocated since the last reset. */
 void dit_arena_reset(dit_arena *a);
 

@@ -941,6 +941,8 @@ dit_status dit_flux_forward(dit_flux *m, dit_arena *arena, const dit_flux_inputs
             dit_diag_prefix(diag, "double block %d: ", i);
             goto cleanup;
         }
+        if (m->hooks.block_done)
+            DIT_CHECK(m->hooks.block_done(m->hooks.ctx, i, diag));
     }
     for (int i = 0; i < c->num_single_layers; i++) {
         st = single_block(f, &m->sgl[i]);
@@ -948,6 +950,8 @@ dit_status dit_flux_forward(dit_flux *m, dit_arena *arena, const dit_flux_inputs
             dit_diag_prefix(diag, "single block %d: ", i);
             goto cleanup;
         }
+        if (m->hooks.block_done)
+            DIT_CHECK(m->hooks.block_done(m->hooks.ctx, c->num_layers + i, diag));
     }
 
     /* norm_out: (scale, shift) in that order, then proj_out on image rows. */

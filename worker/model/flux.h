@@ -44,6 +44,9 @@ typedef struct dit_flux_hooks {
                             float scale, dit_diag *diag);
     /* In-place sum over the tensor-parallel group. x (B, S, C). */
     dit_status (*tp_all_reduce)(void *ctx, const dit_tensor *x, dit_diag *diag);
+    /* Called after every transformer block (double blocks first, then single
+     * blocks, counted from 0); a status other than DIT_OK stops the pass. */
+    dit_status (*block_done)(void *ctx, int index, dit_diag *diag);
 } dit_flux_hooks;
 
 /* Loads `dir` (a diffusers transformer folder: config.json and

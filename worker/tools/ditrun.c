@@ -1,20 +1,33 @@
 /* ditrun: runs the worker's compute code without the daemon.
  *
  *   ditrun forward --model DIR --inputs IN.safetensors --output OUT.safetensors
+ *                  [--world-size N --ring R --ulysses U --tp T ...]
  *
- * It is the tool for tests, benchmarks and debugging: the same model code the
- * daemon's workers run, driven from files. */
+ * With --world-size N > 1 it creates a shared-memory mesh, starts N rank
+ * processes of itself (the same code a daemon worker runs), and reports rank
+ * 0's result; any failing rank fails the run with that rank's message. It is
+ * the tool for tests, benchmarks and debugging. */
+#include <errno.h>
 #include <getopt.h>
 #include <math.h>
+#include <signal.h>
+#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "backend/backend.h"
-#include "core/arena.h"
+#include "comm/shm/comm_shm.h"
 #include "loader/safetensors.h"
 #include "model/flux.h"
+#include "parallel/mesh.h"
+#include "runtime/inputs.h"
+#include "runtime/runner.h"
+
+extern char **environ;
 
 #define EXIT_USAGE 2
 
@@ -22,6 +35,9 @@ static const char *const forward_usage =
     "usage: ditrun forward --model DIR --inputs IN.safetensors --output OUT.safetensors\n"
     "                      [--backend cpu|cuda] [--threads N] [--repeat N]\n"
     "                      [--compare FILE] [--quiet]\n"
+    "                      [--world-size N] [--ring R] [--ulysses U] [--tp T]\n"
+    "                      [--ulysses-anything | --ring-anything | --unified-anything]\n"
+    "                      [--no-fp32-merge] [--comm-timeout SECONDS]\n"
     "\n"
     "Runs one FluxTransformer2DModel forward pass, as diffusers' model(...) would.\n"
     "\n"
@@ -36,14 +52,28 @@ static const char *const forward_usage =
     "                  when the config has guidance_embeds. f32, bf16 or f16.\n"
     "  --output FILE   safetensors to write; it holds 'sample' (B, S_img, out_dim) f32\n"
     "  --backend NAME  cpu (default) or cuda\n"
-    "  --threads N     cpu threads (default: all online cores)\n"
+    "  --threads N     cpu threads per rank (default: online cores / world size)\n"
     "  --repeat N      run the forward N times and report the fastest (default 1)\n"
     "  --compare FILE  also compare 'sample' with the tensor of that name in FILE\n"
     "                  (e.g. diffusers' output) and print the difference\n"
     "  --quiet         print nothing on success\n"
     "\n"
-    "Exit status: 0 on success, 1 when the model or inputs cannot be used, 2 on bad\n"
-    "command-line arguments.\n";
+    "Parallelism (the meaning of diffusers' ContextParallelConfig / TensorParallelConfig;\n"
+    "ranks are separate processes meeting in shared memory):\n"
+    "  --world-size N       number of rank processes (default 1)\n"
+    "  --ring R             ring_degree: ring attention over R sequence chunks\n"
+    "  --ulysses U          ulysses_degree: all-to-all between sequence and heads\n"
+    "  --tp T               tp_degree: tensor parallelism over heads and MLP columns\n"
+    "                       R x U x T must equal N; CP and TP combine\n"
+    "  --ulysses-anything   uneven sequence chunks and heads not divisible by U (R = 1)\n"
+    "  --ring-anything      uneven sequence chunks (U = 1)\n"
+    "  --unified-anything   uneven chunks and heads with R > 1 and U > 1\n"
+    "  --no-fp32-merge      convert_to_fp32=False: merge ring partials in the activation\n"
+    "                       dtype (the cpu backend computes in f32 either way)\n"
+    "  --comm-timeout S     seconds a rank waits for its peers before failing (default 60)\n"
+    "\n"
+    "Exit status: 0 on success, 1 when the model or inputs cannot be used or a rank\n"
+    "fails, 2 on bad command-line arguments or an invalid parallel layout.\n";
 
 static const char *const main_usage =
     "usage: ditrun <command> [options]\n"
@@ -85,44 +115,12 @@ typedef struct forward_args {
     dit_backend_kind backend;
     int threads, repeat;
     bool quiet;
+    dit_parallel_config pc;
+    double comm_timeout;
+    /* Set in rank processes only (internal flags from the launcher). */
+    int mesh_rank;
+    const char *mesh_shm;
 } forward_args;
-
-/* Host copy of one input tensor as f32, with the expected rank checked. */
-typedef struct host_input {
-    float *data;
-    dit_tensor view; /* over data, contiguous f32 */
-} host_input;
-
-static dit_status take_input(const dit_st_set *set, const char *file, const char *name,
-                             bool required, int ndim_a, int ndim_b, host_input *out,
-                             dit_diag *diag)
-{
-    memset(out, 0, sizeof *out);
-    const dit_st_entry *e = dit_st_set_find(set, name);
-    if (!e) {
-        if (!required)
-            return DIT_OK;
-        return dit_diag_set(diag, DIT_ERR_INVALID_ARG, "%s: input '%s' is missing", file, name);
-    }
-    if (e->view.ndim != ndim_a && e->view.ndim != ndim_b) {
-        char got[64];
-        dit_tensor_shape_str(&e->view, got, sizeof got);
-        return dit_diag_set(diag, DIT_ERR_INVALID_ARG, "%s: input '%s' is %s; expected %d dims",
-                            file, name, got, ndim_a);
-    }
-    size_t n = (size_t)dit_tensor_numel(&e->view);
-    out->data = malloc((n ? n : 1) * sizeof(float));
-    if (!out->data)
-        return dit_diag_set(diag, DIT_ERR_NOMEM, "out of memory reading '%s'", name);
-    out->view = dit_tensor_make(out->data, DIT_F32, e->view.ndim, e->view.ne);
-    dit_convert_to_f32(out->data, e->view.data, e->view.dtype, n);
-    return DIT_OK;
-}
-
-static const char *const known_inputs[] = {
-    "hidden_states", "encoder_hidden_states", "pooled_projections", "timestep",
-    "img_ids",       "txt_ids",               "guidance",
-};
 
 static void print_stats(const char *name, const float *p, size_t n)
 {
@@ -175,169 +173,304 @@ cleanup:
     return st;
 }
 
-static int run_forward(const forward_args *a)
+/* Test aid: DIT_FAULT_KILL_RANK=r and DIT_FAULT_KILL_BLOCK=k make rank r
+ * kill itself with SIGKILL after transformer block k, to prove that the other
+ * ranks fail fast instead of hanging. */
+typedef struct fault_plan {
+    int rank, block;
+} fault_plan;
+
+static dit_status fault_block(void *ctx, int block, dit_diag *diag)
+{
+    (void)diag;
+    const fault_plan *fp = ctx;
+    if (block == fp->block)
+        raise(SIGKILL);
+    return DIT_OK;
+}
+
+/* The work of one rank (or of the only process when world size is 1). */
+static int run_rank(const forward_args *a, int rank)
 {
     dit_diag diag;
     dit_diag_clear(&diag);
     dit_status st = DIT_OK;
+    dit_comm *world = NULL;
+    dit_mesh *mesh = NULL;
     dit_backend *be = NULL;
     dit_flux *model = NULL;
-    dit_st_set *in_set = NULL;
-    dit_arena *arena = NULL;
-    host_input hs = {0}, ehs = {0}, pooled = {0}, ts = {0}, img = {0}, txt = {0}, gd = {0};
-    float *out_host = NULL;
-    void *dev_in = NULL, *dev_out = NULL;
+    dit_runner *runner = NULL;
+    dit_input_file *inputs = NULL;
+    float *out = NULL;
+    const bool multi = a->pc.world_size > 1;
+    const bool speak = rank == 0 && !a->quiet;
 
+    if (multi) {
+        dit_shm_config sc = {.world_size = a->pc.world_size, .timeout_s = a->comm_timeout};
+        snprintf(sc.name, sizeof sc.name, "%s", a->mesh_shm);
+        DIT_CHECK(dit_shm_comm_join(&sc, rank, &world, &diag));
+        DIT_CHECK(dit_mesh_create(&a->pc, world, &mesh, &diag));
+    }
     dit_backend_config bcfg = {.kind = a->backend, .n_threads = a->threads, .device = 0};
     DIT_CHECK(dit_backend_create(&bcfg, &be, &diag));
+    dit_flux_shard shard = {.tp_degree = a->pc.tp_degree,
+                            .tp_rank = mesh ? dit_mesh_tp_rank(mesh) : 0};
     double t0 = now_ms();
-    DIT_CHECK(dit_flux_load(be, a->model, NULL, &model, &diag));
+    DIT_CHECK(dit_flux_load(be, a->model, &shard, &model, &diag));
     double t_load = now_ms() - t0;
     const dit_flux_config *cfg = dit_flux_config_of(model);
+    DIT_CHECK(dit_input_file_load(a->inputs, cfg, &inputs, &diag));
+    const dit_forward_inputs *in = dit_input_file_inputs(inputs);
+    DIT_CHECK(dit_runner_create(be, model, mesh, &runner, &diag));
 
-    DIT_CHECK(dit_st_set_open_path(a->inputs, &in_set, &diag));
-    for (size_t i = 0; i < dit_st_set_count(in_set); i++) {
-        const char *name = dit_st_set_at(in_set, i)->name;
-        bool known = false;
-        for (size_t k = 0; k < sizeof known_inputs / sizeof *known_inputs; k++)
-            known = known || strcmp(name, known_inputs[k]) == 0;
-        if (!known) {
-            st = dit_diag_set(&diag, DIT_ERR_INVALID_ARG,
-                              "%s: unknown input '%s' (expected hidden_states, "
-                              "encoder_hidden_states, pooled_projections, timestep, img_ids, "
-                              "txt_ids, guidance)",
-                              a->inputs, name);
-            goto cleanup;
-        }
-    }
-    DIT_CHECK(take_input(in_set, a->inputs, "hidden_states", true, 3, 3, &hs, &diag));
-    DIT_CHECK(take_input(in_set, a->inputs, "encoder_hidden_states", true, 3, 3, &ehs, &diag));
-    DIT_CHECK(take_input(in_set, a->inputs, "pooled_projections", true, 2, 2, &pooled, &diag));
-    DIT_CHECK(take_input(in_set, a->inputs, "timestep", true, 1, 1, &ts, &diag));
-    /* diffusers still accepts (B, S, n_axes) ids and uses batch 0 of them. */
-    DIT_CHECK(take_input(in_set, a->inputs, "img_ids", true, 2, 3, &img, &diag));
-    DIT_CHECK(take_input(in_set, a->inputs, "txt_ids", true, 2, 3, &txt, &diag));
-    DIT_CHECK(take_input(in_set, a->inputs, "guidance", false, 1, 1, &gd, &diag));
-
-    const int64_t B = hs.view.ne[0], Si = hs.view.ne[1], St = ehs.view.ne[1];
-    const int64_t nax = cfg->n_axes;
-    const host_input *ids[2] = {&img, &txt};
-    const int64_t want_len[2] = {Si, St};
-    const char *id_names[2] = {"img_ids", "txt_ids"};
-    for (int i = 0; i < 2; i++) {
-        const dit_tensor *v = &ids[i]->view;
-        int64_t len = v->ne[v->ndim - 2], ax = v->ne[v->ndim - 1];
-        if (len != want_len[i] || ax != nax) {
-            char got[64];
-            dit_tensor_shape_str(v, got, sizeof got);
-            st = dit_diag_set(&diag, DIT_ERR_INVALID_ARG,
-                              "%s: input '%s' is %s; expected (%lld, %lld) to match %s tokens "
-                              "and the config's %lld rope axes",
-                              a->inputs, id_names[i], got, (long long)want_len[i],
-                              (long long)nax, i == 0 ? "hidden_states" : "encoder_hidden_states",
-                              (long long)nax);
-            goto cleanup;
-        }
-    }
-    if (ts.view.ne[0] != B || (gd.data && gd.view.ne[0] != B)) {
-        st = dit_diag_set(&diag, DIT_ERR_INVALID_ARG,
-                          "%s: timestep and guidance need one value per batch entry (%lld)",
-                          a->inputs, (long long)B);
-        goto cleanup;
+    fault_plan fp = {-1, -1};
+    const char *fr = getenv("DIT_FAULT_KILL_RANK"), *fb = getenv("DIT_FAULT_KILL_BLOCK");
+    if (fr && fb && atoi(fr) == rank) {
+        fp.rank = rank;
+        fp.block = atoi(fb);
+        dit_runner_set_block_callback(runner, fault_block, &fp);
     }
 
-    /* Big inputs go to the backend; ids and scalars stay on the host. */
-    size_t n_hs = (size_t)dit_tensor_numel(&hs.view), n_ehs = (size_t)dit_tensor_numel(&ehs.view);
-    size_t n_pool = (size_t)dit_tensor_numel(&pooled.view);
-    size_t n_out = (size_t)(B * Si * cfg->out_dim);
-    DIT_CHECK(dit_backend_alloc(be, (n_hs + n_ehs + n_pool) * sizeof(float), &dev_in));
-    DIT_CHECK(dit_backend_alloc(be, n_out * sizeof(float), &dev_out));
-    dit_flux_inputs in = {
-        .hidden_states = dit_tensor_make(dev_in, DIT_F32, 3, hs.view.ne),
-        .encoder_hidden_states =
-            dit_tensor_make((float *)dev_in + n_hs, DIT_F32, 3, ehs.view.ne),
-        .pooled_projections =
-            dit_tensor_make((float *)dev_in + n_hs + n_ehs, DIT_F32, 2, pooled.view.ne),
-        .timestep = ts.data,
-        .guidance = gd.data,
-        .img_ids = img.data,
-        .txt_ids = txt.data,
-    };
-    DIT_CHECK(be->ops->upload(be, &in.hidden_states, &hs.view));
-    DIT_CHECK(be->ops->upload(be, &in.encoder_hidden_states, &ehs.view));
-    DIT_CHECK(be->ops->upload(be, &in.pooled_projections, &pooled.view));
-    dit_tensor sample = dit_tensor_3d(dev_out, DIT_F32, B, Si, cfg->out_dim);
-
-    DIT_CHECK(dit_arena_create(be, 0, &arena));
-    double best = INFINITY;
-    for (int r = 0; r < a->repeat; r++) {
-        double t1 = now_ms();
-        DIT_CHECK(dit_flux_forward(model, arena, &in, &sample, &diag));
-        DIT_CHECK(be->ops->sync(be));
-        double dt = now_ms() - t1;
-        best = dt < best ? dt : best;
-        dit_arena_reset(arena);
-    }
-
-    out_host = malloc((n_out ? n_out : 1) * sizeof(float));
-    if (!out_host) {
+    const size_t n_out = (size_t)(in->batch * in->img_tokens * cfg->out_dim);
+    out = malloc((n_out ? n_out : 1) * sizeof *out);
+    if (!out) {
         st = dit_diag_set(&diag, DIT_ERR_NOMEM, "out of memory");
         goto cleanup;
     }
-    dit_tensor host_sample = dit_tensor_3d(out_host, DIT_F32, B, Si, cfg->out_dim);
-    DIT_CHECK(be->ops->download(be, &host_sample, &sample));
+    double best = INFINITY;
+    for (int r = 0; r < a->repeat; r++) {
+        if (world)
+            DIT_CHECK(world->ops->barrier(world, &diag));
+        double t1 = now_ms();
+        DIT_CHECK(dit_runner_forward(runner, in, out, &diag));
+        double dt = now_ms() - t1;
+        best = dt < best ? dt : best;
+    }
+    if (rank != 0)
+        goto cleanup;
+
+    dit_tensor host_sample = dit_tensor_3d(out, DIT_F32, in->batch, in->img_tokens, cfg->out_dim);
     dit_st_write_item item = {.name = "sample", .tensor = &host_sample};
     DIT_CHECK(dit_st_write(a->output, &item, 1, &diag));
-
-    if (!a->quiet) {
-        double gflop = dit_flux_forward_flops(cfg, B, St, Si) / 1e9;
-        printf("model: %s (%d double + %d single blocks, %d heads x %d, %.1f MiB of weights, "
+    if (speak) {
+        double gflop = dit_flux_forward_flops(cfg, in->batch, in->txt_tokens, in->img_tokens) / 1e9;
+        dit_runner_stats rs = dit_runner_get_stats(runner);
+        printf("model: %s (%d double + %d single blocks, %d heads x %d, %.1f MiB of weights%s, "
                "loaded in %.0f ms)\n",
                a->model, cfg->num_layers, cfg->num_single_layers, cfg->num_attention_heads,
-               cfg->attention_head_dim, (double)dit_flux_weight_bytes(model) / 1048576.0, t_load);
+               cfg->attention_head_dim, (double)dit_flux_weight_bytes(model) / 1048576.0,
+               multi ? " on rank 0" : "", t_load);
+        if (multi)
+            printf("mesh: %d ranks = ring %d x ulysses %d x tp %d%s; rank 0 sent %.3f MiB "
+                   "(attention) + %.3f MiB (output gather), all-reduced %.3f MiB per %s\n",
+                   a->pc.world_size, a->pc.ring_degree, a->pc.ulysses_degree, a->pc.tp_degree,
+                   a->pc.ulysses_anything  ? ", ulysses_anything"
+                   : a->pc.ring_anything   ? ", ring_anything"
+                   : a->pc.unified_anything ? ", unified_anything"
+                                           : "",
+                   (double)rs.attention_bytes_sent / 1048576.0 / a->repeat,
+                   (double)rs.gather_bytes / 1048576.0 / a->repeat,
+                   (double)rs.tp_bytes_reduced / 1048576.0 / a->repeat, "forward");
         printf("forward: batch %lld, %lld text + %lld image tokens, %s backend: %.2f ms "
                "(%.3f GFLOP, %.1f GFLOP/s)%s\n",
-               (long long)B, (long long)St, (long long)Si, be->ops->name, best, gflop,
-               gflop / (best / 1e3), a->repeat > 1 ? ", best of repeats" : "");
-        printf("activation memory: %.2f MiB\n", (double)dit_arena_high_water(arena) / 1048576.0);
-        printf("wrote %s: sample (%lld, %lld, %d) f32\n", a->output, (long long)B, (long long)Si,
-               cfg->out_dim);
-        print_stats("sample", out_host, n_out);
+               (long long)in->batch, (long long)in->txt_tokens, (long long)in->img_tokens,
+               be->ops->name, best, gflop, gflop / (best / 1e3),
+               a->repeat > 1 ? ", best of repeats" : "");
+        printf("activation memory: %.2f MiB%s\n", (double)rs.activation_bytes / 1048576.0,
+               multi ? " on rank 0" : "");
+        printf("wrote %s: sample (%lld, %lld, %d) f32\n", a->output, (long long)in->batch,
+               (long long)in->img_tokens, cfg->out_dim);
+        print_stats("sample", out, n_out);
     }
     if (a->compare)
-        DIT_CHECK(compare_sample(a->compare, out_host, &host_sample, &diag));
+        DIT_CHECK(compare_sample(a->compare, out, &host_sample, &diag));
 
 cleanup:
-    if (st != DIT_OK)
-        fprintf(stderr, "ditrun forward: %s\n", dit_diag_msg(&diag));
-    free(out_host);
-    free(hs.data);
-    free(ehs.data);
-    free(pooled.data);
-    free(ts.data);
-    free(img.data);
-    free(txt.data);
-    free(gd.data);
-    dit_arena_destroy(arena);
-    if (be) {
-        dit_backend_free(be, dev_in);
-        dit_backend_free(be, dev_out);
+    if (st != DIT_OK) {
+        if (multi)
+            fprintf(stderr, "ditrun forward: rank %d: %s\n", rank, dit_diag_msg(&diag));
+        else
+            fprintf(stderr, "ditrun forward: %s\n", dit_diag_msg(&diag));
+        /* Tell the peers at once rather than letting them time out. */
+        if (world)
+            world->ops->abort(world);
     }
-    dit_st_set_close(in_set);
+    free(out);
+    dit_input_file_free(inputs);
+    dit_runner_destroy(runner);
     dit_flux_destroy(model);
     dit_backend_destroy(be);
+    dit_mesh_destroy(mesh);
+    dit_comm_destroy(world);
     return st == DIT_OK ? 0 : 1;
+}
+
+/* Checks the layout against the model and the inputs before any process
+ * starts, so configuration mistakes are usage errors (exit 2). */
+static int validate_launch(const forward_args *a)
+{
+    dit_diag diag;
+    dit_diag_clear(&diag);
+    if (dit_parallel_validate(&a->pc, &diag) != DIT_OK) {
+        fprintf(stderr, "ditrun forward: %s\n", dit_diag_msg(&diag));
+        return EXIT_USAGE;
+    }
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", a->model);
+    dit_flux_config cfg;
+    int64_t B, Si, St;
+    if (dit_flux_config_load(path, &cfg, &diag) != DIT_OK ||
+        dit_input_file_peek(a->inputs, &B, &Si, &St, &diag) != DIT_OK) {
+        fprintf(stderr, "ditrun forward: %s\n", dit_diag_msg(&diag));
+        return 1;
+    }
+    if (dit_parallel_validate_model(&a->pc, &cfg, Si, St, &diag) != DIT_OK) {
+        fprintf(stderr, "ditrun forward: %s\n", dit_diag_msg(&diag));
+        return EXIT_USAGE;
+    }
+    return 0;
+}
+
+static void describe_exit(int status, char *buf, size_t cap)
+{
+    if (WIFEXITED(status))
+        snprintf(buf, cap, "exited with status %d", WEXITSTATUS(status));
+    else if (WIFSIGNALED(status))
+        snprintf(buf, cap, "was killed by signal %d (%s)", WTERMSIG(status),
+                 strsignal(WTERMSIG(status)));
+    else
+        snprintf(buf, cap, "stopped (status %d)", status);
+}
+
+/* Starts one process per rank and supervises them. */
+static int launch(const forward_args *a, int argc, char **argv)
+{
+    int rc = validate_launch(a);
+    if (rc != 0)
+        return rc;
+    const int N = a->pc.world_size;
+    dit_diag diag;
+    dit_diag_clear(&diag);
+    dit_shm_config sc = {.world_size = N, .timeout_s = a->comm_timeout};
+    dit_shm_make_name(&sc);
+    dit_shm_segment *seg = NULL;
+    if (dit_shm_segment_create(&sc, &seg, &diag) != DIT_OK) {
+        fprintf(stderr, "ditrun forward: %s\n", dit_diag_msg(&diag));
+        return 1;
+    }
+    pid_t pids[DIT_SHM_MAX_RANKS] = {0};
+    char rank_buf[DIT_SHM_MAX_RANKS][16], threads_buf[16];
+    /* argv of a rank: ours, plus the internal rank flags, plus a thread
+     * count that shares the cores. */
+    char **cargv = calloc((size_t)argc + 8, sizeof *cargv);
+    if (!cargv) {
+        dit_shm_segment_destroy(seg);
+        return 1;
+    }
+    int threads = a->threads;
+    if (threads == 0) {
+        long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+        threads = ncpu > N ? (int)(ncpu / N) : 1;
+    }
+    snprintf(threads_buf, sizeof threads_buf, "%d", threads);
+    int started = 0;
+    for (int r = 0; r < N; r++) {
+        int k = 0;
+        cargv[k++] = "ditrun"; /* argv here starts at the command name */
+        for (int i = 0; i < argc; i++)
+            cargv[k++] = argv[i];
+        snprintf(rank_buf[r], sizeof rank_buf[r], "%d", r);
+        cargv[k++] = "--mesh-rank";
+        cargv[k++] = rank_buf[r];
+        cargv[k++] = "--mesh-shm";
+        cargv[k++] = sc.name;
+        cargv[k++] = "--threads";
+        cargv[k++] = threads_buf;
+        cargv[k] = NULL;
+        int err = posix_spawn(&pids[r], "/proc/self/exe", NULL, NULL, cargv, environ);
+        if (err != 0) {
+            fprintf(stderr, "ditrun forward: cannot start rank %d: %s\n", r, strerror(err));
+            dit_shm_segment_abort(seg, r);
+            break;
+        }
+        started++;
+    }
+    free(cargv);
+
+    int first_failed = -1, first_status = 0, alive = started;
+    while (alive > 0) {
+        int status;
+        pid_t pid = waitpid(-1, &status, 0);
+        if (pid < 0) {
+            if (errno == EINTR)
+                continue;
+            break;
+        }
+        int r = -1;
+        for (int i = 0; i < started; i++)
+            if (pids[i] == pid)
+                r = i;
+        if (r < 0)
+            continue;
+        alive--;
+        if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
+            if (first_failed < 0) {
+                first_failed = r;
+                first_status = status;
+            }
+            /* A dead rank cannot say so itself: abort the mesh for it. */
+            dit_shm_segment_abort(seg, r);
+        }
+    }
+    rc = 0;
+    if (started < N) {
+        rc = 1;
+    } else if (first_failed >= 0) {
+        int culprit = dit_shm_segment_failed_rank(seg);
+        if (culprit < 0)
+            culprit = first_failed;
+        char how[96];
+        describe_exit(first_status, how, sizeof how);
+        if (culprit == first_failed)
+            fprintf(stderr, "ditrun forward: rank %d failed: it %s\n", culprit, how);
+        else
+            fprintf(stderr, "ditrun forward: rank %d failed first; rank %d %s\n", culprit,
+                    first_failed, how);
+        rc = 1;
+    }
+    dit_shm_segment_destroy(seg);
+    return rc;
 }
 
 static int cmd_forward(int argc, char **argv)
 {
-    forward_args a = {.backend = DIT_BACKEND_CPU, .threads = 0, .repeat = 1};
+    forward_args a = {.backend = DIT_BACKEND_CPU, .threads = 0, .repeat = 1, .mesh_rank = -1};
+    a.pc = dit_parallel_config_single();
+    enum {
+        OPT_WORLD = 256, OPT_RING, OPT_ULYSSES, OPT_TP, OPT_UANY, OPT_RANY, OPT_UNANY, OPT_NOFP32,
+        OPT_TIMEOUT, OPT_MESH_RANK, OPT_MESH_SHM,
+    };
     static const struct option opts[] = {
-        {"model", required_argument, NULL, 'm'},   {"inputs", required_argument, NULL, 'i'},
-        {"output", required_argument, NULL, 'o'},  {"backend", required_argument, NULL, 'b'},
-        {"threads", required_argument, NULL, 't'}, {"repeat", required_argument, NULL, 'r'},
-        {"quiet", no_argument, NULL, 'q'},         {"help", no_argument, NULL, 'h'},
+        {"model", required_argument, NULL, 'm'},
+        {"inputs", required_argument, NULL, 'i'},
+        {"output", required_argument, NULL, 'o'},
+        {"backend", required_argument, NULL, 'b'},
+        {"threads", required_argument, NULL, 't'},
+        {"repeat", required_argument, NULL, 'r'},
         {"compare", required_argument, NULL, 'c'},
+        {"quiet", no_argument, NULL, 'q'},
+        {"help", no_argument, NULL, 'h'},
+        {"world-size", required_argument, NULL, OPT_WORLD},
+        {"ring", required_argument, NULL, OPT_RING},
+        {"ulysses", required_argument, NULL, OPT_ULYSSES},
+        {"tp", required_argument, NULL, OPT_TP},
+        {"ulysses-anything", no_argument, NULL, OPT_UANY},
+        {"ring-anything", no_argument, NULL, OPT_RANY},
+        {"unified-anything", no_argument, NULL, OPT_UNANY},
+        {"no-fp32-merge", no_argument, NULL, OPT_NOFP32},
+        {"comm-timeout", required_argument, NULL, OPT_TIMEOUT},
+        {"mesh-rank", required_argument, NULL, OPT_MESH_RANK},
+        {"mesh-shm", required_argument, NULL, OPT_MESH_SHM},
         {NULL, 0, NULL, 0},
     };
     long v;
@@ -380,6 +513,52 @@ static int cmd_forward(int argc, char **argv)
         case 'h':
             fputs(forward_usage, stdout);
             return 0;
+        case OPT_WORLD:
+            if (!parse_int(optarg, 1, DIT_SHM_MAX_RANKS, &v))
+                return usage_error(forward_usage, "--world-size wants a number from 1 to 64, not '%s'",
+                                   optarg);
+            a.pc.world_size = (int)v;
+            break;
+        case OPT_RING:
+        case OPT_ULYSSES:
+        case OPT_TP:
+            /* Values below 1 reach the layout validation, whose message
+             * explains the rule. */
+            if (!parse_int(optarg, -1000, 1000, &v))
+                return usage_error(forward_usage, "degrees are integers, not '%s'", optarg);
+            if (c == OPT_RING)
+                a.pc.ring_degree = (int)v;
+            else if (c == OPT_ULYSSES)
+                a.pc.ulysses_degree = (int)v;
+            else
+                a.pc.tp_degree = (int)v;
+            break;
+        case OPT_UANY:
+            a.pc.ulysses_anything = true;
+            break;
+        case OPT_RANY:
+            a.pc.ring_anything = true;
+            break;
+        case OPT_UNANY:
+            a.pc.unified_anything = true;
+            break;
+        case OPT_NOFP32:
+            a.pc.fp32_merge = false;
+            break;
+        case OPT_TIMEOUT:
+            if (!parse_int(optarg, 1, 86400, &v))
+                return usage_error(forward_usage, "--comm-timeout wants seconds (1 to 86400), not '%s'",
+                                   optarg);
+            a.comm_timeout = (double)v;
+            break;
+        case OPT_MESH_RANK:
+            if (!parse_int(optarg, 0, DIT_SHM_MAX_RANKS - 1, &v))
+                return usage_error(forward_usage, "bad --mesh-rank '%s'", optarg);
+            a.mesh_rank = (int)v;
+            break;
+        case OPT_MESH_SHM:
+            a.mesh_shm = optarg;
+            break;
         case ':':
             return usage_error(forward_usage, "option %s needs a value", argv[optind - 1]);
         default:
@@ -394,7 +573,21 @@ static int cmd_forward(int argc, char **argv)
         return usage_error(forward_usage, "%s", "--inputs is required");
     if (!a.output)
         return usage_error(forward_usage, "%s", "--output is required");
-    return run_forward(&a);
+    if (a.mesh_rank >= 0) {
+        if (!a.mesh_shm)
+            return usage_error(forward_usage, "%s", "--mesh-rank needs --mesh-shm");
+        return run_rank(&a, a.mesh_rank);
+    }
+    if (a.pc.world_size == 1) {
+        dit_diag diag;
+        dit_diag_clear(&diag);
+        if (dit_parallel_validate(&a.pc, &diag) != DIT_OK) {
+            fprintf(stderr, "ditrun forward: %s\n", dit_diag_msg(&diag));
+            return EXIT_USAGE;
+        }
+        return run_rank(&a, 0);
+    }
+    return launch(&a, argc, argv);
 }
 
 int main(int argc, char **argv)

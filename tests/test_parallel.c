@@ -1,0 +1,295 @@
+/* Context and tensor parallelism across real rank processes: every mode of
+ * the parallel issue runs through `ditrun forward --world-size N` and must
+ * match both the single-rank output and diffusers; every validation rule
+ * has its message checked; a rank killed mid-forward makes the run fail
+ * fast. */
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "parallel/mesh.h"
+#include "test_proc.h"
+
+/* Parallel runs differ from one rank only in summation order. */
+#define VS_SINGLE_TOL 1e-6
+#define VS_DIFFUSERS_TOL 1e-5
+
+typedef struct mode {
+    const char *name;
+    const char *fixture; /* golden case */
+    const char *args[12];
+} mode;
+
+static const mode modes[] = {
+    {"ring 2", "parallel_even", {"--world-size", "2", "--ring", "2"}},
+    {"ring 4", "parallel_even", {"--world-size", "4", "--ring", "4"}},
+    {"ulysses 2", "parallel_even", {"--world-size", "2", "--ulysses", "2"}},
+    {"ulysses 4", "parallel_even", {"--world-size", "4", "--ulysses", "4"}},
+    {"ring 2 x ulysses 2", "parallel_even", {"--world-size", "4", "--ring", "2", "--ulysses", "2"}},
+    {"ulysses-anything 2", "parallel_odd", {"--world-size", "2", "--ulysses", "2", "--ulysses-anything"}},
+    {"ulysses-anything 4", "parallel_odd", {"--world-size", "4", "--ulysses", "4", "--ulysses-anything"}},
+    {"ring-anything 2", "parallel_odd", {"--world-size", "2", "--ring", "2", "--ring-anything"}},
+    {"ring-anything 4", "parallel_odd", {"--world-size", "4", "--ring", "4", "--ring-anything"}},
+    {"unified-anything 2x2", "parallel_odd",
+     {"--world-size", "4", "--ring", "2", "--ulysses", "2", "--unified-anything"}},
+    {"tp 2", "parallel_even", {"--world-size", "2", "--tp", "2"}},
+    {"tp 4", "parallel_even", {"--world-size", "4", "--tp", "4"}},
+    {"tp 2 x ulysses 2", "parallel_even", {"--world-size", "4", "--tp", "2", "--ulysses", "2"}},
+    {"tp 2 x ring 2", "parallel_even", {"--world-size", "4", "--tp", "2", "--ring", "2"}},
+    {"tp 2 x ring 2 x ulysses 2", "parallel_even",
+     {"--world-size", "8", "--tp", "2", "--ring", "2", "--ulysses", "2"}},
+    {"ring 2, no fp32 merge", "parallel_even",
+     {"--world-size", "2", "--ring", "2", "--no-fp32-merge"}},
+};
+
+static void fixture_paths(const char *fixture, char *model, char *inputs, char *expected,
+                          size_t cap)
+{
+    const char *root = test_env("DIT_SOURCE_ROOT");
+    snprintf(model, cap, "%s/tests/data/golden/%s/transformer", root, fixture);
+    snprintf(inputs, cap, "%s/tests/data/golden/%s/inputs.safetensors", root, fixture);
+    snprintf(expected, cap, "%s/tests/data/golden/%s/expected.safetensors", root, fixture);
+}
+
+/* Runs ditrun forward on a fixture with extra arguments. */
+static int run_forward(const char *fixture, const char *const *extra, const char *output,
+                       char *const envp[], char *log, size_t cap, double *seconds)
+{
+    char model[1024], inputs[1024], expected[1024];
+    fixture_paths(fixture, model, inputs, expected, sizeof model);
+    char *argv[32] = {(char *)test_env("DITRUN"), "forward", "--model", model, "--inputs",
+                      inputs, "--output", (char *)output, "--quiet"};
+    int k = 9;
+    for (int i = 0; extra && extra[i] && k < 30; i++)
+        argv[k++] = (char *)extra[i];
+    argv[k] = NULL;
+    return test_run(argv, envp, log, cap, seconds);
+}
+
+START_TEST(mode_matches_single_rank_and_diffusers)
+{
+    const mode *m = &modes[_i];
+    char single[128], par[128], log[16384], model[1024], inputs[1024], expected[1024];
+    snprintf(single, sizeof single, "/tmp/dit_par_single_%d_%d.safetensors", (int)getpid(), _i);
+    snprintf(par, sizeof par, "/tmp/dit_par_%d_%d.safetensors", (int)getpid(), _i);
+    fixture_paths(m->fixture, model, inputs, expected, sizeof model);
+
+    int rc = run_forward(m->fixture, NULL, single, NULL, log, sizeof log, NULL);
+    ck_assert_msg(rc == 0, "single rank failed (%d):\n%s", rc, log);
+    double secs;
+    rc = run_forward(m->fixture, m->args, par, NULL, log, sizeof log, &secs);
+    ck_assert_msg(rc == 0, "%s: ditrun exited %d:\n%s", m->name, rc, log);
+
+    test_err vs1 = test_compare_files(par, "sample", single, "sample");
+    test_err vsd = test_compare_files(par, "sample", expected, "sample");
+    printf("%-28s %-14s vs single rank %.3g, vs diffusers %.3g (%.2f s)\n", m->name, m->fixture,
+           vs1.rel, vsd.rel, secs);
+    fflush(stdout);
+    ck_assert_msg(vs1.rel <= VS_SINGLE_TOL, "%s: %.3g from the single-rank output", m->name,
+                  vs1.rel);
+    ck_assert_msg(vsd.rel <= VS_DIFFUSERS_TOL, "%s: %.3g from diffusers", m->name, vsd.rel);
+    unlink(single);
+    unlink(par);
+}
+END_TEST
+
+static dit_parallel_config layout(int world, int R, int U, int T)
+{
+    dit_parallel_config pc = dit_parallel_config_single();
+    pc.world_size = world;
+    pc.ring_degree = R;
+    pc.ulysses_degree = U;
+    pc.tp_degree = T;
+    return pc;
+}
+
+static void expect_layout_error(const dit_parallel_config *pc, const char *needle)
+{
+    dit_diag diag;
+    dit_diag_clear(&diag);
+    ck_assert_int_eq(dit_parallel_validate(pc, &diag), DIT_ERR_INVALID_ARG);
+    ck_assert_msg(strstr(diag.msg, needle), "'%s' not in: %s", needle, diag.msg);
+}
+
+START_TEST(layout_rules_have_clear_messages)
+{
+    dit_parallel_config pc = layout(2, 1, 1, 1);
+    expect_layout_error(&pc, "either ring_degree or ulysses_degree must be greater than 1");
+    pc = layout(2, 0, 2, 1);
+    expect_layout_error(&pc, "must all be >= 1");
+    pc = layout(4, 2, 1, 1);
+    expect_layout_error(&pc, "= 2 must equal the world size (4)");
+    pc = layout(8, 2, 2, 1);
+    expect_layout_error(&pc, "must equal the world size (8)");
+    pc = layout(2, 2, 1, 1);
+    pc.ulysses_anything = true;
+    expect_layout_error(&pc, "ulysses_degree must be greater than 1 for ulysses_anything");
+    pc = layout(4, 2, 2, 1);
+    pc.ulysses_anything = true;
+    expect_layout_error(&pc, "ulysses_anything cannot be enabled when ring_degree > 1");
+    pc = layout(2, 1, 2, 1);
+    pc.ring_anything = true;
+    expect_layout_error(&pc, "ring_degree must be greater than 1 for ring_anything");
+    pc = layout(4, 2, 2, 1);
+    pc.ring_anything = true;
+    expect_layout_error(&pc, "ring_anything cannot be enabled when ulysses_degree > 1");
+    pc = layout(4, 2, 2, 1);
+    pc.ring_anything = pc.ulysses_anything = true;
+    expect_layout_error(&pc, "cannot both be enabled");
+    pc = layout(2, 2, 1, 1);
+    pc.unified_anything = true;
+    expect_layout_error(&pc, "unified_anything needs ring_degree > 1 and ulysses_degree > 1");
+    pc = layout(4, 2, 2, 1);
+    pc.unified_anything = pc.ring_anything = true;
+    expect_layout_error(&pc, "enable only one anything mode");
+    /* valid layouts */
+    dit_parallel_config ok[] = {layout(1, 1, 1, 1), layout(2, 1, 1, 2), layout(8, 2, 2, 2)};
+    for (size_t i = 0; i < sizeof ok / sizeof *ok; i++)
+        ck_assert_int_eq(dit_parallel_validate(&ok[i], NULL), DIT_OK);
+}
+END_TEST
+
+static void expect_model_error(const dit_parallel_config *pc, int heads, int64_t img, int64_t txt,
+                               const char *needle)
+{
+    dit_flux_config mc = dit_flux_config_flux1_dev();
+    mc.num_attention_heads = heads;
+    ck_assert_int_eq(dit_flux_config_finish(&mc, "test", NULL), DIT_OK);
+    dit_diag diag;
+    dit_diag_clear(&diag);
+    ck_assert_int_eq(dit_parallel_validate_model(pc, &mc, img, txt, &diag), DIT_ERR_INVALID_ARG);
+    ck_assert_msg(strstr(diag.msg, needle), "'%s' not in: %s", needle, diag.msg);
+}
+
+START_TEST(model_rules_have_clear_messages)
+{
+    dit_parallel_config pc = layout(2, 1, 1, 2);
+    expect_model_error(&pc, 3, 64, 8, "num_attention_heads (3) must be divisible by tp_degree (2)");
+    pc = layout(2, 1, 2, 1);
+    expect_model_error(&pc, 3, 64, 8, "num_attention_heads (3) must be divisible by ulysses_degree (2)");
+    expect_model_error(&pc, 3, 64, 8, "ulysses_anything allows uneven heads");
+    pc = layout(4, 1, 2, 2);
+    expect_model_error(&pc, 2, 64, 8, "heads per tensor-parallel rank");
+    pc = layout(2, 2, 1, 1);
+    expect_model_error(&pc, 4, 35, 8, "35 image tokens are not divisible by the context-parallel size 2");
+    expect_model_error(&pc, 4, 35, 8, "ring_anything splits them unevenly");
+    expect_model_error(&pc, 4, 64, 7, "7 text tokens are not divisible");
+    pc = layout(4, 2, 2, 1);
+    expect_model_error(&pc, 4, 66, 8, "unified_anything splits them unevenly");
+    pc = layout(2, 1, 2, 1);
+    expect_model_error(&pc, 4, 33, 8, "ulysses_anything splits them unevenly");
+    /* The FFN rule: a model whose FFN width is not divisible by T. With
+     * mlp = 4 * heads * head_dim that needs T not dividing 4 * inner. */
+    dit_flux_config mc = dit_flux_config_flux1_dev();
+    mc.num_attention_heads = 3;
+    mc.attention_head_dim = 2;
+    mc.n_axes = 1;
+    mc.axes_dims_rope[0] = 2;
+    ck_assert_int_eq(dit_flux_config_finish(&mc, "test", NULL), DIT_OK);
+    mc.mlp_dim = 25; /* as a differently shaped checkpoint would have it */
+    pc = layout(3, 1, 1, 3);
+    dit_diag diag;
+    dit_diag_clear(&diag);
+    ck_assert_int_eq(dit_parallel_validate_model(&pc, &mc, 8, 8, &diag), DIT_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(diag.msg, "FFN width (25) must be divisible by tp_degree (3)"));
+    /* anything modes lift the divisibility rules */
+    pc = layout(2, 1, 2, 1);
+    pc.ulysses_anything = true;
+    mc = dit_flux_config_flux1_dev();
+    mc.num_attention_heads = 3;
+    ck_assert_int_eq(dit_flux_config_finish(&mc, "test", NULL), DIT_OK);
+    ck_assert_int_eq(dit_parallel_validate_model(&pc, &mc, 35, 7, NULL), DIT_OK);
+}
+END_TEST
+
+START_TEST(partition_matches_tensor_split)
+{
+    /* torch.arange(35).tensor_split(4) -> sizes 9, 9, 9, 8 */
+    int64_t off, len;
+    const int64_t want_len[4] = {9, 9, 9, 8}, want_off[4] = {0, 9, 18, 27};
+    for (int i = 0; i < 4; i++) {
+        dit_partition(35, 4, i, &off, &len);
+        ck_assert_int_eq(len, want_len[i]);
+        ck_assert_int_eq(off, want_off[i]);
+    }
+    dit_partition(2, 4, 3, &off, &len); /* fewer items than parts */
+    ck_assert_int_eq(len, 0);
+    ck_assert_int_eq(off, 2);
+}
+END_TEST
+
+START_TEST(cli_rejects_bad_layouts_with_exit_2)
+{
+    char log[8192];
+    const char *bad1[] = {"--world-size", "4", "--ring", "2", NULL};
+    ck_assert_int_eq(run_forward("parallel_even", bad1, "/tmp/unused.safetensors", NULL, log,
+                                 sizeof log, NULL),
+                     2);
+    ck_assert_msg(strstr(log, "must equal the world size (4)"), "%s", log);
+    const char *bad2[] = {"--world-size", "2", "--ring", "2", NULL};
+    ck_assert_int_eq(run_forward("parallel_odd", bad2, "/tmp/unused.safetensors", NULL, log,
+                                 sizeof log, NULL),
+                     2);
+    ck_assert_msg(strstr(log, "ring_anything splits them unevenly"), "%s", log);
+    const char *bad3[] = {"--world-size", "2", "--ulysses", "2", NULL};
+    ck_assert_int_eq(run_forward("parallel_odd", bad3, "/tmp/unused.safetensors", NULL, log,
+                                 sizeof log, NULL),
+                     2);
+    ck_assert_msg(strstr(log, "must be divisible by ulysses_degree (2)"), "%s", log);
+}
+END_TEST
+
+START_TEST(killed_rank_fails_the_run_fast)
+{
+    char log[16384];
+    /* Rank 1 kills itself after block 1; the comm timeout is 30 s, but the
+     * others notice the dead peer within a fraction of a second. */
+    const char *args[] = {"--world-size", "4", "--ring", "2", "--ulysses", "2", "--comm-timeout",
+                          "30", NULL};
+    char *envp[64];
+    int k = 0;
+    for (char **e = environ; *e && k < 60; e++)
+        envp[k++] = *e;
+    envp[k++] = "DIT_FAULT_KILL_RANK=1";
+    envp[k++] = "DIT_FAULT_KILL_BLOCK=1";
+    envp[k] = NULL;
+    double secs;
+    unlink("/tmp/dit_par_killed.safetensors");
+    int rc = run_forward("parallel_even", args, "/tmp/dit_par_killed.safetensors", envp, log,
+                         sizeof log, &secs);
+    printf("killed rank: exit %d after %.2f s:\n%s", rc, secs, log);
+    ck_assert_int_eq(rc, 1);
+    ck_assert_msg(secs < 10.0, "took %.1f s", secs);
+    ck_assert_msg(strstr(log, "rank 1 failed: it was killed by signal 9"), "%s", log);
+    /* the survivors say why they stopped */
+    ck_assert_msg(strstr(log, "rank 1 (pid") || strstr(log, "because rank 1 failed"), "%s", log);
+    ck_assert_msg(access("/tmp/dit_par_killed.safetensors", F_OK) != 0, "output written anyway");
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("parallel");
+    TCase *rules = tcase_create("rules");
+    tcase_add_test(rules, layout_rules_have_clear_messages);
+    tcase_add_test(rules, model_rules_have_clear_messages);
+    tcase_add_test(rules, partition_matches_tensor_split);
+    tcase_add_test(rules, cli_rejects_bad_layouts_with_exit_2);
+    suite_add_tcase(s, rules);
+    TCase *tm = tcase_create("modes");
+    tcase_set_timeout(tm, 300);
+    tcase_add_loop_test(tm, mode_matches_single_rank_and_diffusers, 0,
+                        (int)(sizeof modes / sizeof *modes));
+    suite_add_tcase(s, tm);
+    TCase *tf = tcase_create("failure");
+    tcase_set_timeout(tf, 120);
+    tcase_add_test(tf, killed_rank_fails_the_run_fast);
+    suite_add_tcase(s, tf);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
