@@ -9,6 +9,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "backend/backend.h"
+#include "model/flux.h"
 #include "parallel/mesh.h"
 #include "test_proc.h"
 
@@ -241,6 +243,39 @@ START_TEST(cli_rejects_bad_layouts_with_exit_2)
 }
 END_TEST
 
+START_TEST(tensor_parallel_shrinks_weights)
+{
+    /* FLUX.1-dev's proportions at a small width: every block linear,
+     * AdaLN included, is split; only the embedders stay whole. */
+    dit_flux_config mc = dit_flux_config_flux1_dev();
+    mc.num_attention_heads = 8;
+    mc.attention_head_dim = 32;
+    mc.n_axes = 1;
+    mc.axes_dims_rope[0] = 32;
+    mc.num_layers = 2;
+    mc.num_single_layers = 4;
+    mc.joint_attention_dim = 256;
+    mc.pooled_projection_dim = 64;
+    dit_backend *be;
+    dit_backend_config bc = {.kind = DIT_BACKEND_CPU, .n_threads = 1};
+    ck_assert_int_eq(dit_backend_create(&bc, &be, NULL), DIT_OK);
+    size_t bytes[5] = {0};
+    for (int T = 1; T <= 4; T *= 2) {
+        dit_flux_shard shard = {.tp_degree = T, .tp_rank = T - 1};
+        dit_flux *m;
+        ck_assert_int_eq(dit_flux_create_random(be, &mc, &shard, 1, &m, NULL), DIT_OK);
+        bytes[T] = dit_flux_weight_bytes(m);
+        dit_flux_destroy(m);
+    }
+    printf("weights per rank: tp 1 %.2f MiB, tp 2 %.2f MiB (%.3f), tp 4 %.2f MiB (%.3f)\n",
+           bytes[1] / 1048576.0, bytes[2] / 1048576.0, (double)bytes[2] / bytes[1],
+           bytes[4] / 1048576.0, (double)bytes[4] / bytes[1]);
+    ck_assert_double_le((double)bytes[2] / bytes[1], 0.5 + 0.05);
+    ck_assert_double_le((double)bytes[4] / bytes[1], 0.25 + 0.05);
+    dit_backend_destroy(be);
+}
+END_TEST
+
 START_TEST(killed_rank_fails_the_run_fast)
 {
     char log[16384];
@@ -277,6 +312,7 @@ int main(void)
     tcase_add_test(rules, model_rules_have_clear_messages);
     tcase_add_test(rules, partition_matches_tensor_split);
     tcase_add_test(rules, cli_rejects_bad_layouts_with_exit_2);
+    tcase_add_test(rules, tensor_parallel_shrinks_weights);
     suite_add_tcase(s, rules);
     TCase *tm = tcase_create("modes");
     tcase_set_timeout(tm, 300);

@@ -218,6 +218,17 @@ static void plan_fused(wplan *p, flux_linear *L, int64_t N, int64_t K)
     L->has_b = true;
 }
 
+/* An AdaLN modulation linear (N, K): this rank keeps output rows
+ * [r N/T, (r+1) N/T); the forward pass all-gathers the (B, N) result. These
+ * linears are a quarter of FLUX's weights (diffusers replicates them), so
+ * sharding them is what makes tensor-parallel memory shrink as 1/T. */
+static void plan_adaln(wplan *p, flux_linear *L, const char *name, int64_t N, int64_t K, int T,
+                       int r)
+{
+    plan_fused(p, L, N / T, K);
+    plan_rows_into(p, L, name, N, K, r * (N / T), N / T, 0);
+}
+
 static dit_status plan_build(wplan *p, dit_flux *m)
 {
     const dit_flux_config *c = &m->cfg;
@@ -242,8 +253,8 @@ static dit_status plan_build(wplan *p, dit_flux *m)
         flux_double *b = &m->dbl[i];
         snprintf(pre, sizeof pre, "transformer_blocks.%d", i);
 #define NAME(suffix) (snprintf(buf, sizeof buf, "%s.%s", pre, suffix), buf)
-        plan_replicated(p, &b->norm1, NAME("norm1.linear"), 6 * C, C);
-        plan_replicated(p, &b->norm1_ctx, NAME("norm1_context.linear"), 6 * C, C);
+        plan_adaln(p, &b->norm1, NAME("norm1.linear"), 6 * C, C, T, r);
+        plan_adaln(p, &b->norm1_ctx, NAME("norm1_context.linear"), 6 * C, C, T, r);
         plan_fused(p, &b->qkv, 3 * Cl, C);
         plan_rows_into(p, &b->qkv, NAME("attn.to_q"), C, C, r * Cl, Cl, 0);
         plan_rows_into(p, &b->qkv, NAME("attn.to_k"), C, C, r * Cl, Cl, Cl);
@@ -270,7 +281,7 @@ static dit_status plan_build(wplan *p, dit_flux *m)
         flux_single *s = &m->sgl[i];
         snprintf(pre, sizeof pre, "single_transformer_blocks.%d", i);
 #define NAME(suffix) (snprintf(buf, sizeof buf, "%s.%s", pre, suffix), buf)
-        plan_replicated(p, &s->norm, NAME("norm.linear"), 3 * C, C);
+        plan_adaln(p, &s->norm, NAME("norm.linear"), 3 * C, C, T, r);
         plan_fused(p, &s->qkv_mlp, 3 * Cl + Fl, C);
         plan_rows_into(p, &s->qkv_mlp, NAME("attn.to_q"), C, C, r * Cl, Cl, 0);
         plan_rows_into(p, &s->qkv_mlp, NAME("attn.to_k"), C, C, r * Cl, Cl, Cl);
@@ -284,7 +295,7 @@ static dit_status plan_build(wplan *p, dit_flux *m)
         plan_cols(p, &s->proj_mlp, NAME("proj_out"), C, C + F, C + r * Fl, Fl, -1);
 #undef NAME
     }
-    plan_replicated(p, &m->norm_out, "norm_out.linear", 2 * C, C);
+    plan_adaln(p, &m->norm_out, "norm_out.linear", 2 * C, C, T, r);
     plan_replicated(p, &m->proj_out, "proj_out", c->out_dim, C);
     return p->oom ? DIT_ERR_NOMEM : DIT_OK;
 }
@@ -638,6 +649,7 @@ typedef struct fwd {
     dit_tensor o;        /* (B, S, C) block output before its gate */
     dit_tensor emb;      /* (B, 6C) modulation of one stream */
     dit_tensor emb_ctx;  /* (B, 6C) modulation of the other */
+    dit_tensor emb_local; /* (B, 6C / T) this rank's slice before the gather */
     dit_tensor silu_t;   /* (B, C) SiLU(temb) */
     dit_tensor cos, sin; /* (S, D) */
 } fwd;
@@ -673,6 +685,20 @@ static dit_status attention(fwd *f, const dit_tensor *out, const dit_tensor *q,
     return f->be->ops->attention(f->be, out, NULL, q, k, v, f->scale);
 }
 
+/* emb (B, N) = Linear(SiLU(temb)) for an AdaLN linear that may hold only
+ * this rank's N/T output rows; the slices are all-gathered. */
+static dit_status adaln(fwd *f, const dit_tensor *emb, const flux_linear *L)
+{
+    if (f->m->shard.tp_degree == 1 || !f->m->hooks.tp_all_gather)
+        return linear(f, emb, &f->silu_t, L, DIT_ACT_NONE, 0.0f);
+    /* A contiguous (B, N/T) view over the scratch: gathers want dense rows. */
+    dit_tensor local = dit_tensor_2d(f->emb_local.data, DIT_F32, f->B, L->w.ne[0]);
+    dit_status st = linear(f, &local, &f->silu_t, L, DIT_ACT_NONE, 0.0f);
+    if (st != DIT_OK)
+        return st;
+    return f->m->hooks.tp_all_gather(f->m->hooks.ctx, f->arena, &local, emb, f->diag);
+}
+
 /* Modulation chunk k of width C from an emb (B, nC) tensor. */
 static dit_tensor chunk(const dit_tensor *emb, int k, int64_t C)
 {
@@ -697,7 +723,7 @@ static dit_status double_block(fwd *f, const flux_double *w)
 
     dit_tensor qkv_all = feat(&f->y, 0, 3 * Cl);
     for (int s = 0; s < 2; s++) {
-        BE(linear(f, embs[s], &f->silu_t, ada[s], DIT_ACT_NONE, 0.0f));
+        BE(adaln(f, embs[s], ada[s]));
         if (len[s] == 0)
             continue;
         dit_tensor xs = seq(&f->x, r0[s], len[s]), ns = seq(&f->n, r0[s], len[s]);
@@ -757,7 +783,7 @@ static dit_status single_block(fwd *f, const flux_single *w)
     dit_backend *be = f->be;
     const int64_t C = f->C, D = f->D, Cl = f->Cl, Fl = f->Fl;
     dit_tensor emb3 = feat(&f->emb, 0, 3 * C);
-    BE(linear(f, &emb3, &f->silu_t, &w->norm, DIT_ACT_NONE, 0.0f));
+    BE(adaln(f, &emb3, &w->norm));
     dit_tensor shift = chunk(&emb3, 0, C), scale = chunk(&emb3, 1, C);
     dit_tensor gate = chunk(&emb3, 2, C);
     BE(be->ops->layer_norm_mod(be, &f->n, &f->x, &shift, &scale, 1e-6f));
@@ -900,6 +926,7 @@ dit_status dit_flux_forward(dit_flux *m, dit_arena *arena, const dit_flux_inputs
     ALLOC(f->o, 3, B, S, C);
     ALLOC(f->emb, 2, B, 6 * C);
     ALLOC(f->emb_ctx, 2, B, 6 * C);
+    ALLOC(f->emb_local, 2, B, 6 * C / T);
 #undef ALLOC
 
     {
@@ -957,7 +984,7 @@ dit_status dit_flux_forward(dit_flux *m, dit_arena *arena, const dit_flux_inputs
     /* norm_out: (scale, shift) in that order, then proj_out on image rows. */
     {
         dit_tensor emb2 = feat(&f->emb, 0, 2 * C);
-        BE(linear(f, &emb2, &f->silu_t, &m->norm_out, DIT_ACT_NONE, 0.0f));
+        BE(adaln(f, &emb2, &m->norm_out));
         if (Si > 0) {
             dit_tensor scale = chunk(&emb2, 0, C), shift = chunk(&emb2, 1, C);
             dit_tensor xi = seq(&f->x, St, Si), ni = seq(&f->n, St, Si);

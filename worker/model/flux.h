@@ -42,6 +42,10 @@ typedef struct dit_flux_hooks {
     dit_status (*attention)(void *ctx, dit_arena *arena, const dit_tensor *out,
                             const dit_tensor *q, const dit_tensor *k, const dit_tensor *v,
                             float scale, dit_diag *diag);
+    /* full (B, T n) = the tensor-parallel group's local (B, n) slices side by
+     * side, in rank order. */
+    dit_status (*tp_all_gather)(void *ctx, dit_arena *arena, const dit_tensor *local,
+                                const dit_tensor *full, dit_diag *diag);
     /* In-place sum over the tensor-parallel group. x (B, S, C). */
     dit_status (*tp_all_reduce)(void *ctx, const dit_tensor *x, dit_diag *diag);
     /* Called after every transformer block (double blocks first, then single

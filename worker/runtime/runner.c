@@ -35,6 +35,33 @@ static dit_status hook_all_reduce(void *ctx, const dit_tensor *x, dit_diag *diag
     return tp->ops->all_reduce_sum(tp, x->data, (size_t)dit_tensor_numel(x), x->dtype, diag);
 }
 
+static dit_status hook_all_gather(void *ctx, dit_arena *arena, const dit_tensor *local,
+                                  const dit_tensor *full, dit_diag *diag)
+{
+    dit_runner *r = ctx;
+    dit_comm *tp = dit_mesh_tp(r->mesh);
+    const int T = dit_comm_size(tp);
+    const int64_t B = local->ne[0], n = local->ne[1];
+    if (!dit_tensor_is_contiguous(local) || full->ne[0] != B || full->ne[1] != n * T)
+        return dit_diag_set(diag, DIT_ERR_INTERNAL, "tensor-parallel all-gather: bad shapes");
+    dit_arena_mark mark = dit_arena_get_mark(arena);
+    dit_tensor gathered;
+    const int64_t shape[3] = {T, B, n};
+    dit_status st = dit_arena_tensor(arena, DIT_F32, 3, shape, &gathered);
+    if (st == DIT_OK)
+        st = tp->ops->all_gather(tp, local->data, dit_tensor_nbytes(local), gathered.data, diag);
+    r->stats.tp_bytes_gathered += dit_tensor_nbytes(local);
+    /* (T, B, n) -> (B, T n): rank r's slice is columns [r n, (r+1) n). */
+    for (int i = 0; st == DIT_OK && i < T; i++) {
+        dit_tensor src = dit_tensor_narrow(&gathered, 0, i, 1);
+        src = dit_tensor_2d((char *)src.data, DIT_F32, B, n);
+        dit_tensor dst = dit_tensor_narrow(full, 1, i * n, n);
+        st = r->be->ops->copy(r->be, &dst, &src);
+    }
+    dit_arena_release(arena, mark);
+    return st;
+}
+
 static dit_status hook_block(void *ctx, int block, dit_diag *diag)
 {
     dit_runner *r = ctx;
@@ -66,6 +93,7 @@ dit_status dit_runner_create(dit_backend *be, dit_flux *model, dit_mesh *mesh, d
         .ctx = r,
         .attention = r->cpa ? hook_attention : NULL,
         .tp_all_reduce = mesh && dit_mesh_tp(mesh) ? hook_all_reduce : NULL,
+        .tp_all_gather = mesh && dit_mesh_tp(mesh) ? hook_all_gather : NULL,
         .block_done = hook_block,
     };
     dit_flux_set_hooks(model, &hooks);

@@ -47,6 +47,7 @@ dit_status dit_runner_forward(dit_runner *r, const dit_forward_inputs *in, float
 typedef struct dit_runner_stats {
     uint64_t attention_bytes_sent; /* context-parallel K/V and head exchanges */
     uint64_t tp_bytes_reduced;     /* bytes entering tensor-parallel all-reduces */
+    uint64_t tp_bytes_gathered;    /* AdaLN slices this rank contributed to all-gathers */
     uint64_t gather_bytes;         /* output gather */
     size_t activation_bytes;       /* arena high-water mark */
 } dit_runner_stats;

@@ -399,8 +399,11 @@ static dit_status shm_broadcast(dit_comm *base, void *buf, size_t bytes, int roo
     return st;
 }
 
-/* The first chunk is staged at start, so the exchange costs the caller
- * nothing more than a barrier at wait when it fits one slot. */
+/* start only records the exchange; wait moves the data. Staging at start
+ * would let an exchange open on one group overwrite the slot of another
+ * group's open exchange on the same rank; doing it inside wait, which is
+ * collective over its group, keeps every group's traffic apart. On the CPU
+ * the copy costs the same wherever it happens. */
 static dit_status shm_sendrecv_start(dit_comm *base, const void *send, size_t send_bytes,
                                      int dst, void *recv, size_t recv_bytes, int src,
                                      dit_comm_request *req, dit_diag *diag)
@@ -419,8 +422,6 @@ static dit_status shm_sendrecv_start(dit_comm *base, const void *send, size_t se
     req->recv = recv;
     req->recv_bytes = recv_bytes;
     req->src = src;
-    atomic_store(&c->hdr->p2p_bytes[c->world_rank], (uint64_t)send_bytes);
-    memcpy(slot(c, base->rank, SLOT_P), send, min_sz(send_bytes, c->hdr->slot_bytes));
     return DIT_OK;
 }
 
@@ -431,6 +432,8 @@ static dit_status shm_sendrecv_wait(dit_comm *base, dit_comm_request *req, dit_d
         return dit_diag_set(diag, DIT_ERR_INVALID_ARG, "sendrecv_wait without sendrecv_start");
     req->active = 0;
     const size_t cap = c->hdr->slot_bytes;
+    atomic_store(&c->hdr->p2p_bytes[c->world_rank], (uint64_t)req->send_bytes);
+    memcpy(slot(c, base->rank, SLOT_P), req->send, min_sz(req->send_bytes, cap));
     dit_status st = barrier(c, diag);
     if (st != DIT_OK)
         return st;
@@ -448,7 +451,9 @@ static dit_status shm_sendrecv_wait(dit_comm *base, dit_comm_request *req, dit_d
                           c->members[req->src], (unsigned long long)sent, c->world_rank,
                           req->recv_bytes);
     }
-    for (size_t off = 0; off < max; off += cap) {
+    /* At least one round, even when nothing moves: its trailing barrier keeps
+     * everyone's p2p_bytes readable until all ranks have read them. */
+    for (size_t off = 0; off < max || off == 0; off += cap) {
         if (off > 0) {
             memcpy(slot(c, base->rank, SLOT_P), (const char *)req->send + off,
                    left(req->send_bytes, off, cap));
