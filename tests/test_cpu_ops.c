@@ -427,6 +427,223 @@ START_TEST(upload_converts_strided_bf16)
 }
 END_TEST
 
+START_TEST(new_activations_match_reference)
+{
+    enum { N = 2001 };
+    float x[N], y[N];
+    double want[N];
+    for (int i = 0; i < N; i++)
+        x[i] = -10.0f + 20.0f * (float)i / (N - 1);
+    dit_tensor tx = dit_tensor_1d(x, DIT_F32, N), ty = dit_tensor_1d(y, DIT_F32, N);
+    ck_assert_int_eq(be->ops->activate(be, &ty, &tx, DIT_ACT_GELU_ERF), DIT_OK);
+    for (int i = 0; i < N; i++)
+        want[i] = 0.5 * x[i] * (1.0 + erf(x[i] / sqrt(2.0)));
+    ck_assert_uint_eq(test_compare("gelu_erf", y, want, N, 2e-6, 2e-6), 0);
+    ck_assert_int_eq(be->ops->activate(be, &ty, &tx, DIT_ACT_QUICK_GELU), DIT_OK);
+    for (int i = 0; i < N; i++)
+        want[i] = x[i] / (1.0 + exp(-1.702 * x[i]));
+    ck_assert_uint_eq(test_compare("quick_gelu", y, want, N, 1e-7, 1e-6), 0);
+}
+END_TEST
+
+START_TEST(layer_norm_affine_and_rms_norm)
+{
+    const int64_t B = 2, S = 3, C = 40;
+    test_rng rng = {21};
+    float x[240], y[240], w[40], b[40];
+    double want[240];
+    test_fill(&rng, x, 240, -2, 3);
+    test_fill(&rng, w, 40, 0.5f, 1.5f);
+    test_fill(&rng, b, 40, -1, 1);
+    dit_tensor tx = dit_tensor_3d(x, DIT_F32, B, S, C), ty = dit_tensor_3d(y, DIT_F32, B, S, C);
+    dit_tensor tw = dit_tensor_1d(w, DIT_F32, C), tb = dit_tensor_1d(b, DIT_F32, C);
+    for (int64_t r = 0; r < B * S; r++) {
+        double mean = 0, var = 0, ms = 0;
+        for (int64_t c = 0; c < C; c++)
+            mean += x[r * C + c];
+        mean /= C;
+        for (int64_t c = 0; c < C; c++)
+            var += (x[r * C + c] - mean) * (x[r * C + c] - mean);
+        var /= C;
+        for (int64_t c = 0; c < C; c++)
+            want[r * C + c] = (x[r * C + c] - mean) / sqrt(var + 1e-5) * w[c] + b[c];
+        (void)ms;
+    }
+    ck_assert_int_eq(be->ops->layer_norm(be, &ty, &tx, &tw, &tb, 1e-5f), DIT_OK);
+    ck_assert_uint_eq(test_compare("layer_norm", y, want, 240, 1e-5, 1e-5), 0);
+    for (int64_t r = 0; r < B * S; r++) {
+        double ms = 0;
+        for (int64_t c = 0; c < C; c++)
+            ms += (double)x[r * C + c] * x[r * C + c];
+        ms /= C;
+        for (int64_t c = 0; c < C; c++)
+            want[r * C + c] = w[c] * (x[r * C + c] / sqrt(ms + 1e-6));
+    }
+    ck_assert_int_eq(be->ops->rms_norm(be, &ty, &tx, &tw, 1e-6f), DIT_OK);
+    ck_assert_uint_eq(test_compare("rms_norm", y, want, 240, 1e-6, 1e-5), 0);
+}
+END_TEST
+
+START_TEST(embedding_gathers_rows)
+{
+    float table[5 * 3], y[4 * 3];
+    for (int i = 0; i < 15; i++)
+        table[i] = (float)i;
+    const int32_t ids[4] = {4, 0, 2, 4};
+    dit_tensor tt = dit_tensor_2d(table, DIT_F32, 5, 3), ty = dit_tensor_2d(y, DIT_F32, 4, 3);
+    ck_assert_int_eq(be->ops->embedding(be, &ty, &tt, ids, 4), DIT_OK);
+    ck_assert_float_eq(y[0], 12.0f);
+    ck_assert_float_eq(y[3], 0.0f);
+    ck_assert_float_eq(y[7], 7.0f);
+    ck_assert_float_eq(y[11], 14.0f);
+    const int32_t bad[1] = {5};
+    dit_tensor t1 = dit_tensor_2d(y, DIT_F32, 1, 3);
+    ck_assert_int_eq(be->ops->embedding(be, &t1, &tt, bad, 1), DIT_ERR_INVALID_ARG);
+}
+END_TEST
+
+START_TEST(masked_attention_matches_reference)
+{
+    const int64_t B = 2, S = 70, H = 3, D = 8; /* S spans several query blocks */
+    test_rng rng = {33};
+    const size_t n = (size_t)(B * S * H * D);
+    float *q = malloc(n * 4), *k = malloc(n * 4), *v = malloc(n * 4), *o = malloc(n * 4);
+    float *bias = malloc((size_t)(H * S * S) * 4);
+    double *want = malloc(n * sizeof *want), *sc = malloc((size_t)S * sizeof *sc);
+    test_fill(&rng, q, n, -1, 1);
+    test_fill(&rng, k, n, -1, 1);
+    test_fill(&rng, v, n, -1, 1);
+    test_fill(&rng, bias, (size_t)(H * S * S), -2, 2);
+    for (int causal = 0; causal <= 1; causal++) {
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t h = 0; h < H; h++)
+                for (int64_t i = 0; i < S; i++) {
+                    double mx = -INFINITY;
+                    const int64_t last = causal ? i : S - 1;
+                    for (int64_t j = 0; j <= last; j++) {
+                        double acc = 0;
+                        for (int64_t d = 0; d < D; d++)
+                            acc += (double)q[((b * S + i) * H + h) * D + d] * k[((b * S + j) * H + h) * D + d];
+                        sc[j] = acc * 0.5 + (causal ? 0.0 : bias[(h * S + i) * S + j]);
+                        mx = sc[j] > mx ? sc[j] : mx;
+                    }
+                    double sum = 0;
+                    for (int64_t j = 0; j <= last; j++)
+                        sum += exp(sc[j] - mx);
+                    for (int64_t d = 0; d < D; d++) {
+                        double acc = 0;
+                        for (int64_t j = 0; j <= last; j++)
+                            acc += exp(sc[j] - mx) / sum * v[((b * S + j) * H + h) * D + d];
+                        want[((b * S + i) * H + h) * D + d] = acc;
+                    }
+                }
+        dit_tensor tq = dit_tensor_4d(q, DIT_F32, B, S, H, D), tk = dit_tensor_4d(k, DIT_F32, B, S, H, D);
+        dit_tensor tv = dit_tensor_4d(v, DIT_F32, B, S, H, D), to = dit_tensor_4d(o, DIT_F32, B, S, H, D);
+        dit_tensor tb = dit_tensor_3d(bias, DIT_F32, H, S, S);
+        ck_assert_int_eq(be->ops->attention_masked(be, &to, &tq, &tk, &tv, 0.5f,
+                                                   causal ? NULL : &tb, causal),
+                         DIT_OK);
+        ck_assert_uint_eq(test_compare(causal ? "causal" : "bias", o, want, n, 1e-5, 1e-5), 0);
+    }
+    free(q);
+    free(k);
+    free(v);
+    free(o);
+    free(bias);
+    free(want);
+    free(sc);
+}
+END_TEST
+
+static void check_conv(int64_t B, int64_t Ci, int64_t H, int64_t W, int64_t Co, int64_t kk,
+                       int stride, int pad)
+{
+    test_rng rng = {(uint64_t)(Ci * 131 + H * 17 + kk + stride)};
+    const int64_t Ho = (H + 2 * pad - kk) / stride + 1, Wo = (W + 2 * pad - kk) / stride + 1;
+    float *x = malloc((size_t)(B * Ci * H * W) * 4), *w = malloc((size_t)(Co * Ci * kk * kk) * 4);
+    float *b = malloc((size_t)Co * 4), *y = malloc((size_t)(B * Co * Ho * Wo) * 4);
+    double *want = malloc((size_t)(B * Co * Ho * Wo) * sizeof *want);
+    test_fill(&rng, x, (size_t)(B * Ci * H * W), -1, 1);
+    test_fill(&rng, w, (size_t)(Co * Ci * kk * kk), -0.3f, 0.3f);
+    test_fill(&rng, b, (size_t)Co, -1, 1);
+    for (int64_t bi = 0; bi < B; bi++)
+        for (int64_t o = 0; o < Co; o++)
+            for (int64_t oy = 0; oy < Ho; oy++)
+                for (int64_t ox = 0; ox < Wo; ox++) {
+                    double acc = b[o];
+                    for (int64_t c = 0; c < Ci; c++)
+                        for (int64_t i = 0; i < kk; i++)
+                            for (int64_t j = 0; j < kk; j++) {
+                                int64_t iy = oy * stride - pad + i, ix = ox * stride - pad + j;
+                                if (iy < 0 || iy >= H || ix < 0 || ix >= W)
+                                    continue;
+                                acc += (double)x[((bi * Ci + c) * H + iy) * W + ix] *
+                                       w[((o * Ci + c) * kk + i) * kk + j];
+                            }
+                    want[((bi * Co + o) * Ho + oy) * Wo + ox] = acc;
+                }
+    dit_tensor tx = dit_tensor_4d(x, DIT_F32, B, Ci, H, W), tw = dit_tensor_4d(w, DIT_F32, Co, Ci, kk, kk);
+    dit_tensor tb = dit_tensor_1d(b, DIT_F32, Co), ty = dit_tensor_4d(y, DIT_F32, B, Co, Ho, Wo);
+    ck_assert_int_eq(be->ops->conv2d(be, &ty, &tx, &tw, &tb, stride, pad), DIT_OK);
+    ck_assert_uint_eq(test_compare("conv2d", y, want, (size_t)(B * Co * Ho * Wo), 1e-5, 1e-5), 0);
+    free(x);
+    free(w);
+    free(b);
+    free(y);
+    free(want);
+}
+
+START_TEST(conv2d_matches_reference)
+{
+    check_conv(2, 3, 9, 7, 5, 3, 1, 1);
+    check_conv(1, 4, 8, 8, 6, 3, 2, 1);
+    check_conv(1, 5, 6, 5, 3, 1, 1, 0);  /* pointwise path */
+    check_conv(1, 2, 5, 5, 2, 3, 1, 0);  /* no padding */
+}
+END_TEST
+
+START_TEST(group_norm_and_upsample)
+{
+    const int64_t B = 2, C = 8, H = 3, W = 5, G = 4;
+    test_rng rng = {44};
+    float x[240], y[240], w[8], b[8], up[960];
+    double want[240];
+    test_fill(&rng, x, 240, -2, 4);
+    test_fill(&rng, w, 8, 0.5f, 1.5f);
+    test_fill(&rng, b, 8, -1, 1);
+    for (int silu = 0; silu <= 1; silu++) {
+        for (int64_t bi = 0; bi < B; bi++)
+            for (int64_t g = 0; g < G; g++) {
+                const int64_t cg = C / G, n = cg * H * W, base = (bi * C + g * cg) * H * W;
+                double mean = 0, var = 0;
+                for (int64_t i = 0; i < n; i++)
+                    mean += x[base + i];
+                mean /= n;
+                for (int64_t i = 0; i < n; i++)
+                    var += (x[base + i] - mean) * (x[base + i] - mean);
+                var /= n;
+                for (int64_t i = 0; i < n; i++) {
+                    int64_t c = g * cg + i / (H * W);
+                    double v = (x[base + i] - mean) / sqrt(var + 1e-6) * w[c] + b[c];
+                    want[base + i] = silu ? v / (1.0 + exp(-v)) : v;
+                }
+            }
+        dit_tensor tx = dit_tensor_4d(x, DIT_F32, B, C, H, W), ty = dit_tensor_4d(y, DIT_F32, B, C, H, W);
+        dit_tensor tw = dit_tensor_1d(w, DIT_F32, C), tb = dit_tensor_1d(b, DIT_F32, C);
+        ck_assert_int_eq(be->ops->group_norm(be, &ty, &tx, &tw, &tb, (int)G, 1e-6f,
+                                             silu ? DIT_ACT_SILU : DIT_ACT_NONE),
+                         DIT_OK);
+        ck_assert_uint_eq(test_compare("group_norm", y, want, 240, 1e-5, 1e-5), 0);
+    }
+    dit_tensor tx = dit_tensor_4d(x, DIT_F32, B, C, H, W), tu = dit_tensor_4d(up, DIT_F32, B, C, 2 * H, 2 * W);
+    ck_assert_int_eq(be->ops->upsample2x(be, &tu, &tx), DIT_OK);
+    for (int64_t p = 0; p < B * C; p++)
+        for (int64_t i = 0; i < 2 * H; i++)
+            for (int64_t j = 0; j < 2 * W; j++)
+                ck_assert_float_eq(up[(p * 2 * H + i) * 2 * W + j], x[(p * H + i / 2) * W + j / 2]);
+}
+END_TEST
+
 static Suite *cpu_ops_suite(void)
 {
     Suite *s = suite_create("cpu_ops");
@@ -444,6 +661,12 @@ static Suite *cpu_ops_suite(void)
     tcase_add_test(tc, attention_handles_large_scores);
     tcase_add_test(tc, lse_merge_handles_empty_sides);
     tcase_add_test(tc, upload_converts_strided_bf16);
+    tcase_add_test(tc, new_activations_match_reference);
+    tcase_add_test(tc, layer_norm_affine_and_rms_norm);
+    tcase_add_test(tc, embedding_gathers_rows);
+    tcase_add_test(tc, masked_attention_matches_reference);
+    tcase_add_test(tc, conv2d_matches_reference);
+    tcase_add_test(tc, group_norm_and_upsample);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -17,6 +17,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "core/status.h"
 #include "core/tensor.h"
@@ -31,6 +32,8 @@ typedef enum dit_act {
     DIT_ACT_NONE = 0,
     DIT_ACT_GELU_TANH, /* 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */
     DIT_ACT_SILU,      /* x * sigmoid(x) */
+    DIT_ACT_GELU_ERF,  /* 0.5 x (1 + erf(x / sqrt(2))) */
+    DIT_ACT_QUICK_GELU, /* x * sigmoid(1.702 x), CLIP's activation */
 } dit_act;
 
 typedef struct dit_backend_ops {
@@ -67,6 +70,36 @@ typedef struct dit_backend_ops {
     dit_status (*layer_norm_mod)(dit_backend *be, const dit_tensor *y, const dit_tensor *x,
                                  const dit_tensor *shift, const dit_tensor *scale, float eps);
 
+    /* y = LayerNorm(x) * weight + bias over the last dim. x, y (B, S, C)
+     * (may alias); weight, bias (C) or NULL. */
+    dit_status (*layer_norm)(dit_backend *be, const dit_tensor *y, const dit_tensor *x,
+                             const dit_tensor *weight, const dit_tensor *bias, float eps);
+
+    /* y = x / sqrt(mean(x^2) + eps) * weight over the last dim, in f32 (T5's
+     * LayerNorm). x, y (B, S, C) (may alias); weight (C). */
+    dit_status (*rms_norm)(dit_backend *be, const dit_tensor *y, const dit_tensor *x,
+                           const dit_tensor *weight, float eps);
+
+    /* y[i] = table[ids[i]] for host ids (n of them). y (n, C), table (V, C).
+     * Ids outside [0, V) are errors. */
+    dit_status (*embedding)(dit_backend *be, const dit_tensor *y, const dit_tensor *table,
+                            const int32_t *ids, int64_t n);
+
+    /* 2-D convolution, NCHW: x (B, Cin, H, W), w (Cout, Cin, kh, kw), bias
+     * (Cout) or NULL, y (B, Cout, Ho, Wo) with Ho = (H + 2 pad - kh) / stride
+     * + 1 (likewise Wo). Zero padding. */
+    dit_status (*conv2d)(dit_backend *be, const dit_tensor *y, const dit_tensor *x,
+                         const dit_tensor *w, const dit_tensor *bias, int stride, int pad);
+
+    /* GroupNorm over NCHW x (B, C, H, W) with `groups` groups, affine weight
+     * and bias (C), then act (NONE or SILU). y may alias x. */
+    dit_status (*group_norm)(dit_backend *be, const dit_tensor *y, const dit_tensor *x,
+                             const dit_tensor *weight, const dit_tensor *bias, int groups,
+                             float eps, dit_act act);
+
+    /* Nearest-neighbour 2x upsampling, NCHW: y (B, C, 2H, 2W), x (B, C, H, W). */
+    dit_status (*upsample2x)(dit_backend *be, const dit_tensor *y, const dit_tensor *x);
+
     /* In place on x (B, S, H, D): RMSNorm over D with weight (D), then, when
      * cos and sin (S, D) are given, rotary embedding on interleaved pairs
      * (x[2i], x[2i+1]) in f32. */
@@ -85,6 +118,14 @@ typedef struct dit_backend_ops {
     dit_status (*attention)(dit_backend *be, const dit_tensor *out, const dit_tensor *lse,
                             const dit_tensor *q, const dit_tensor *k, const dit_tensor *v,
                             float scale);
+
+    /* Attention with an additive bias and/or a causal mask, for the text
+     * encoders: scores = scale * q k^T + bias, with bias (H, Sq, Skv) f32
+     * (shared by the batch) or NULL; causal masks key j > query i. Same
+     * shapes as attention; no log-sum-exp. */
+    dit_status (*attention_masked)(dit_backend *be, const dit_tensor *out, const dit_tensor *q,
+                                   const dit_tensor *k, const dit_tensor *v, float scale,
+                                   const dit_tensor *bias, bool causal);
 
     /* Merges a partial attention result into a running one, in f32:
      *   lse' = log(e^lse + e^lse_b),

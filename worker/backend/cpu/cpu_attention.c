@@ -28,9 +28,11 @@ static bool is_bshd(const dit_tensor *t)
     return t && t->dtype == DIT_F32 && t->ndim == 4 && dit_tensor_rows_dense(t);
 }
 
-dit_status dit_cpu_attention(dit_backend *be, const dit_tensor *out, const dit_tensor *lse,
-                             const dit_tensor *q, const dit_tensor *k, const dit_tensor *v,
-                             float scale)
+/* The kernel behind attention and attention_masked. bias (H, Sq, Skv) or
+ * NULL; causal hides key j > query i. */
+static dit_status attention_core(dit_backend *be, const dit_tensor *out, const dit_tensor *lse,
+                                 const dit_tensor *q, const dit_tensor *k, const dit_tensor *v,
+                                 float scale, const dit_tensor *bias, bool causal)
 {
     if (!is_bshd(q) || !is_bshd(k) || !is_bshd(v) || !is_bshd(out))
         return DIT_ERR_INVALID_ARG;
@@ -42,8 +44,12 @@ dit_status dit_cpu_attention(dit_backend *be, const dit_tensor *out, const dit_t
     if (lse && (lse->dtype != DIT_F32 || lse->ndim != 3 || lse->ne[0] != B || lse->ne[1] != H ||
                 lse->ne[2] != Sq || !dit_tensor_is_contiguous(lse)))
         return DIT_ERR_INVALID_ARG;
+    if (bias && (bias->dtype != DIT_F32 || bias->ndim != 3 || bias->ne[0] != H ||
+                 bias->ne[1] != Sq || bias->ne[2] != Skv || !dit_tensor_is_contiguous(bias)))
+        return DIT_ERR_INVALID_ARG;
     if (B == 0 || Sq == 0 || H == 0)
         return DIT_OK;
+    const float *biasp = bias ? bias->data : NULL;
 
     /* Row strides in floats: consecutive tokens of one head. */
     const int64_t ldq = q->nb[1] / 4, ldk = k->nb[1] / 4, ldv = v->nb[1] / 4, ldo = out->nb[1] / 4;
@@ -84,11 +90,26 @@ dit_status dit_cpu_attention(dit_backend *be, const dit_tensor *out, const dit_t
             }
             memset(o_acc, 0, sizeof(float) * (size_t)(bq * D));
 
-            for (int64_t k0 = 0; k0 < Skv; k0 += ATTN_BK) {
-                const int64_t bk = Skv - k0 < ATTN_BK ? Skv - k0 : ATTN_BK;
+            /* Causal: no key past the block's last query matters. */
+            const int64_t kv_end = causal && q0 + bq < Skv ? q0 + bq : Skv;
+            for (int64_t k0 = 0; k0 < kv_end; k0 += ATTN_BK) {
+                const int64_t bk = kv_end - k0 < ATTN_BK ? kv_end - k0 : ATTN_BK;
                 /* S = scale * Q K^T  (bq x bk) */
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)bq, (int)bk, (int)D, scale,
                             qp, (int)ldq, kp + k0 * ldk, (int)ldk, 0.0f, s_blk, (int)bk);
+                if (biasp || causal) {
+                    for (int64_t i = 0; i < bq; i++) {
+                        float *srow = s_blk + i * bk;
+                        if (biasp) {
+                            const float *brow = biasp + (h * Sq + q0 + i) * Skv + k0;
+                            for (int64_t j = 0; j < bk; j++)
+                                srow[j] += brow[j];
+                        }
+                        if (causal)
+                            for (int64_t j = q0 + i + 1 - k0 < 0 ? 0 : q0 + i + 1 - k0; j < bk; j++)
+                                srow[j] = -INFINITY;
+                    }
+                }
                 for (int64_t i = 0; i < bq; i++) {
                     float *srow = s_blk + i * bk;
                     float mx = m[i];
@@ -138,6 +159,20 @@ dit_status dit_cpu_attention(dit_backend *be, const dit_tensor *out, const dit_t
         free(o_acc);
     }
     return st;
+}
+
+dit_status dit_cpu_attention(dit_backend *be, const dit_tensor *out, const dit_tensor *lse,
+                             const dit_tensor *q, const dit_tensor *k, const dit_tensor *v,
+                             float scale)
+{
+    return attention_core(be, out, lse, q, k, v, scale, NULL, false);
+}
+
+dit_status dit_cpu_attention_masked(dit_backend *be, const dit_tensor *out, const dit_tensor *q,
+                                    const dit_tensor *k, const dit_tensor *v, float scale,
+                                    const dit_tensor *bias, bool causal)
+{
+    return attention_core(be, out, NULL, q, k, v, scale, bias, causal);
 }
 
 dit_status dit_cpu_lse_merge(dit_backend *be, const dit_tensor *out, const dit_tensor *lse,

@@ -153,7 +153,14 @@ static const dit_backend_ops cpu_ops = {
     .rms_norm_rope = dit_cpu_rms_norm_rope,
     .gated_add = dit_cpu_gated_add,
     .attention = dit_cpu_attention,
+    .attention_masked = dit_cpu_attention_masked,
     .lse_merge = dit_cpu_lse_merge,
+    .layer_norm = dit_cpu_layer_norm,
+    .rms_norm = dit_cpu_rms_norm,
+    .embedding = dit_cpu_embedding,
+    .conv2d = dit_cpu_conv2d,
+    .group_norm = dit_cpu_group_norm,
+    .upsample2x = dit_cpu_upsample2x,
     .sync = cpu_sync,
 };
 

@@ -31,6 +31,21 @@ dit_status dit_cpu_gated_add(dit_backend *be, const dit_tensor *res, const dit_t
 dit_status dit_cpu_attention(dit_backend *be, const dit_tensor *out, const dit_tensor *lse,
                              const dit_tensor *q, const dit_tensor *k, const dit_tensor *v,
                              float scale);
+dit_status dit_cpu_attention_masked(dit_backend *be, const dit_tensor *out, const dit_tensor *q,
+                                    const dit_tensor *k, const dit_tensor *v, float scale,
+                                    const dit_tensor *bias, bool causal);
+dit_status dit_cpu_layer_norm(dit_backend *be, const dit_tensor *y, const dit_tensor *x,
+                              const dit_tensor *weight, const dit_tensor *bias, float eps);
+dit_status dit_cpu_rms_norm(dit_backend *be, const dit_tensor *y, const dit_tensor *x,
+                            const dit_tensor *weight, float eps);
+dit_status dit_cpu_embedding(dit_backend *be, const dit_tensor *y, const dit_tensor *table,
+                             const int32_t *ids, int64_t n);
+dit_status dit_cpu_conv2d(dit_backend *be, const dit_tensor *y, const dit_tensor *x,
+                          const dit_tensor *w, const dit_tensor *bias, int stride, int pad);
+dit_status dit_cpu_group_norm(dit_backend *be, const dit_tensor *y, const dit_tensor *x,
+                              const dit_tensor *weight, const dit_tensor *bias, int groups,
+                              float eps, dit_act act);
+dit_status dit_cpu_upsample2x(dit_backend *be, const dit_tensor *y, const dit_tensor *x);
 dit_status dit_cpu_lse_merge(dit_backend *be, const dit_tensor *out, const dit_tensor *lse,
                              const dit_tensor *out_b, const dit_tensor *lse_b);
 

@@ -66,6 +66,27 @@ static inline float dit_gelu_tanhf(float x)
     return 0.5f * x * (1.0f + dit_tanhf(inner));
 }
 
+/* erf by Abramowitz & Stegun 7.1.26 (absolute error below 1.5e-7), odd. */
+static inline float dit_erff(float x)
+{
+    float ax = x < 0 ? -x : x;
+    float t = 1.0f / (1.0f + 0.3275911f * ax);
+    float poly = t * (0.254829592f +
+                      t * (-0.284496736f + t * (1.421413741f + t * (-1.453152027f + t * 1.061405429f))));
+    float y = 1.0f - poly * dit_expf(-ax * ax);
+    return x < 0 ? -y : y;
+}
+
+static inline float dit_gelu_erff(float x)
+{
+    return 0.5f * x * (1.0f + dit_erff(x * 0.70710678118654752f));
+}
+
+static inline float dit_quick_geluf(float x)
+{
+    return x / (1.0f + dit_expf(-1.702f * x));
+}
+
 static inline float dit_siluf(float x)
 {
     return x / (1.0f + dit_expf(-x));

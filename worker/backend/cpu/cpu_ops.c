@@ -2,6 +2,7 @@
  * row-wise ops (norms, modulation, RoPE, gated residuals, activations). */
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #include <cblas.h>
 
@@ -52,6 +53,16 @@ static void act_row(float *y, const float *x, int64_t n, dit_act act)
 #pragma omp simd
         for (int64_t i = 0; i < n; i++)
             y[i] = dit_siluf(x[i]);
+        break;
+    case DIT_ACT_GELU_ERF:
+#pragma omp simd
+        for (int64_t i = 0; i < n; i++)
+            y[i] = dit_gelu_erff(x[i]);
+        break;
+    case DIT_ACT_QUICK_GELU:
+#pragma omp simd
+        for (int64_t i = 0; i < n; i++)
+            y[i] = dit_quick_geluf(x[i]);
         break;
     case DIT_ACT_NONE:
         if (y != x)
@@ -255,6 +266,86 @@ dit_status dit_cpu_gated_add(dit_backend *be, const dit_tensor *res, const dit_t
             for (int64_t c = 0; c < C; c++)
                 rr[c] += xr[c];
         }
+    }
+    return DIT_OK;
+}
+
+dit_status dit_cpu_layer_norm(dit_backend *be, const dit_tensor *y, const dit_tensor *x,
+                              const dit_tensor *weight, const dit_tensor *bias, float eps)
+{
+    if (!is_f32_rows(x) || !is_f32_rows(y) || x->ndim != 3 || !dit_tensor_same_shape(x, y))
+        return DIT_ERR_INVALID_ARG;
+    const int64_t C = x->ne[2];
+    if ((weight && (weight->ndim != 1 || weight->ne[0] != C || weight->dtype != DIT_F32)) ||
+        (bias && (bias->ndim != 1 || bias->ne[0] != C || bias->dtype != DIT_F32)))
+        return DIT_ERR_INVALID_ARG;
+    const float *w = weight ? weight->data : NULL, *b = bias ? bias->data : NULL;
+    const int64_t rows = n_rows(x);
+#pragma omp parallel for num_threads(threads_for(be, rows * C)) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = row_ptr(x, r);
+        float *yr = row_ptr(y, r);
+        float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t c = 0; c < C; c++)
+            sum += xr[c];
+        const float mean = sum / (float)C;
+        float sq = 0.0f;
+#pragma omp simd reduction(+ : sq)
+        for (int64_t c = 0; c < C; c++)
+            sq += (xr[c] - mean) * (xr[c] - mean);
+        const float rstd = 1.0f / sqrtf(sq / (float)C + eps);
+        for (int64_t c = 0; c < C; c++) {
+            float v = (xr[c] - mean) * rstd;
+            if (w)
+                v *= w[c];
+            if (b)
+                v += b[c];
+            yr[c] = v;
+        }
+    }
+    return DIT_OK;
+}
+
+dit_status dit_cpu_rms_norm(dit_backend *be, const dit_tensor *y, const dit_tensor *x,
+                            const dit_tensor *weight, float eps)
+{
+    if (!is_f32_rows(x) || !is_f32_rows(y) || x->ndim != 3 || !dit_tensor_same_shape(x, y))
+        return DIT_ERR_INVALID_ARG;
+    const int64_t C = x->ne[2];
+    if (!weight || weight->ndim != 1 || weight->ne[0] != C || weight->dtype != DIT_F32)
+        return DIT_ERR_INVALID_ARG;
+    const float *w = weight->data;
+    const int64_t rows = n_rows(x);
+#pragma omp parallel for num_threads(threads_for(be, rows * C)) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = row_ptr(x, r);
+        float *yr = row_ptr(y, r);
+        float sq = 0.0f;
+#pragma omp simd reduction(+ : sq)
+        for (int64_t c = 0; c < C; c++)
+            sq += xr[c] * xr[c];
+        const float rinv = 1.0f / sqrtf(sq / (float)C + eps);
+#pragma omp simd
+        for (int64_t c = 0; c < C; c++)
+            yr[c] = w[c] * (xr[c] * rinv);
+    }
+    return DIT_OK;
+}
+
+dit_status dit_cpu_embedding(dit_backend *be, const dit_tensor *y, const dit_tensor *table,
+                             const int32_t *ids, int64_t n)
+{
+    (void)be;
+    if (!is_f32_rows(y) || y->ndim != 2 || table->ndim != 2 || table->dtype != DIT_F32 ||
+        y->ne[0] != n || y->ne[1] != table->ne[1] || !dit_tensor_is_contiguous(table))
+        return DIT_ERR_INVALID_ARG;
+    const int64_t V = table->ne[0], C = table->ne[1];
+    for (int64_t i = 0; i < n; i++) {
+        if (ids[i] < 0 || ids[i] >= V)
+            return DIT_ERR_INVALID_ARG;
+        memcpy(row_ptr(y, i), (const float *)table->data + (int64_t)ids[i] * C,
+               (size_t)C * sizeof(float));
     }
     return DIT_OK;
 }
