@@ -9,6 +9,10 @@ packages=(
   build-essential pkg-config meson ninja-build  # compiler and build system
   libopenblas-openmp-dev                       # GEMMs on the cpu backend (OpenMP build)
   libcjson-dev                                 # config.json and safetensors headers
+  libpng-dev                                   # PNG encoding of generated images
+  libutf8proc-dev                              # Unicode classes and normalization (tokenizers)
+  protobuf-c-compiler libprotobuf-c-dev        # protoc-c and the protobuf-c runtime (API, IPC)
+  protobuf-compiler libprotobuf-dev            # protoc (descriptor set) and the well-known protos
   check                                        # unit-test framework
 )
 

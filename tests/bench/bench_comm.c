@@ -305,10 +305,14 @@ int main(int argc, char **argv)
                     .warmup = 5,
                     .timeout_s = 60};
     static const struct option opts[] = {
-        {"ranks", required_argument, NULL, 'n'},      {"min-bytes", required_argument, NULL, 'b'},
-        {"max-bytes", required_argument, NULL, 'e'},  {"iters", required_argument, NULL, 'i'},
-        {"warmup", required_argument, NULL, 'w'},     {"slot-bytes", required_argument, NULL, 's'},
-        {"timeout", required_argument, NULL, 't'},    {"help", no_argument, NULL, 'h'},
+        {"ranks", required_argument, NULL, 'n'},
+        {"min-bytes", required_argument, NULL, 'b'},
+        {"max-bytes", required_argument, NULL, 'e'},
+        {"iters", required_argument, NULL, 'i'},
+        {"warmup", required_argument, NULL, 'w'},
+        {"slot-bytes", required_argument, NULL, 's'},
+        {"timeout", required_argument, NULL, 't'},
+        {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     int c;

@@ -1,43 +1,43 @@
 /* ditrun: runs the worker's compute code without the daemon.
  *
- *   ditrun forward --model DIR --inputs IN.safetensors --output OUT.safetensors
- *                  [--world-size N --ring R --ulysses U --tp T ...]
+ *   ditrun forward  --model DIR --inputs IN.safetensors --output OUT.safetensors
+ *   ditrun generate --model PIPELINE_DIR --prompt TEXT -o out.png
  *
  * With --world-size N > 1 it creates a shared-memory mesh, starts N rank
  * processes of itself (the same code a daemon worker runs), and reports rank
  * 0's result; any failing rank fails the run with that rank's message. It is
  * the tool for tests, benchmarks and debugging. */
-#include <errno.h>
 #include <getopt.h>
 #include <math.h>
-#include <signal.h>
-#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
-#include <time.h>
-#include <unistd.h>
 
-#include "backend/backend.h"
 #include "comm/shm/comm_shm.h"
-#include "loader/safetensors.h"
-#include "model/flux.h"
-#include "parallel/mesh.h"
-#include "runtime/inputs.h"
-#include "runtime/runner.h"
+#include "tools/ditrun.h"
 
-extern char **environ;
-
-#define EXIT_USAGE 2
+#define PARALLEL_HELP                                                                          \
+    "Parallelism (the meaning of diffusers' ContextParallelConfig / TensorParallelConfig;\n"   \
+    "ranks are separate processes meeting in shared memory):\n"                                \
+    "  --world-size N       number of rank processes (default 1)\n"                            \
+    "  --ring R             ring_degree: ring attention over R sequence chunks\n"              \
+    "  --ulysses U          ulysses_degree: all-to-all between sequence and heads\n"           \
+    "  --tp T               tp_degree: tensor parallelism over heads and MLP columns\n"        \
+    "                       R x U x T must equal N; CP and TP combine\n"                       \
+    "  --ulysses-anything   uneven sequence chunks and heads not divisible by U (R = 1)\n"     \
+    "  --ring-anything      uneven sequence chunks (U = 1)\n"                                  \
+    "  --unified-anything   uneven chunks and heads with R > 1 and U > 1\n"                    \
+    "  --no-fp32-merge      convert_to_fp32=False: merge ring partials in the activation\n"    \
+    "                       dtype (the cpu backend computes in f32 either way)\n"              \
+    "  --comm-timeout S     seconds a rank waits for its peers before failing (default 60)\n"  \
+    "\n"                                                                                       \
+    "Exit status: 0 on success, 1 when the model or inputs cannot be used or a rank\n"         \
+    "fails, 2 on bad command-line arguments, an invalid request or parallel layout.\n"
 
 static const char *const forward_usage =
     "usage: ditrun forward --model DIR --inputs IN.safetensors --output OUT.safetensors\n"
     "                      [--backend cpu|cuda] [--threads N] [--repeat N]\n"
-    "                      [--compare FILE] [--quiet]\n"
-    "                      [--world-size N] [--ring R] [--ulysses U] [--tp T]\n"
-    "                      [--ulysses-anything | --ring-anything | --unified-anything]\n"
-    "                      [--no-fp32-merge] [--comm-timeout SECONDS]\n"
+    "                      [--compare FILE] [--quiet] [parallel options]\n"
     "\n"
     "Runs one FluxTransformer2DModel forward pass, as diffusers' model(...) would.\n"
     "\n"
@@ -57,47 +57,61 @@ static const char *const forward_usage =
     "  --compare FILE  also compare 'sample' with the tensor of that name in FILE\n"
     "                  (e.g. diffusers' output) and print the difference\n"
     "  --quiet         print nothing on success\n"
+    "\n" PARALLEL_HELP;
+
+static const char *const generate_usage =
+    "usage: ditrun generate --model PIPELINE_DIR --prompt TEXT --output OUT.png\n"
+    "                       [--prompt-2 TEXT] [--negative-prompt TEXT]\n"
+    "                       [--negative-prompt-2 TEXT] [--width W] [--height H]\n"
+    "                       [--steps N] [--guidance G] [--true-cfg S] [--seed N]\n"
+    "                       [--max-sequence-length N] [--latents FILE]\n"
+    "                       [--output-latents FILE] [--backend cpu|cuda] [--threads N]\n"
+    "                       [--quiet] [parallel options]\n"
     "\n"
-    "Parallelism (the meaning of diffusers' ContextParallelConfig / TensorParallelConfig;\n"
-    "ranks are separate processes meeting in shared memory):\n"
-    "  --world-size N       number of rank processes (default 1)\n"
-    "  --ring R             ring_degree: ring attention over R sequence chunks\n"
-    "  --ulysses U          ulysses_degree: all-to-all between sequence and heads\n"
-    "  --tp T               tp_degree: tensor parallelism over heads and MLP columns\n"
-    "                       R x U x T must equal N; CP and TP combine\n"
-    "  --ulysses-anything   uneven sequence chunks and heads not divisible by U (R = 1)\n"
-    "  --ring-anything      uneven sequence chunks (U = 1)\n"
-    "  --unified-anything   uneven chunks and heads with R > 1 and U > 1\n"
-    "  --no-fp32-merge      convert_to_fp32=False: merge ring partials in the activation\n"
-    "                       dtype (the cpu backend computes in f32 either way)\n"
-    "  --comm-timeout S     seconds a rank waits for its peers before failing (default 60)\n"
+    "Text to image with a diffusers FluxPipeline folder, as pipe(prompt, ...) would.\n"
     "\n"
-    "Exit status: 0 on success, 1 when the model or inputs cannot be used or a rank\n"
-    "fails, 2 on bad command-line arguments or an invalid parallel layout.\n";
+    "  --model DIR          pipeline folder: model_index.json, transformer/, vae/,\n"
+    "                       text_encoder/, text_encoder_2/, tokenizer/, tokenizer_2/,\n"
+    "                       scheduler/\n"
+    "  --prompt TEXT        the prompt (CLIP, and T5 unless --prompt-2); may be empty.\n"
+    "                       Longer prompts are truncated to 77 CLIP tokens and\n"
+    "                       --max-sequence-length T5 tokens, as diffusers does\n"
+    "  --prompt-2 TEXT      a different prompt for T5\n"
+    "  --negative-prompt T  with --true-cfg above 1: true classifier-free guidance\n"
+    "                       (two transformer passes per step)\n"
+    "  --width W, --height H  pixels, multiples of 16 for FLUX's VAE (default 1024)\n"
+    "  --steps N            denoising steps, 1 to 1000 (default 28)\n"
+    "  --guidance G         distilled guidance scale for guidance-embedding models\n"
+    "                       (default 3.5)\n"
+    "  --true-cfg S         true CFG scale (default 1: off)\n"
+    "  --seed N             noise seed; the same seed gives the same noise as\n"
+    "                       torch.Generator('cpu').manual_seed(N) in diffusers (default 0)\n"
+    "  --max-sequence-length N  T5 tokens, 1 to 512 (default 512)\n"
+    "  --latents FILE       initial packed latents (tensor 'latents', (1, tokens, 4C))\n"
+    "                       instead of noise from the seed\n"
+    "  --output-latents F   also write the final latents (tensor 'latents')\n"
+    "  --output FILE, -o    the PNG to write\n"
+    "  --backend, --threads, --quiet as for forward; a progress line per step is\n"
+    "                       printed when stderr is a terminal\n"
+    "\n" PARALLEL_HELP;
 
 static const char *const main_usage =
     "usage: ditrun <command> [options]\n"
     "\n"
     "Commands:\n"
-    "  forward   one transformer forward pass from a safetensors file of inputs\n"
+    "  forward    one transformer forward pass from a safetensors file of inputs\n"
+    "  generate   text to image with a FluxPipeline folder, written as PNG\n"
     "\n"
     "Options:\n"
     "  --help      show this help (ditrun <command> --help for a command's options)\n"
     "  --version   print the version and the backends built in\n";
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
 
 static int usage_error(const char *usage, const char *fmt, const char *arg)
 {
     fprintf(stderr, "ditrun: ");
     fprintf(stderr, fmt, arg);
     fprintf(stderr, "\n\n%s", usage);
-    return EXIT_USAGE;
+    return DITRUN_EXIT_USAGE;
 }
 
 static bool parse_int(const char *s, long lo, long hi, long *out)
@@ -110,346 +124,38 @@ static bool parse_int(const char *s, long lo, long hi, long *out)
     return true;
 }
 
-typedef struct forward_args {
-    const char *model, *inputs, *output, *compare;
-    dit_backend_kind backend;
-    int threads, repeat;
-    bool quiet;
-    dit_parallel_config pc;
-    double comm_timeout;
-    /* Set in rank processes only (internal flags from the launcher). */
-    int mesh_rank;
-    const char *mesh_shm;
-} forward_args;
-
-static void print_stats(const char *name, const float *p, size_t n)
+static bool parse_float(const char *s, float *out)
 {
-    double sum = 0, sq = 0;
-    float mn = INFINITY, mx = -INFINITY;
-    for (size_t i = 0; i < n; i++) {
-        sum += p[i];
-        sq += (double)p[i] * p[i];
-        mn = p[i] < mn ? p[i] : mn;
-        mx = p[i] > mx ? p[i] : mx;
-    }
-    double mean = n ? sum / (double)n : 0, var = n ? sq / (double)n - mean * mean : 0;
-    printf("%s: mean %.6f, std %.6f, min %.6f, max %.6f\n", name, mean, sqrt(var > 0 ? var : 0),
-           mn, mx);
+    char *end;
+    double v = strtod(s, &end);
+    if (*s == '\0' || *end != '\0' || !isfinite(v))
+        return false;
+    *out = (float)v;
+    return true;
 }
 
-/* Prints max |ours - ref| and that relative to max |ref| for `sample`. */
-static dit_status compare_sample(const char *path, const float *got, const dit_tensor *shape,
-                                 dit_diag *diag)
+static bool parse_u64(const char *s, uint64_t *out)
 {
-    dit_st_file *f = NULL;
-    dit_status st = dit_st_file_open(path, &f, diag);
-    if (st != DIT_OK)
-        return st;
-    const dit_st_entry *e = dit_st_file_find(f, "sample");
-    float *ref = NULL;
-    if (!e || !dit_tensor_same_shape(&e->view, shape)) {
-        st = dit_diag_set(diag, DIT_ERR_INVALID_ARG, "%s: no 'sample' tensor of the output's shape",
-                          path);
-        goto cleanup;
-    }
-    size_t n = (size_t)dit_tensor_numel(shape);
-    ref = malloc((n ? n : 1) * sizeof *ref);
-    if (!ref) {
-        st = dit_diag_set(diag, DIT_ERR_NOMEM, "out of memory");
-        goto cleanup;
-    }
-    dit_convert_to_f32(ref, e->view.data, e->view.dtype, n);
-    double max_abs = 0, max_ref = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = fabs((double)got[i] - ref[i]);
-        max_abs = d > max_abs || isnan(d) ? d : max_abs;
-        max_ref = fabs(ref[i]) > max_ref ? fabs(ref[i]) : max_ref;
-    }
-    printf("compared with %s: max abs diff %.3g, relative to max |ref| %.3g\n", path, max_abs,
-           max_ref > 0 ? max_abs / max_ref : max_abs);
-cleanup:
-    free(ref);
-    dit_st_file_close(f);
-    return st;
+    char *end;
+    if (*s == '-' || *s == '\0')
+        return false;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (*end != '\0')
+        return false;
+    *out = (uint64_t)v;
+    return true;
 }
 
-/* Test aid: DIT_FAULT_KILL_RANK=r and DIT_FAULT_KILL_BLOCK=k make rank r
- * kill itself with SIGKILL after transformer block k, to prove that the other
- * ranks fail fast instead of hanging. */
-typedef struct fault_plan {
-    int rank, block;
-} fault_plan;
+enum {
+    OPT_WORLD = 256, OPT_RING, OPT_ULYSSES, OPT_TP, OPT_UANY, OPT_RANY, OPT_UNANY, OPT_NOFP32,
+    OPT_TIMEOUT, OPT_MESH_RANK, OPT_MESH_SHM, OPT_PROMPT, OPT_PROMPT2, OPT_NEG, OPT_NEG2,
+    OPT_WIDTH, OPT_HEIGHT, OPT_STEPS, OPT_GUIDANCE, OPT_CFG, OPT_SEED, OPT_MAXSEQ, OPT_LATENTS,
+    OPT_OUT_LATENTS,
+};
 
-static dit_status fault_block(void *ctx, int block, dit_diag *diag)
+static int parse(ditrun_args *a, int argc, char **argv)
 {
-    (void)diag;
-    const fault_plan *fp = ctx;
-    if (block == fp->block)
-        raise(SIGKILL);
-    return DIT_OK;
-}
-
-/* The work of one rank (or of the only process when world size is 1). */
-static int run_rank(const forward_args *a, int rank)
-{
-    dit_diag diag;
-    dit_diag_clear(&diag);
-    dit_status st = DIT_OK;
-    dit_comm *world = NULL;
-    dit_mesh *mesh = NULL;
-    dit_backend *be = NULL;
-    dit_flux *model = NULL;
-    dit_runner *runner = NULL;
-    dit_input_file *inputs = NULL;
-    float *out = NULL;
-    const bool multi = a->pc.world_size > 1;
-    const bool speak = rank == 0 && !a->quiet;
-
-    if (multi) {
-        dit_shm_config sc = {.world_size = a->pc.world_size, .timeout_s = a->comm_timeout};
-        snprintf(sc.name, sizeof sc.name, "%s", a->mesh_shm);
-        DIT_CHECK(dit_shm_comm_join(&sc, rank, &world, &diag));
-        DIT_CHECK(dit_mesh_create(&a->pc, world, &mesh, &diag));
-    }
-    dit_backend_config bcfg = {.kind = a->backend, .n_threads = a->threads, .device = 0};
-    DIT_CHECK(dit_backend_create(&bcfg, &be, &diag));
-    dit_flux_shard shard = {.tp_degree = a->pc.tp_degree,
-                            .tp_rank = mesh ? dit_mesh_tp_rank(mesh) : 0};
-    double t0 = now_ms();
-    DIT_CHECK(dit_flux_load(be, a->model, &shard, &model, &diag));
-    double t_load = now_ms() - t0;
-    const dit_flux_config *cfg = dit_flux_config_of(model);
-    DIT_CHECK(dit_input_file_load(a->inputs, cfg, &inputs, &diag));
-    const dit_forward_inputs *in = dit_input_file_inputs(inputs);
-    DIT_CHECK(dit_runner_create(be, model, mesh, &runner, &diag));
-
-    fault_plan fp = {-1, -1};
-    const char *fr = getenv("DIT_FAULT_KILL_RANK"), *fb = getenv("DIT_FAULT_KILL_BLOCK");
-    if (fr && fb && atoi(fr) == rank) {
-        fp.rank = rank;
-        fp.block = atoi(fb);
-        dit_runner_set_block_callback(runner, fault_block, &fp);
-    }
-
-    const size_t n_out = (size_t)(in->batch * in->img_tokens * cfg->out_dim);
-    out = malloc((n_out ? n_out : 1) * sizeof *out);
-    if (!out) {
-        st = dit_diag_set(&diag, DIT_ERR_NOMEM, "out of memory");
-        goto cleanup;
-    }
-    double best = INFINITY;
-    for (int r = 0; r < a->repeat; r++) {
-        if (world)
-            DIT_CHECK(world->ops->barrier(world, &diag));
-        double t1 = now_ms();
-        DIT_CHECK(dit_runner_forward(runner, in, out, &diag));
-        double dt = now_ms() - t1;
-        best = dt < best ? dt : best;
-    }
-    if (rank != 0)
-        goto cleanup;
-
-    dit_tensor host_sample = dit_tensor_3d(out, DIT_F32, in->batch, in->img_tokens, cfg->out_dim);
-    dit_st_write_item item = {.name = "sample", .tensor = &host_sample};
-    DIT_CHECK(dit_st_write(a->output, &item, 1, &diag));
-    if (speak) {
-        double gflop = dit_flux_forward_flops(cfg, in->batch, in->txt_tokens, in->img_tokens) / 1e9;
-        dit_runner_stats rs = dit_runner_get_stats(runner);
-        printf("model: %s (%d double + %d single blocks, %d heads x %d, %.1f MiB of weights%s, "
-               "loaded in %.0f ms)\n",
-               a->model, cfg->num_layers, cfg->num_single_layers, cfg->num_attention_heads,
-               cfg->attention_head_dim, (double)dit_flux_weight_bytes(model) / 1048576.0,
-               multi ? " on rank 0" : "", t_load);
-        if (multi)
-            printf("mesh: %d ranks = ring %d x ulysses %d x tp %d%s; rank 0 sent %.3f MiB "
-                   "(attention) + %.3f MiB (output gather), all-reduced %.3f MiB per %s\n",
-                   a->pc.world_size, a->pc.ring_degree, a->pc.ulysses_degree, a->pc.tp_degree,
-                   a->pc.ulysses_anything  ? ", ulysses_anything"
-                   : a->pc.ring_anything   ? ", ring_anything"
-                   : a->pc.unified_anything ? ", unified_anything"
-                                           : "",
-                   (double)rs.attention_bytes_sent / 1048576.0 / a->repeat,
-                   (double)rs.gather_bytes / 1048576.0 / a->repeat,
-                   (double)rs.tp_bytes_reduced / 1048576.0 / a->repeat, "forward");
-        printf("forward: batch %lld, %lld text + %lld image tokens, %s backend: %.2f ms "
-               "(%.3f GFLOP, %.1f GFLOP/s)%s\n",
-               (long long)in->batch, (long long)in->txt_tokens, (long long)in->img_tokens,
-               be->ops->name, best, gflop, gflop / (best / 1e3),
-               a->repeat > 1 ? ", best of repeats" : "");
-        printf("activation memory: %.2f MiB%s\n", (double)rs.activation_bytes / 1048576.0,
-               multi ? " on rank 0" : "");
-        printf("wrote %s: sample (%lld, %lld, %d) f32\n", a->output, (long long)in->batch,
-               (long long)in->img_tokens, cfg->out_dim);
-        print_stats("sample", out, n_out);
-    }
-    if (a->compare)
-        DIT_CHECK(compare_sample(a->compare, out, &host_sample, &diag));
-
-cleanup:
-    if (st != DIT_OK) {
-        if (multi)
-            fprintf(stderr, "ditrun forward: rank %d: %s\n", rank, dit_diag_msg(&diag));
-        else
-            fprintf(stderr, "ditrun forward: %s\n", dit_diag_msg(&diag));
-        /* Tell the peers at once rather than letting them time out. */
-        if (world)
-            world->ops->abort(world);
-    }
-    free(out);
-    dit_input_file_free(inputs);
-    dit_runner_destroy(runner);
-    dit_flux_destroy(model);
-    dit_backend_destroy(be);
-    dit_mesh_destroy(mesh);
-    dit_comm_destroy(world);
-    return st == DIT_OK ? 0 : 1;
-}
-
-/* Checks the layout against the model and the inputs before any process
- * starts, so configuration mistakes are usage errors (exit 2). */
-static int validate_launch(const forward_args *a)
-{
-    dit_diag diag;
-    dit_diag_clear(&diag);
-    if (dit_parallel_validate(&a->pc, &diag) != DIT_OK) {
-        fprintf(stderr, "ditrun forward: %s\n", dit_diag_msg(&diag));
-        return EXIT_USAGE;
-    }
-    char path[4096];
-    snprintf(path, sizeof path, "%s/config.json", a->model);
-    dit_flux_config cfg;
-    int64_t B, Si, St;
-    if (dit_flux_config_load(path, &cfg, &diag) != DIT_OK ||
-        dit_input_file_peek(a->inputs, &B, &Si, &St, &diag) != DIT_OK) {
-        fprintf(stderr, "ditrun forward: %s\n", dit_diag_msg(&diag));
-        return 1;
-    }
-    if (dit_parallel_validate_model(&a->pc, &cfg, Si, St, &diag) != DIT_OK) {
-        fprintf(stderr, "ditrun forward: %s\n", dit_diag_msg(&diag));
-        return EXIT_USAGE;
-    }
-    return 0;
-}
-
-static void describe_exit(int status, char *buf, size_t cap)
-{
-    if (WIFEXITED(status))
-        snprintf(buf, cap, "exited with status %d", WEXITSTATUS(status));
-    else if (WIFSIGNALED(status))
-        snprintf(buf, cap, "was killed by signal %d (%s)", WTERMSIG(status),
-                 strsignal(WTERMSIG(status)));
-    else
-        snprintf(buf, cap, "stopped (status %d)", status);
-}
-
-/* Starts one process per rank and supervises them. */
-static int launch(const forward_args *a, int argc, char **argv)
-{
-    int rc = validate_launch(a);
-    if (rc != 0)
-        return rc;
-    const int N = a->pc.world_size;
-    dit_diag diag;
-    dit_diag_clear(&diag);
-    dit_shm_config sc = {.world_size = N, .timeout_s = a->comm_timeout};
-    dit_shm_make_name(&sc);
-    dit_shm_segment *seg = NULL;
-    if (dit_shm_segment_create(&sc, &seg, &diag) != DIT_OK) {
-        fprintf(stderr, "ditrun forward: %s\n", dit_diag_msg(&diag));
-        return 1;
-    }
-    pid_t pids[DIT_SHM_MAX_RANKS] = {0};
-    char rank_buf[DIT_SHM_MAX_RANKS][16], threads_buf[16];
-    /* argv of a rank: ours, plus the internal rank flags, plus a thread
-     * count that shares the cores. */
-    char **cargv = calloc((size_t)argc + 8, sizeof *cargv);
-    if (!cargv) {
-        dit_shm_segment_destroy(seg);
-        return 1;
-    }
-    int threads = a->threads;
-    if (threads == 0) {
-        long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-        threads = ncpu > N ? (int)(ncpu / N) : 1;
-    }
-    snprintf(threads_buf, sizeof threads_buf, "%d", threads);
-    int started = 0;
-    for (int r = 0; r < N; r++) {
-        int k = 0;
-        cargv[k++] = "ditrun"; /* argv here starts at the command name */
-        for (int i = 0; i < argc; i++)
-            cargv[k++] = argv[i];
-        snprintf(rank_buf[r], sizeof rank_buf[r], "%d", r);
-        cargv[k++] = "--mesh-rank";
-        cargv[k++] = rank_buf[r];
-        cargv[k++] = "--mesh-shm";
-        cargv[k++] = sc.name;
-        cargv[k++] = "--threads";
-        cargv[k++] = threads_buf;
-        cargv[k] = NULL;
-        int err = posix_spawn(&pids[r], "/proc/self/exe", NULL, NULL, cargv, environ);
-        if (err != 0) {
-            fprintf(stderr, "ditrun forward: cannot start rank %d: %s\n", r, strerror(err));
-            dit_shm_segment_abort(seg, r);
-            break;
-        }
-        started++;
-    }
-    free(cargv);
-
-    int first_failed = -1, first_status = 0, alive = started;
-    while (alive > 0) {
-        int status;
-        pid_t pid = waitpid(-1, &status, 0);
-        if (pid < 0) {
-            if (errno == EINTR)
-                continue;
-            break;
-        }
-        int r = -1;
-        for (int i = 0; i < started; i++)
-            if (pids[i] == pid)
-                r = i;
-        if (r < 0)
-            continue;
-        alive--;
-        if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
-            if (first_failed < 0) {
-                first_failed = r;
-                first_status = status;
-            }
-            /* A dead rank cannot say so itself: abort the mesh for it. */
-            dit_shm_segment_abort(seg, r);
-        }
-    }
-    rc = 0;
-    if (started < N) {
-        rc = 1;
-    } else if (first_failed >= 0) {
-        int culprit = dit_shm_segment_failed_rank(seg);
-        if (culprit < 0)
-            culprit = first_failed;
-        char how[96];
-        describe_exit(first_status, how, sizeof how);
-        if (culprit == first_failed)
-            fprintf(stderr, "ditrun forward: rank %d failed: it %s\n", culprit, how);
-        else
-            fprintf(stderr, "ditrun forward: rank %d failed first; rank %d %s\n", culprit,
-                    first_failed, how);
-        rc = 1;
-    }
-    dit_shm_segment_destroy(seg);
-    return rc;
-}
-
-static int cmd_forward(int argc, char **argv)
-{
-    forward_args a = {.backend = DIT_BACKEND_CPU, .threads = 0, .repeat = 1, .mesh_rank = -1};
-    a.pc = dit_parallel_config_single();
-    enum {
-        OPT_WORLD = 256, OPT_RING, OPT_ULYSSES, OPT_TP, OPT_UANY, OPT_RANY, OPT_UNANY, OPT_NOFP32,
-        OPT_TIMEOUT, OPT_MESH_RANK, OPT_MESH_SHM,
-    };
+    const char *usage = a->cmd == DITRUN_FORWARD ? forward_usage : generate_usage;
     static const struct option opts[] = {
         {"model", required_argument, NULL, 'm'},
         {"inputs", required_argument, NULL, 'i'},
@@ -471,6 +177,19 @@ static int cmd_forward(int argc, char **argv)
         {"comm-timeout", required_argument, NULL, OPT_TIMEOUT},
         {"mesh-rank", required_argument, NULL, OPT_MESH_RANK},
         {"mesh-shm", required_argument, NULL, OPT_MESH_SHM},
+        {"prompt", required_argument, NULL, OPT_PROMPT},
+        {"prompt-2", required_argument, NULL, OPT_PROMPT2},
+        {"negative-prompt", required_argument, NULL, OPT_NEG},
+        {"negative-prompt-2", required_argument, NULL, OPT_NEG2},
+        {"width", required_argument, NULL, OPT_WIDTH},
+        {"height", required_argument, NULL, OPT_HEIGHT},
+        {"steps", required_argument, NULL, OPT_STEPS},
+        {"guidance", required_argument, NULL, OPT_GUIDANCE},
+        {"true-cfg", required_argument, NULL, OPT_CFG},
+        {"seed", required_argument, NULL, OPT_SEED},
+        {"max-sequence-length", required_argument, NULL, OPT_MAXSEQ},
+        {"latents", required_argument, NULL, OPT_LATENTS},
+        {"output-latents", required_argument, NULL, OPT_OUT_LATENTS},
         {NULL, 0, NULL, 0},
     };
     long v;
@@ -478,46 +197,50 @@ static int cmd_forward(int argc, char **argv)
     optind = 1;
     opterr = 0;
     while ((c = getopt_long(argc, argv, ":m:i:o:b:t:r:c:qh", opts, NULL)) != -1) {
+        const bool fwd = a->cmd == DITRUN_FORWARD;
+        /* Options that belong to the other command are usage errors. */
+        const bool gen_only = c >= OPT_PROMPT;
+        const bool fwd_only = c == 'i' || c == 'c' || c == 'r';
+        if ((fwd && gen_only) || (!fwd && fwd_only))
+            return usage_error(usage, "option '%s' does not apply to this command",
+                               argv[optind - 1]);
         switch (c) {
         case 'm':
-            a.model = optarg;
+            a->model = optarg;
             break;
         case 'i':
-            a.inputs = optarg;
+            a->inputs = optarg;
             break;
         case 'o':
-            a.output = optarg;
+            a->output = optarg;
             break;
         case 'b':
-            if (dit_backend_kind_parse(optarg, &a.backend) != DIT_OK)
-                return usage_error(forward_usage, "unknown backend '%s' (cpu or cuda)", optarg);
+            if (dit_backend_kind_parse(optarg, &a->backend) != DIT_OK)
+                return usage_error(usage, "unknown backend '%s' (cpu or cuda)", optarg);
             break;
         case 't':
             if (!parse_int(optarg, 1, 4096, &v))
-                return usage_error(forward_usage, "--threads wants a number from 1 to 4096, not '%s'",
-                                   optarg);
-            a.threads = (int)v;
+                return usage_error(usage, "--threads wants a number from 1 to 4096, not '%s'", optarg);
+            a->threads = (int)v;
             break;
         case 'r':
             if (!parse_int(optarg, 1, 100000, &v))
-                return usage_error(forward_usage, "--repeat wants a positive number, not '%s'",
-                                   optarg);
-            a.repeat = (int)v;
+                return usage_error(usage, "--repeat wants a positive number, not '%s'", optarg);
+            a->repeat = (int)v;
             break;
         case 'c':
-            a.compare = optarg;
+            a->compare = optarg;
             break;
         case 'q':
-            a.quiet = true;
+            a->quiet = true;
             break;
         case 'h':
-            fputs(forward_usage, stdout);
-            return 0;
+            fputs(usage, stdout);
+            return -1;
         case OPT_WORLD:
             if (!parse_int(optarg, 1, DIT_SHM_MAX_RANKS, &v))
-                return usage_error(forward_usage, "--world-size wants a number from 1 to 64, not '%s'",
-                                   optarg);
-            a.pc.world_size = (int)v;
+                return usage_error(usage, "--world-size wants a number from 1 to 64, not '%s'", optarg);
+            a->pc.world_size = (int)v;
             break;
         case OPT_RING:
         case OPT_ULYSSES:
@@ -525,69 +248,135 @@ static int cmd_forward(int argc, char **argv)
             /* Values below 1 reach the layout validation, whose message
              * explains the rule. */
             if (!parse_int(optarg, -1000, 1000, &v))
-                return usage_error(forward_usage, "degrees are integers, not '%s'", optarg);
+                return usage_error(usage, "degrees are integers, not '%s'", optarg);
             if (c == OPT_RING)
-                a.pc.ring_degree = (int)v;
+                a->pc.ring_degree = (int)v;
             else if (c == OPT_ULYSSES)
-                a.pc.ulysses_degree = (int)v;
+                a->pc.ulysses_degree = (int)v;
             else
-                a.pc.tp_degree = (int)v;
+                a->pc.tp_degree = (int)v;
             break;
         case OPT_UANY:
-            a.pc.ulysses_anything = true;
+            a->pc.ulysses_anything = true;
             break;
         case OPT_RANY:
-            a.pc.ring_anything = true;
+            a->pc.ring_anything = true;
             break;
         case OPT_UNANY:
-            a.pc.unified_anything = true;
+            a->pc.unified_anything = true;
             break;
         case OPT_NOFP32:
-            a.pc.fp32_merge = false;
+            a->pc.fp32_merge = false;
             break;
         case OPT_TIMEOUT:
             if (!parse_int(optarg, 1, 86400, &v))
-                return usage_error(forward_usage, "--comm-timeout wants seconds (1 to 86400), not '%s'",
-                                   optarg);
-            a.comm_timeout = (double)v;
+                return usage_error(usage, "--comm-timeout wants seconds (1 to 86400), not '%s'", optarg);
+            a->comm_timeout = (double)v;
             break;
         case OPT_MESH_RANK:
             if (!parse_int(optarg, 0, DIT_SHM_MAX_RANKS - 1, &v))
-                return usage_error(forward_usage, "bad --mesh-rank '%s'", optarg);
-            a.mesh_rank = (int)v;
+                return usage_error(usage, "bad --mesh-rank '%s'", optarg);
+            a->mesh_rank = (int)v;
             break;
         case OPT_MESH_SHM:
-            a.mesh_shm = optarg;
+            a->mesh_shm = optarg;
+            break;
+        case OPT_PROMPT:
+            a->gen.prompt = optarg;
+            break;
+        case OPT_PROMPT2:
+            a->gen.prompt_2 = optarg;
+            break;
+        case OPT_NEG:
+            a->gen.negative_prompt = optarg;
+            break;
+        case OPT_NEG2:
+            a->gen.negative_prompt_2 = optarg;
+            break;
+        case OPT_WIDTH:
+        case OPT_HEIGHT:
+        case OPT_STEPS:
+        case OPT_MAXSEQ:
+            /* Range checks with the pipeline's own messages come later; here
+             * only "is it a number". */
+            if (!parse_int(optarg, -1000000, 1000000, &v))
+                return usage_error(usage, "expected an integer, not '%s'", optarg);
+            if (c == OPT_WIDTH)
+                a->gen.width = (int)v;
+            else if (c == OPT_HEIGHT)
+                a->gen.height = (int)v;
+            else if (c == OPT_STEPS)
+                a->gen.steps = (int)v;
+            else
+                a->gen.max_sequence_length = (int)v;
+            break;
+        case OPT_GUIDANCE:
+            if (!parse_float(optarg, &a->gen.guidance_scale))
+                return usage_error(usage, "--guidance wants a number, not '%s'", optarg);
+            break;
+        case OPT_CFG:
+            if (!parse_float(optarg, &a->gen.true_cfg_scale))
+                return usage_error(usage, "--true-cfg wants a number, not '%s'", optarg);
+            break;
+        case OPT_SEED:
+            if (!parse_u64(optarg, &a->gen.seed))
+                return usage_error(usage, "--seed wants a non-negative integer, not '%s'", optarg);
+            break;
+        case OPT_LATENTS:
+            a->latents_path = optarg;
+            break;
+        case OPT_OUT_LATENTS:
+            a->output_latents = optarg;
             break;
         case ':':
-            return usage_error(forward_usage, "option %s needs a value", argv[optind - 1]);
+            return usage_error(usage, "option %s needs a value", argv[optind - 1]);
         default:
-            return usage_error(forward_usage, "unknown option '%s'", argv[optind - 1]);
+            return usage_error(usage, "unknown option '%s'", argv[optind - 1]);
         }
     }
     if (optind < argc)
-        return usage_error(forward_usage, "unexpected argument '%s'", argv[optind]);
-    if (!a.model)
-        return usage_error(forward_usage, "%s", "--model is required");
-    if (!a.inputs)
-        return usage_error(forward_usage, "%s", "--inputs is required");
-    if (!a.output)
-        return usage_error(forward_usage, "%s", "--output is required");
-    if (a.mesh_rank >= 0) {
-        if (!a.mesh_shm)
-            return usage_error(forward_usage, "%s", "--mesh-rank needs --mesh-shm");
-        return run_rank(&a, a.mesh_rank);
-    }
-    if (a.pc.world_size == 1) {
-        dit_diag diag;
-        dit_diag_clear(&diag);
-        if (dit_parallel_validate(&a.pc, &diag) != DIT_OK) {
-            fprintf(stderr, "ditrun forward: %s\n", dit_diag_msg(&diag));
-            return EXIT_USAGE;
-        }
-        return run_rank(&a, 0);
-    }
-    return launch(&a, argc, argv);
+        return usage_error(usage, "unexpected argument '%s'", argv[optind]);
+    if (!a->model)
+        return usage_error(usage, "%s", "--model is required");
+    if (a->cmd == DITRUN_FORWARD && !a->inputs)
+        return usage_error(usage, "%s", "--inputs is required");
+    if (a->cmd == DITRUN_GENERATE && !a->gen.prompt)
+        return usage_error(usage, "%s", "--prompt is required (it may be empty: --prompt '')");
+    if (!a->output)
+        return usage_error(usage, "%s", "--output is required");
+    if (a->mesh_rank >= 0 && !a->mesh_shm)
+        return usage_error(usage, "%s", "--mesh-rank needs --mesh-shm");
+    return 0;
+}
+
+static int run(ditrun_cmd cmd, int argc, char **argv)
+{
+    ditrun_args a;
+    memset(&a, 0, sizeof a);
+    a.cmd = cmd;
+    a.backend = DIT_BACKEND_CPU;
+    a.repeat = 1;
+    a.mesh_rank = -1;
+    a.pc = dit_parallel_config_single();
+    /* diffusers' FluxPipeline defaults */
+    a.gen.width = 1024;
+    a.gen.height = 1024;
+    a.gen.steps = 28;
+    a.gen.guidance_scale = 3.5f;
+    a.gen.true_cfg_scale = 1.0f;
+    a.gen.max_sequence_length = 512;
+    int rc = parse(&a, argc, argv);
+    if (rc != 0)
+        return rc < 0 ? 0 : rc;
+    if (a.mesh_rank >= 0)
+        return cmd == DITRUN_FORWARD ? ditrun_forward_rank(&a, a.mesh_rank)
+                                     : ditrun_generate_rank(&a, a.mesh_rank);
+    rc = ditrun_validate(&a);
+    if (rc != 0)
+        return rc;
+    if (a.pc.world_size == 1)
+        return cmd == DITRUN_FORWARD ? ditrun_forward_rank(&a, 0) : ditrun_generate_rank(&a, 0);
+    return ditrun_launch(&a, argc, argv);
 }
 
 int main(int argc, char **argv)
@@ -605,6 +394,8 @@ int main(int argc, char **argv)
         return 0;
     }
     if (strcmp(cmd, "forward") == 0)
-        return cmd_forward(argc - 1, argv + 1);
+        return run(DITRUN_FORWARD, argc - 1, argv + 1);
+    if (strcmp(cmd, "generate") == 0)
+        return run(DITRUN_GENERATE, argc - 1, argv + 1);
     return usage_error(main_usage, "unknown command '%s'", cmd);
 }

@@ -32,7 +32,9 @@
 #define SHM_MAGIC 0x3130484d53544944ull /* "DITSHM01" */
 #define SHM_MAX_GROUPS 256
 #define SHM_DEFAULT_TIMEOUT_S 60.0
-#define SHM_SPIN 4000            /* polls before sleeping in the kernel */
+/* Polls before sleeping in the kernel: short, because ranks often share
+ * cores and a spinning waiter takes time from the rank it waits for. */
+#define SHM_SPIN 200
 #define SHM_SLEEP_NS 20000000L   /* futex sleep slice: 20 ms */
 #define SHM_LIVENESS_PERIOD 0.1  /* seconds between checks that peers live */
 
@@ -180,6 +182,10 @@ static dit_status wait_barrier(shm_comm *c, shm_group *g, uint32_t gen, dit_diag
         futex_wait(&g->gen, gen, SHM_SLEEP_NS);
         if (atomic_load(&g->gen) != gen)
             break;
+        /* Abort first: after a failure, peers that got their error and
+         * exited normally would otherwise look like the dead rank. */
+        if (atomic_load(&h->abort))
+            return aborted(c, diag);
         const double t = now_s();
         if (t >= next_check) {
             next_check = t + SHM_LIVENESS_PERIOD;
@@ -189,6 +195,8 @@ static dit_status wait_barrier(shm_comm *c, shm_group *g, uint32_t gen, dit_diag
                 if (atomic_load(&g->arrived[m]) == gen + 1 || pid <= 0)
                     continue;
                 if (pid_dead(pid)) {
+                    if (atomic_load(&h->failed_rank) >= 0)
+                        return aborted(c, diag);
                     mark_failed(h, w);
                     return dit_diag_set(diag, DIT_ERR_PEER,
                                         "peer rank %d (pid %d) exited during a collective", w,
@@ -444,30 +452,29 @@ static dit_status shm_sendrecv_wait(dit_comm *base, dit_comm_request *req, dit_d
         max = b > max ? b : max;
     }
     const uint64_t sent = atomic_load(&c->hdr->p2p_bytes[c->members[req->src]]);
-    if (sent != req->recv_bytes) {
-        /* Finish the protocol so the peers are not left waiting, then fail. */
-        st = dit_diag_set(diag, DIT_ERR_INVALID_ARG,
-                          "sendrecv: rank %d sent %llu bytes but rank %d expected %zu",
-                          c->members[req->src], (unsigned long long)sent, c->world_rank,
-                          req->recv_bytes);
-    }
+    /* A size mismatch is reported after the rounds finish, so the peers are
+     * not left waiting and a later peer failure keeps its own message. */
+    const bool mismatch = sent != req->recv_bytes;
     /* At least one round, even when nothing moves: its trailing barrier keeps
      * everyone's p2p_bytes readable until all ranks have read them. */
     for (size_t off = 0; off < max || off == 0; off += cap) {
         if (off > 0) {
             memcpy(slot(c, base->rank, SLOT_P), (const char *)req->send + off,
                    left(req->send_bytes, off, cap));
-            dit_status bs = barrier(c, diag);
-            if (bs != DIT_OK)
-                return bs;
+            if ((st = barrier(c, diag)) != DIT_OK)
+                return st;
         }
-        if (st == DIT_OK)
+        if (!mismatch)
             memcpy((char *)req->recv + off, slot(c, req->src, SLOT_P), left(sent, off, cap));
-        dit_status bs = barrier(c, diag);
-        if (bs != DIT_OK)
-            return bs;
+        if ((st = barrier(c, diag)) != DIT_OK)
+            return st;
     }
-    return st;
+    if (mismatch)
+        return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
+                            "sendrecv: rank %d sent %llu bytes but rank %d expected %zu",
+                            c->members[req->src], (unsigned long long)sent, c->world_rank,
+                            req->recv_bytes);
+    return DIT_OK;
 }
 
 static dit_status shm_split(dit_comm *base, int color, int key, dit_comm **out, dit_diag *diag)

@@ -1,0 +1,73 @@
+/* ditrun's shared pieces: the parsed command line, the per-rank entry points
+ * of its commands, and the launcher that starts a mesh of rank processes.
+ *
+ * Owner: ditrun's main thread. */
+#ifndef DIT_TOOLS_DITRUN_H
+#define DIT_TOOLS_DITRUN_H
+
+#include <stdbool.h>
+
+#include "backend/backend.h"
+#include "comm/comm.h"
+#include "parallel/mesh.h"
+#include "pipeline/flux_pipeline.h"
+
+#define DITRUN_EXIT_USAGE 2
+
+typedef enum ditrun_cmd {
+    DITRUN_FORWARD,
+    DITRUN_GENERATE,
+} ditrun_cmd;
+
+typedef struct ditrun_args {
+    ditrun_cmd cmd;
+    const char *model;
+    const char *output;
+    /* forward */
+    const char *inputs;
+    const char *compare;
+    /* generate */
+    dit_gen_params gen;
+    const char *latents_path;
+    const char *output_latents;
+    /* both */
+    dit_backend_kind backend;
+    int threads, repeat;
+    bool quiet;
+    dit_parallel_config pc;
+    double comm_timeout;
+    int mesh_rank;        /* >= 0 in a rank process started by the launcher */
+    const char *mesh_shm; /* the mesh's shared-memory name, in rank processes */
+} ditrun_args;
+
+/* One rank's work (or the whole run when the world size is 1). Exit codes
+ * as ditrun's. */
+int ditrun_forward_rank(const ditrun_args *a, int rank);
+int ditrun_generate_rank(const ditrun_args *a, int rank);
+
+/* Checks what can be checked before any rank starts (layout against model
+ * and request): 0, or the exit code to return. */
+int ditrun_validate(const ditrun_args *a);
+
+/* Creates the mesh, starts world_size rank processes of this program with
+ * `argv` (which begins at the command name) plus the internal rank flags,
+ * supervises them and reports the first failing rank. */
+int ditrun_launch(const ditrun_args *a, int argc, char **argv);
+
+/* In a rank process: joins the launcher's mesh and builds the groups. */
+dit_status ditrun_join_mesh(const ditrun_args *a, int rank, dit_comm **world, dit_mesh **mesh,
+                            dit_diag *diag);
+
+/* Test aid read from the environment: DIT_FAULT_KILL_RANK=r and
+ * DIT_FAULT_KILL_BLOCK=k make rank r kill itself with SIGKILL after
+ * transformer block k (of its first forward pass). */
+typedef struct ditrun_fault {
+    int block;
+} ditrun_fault;
+
+bool ditrun_fault_for_rank(int rank, ditrun_fault *out);
+dit_status ditrun_fault_block(void *ctx, int block, dit_diag *diag);
+
+double ditrun_now_ms(void);
+
+#endif

@@ -1,0 +1,167 @@
+/* ditrun forward: one transformer forward pass from a file of inputs. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "loader/safetensors.h"
+#include "model/flux.h"
+#include "runtime/inputs.h"
+#include "runtime/runner.h"
+#include "tools/ditrun.h"
+
+static void print_stats(const char *name, const float *p, size_t n)
+{
+    double sum = 0, sq = 0;
+    float mn = INFINITY, mx = -INFINITY;
+    for (size_t i = 0; i < n; i++) {
+        sum += p[i];
+        sq += (double)p[i] * p[i];
+        mn = p[i] < mn ? p[i] : mn;
+        mx = p[i] > mx ? p[i] : mx;
+    }
+    double mean = n ? sum / (double)n : 0, var = n ? sq / (double)n - mean * mean : 0;
+    printf("%s: mean %.6f, std %.6f, min %.6f, max %.6f\n", name, mean, sqrt(var > 0 ? var : 0),
+           mn, mx);
+}
+
+/* Prints max |ours - ref| and that relative to max |ref| for `sample`. */
+static dit_status compare_sample(const char *path, const float *got, const dit_tensor *shape,
+                                 dit_diag *diag)
+{
+    dit_st_file *f = NULL;
+    dit_status st = dit_st_file_open(path, &f, diag);
+    if (st != DIT_OK)
+        return st;
+    const dit_st_entry *e = dit_st_file_find(f, "sample");
+    float *ref = NULL;
+    if (!e || !dit_tensor_same_shape(&e->view, shape)) {
+        st = dit_diag_set(diag, DIT_ERR_INVALID_ARG, "%s: no 'sample' tensor of the output's shape",
+                          path);
+        goto cleanup;
+    }
+    size_t n = (size_t)dit_tensor_numel(shape);
+    ref = malloc((n ? n : 1) * sizeof *ref);
+    if (!ref) {
+        st = dit_diag_set(diag, DIT_ERR_NOMEM, "out of memory");
+        goto cleanup;
+    }
+    dit_convert_to_f32(ref, e->view.data, e->view.dtype, n);
+    double max_abs = 0, max_ref = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - ref[i]);
+        max_abs = d > max_abs || isnan(d) ? d : max_abs;
+        max_ref = fabs(ref[i]) > max_ref ? fabs(ref[i]) : max_ref;
+    }
+    printf("compared with %s: max abs diff %.3g, relative to max |ref| %.3g\n", path, max_abs,
+           max_ref > 0 ? max_abs / max_ref : max_abs);
+cleanup:
+    free(ref);
+    dit_st_file_close(f);
+    return st;
+}
+
+int ditrun_forward_rank(const ditrun_args *a, int rank)
+{
+    dit_diag diag;
+    dit_diag_clear(&diag);
+    dit_status st = DIT_OK;
+    dit_comm *world = NULL;
+    dit_mesh *mesh = NULL;
+    dit_backend *be = NULL;
+    dit_flux *model = NULL;
+    dit_runner *runner = NULL;
+    dit_input_file *inputs = NULL;
+    float *out = NULL;
+    const bool multi = a->pc.world_size > 1;
+    const bool speak = rank == 0 && !a->quiet;
+
+    if (multi)
+        DIT_CHECK(ditrun_join_mesh(a, rank, &world, &mesh, &diag));
+    dit_backend_config bcfg = {.kind = a->backend, .n_threads = a->threads, .device = 0};
+    DIT_CHECK(dit_backend_create(&bcfg, &be, &diag));
+    dit_flux_shard shard = {.tp_degree = a->pc.tp_degree,
+                            .tp_rank = mesh ? dit_mesh_tp_rank(mesh) : 0};
+    double t0 = ditrun_now_ms();
+    DIT_CHECK(dit_flux_load(be, a->model, &shard, &model, &diag));
+    double t_load = ditrun_now_ms() - t0;
+    const dit_flux_config *cfg = dit_flux_config_of(model);
+    DIT_CHECK(dit_input_file_load(a->inputs, cfg, &inputs, &diag));
+    const dit_forward_inputs *in = dit_input_file_inputs(inputs);
+    DIT_CHECK(dit_runner_create(be, model, mesh, &runner, &diag));
+    ditrun_fault fault;
+    if (ditrun_fault_for_rank(rank, &fault))
+        dit_runner_set_block_callback(runner, ditrun_fault_block, &fault);
+
+    const size_t n_out = (size_t)(in->batch * in->img_tokens * cfg->out_dim);
+    out = malloc((n_out ? n_out : 1) * sizeof *out);
+    if (!out) {
+        st = dit_diag_set(&diag, DIT_ERR_NOMEM, "out of memory");
+        goto cleanup;
+    }
+    double best = INFINITY;
+    for (int r = 0; r < a->repeat; r++) {
+        if (world)
+            DIT_CHECK(world->ops->barrier(world, &diag));
+        double t1 = ditrun_now_ms();
+        DIT_CHECK(dit_runner_forward(runner, in, out, &diag));
+        double dt = ditrun_now_ms() - t1;
+        best = dt < best ? dt : best;
+    }
+    if (rank != 0)
+        goto cleanup;
+
+    dit_tensor host_sample = dit_tensor_3d(out, DIT_F32, in->batch, in->img_tokens, cfg->out_dim);
+    dit_st_write_item item = {.name = "sample", .tensor = &host_sample};
+    DIT_CHECK(dit_st_write(a->output, &item, 1, &diag));
+    if (speak) {
+        double gflop = dit_flux_forward_flops(cfg, in->batch, in->txt_tokens, in->img_tokens) / 1e9;
+        dit_runner_stats rs = dit_runner_get_stats(runner);
+        printf("model: %s (%d double + %d single blocks, %d heads x %d, %.1f MiB of weights%s, "
+               "loaded in %.0f ms)\n",
+               a->model, cfg->num_layers, cfg->num_single_layers, cfg->num_attention_heads,
+               cfg->attention_head_dim, (double)dit_flux_weight_bytes(model) / 1048576.0,
+               multi ? " on rank 0" : "", t_load);
+        if (multi)
+            printf("mesh: %d ranks = ring %d x ulysses %d x tp %d%s; rank 0 sent %.3f MiB "
+                   "(attention) + %.3f MiB (output gather), all-reduced %.3f MiB per forward\n",
+                   a->pc.world_size, a->pc.ring_degree, a->pc.ulysses_degree, a->pc.tp_degree,
+                   a->pc.ulysses_anything   ? ", ulysses_anything"
+                   : a->pc.ring_anything    ? ", ring_anything"
+                   : a->pc.unified_anything ? ", unified_anything"
+                                            : "",
+                   (double)rs.attention_bytes_sent / 1048576.0 / a->repeat,
+                   (double)rs.gather_bytes / 1048576.0 / a->repeat,
+                   (double)rs.tp_bytes_reduced / 1048576.0 / a->repeat);
+        printf("forward: batch %lld, %lld text + %lld image tokens, %s backend: %.2f ms "
+               "(%.3f GFLOP, %.1f GFLOP/s)%s\n",
+               (long long)in->batch, (long long)in->txt_tokens, (long long)in->img_tokens,
+               be->ops->name, best, gflop, gflop / (best / 1e3),
+               a->repeat > 1 ? ", best of repeats" : "");
+        printf("activation memory: %.2f MiB%s\n", (double)rs.activation_bytes / 1048576.0,
+               multi ? " on rank 0" : "");
+        printf("wrote %s: sample (%lld, %lld, %d) f32\n", a->output, (long long)in->batch,
+               (long long)in->img_tokens, cfg->out_dim);
+        print_stats("sample", out, n_out);
+    }
+    if (a->compare)
+        DIT_CHECK(compare_sample(a->compare, out, &host_sample, &diag));
+
+cleanup:
+    if (st != DIT_OK) {
+        if (multi)
+            fprintf(stderr, "ditrun forward: rank %d: %s\n", rank, dit_diag_msg(&diag));
+        else
+            fprintf(stderr, "ditrun forward: %s\n", dit_diag_msg(&diag));
+        if (world)
+            world->ops->abort(world);
+    }
+    free(out);
+    dit_input_file_free(inputs);
+    dit_runner_destroy(runner);
+    dit_flux_destroy(model);
+    dit_backend_destroy(be);
+    dit_mesh_destroy(mesh);
+    dit_comm_destroy(world);
+    return st == DIT_OK ? 0 : 1;
+}
