@@ -13,7 +13,11 @@ packages=(
   libutf8proc-dev                              # Unicode classes and normalization (tokenizers)
   protobuf-c-compiler libprotobuf-c-dev        # protoc-c and the protobuf-c runtime (API, IPC)
   protobuf-compiler libprotobuf-dev            # protoc (descriptor set) and the well-known protos
+  libgrpc-dev                                  # gRPC C core: ditd's server, ditctl's client
+  libuv1-dev                                   # ditd's event loop, worker processes, IPC
   check                                        # unit-test framework
+  openssl                                      # test certificates for the TLS tests
+  python3-grpcio python3-protobuf              # the Python interop client of the e2e tests
 )
 
 missing=()

@@ -9,14 +9,17 @@ cd "$(dirname "$0")/.."
 
 cuda=${DIT_CUDA:-auto}
 builddir=build
-opts=(-Dcuda="$cuda")
+# The daemon's end-to-end tests need a python3 with grpcio and protobuf
+# (deploy/install-deps.sh installs them); DIT_E2E=auto skips them without.
+opts=(-Dcuda="$cuda" -De2e="${DIT_E2E:-enabled}")
 if [ "${1:-}" = "--sanitize" ]; then
   builddir=build-asan
   opts+=(-Db_sanitize=address,undefined -Dbuildtype=debugoptimized)
 fi
 
 if [ -f "$builddir/build.ninja" ]; then
-  meson configure "$builddir" "${opts[@]}" >/dev/null
+  # --reconfigure also picks up options added since the folder was made.
+  meson setup --reconfigure "$builddir" "${opts[@]}" >/dev/null
 else
   meson setup "$builddir" "${opts[@]}"
 fi

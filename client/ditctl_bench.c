@@ -1,0 +1,358 @@
+/* ditctl bench: N Generate calls with at most C in flight, one thread per
+ * slot sharing one dit_client (the client is thread-safe; all calls travel on
+ * one HTTP/2 connection, as a real front end's would).
+ *
+ * It answers two questions: how fast is the service as a whole (latency
+ * percentiles, throughput), and what does the daemon add on top of the
+ * worker's compute. The Result's timings say how long the worker computed
+ * (tokenize + text encoders + denoising + VAE + encoding); whatever the
+ * client waited beyond that is the daemon's overhead: queueing, IPC, the
+ * gRPC stream, scheduling. */
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ditctl.h"
+
+static const char bench_usage[] =
+    "usage: ditctl bench -n N -c C --prompt TEXT [request options] [--quiet]\n"
+    "                    [connection options]\n"
+    "\n"
+    "Sends N Generate requests, at most C in flight at once (C threads sharing one\n"
+    "connection), each with the same request options, and prints:\n"
+    "  - latency (client-observed, call start to final status) of the OK requests:\n"
+    "    mean, p50, p90, p99, min, max in ms; throughput in requests/s;\n"
+    "  - the count of requests per final status (OK, RESOURCE_EXHAUSTED, ...);\n"
+    "  - the mean server-side timings from Result.timings (queue, tokenize,\n"
+    "    text_encode, denoise, vae, encode, total);\n"
+    "  - worker compute = tokenize + text_encode + denoise + vae + encode, and the\n"
+    "    daemon overhead = latency - worker compute (mean and p50), also without the\n"
+    "    queue wait and outside the server (latency - server total).\n"
+    "The images are received and dropped. With --request-id ID the requests are\n"
+    "named ID-0, ID-1, ...; with --seed every request uses that seed.\n"
+    "\n"
+    "  -n, --requests N     requests to send (default 10)\n"
+    "  -c, --concurrency C  most requests in flight at once, 1 to 1024 (default 1)\n"
+    "  --quiet, -q          no progress line on stderr\n"
+    "\n"
+    "%s"
+    "\n"
+    "%s"
+    "\n"
+    "Exit status: 0 when every request ended OK; 1 when any failed or the run was\n"
+    "interrupted (the report is printed either way); 2 on bad command-line arguments.\n";
+
+typedef struct bench_args {
+    ctl_request r;
+    long n, c;
+    bool quiet;
+} bench_args;
+
+static int bench_opt(void *ctx, int c, const char *arg)
+{
+    bench_args *a = ctx;
+    switch (c) {
+    case 'n':
+        if (!ctl_parse_long(arg, 1, 10000000, &a->n))
+            return ctl_usage_error("bench", "-n wants a number of requests from 1, not '%s'", arg);
+        return 0;
+    case 'c':
+        if (!ctl_parse_long(arg, 1, 1024, &a->c))
+            return ctl_usage_error("bench", "-c wants a concurrency from 1 to 1024, not '%s'", arg);
+        return 0;
+    case 'q':
+        a->quiet = true;
+        return 0;
+    default:
+        return -1;
+    }
+}
+
+typedef struct rec {
+    int code; /* -1: not sent (interrupted) */
+    double latency_ms;
+    bool has_timings;
+    Ditserve__V1__Timings t; /* plain values copied out of the Result */
+} rec;
+
+typedef struct bench {
+    dit_client *client;
+    const bench_args *a;
+    rec *recs;
+    atomic_int next;
+    atomic_int done;
+    atomic_int threads_left;
+    pthread_mutex_t mu;
+    double end_s;                          /* when the last request ended (under mu) */
+    char example[DIT_RPC_CODE_COUNT][200]; /* the first details per failing status */
+} bench;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void *bench_thread(void *arg)
+{
+    bench *b = arg;
+    dit_call_opts co = {.cancel = &ctl_interrupted};
+    const char *base_id = b->a->r.req.request_id;
+    for (;;) {
+        if (atomic_load(&ctl_interrupted))
+            break;
+        int i = atomic_fetch_add(&b->next, 1);
+        if (i >= b->a->n)
+            break;
+        /* A shallow copy: the strings and wrappers are shared read-only. */
+        Ditserve__V1__GenerateRequest req = b->a->r.req;
+        char rid[256];
+        if (base_id && base_id[0]) {
+            snprintf(rid, sizeof rid, "%s-%d", base_id, i);
+            req.request_id = rid;
+        }
+        dit_gen_output out;
+        dit_rpc_status st;
+        dit_rpc_code code = dit_client_generate(b->client, &req, NULL, &co, &out, &st);
+        rec *r = &b->recs[i];
+        r->code = code;
+        r->latency_ms = out.latency_ms;
+        if (out.result && out.result->timings) {
+            r->has_timings = true;
+            r->t = *out.result->timings;
+        }
+        if (code != DIT_RPC_OK) {
+            pthread_mutex_lock(&b->mu);
+            if (!b->example[code][0])
+                snprintf(b->example[code], sizeof b->example[code], "%.199s",
+                         st.details[0] ? st.details : "(no details)");
+            pthread_mutex_unlock(&b->mu);
+        }
+        dit_gen_output_free(&out);
+        /* The wall time ends with the last request, not when the main
+         * thread next looks. */
+        pthread_mutex_lock(&b->mu);
+        double t = now_s();
+        if (t > b->end_s)
+            b->end_s = t;
+        pthread_mutex_unlock(&b->mu);
+        atomic_fetch_add(&b->done, 1);
+    }
+    atomic_fetch_sub(&b->threads_left, 1);
+    return NULL;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Nearest-rank percentile of sorted v[0..n). */
+static double pct(const double *v, size_t n, double p)
+{
+    size_t k = (size_t)ceil(p / 100.0 * (double)n);
+    return v[k ? k - 1 : 0];
+}
+
+typedef struct summary {
+    double mean, p50, p90, p99, min, max;
+} summary;
+
+/* Sorts v in place. */
+static summary summarize(double *v, size_t n)
+{
+    summary s = {0};
+    if (n == 0)
+        return s;
+    qsort(v, n, sizeof *v, cmp_double);
+    double sum = 0;
+    for (size_t i = 0; i < n; i++)
+        sum += v[i];
+    s.mean = sum / (double)n;
+    s.p50 = pct(v, n, 50);
+    s.p90 = pct(v, n, 90);
+    s.p99 = pct(v, n, 99);
+    s.min = v[0];
+    s.max = v[n - 1];
+    return s;
+}
+
+static double compute_ms(const Ditserve__V1__Timings *t)
+{
+    return t->tokenize_ms + t->text_encode_ms + t->denoise_ms + t->vae_ms + t->encode_ms;
+}
+
+static void report(const bench *b, double wall_s)
+{
+    const long n = b->a->n;
+    size_t sent = 0, ok = 0, timed = 0;
+    int counts[DIT_RPC_CODE_COUNT] = {0};
+    for (long i = 0; i < n; i++) {
+        if (b->recs[i].code < 0)
+            continue;
+        sent++;
+        counts[b->recs[i].code]++;
+        if (b->recs[i].code == DIT_RPC_OK) {
+            ok++;
+            if (b->recs[i].has_timings)
+                timed++;
+        }
+    }
+    printf("requests: %zu sent of %ld, concurrency %ld, wall %.3f s%s\n", sent, n, b->a->c, wall_s,
+           atomic_load(&ctl_interrupted) ? " (interrupted)" : "");
+    printf("throughput: %.3f requests/s (%.3f OK/s)\n", wall_s > 0 ? (double)sent / wall_s : 0,
+           wall_s > 0 ? (double)ok / wall_s : 0);
+    printf("status:");
+    bool first = true;
+    for (int c = 0; c < DIT_RPC_CODE_COUNT; c++) {
+        if (counts[c]) {
+            printf("%s %s %d", first ? "" : ",", dit_rpc_code_name(c), counts[c]);
+            first = false;
+        }
+    }
+    printf("%s\n", first ? " none" : "");
+    for (int c = 1; c < DIT_RPC_CODE_COUNT; c++)
+        if (counts[c])
+            printf("  %s, e.g.: %s\n", dit_rpc_code_name(c), b->example[c]);
+    if (ok == 0) {
+        printf("latency: no request ended OK\n");
+        return;
+    }
+
+    double *lat = malloc(ok * sizeof *lat);
+    double *comp = malloc((timed ? timed : 1) * sizeof *comp);
+    double *over = malloc((timed ? timed : 1) * sizeof *over);
+    double *over_nq = malloc((timed ? timed : 1) * sizeof *over_nq);
+    double *outside = malloc((timed ? timed : 1) * sizeof *outside);
+    if (!lat || !comp || !over || !over_nq || !outside) {
+        fprintf(stderr, "ditctl: out of memory\n");
+        goto cleanup;
+    }
+    Ditserve__V1__Timings sum = DITSERVE__V1__TIMINGS__INIT;
+    size_t k = 0, j = 0;
+    for (long i = 0; i < n; i++) {
+        const rec *r = &b->recs[i];
+        if (r->code != DIT_RPC_OK)
+            continue;
+        lat[k++] = r->latency_ms;
+        if (!r->has_timings)
+            continue;
+        const Ditserve__V1__Timings *t = &r->t;
+        sum.queue_ms += t->queue_ms;
+        sum.tokenize_ms += t->tokenize_ms;
+        sum.text_encode_ms += t->text_encode_ms;
+        sum.denoise_ms += t->denoise_ms;
+        sum.vae_ms += t->vae_ms;
+        sum.encode_ms += t->encode_ms;
+        sum.total_ms += t->total_ms;
+        comp[j] = compute_ms(t);
+        over[j] = r->latency_ms - comp[j];
+        over_nq[j] = over[j] - t->queue_ms;
+        outside[j] = r->latency_ms - t->total_ms;
+        j++;
+    }
+    summary ls = summarize(lat, ok);
+    printf("latency ms (OK requests): mean %.1f  p50 %.1f  p90 %.1f  p99 %.1f  min %.1f  "
+           "max %.1f\n",
+           ls.mean, ls.p50, ls.p90, ls.p99, ls.min, ls.max);
+    if (timed == 0) {
+        printf("server timings: none reported\n");
+        goto cleanup;
+    }
+    const double dn = (double)timed;
+    printf("server ms (mean of %zu): queue %.1f  tokenize %.1f  text_encode %.1f  denoise %.1f  "
+           "vae %.1f  encode %.1f  total %.1f\n",
+           timed, sum.queue_ms / dn, sum.tokenize_ms / dn, sum.text_encode_ms / dn,
+           sum.denoise_ms / dn, sum.vae_ms / dn, sum.encode_ms / dn, sum.total_ms / dn);
+    summary cs = summarize(comp, timed), os = summarize(over, timed),
+            qs = summarize(over_nq, timed), xs = summarize(outside, timed);
+    printf("worker compute ms (tokenize+text_encode+denoise+vae+encode): mean %.1f  p50 %.1f\n",
+           cs.mean, cs.p50);
+    printf("daemon overhead ms (latency - worker compute): mean %.1f  p50 %.1f\n", os.mean, os.p50);
+    printf("  without the queue wait (latency - compute - queue): mean %.1f  p50 %.1f\n", qs.mean,
+           qs.p50);
+    printf("  outside the server (latency - server total): mean %.1f  p50 %.1f\n", xs.mean, xs.p50);
+cleanup:
+    free(lat);
+    free(comp);
+    free(over);
+    free(over_nq);
+    free(outside);
+}
+
+int ctl_bench(int argc, char **argv, ctl_common *common)
+{
+    static const struct option opts[] = {
+        {"requests", required_argument, NULL, 'n'},
+        {"concurrency", required_argument, NULL, 'c'},
+        {"quiet", no_argument, NULL, 'q'},
+        {NULL, 0, NULL, 0},
+    };
+    bench_args a;
+    memset(&a, 0, sizeof a);
+    ctl_request_init(&a.r);
+    a.n = 10;
+    a.c = 1;
+    int rc =
+        ctl_parse(argc, argv, "bench", bench_usage, opts, "n:c:q", bench_opt, &a, common, &a.r);
+    if (rc)
+        return rc == CTL_HELP_SHOWN ? 0 : rc;
+
+    bench b;
+    memset(&b, 0, sizeof b);
+    b.a = &a;
+    pthread_mutex_init(&b.mu, NULL);
+    const long nthreads = a.c < a.n ? a.c : a.n;
+    pthread_t *th = calloc((size_t)nthreads, sizeof *th);
+    b.recs = calloc((size_t)a.n, sizeof *b.recs);
+    if (!th || !b.recs) {
+        fprintf(stderr, "ditctl: out of memory\n");
+        rc = CTL_EXIT_FAIL;
+        goto cleanup;
+    }
+    for (long i = 0; i < a.n; i++)
+        b.recs[i].code = -1;
+    if ((rc = ctl_open(common, 0, &b.client)))
+        goto cleanup;
+
+    const bool show = !a.quiet && isatty(STDERR_FILENO);
+    const double t0 = now_s();
+    b.end_s = t0;
+    long started = 0;
+    atomic_store(&b.threads_left, (int)nthreads);
+    for (; started < nthreads; started++) {
+        if (pthread_create(&th[started], NULL, bench_thread, &b) != 0) {
+            atomic_fetch_sub(&b.threads_left, (int)(nthreads - started));
+            fprintf(stderr, "ditctl: could start only %ld threads\n", started);
+            break;
+        }
+    }
+    while (show && atomic_load(&b.threads_left) > 0) {
+        fprintf(stderr, "\r\033[Kbench: %d/%ld done, %.1f s", atomic_load(&b.done), a.n,
+                now_s() - t0);
+        fflush(stderr);
+        usleep(200 * 1000);
+    }
+    for (long i = 0; i < started; i++)
+        pthread_join(th[i], NULL);
+    const double wall = b.end_s - t0;
+    if (show)
+        fputs("\r\033[K", stderr);
+    report(&b, wall);
+    rc = CTL_EXIT_OK;
+    for (long i = 0; i < a.n; i++)
+        if (b.recs[i].code != DIT_RPC_OK)
+            rc = CTL_EXIT_FAIL;
+cleanup:
+    dit_client_close(b.client);
+    pthread_mutex_destroy(&b.mu);
+    free(b.recs);
+    free(th);
+    return rc;
+}

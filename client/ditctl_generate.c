@@ -1,0 +1,231 @@
+/* ditctl generate: one Generate call with a live view of its events, then
+ * the image written to a file (PNG, or the raw tensor as safetensors) and the
+ * server's timings printed. */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "ditctl.h"
+#include "ditctl_output.h"
+
+static const char generate_usage[] =
+    "usage: ditctl generate --prompt TEXT -o OUT [request options] [--quiet]\n"
+    "                       [connection options]\n"
+    "\n"
+    "Sends one Generate request and follows its events: the queue position, the start,\n"
+    "one progress update per denoising step, the image in chunks, and the final Result.\n"
+    "Then writes the image and prints the request id, seed, size, the server's timings\n"
+    "and the latency seen here.\n"
+    "\n"
+    "  --output FILE, -o FILE  where to write the PNG; with --raw, a safetensors file\n"
+    "                       holding the tensor 'image' (3, H, W) in the dtype the daemon\n"
+    "                       sent (f32)\n"
+    "  --quiet, -q          print nothing but errors (no progress, no summary)\n"
+    "\n"
+    "Progress goes to stderr: a bar when stderr is a terminal, otherwise a line for\n"
+    "the queue, the start and every tenth of the steps. Ctrl-C cancels the request.\n"
+    "\n"
+    "%s"
+    "\n"
+    "%s"
+    "\n"
+    "Exit status: 0 on success; 1 on a gRPC error (printed as 'ditctl: STATUS: details',\n"
+    "e.g. INVALID_ARGUMENT for a bad size, UNAVAILABLE when no daemon listens) or when\n"
+    "the output cannot be written; 2 on bad command-line arguments.\n";
+
+typedef struct gen_args {
+    ctl_request r;
+    const char *output;
+    bool quiet;
+} gen_args;
+
+static int gen_opt(void *ctx, int c, const char *arg)
+{
+    gen_args *a = ctx;
+    switch (c) {
+    case 'o':
+        if (arg[0] == '\0')
+            return ctl_usage_error("generate", "%s", "--output is empty");
+        a->output = arg;
+        return 0;
+    case 'q':
+        a->quiet = true;
+        return 0;
+    default:
+        return -1;
+    }
+}
+
+/* The live view on stderr. */
+typedef struct view {
+    bool show; /* anything at all */
+    bool tty;  /* redraw one line in place */
+    bool line_open;
+    int last_tenth;
+    int last_position;
+} view;
+
+static void view_line(view *v, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void view_line(view *v, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    if (v->tty) {
+        fputs("\r\033[K", stderr);
+        vfprintf(stderr, fmt, ap);
+        v->line_open = true;
+    } else {
+        vfprintf(stderr, fmt, ap);
+        fputc('\n', stderr);
+    }
+    va_end(ap);
+    fflush(stderr);
+}
+
+static void view_close(view *v)
+{
+    if (v->line_open) {
+        fputc('\n', stderr);
+        v->line_open = false;
+    }
+}
+
+static int on_queued(void *user, const char *rid, int position, int depth)
+{
+    view *v = user;
+    (void)rid;
+    if (v->show && position != v->last_position)
+        view_line(v, "queued: %d ahead (queue depth %d)", position, depth);
+    v->last_position = position;
+    return 0;
+}
+
+static int on_started(void *user, const char *rid, double queue_ms)
+{
+    view *v = user;
+    (void)rid;
+    if (v->show)
+        view_line(v, "started after %.1f ms in the queue", queue_ms);
+    return 0;
+}
+
+static int on_progress(void *user, const char *rid, int step, int total, double elapsed_ms)
+{
+    view *v = user;
+    (void)rid;
+    if (!v->show || total <= 0)
+        return 0;
+    if (v->tty) {
+        enum { WIDTH = 30 };
+        char bar[WIDTH + 1];
+        int fill = (int)((long)step * WIDTH / total);
+        for (int i = 0; i < WIDTH; i++)
+            bar[i] = i < fill ? '#' : '.';
+        bar[WIDTH] = '\0';
+        view_line(v, "[%s] step %d/%d  %.1f s", bar, step, total, elapsed_ms / 1e3);
+    } else {
+        int tenth = (int)((long)step * 10 / total);
+        if (tenth > v->last_tenth || step == total) {
+            view_line(v, "step %d/%d  %.1f s", step, total, elapsed_ms / 1e3);
+            v->last_tenth = tenth;
+        }
+    }
+    return 0;
+}
+
+static int on_result(void *user, const char *rid, const Ditserve__V1__Result *res,
+                     const uint8_t *data, size_t size)
+{
+    view *v = user;
+    (void)rid;
+    (void)res;
+    (void)data;
+    (void)size;
+    view_close(v);
+    return 0;
+}
+
+int ctl_generate(int argc, char **argv, ctl_common *common)
+{
+    static const struct option opts[] = {
+        {"output", required_argument, NULL, 'o'},
+        {"quiet", no_argument, NULL, 'q'},
+        {NULL, 0, NULL, 0},
+    };
+    gen_args a;
+    memset(&a, 0, sizeof a);
+    ctl_request_init(&a.r);
+    int rc =
+        ctl_parse(argc, argv, "generate", generate_usage, opts, "o:q", gen_opt, &a, common, &a.r);
+    if (rc)
+        return rc == CTL_HELP_SHOWN ? 0 : rc;
+    if (!a.output)
+        return ctl_usage_error("generate", "%s", "--output (-o) is required");
+
+    dit_client *c;
+    if ((rc = ctl_open(common, 0, &c)))
+        return rc;
+    view v = {.show = !a.quiet, .tty = isatty(STDERR_FILENO) != 0, .last_position = -1};
+    dit_gen_callbacks cb = {
+        .user = &v,
+        .queued = on_queued,
+        .started = on_started,
+        .progress = on_progress,
+        .result = on_result,
+    };
+    dit_call_opts co = {.cancel = &ctl_interrupted};
+    dit_gen_output out;
+    dit_rpc_status st;
+    dit_rpc_code code = dit_client_generate(c, &a.r.req, &cb, &co, &out, &st);
+    view_close(&v);
+    if (code != DIT_RPC_OK) {
+        rc = ctl_rpc_error(&st);
+        goto cleanup;
+    }
+    const Ditserve__V1__Result *res = out.result;
+    const bool got_raw = res->format == DITSERVE__V1__OUTPUT_FORMAT__OUTPUT_FORMAT_RAW_TENSOR;
+    if (got_raw != a.r.raw) {
+        fprintf(stderr, "ditctl: the daemon sent %s although %s was asked for\n",
+                got_raw ? "a raw tensor" : "a PNG", a.r.raw ? "a raw tensor" : "a PNG");
+        rc = CTL_EXIT_FAIL;
+        goto cleanup;
+    }
+    char err[512];
+    size_t written;
+    if ((got_raw ? ctl_write_raw(a.output, res, out.request_id, out.data, out.size, &written, err,
+                                 sizeof err)
+                 : ctl_write_file(a.output, out.data, out.size, err, sizeof err)) != 0) {
+        fprintf(stderr, "ditctl: %s\n", err);
+        rc = CTL_EXIT_FAIL;
+        goto cleanup;
+    }
+    if (!got_raw)
+        written = out.size;
+    if (!a.quiet) {
+        printf("wrote %s (%zu bytes, %s)\n", a.output, written,
+               got_raw ? "safetensors, tensor 'image'" : "PNG");
+        printf("request: %s\n", out.request_id ? out.request_id : "");
+        printf("seed: %llu\n", (unsigned long long)res->seed);
+        printf("size: %dx%d\n", res->width, res->height);
+        if (res->timings) {
+            const Ditserve__V1__Timings *t = res->timings;
+            printf("time: queue %.1f ms, tokenize %.1f ms, text encoders %.1f ms, denoising "
+                   "%.1f ms (%.1f to %.1f ms per step), VAE decode %.1f ms, %s %.1f ms, "
+                   "server total %.1f ms\n",
+                   t->queue_ms, t->tokenize_ms, t->text_encode_ms, t->denoise_ms, t->step_ms_min,
+                   t->step_ms_max, t->vae_ms, got_raw ? "encode" : "PNG", t->encode_ms,
+                   t->total_ms);
+        }
+        printf("latency: %.1f ms (client, end to end)\n", out.latency_ms);
+        if (res->prompt_truncated)
+            printf("note: the prompt was truncated to the tokenizers' limit\n");
+    }
+cleanup:
+    dit_gen_output_free(&out);
+    dit_client_close(c);
+    return rc;
+}

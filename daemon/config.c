@@ -1,0 +1,267 @@
+#include "config.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+typedef enum opt_kind { OPT_STR, OPT_INT, OPT_SECONDS, OPT_FLAG, OPT_BYTES } opt_kind;
+
+typedef struct opt_def {
+    const char *flag;  /* long option name */
+    const char *env;   /* DITD_* variable */
+    opt_kind kind;
+    const char *arg;   /* metavariable in --help */
+    const char *help;
+    size_t offset;     /* into the parse state */
+    long long lo, hi;  /* integer range */
+} opt_def;
+
+/* Raw values before interpretation; strings point into argv or environ. */
+typedef struct raw {
+    const char *model, *model_name, *listen, *backend, *worker, *warmup, *log_level;
+    long long world, ring, ulysses, tp, max_queue, threads, max_message, conn_age, chunk, max_pixels;
+    double drain, comm_timeout, job_timeout, startup_timeout;
+    long long uany, rany, unany, nofp32, log_json;
+} raw;
+
+#define OFF(f) offsetof(raw, f)
+
+static const opt_def defs[] = {
+    {"model", "DITD_MODEL", OPT_STR, "DIR", "diffusers FluxPipeline folder to serve (required)",
+     OFF(model), 0, 0},
+    {"model-name", "DITD_MODEL_NAME", OPT_STR, "NAME",
+     "name clients ask for (default: the folder's name)", OFF(model_name), 0, 0},
+    {"listen", "DITD_LISTEN", OPT_STR, "HOST:PORT",
+     "gRPC address (default 0.0.0.0:50051; port 0 picks a free port)", OFF(listen), 0, 0},
+    {"backend", "DITD_BACKEND", OPT_STR, "cpu|cuda", "compute backend (default cpu)", OFF(backend), 0, 0},
+    {"world-size", "DITD_WORLD_SIZE", OPT_INT, "N",
+     "worker processes in the mesh (default R x U x T, else 1)",
+     OFF(world), 1, 64},
+    {"ring", "DITD_RING", OPT_INT, "R", "ring_degree (context parallelism)", OFF(ring), 1, 64},
+    {"ulysses", "DITD_ULYSSES", OPT_INT, "U", "ulysses_degree (context parallelism)", OFF(ulysses), 1, 64},
+    {"tp", "DITD_TP", OPT_INT, "T", "tp_degree (tensor parallelism); R x U x T = N", OFF(tp), 1, 64},
+    {"ulysses-anything", "DITD_ULYSSES_ANYTHING", OPT_FLAG, NULL,
+     "uneven sequence chunks and heads with Ulysses", OFF(uany), 0, 0},
+    {"ring-anything", "DITD_RING_ANYTHING", OPT_FLAG, NULL, "uneven sequence chunks with ring",
+     OFF(rany), 0, 0},
+    {"unified-anything", "DITD_UNIFIED_ANYTHING", OPT_FLAG, NULL,
+     "uneven chunks and heads with ring x Ulysses", OFF(unany), 0, 0},
+    {"no-fp32-merge", "DITD_NO_FP32_MERGE", OPT_FLAG, NULL,
+     "merge ring partials in the activation dtype", OFF(nofp32), 0, 0},
+    {"max-queue", "DITD_MAX_QUEUE", OPT_INT, "N",
+     "requests that may wait; more get RESOURCE_EXHAUSTED (default 16)", OFF(max_queue), 0, 100000},
+    {"drain-timeout", "DITD_DRAIN_TIMEOUT", OPT_SECONDS, "SECONDS",
+     "on SIGTERM, time for accepted requests to finish (default 30)", OFF(drain), 0, 0},
+    {"threads", "DITD_THREADS", OPT_INT, "N", "cpu threads per worker (default cores / N)",
+     OFF(threads), 0, 4096},
+    {"comm-timeout", "DITD_COMM_TIMEOUT", OPT_SECONDS, "SECONDS",
+     "how long a rank waits for its peers (default 60)", OFF(comm_timeout), 0, 0},
+    {"job-timeout", "DITD_JOB_TIMEOUT", OPT_SECONDS, "SECONDS",
+     "a job with no progress for this long counts as stalled (default 300)", OFF(job_timeout), 0, 0},
+    {"startup-timeout", "DITD_STARTUP_TIMEOUT", OPT_SECONDS, "SECONDS",
+     "workers must load the model within this (default 600)", OFF(startup_timeout), 0, 0},
+    {"worker", "DITD_WORKER", OPT_STR, "PATH",
+     "the ditworker binary (default: next to ditd, then the build tree)", OFF(worker), 0, 0},
+    {"max-message-bytes", "DITD_MAX_MESSAGE_BYTES", OPT_BYTES, "BYTES",
+     "largest request accepted (default 67108864)", OFF(max_message), 1024, (long long)INT_MAX},
+    {"max-connection-age", "DITD_MAX_CONNECTION_AGE", OPT_INT, "SECONDS",
+     "close client connections after this long, so load balancers rebalance (default: never)",
+     OFF(conn_age), 0, 1000000000},
+    {"chunk-bytes", "DITD_CHUNK_BYTES", OPT_BYTES, "BYTES",
+     "image bytes per ResultChunk message (default 1048576)", OFF(chunk), 1024, 1 << 30},
+    {"max-pixels", "DITD_MAX_PIXELS", OPT_INT, "N",
+     "largest width x height a request may ask for (default 4194304, 2048x2048)", OFF(max_pixels),
+     256, 268435456},
+    {"warmup", "DITD_WARMUP", OPT_STR, "WxH:STEPS",
+     "run one generation of this shape before serving", OFF(warmup), 0, 0},
+    {"log-level", "DITD_LOG_LEVEL", OPT_STR, "LEVEL", "debug, info, warn or error (default info)",
+     OFF(log_level), 0, 0},
+    {"log-json", "DITD_LOG_JSON", OPT_FLAG, NULL, "log lines as JSON objects", OFF(log_json), 0, 0},
+};
+
+enum { N_DEFS = sizeof defs / sizeof defs[0] };
+
+static void print_help(void)
+{
+    printf("usage: ditd --model DIR [options]\n"
+           "\n"
+           "Serves text-to-image generation with a diffusers FluxPipeline over gRPC\n"
+           "(ditserve.v1.Generation, grpc.health.v1.Health, server reflection), running the\n"
+           "model on a mesh of ditworker processes.\n"
+           "\n"
+           "Options (each also read from the environment variable shown; flags win):\n");
+    for (int i = 0; i < N_DEFS; i++) {
+        char left[64];
+        snprintf(left, sizeof left, "--%s%s%s", defs[i].flag, defs[i].arg ? " " : "",
+                 defs[i].arg ? defs[i].arg : "");
+        printf("  %-30s %s\n  %-30s [%s]\n", left, defs[i].help, "", defs[i].env);
+    }
+    printf("  %-30s %s\n  %-30s %s\n", "--help", "show this help", "--version", "print the version");
+    printf("\nSignals: SIGTERM or SIGINT drains (health NOT_SERVING, no new requests,\n"
+           "accepted ones finish within --drain-timeout, then exit 0); a second signal\n"
+           "exits at once.\n");
+}
+
+static int set_value(raw *r, const opt_def *d, const char *val, const char *origin)
+{
+    char *p = (char *)r + d->offset;
+    char *end;
+    switch (d->kind) {
+    case OPT_STR:
+        *(const char **)p = val;
+        return 0;
+    case OPT_FLAG:
+        if (!val || strcmp(val, "1") == 0 || strcmp(val, "true") == 0 || strcmp(val, "yes") == 0) {
+            *(long long *)p = 1;
+            return 0;
+        }
+        if (strcmp(val, "0") == 0 || strcmp(val, "false") == 0 || strcmp(val, "no") == 0 ||
+            strcmp(val, "") == 0) {
+            *(long long *)p = 0;
+            return 0;
+        }
+        fprintf(stderr, "ditd: %s wants 1/0, true/false or yes/no, not '%s'\n", origin, val);
+        return 2;
+    case OPT_INT:
+    case OPT_BYTES: {
+        errno = 0;
+        long long v = strtoll(val, &end, 10);
+        if (errno || *val == '\0' || *end != '\0' || v < d->lo || v > d->hi) {
+            fprintf(stderr, "ditd: %s wants an integer from %lld to %lld, not '%s'\n", origin,
+                    d->lo, d->hi, val);
+            return 2;
+        }
+        *(long long *)p = v;
+        return 0;
+    }
+    case OPT_SECONDS: {
+        errno = 0;
+        double v = strtod(val, &end);
+        if (errno || *val == '\0' || *end != '\0' || !(v > 0) || v > 1e7) {
+            fprintf(stderr, "ditd: %s wants a positive number of seconds, not '%s'\n", origin, val);
+            return 2;
+        }
+        *(double *)p = v;
+        return 0;
+    }
+    }
+    return 2;
+}
+
+static const char *basename_of(const char *path)
+{
+    size_t n = strlen(path);
+    while (n > 1 && path[n - 1] == '/')
+        n--;
+    const char *s = path + n;
+    while (s > path && s[-1] != '/')
+        s--;
+    return s;
+}
+
+int dit_daemon_config_parse(dit_daemon_config *cfg, int argc, char **argv)
+{
+    raw r;
+    memset(&r, 0, sizeof r);
+    r.ring = r.ulysses = r.tp = 1; /* world 0: their product */
+    r.max_queue = 16;
+    r.max_message = 64ll << 20;
+    r.chunk = 1 << 20;
+    r.max_pixels = 2048 * 2048;
+    r.drain = 30;
+    r.comm_timeout = 60;
+    r.job_timeout = 300;
+    r.startup_timeout = 600;
+    int rc;
+    for (int i = 0; i < N_DEFS; i++) {
+        const char *v = getenv(defs[i].env);
+        if (v && (rc = set_value(&r, &defs[i], v, defs[i].env)) != 0)
+            return rc;
+    }
+    struct option opts[N_DEFS + 3];
+    for (int i = 0; i < N_DEFS; i++)
+        opts[i] = (struct option){defs[i].flag, defs[i].kind == OPT_FLAG ? no_argument : required_argument,
+                                  NULL, 1000 + i};
+    opts[N_DEFS] = (struct option){"help", no_argument, NULL, 'h'};
+    opts[N_DEFS + 1] = (struct option){"version", no_argument, NULL, 'V'};
+    opts[N_DEFS + 2] = (struct option){NULL, 0, NULL, 0};
+    int c;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+        if (c == 'h') {
+            print_help();
+            return 1;
+        }
+        if (c == 'V') {
+            printf("ditd %s\n", DIT_VERSION);
+            return 1;
+        }
+        if (c == ':') {
+            fprintf(stderr, "ditd: option %s needs a value (see --help)\n", argv[optind - 1]);
+            return 2;
+        }
+        if (c < 1000 || c >= 1000 + N_DEFS) {
+            fprintf(stderr, "ditd: unknown option '%s' (see --help)\n", argv[optind - 1]);
+            return 2;
+        }
+        char origin[80];
+        snprintf(origin, sizeof origin, "--%s", defs[c - 1000].flag);
+        if ((rc = set_value(&r, &defs[c - 1000], optarg, origin)) != 0)
+            return rc;
+    }
+    if (optind < argc) {
+        fprintf(stderr, "ditd: unexpected argument '%s' (see --help)\n", argv[optind]);
+        return 2;
+    }
+    if (!r.model) {
+        fprintf(stderr, "ditd: --model (or DITD_MODEL) is required (see --help)\n");
+        return 2;
+    }
+    memset(cfg, 0, sizeof *cfg);
+    cfg->model = r.model;
+    cfg->model_name = r.model_name ? r.model_name : basename_of(r.model);
+    cfg->listen = r.listen ? r.listen : "0.0.0.0:50051";
+    cfg->backend_name = r.backend ? r.backend : "cpu";
+    if (dit_backend_kind_parse(cfg->backend_name, &cfg->backend) != DIT_OK) {
+        fprintf(stderr, "ditd: unknown backend '%s' (cpu or cuda)\n", cfg->backend_name);
+        return 2;
+    }
+    cfg->pc = dit_parallel_config_single();
+    cfg->pc.world_size = r.world ? (int)r.world : (int)(r.ring * r.ulysses * r.tp);
+    cfg->pc.ring_degree = (int)r.ring;
+    cfg->pc.ulysses_degree = (int)r.ulysses;
+    cfg->pc.tp_degree = (int)r.tp;
+    cfg->pc.ulysses_anything = r.uany != 0;
+    cfg->pc.ring_anything = r.rany != 0;
+    cfg->pc.unified_anything = r.unany != 0;
+    cfg->pc.fp32_merge = r.nofp32 == 0;
+    dit_diag diag;
+    dit_diag_clear(&diag);
+    if (dit_parallel_validate(&cfg->pc, &diag) != DIT_OK) {
+        fprintf(stderr, "ditd: %s\n", dit_diag_msg(&diag));
+        return 2;
+    }
+    cfg->max_queue = (int)r.max_queue;
+    cfg->drain_timeout_s = r.drain;
+    cfg->threads = (int)r.threads;
+    cfg->comm_timeout_s = r.comm_timeout;
+    cfg->worker_path = r.worker;
+    cfg->job_timeout_s = r.job_timeout;
+    cfg->startup_timeout_s = r.startup_timeout;
+    cfg->max_message_bytes = r.max_message;
+    cfg->max_connection_age_s = r.conn_age;
+    cfg->chunk_bytes = r.chunk;
+    cfg->warmup = r.warmup;
+    cfg->max_pixels = r.max_pixels;
+    cfg->log.level = DIT_LOG_INFO;
+    if (r.log_level && !dit_log_level_parse(r.log_level, &cfg->log.level)) {
+        fprintf(stderr, "ditd: log level '%s' is not debug, info, warn or error\n", r.log_level);
+        return 2;
+    }
+    cfg->log.json = r.log_json != 0;
+    return 0;
+}

@@ -1,0 +1,42 @@
+/* ditd's settings: every command-line flag also has a DITD_* environment
+ * variable (flags win), both read through one table so that --help, the
+ * flags and the environment always agree.
+ *
+ * Owner: main; read-only once parsed. */
+#ifndef DIT_DAEMON_CONFIG_H
+#define DIT_DAEMON_CONFIG_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "backend/backend.h"
+#include "log.h"
+#include "parallel/mesh.h"
+
+typedef struct dit_daemon_config {
+    const char *model;      /* pipeline folder */
+    const char *model_name; /* name clients use; default: the folder's name */
+    const char *listen;     /* HOST:PORT; port 0 picks a free one */
+    const char *backend_name;
+    dit_backend_kind backend;
+    dit_parallel_config pc;
+    int max_queue;             /* requests waiting (not running) */
+    double drain_timeout_s;    /* on SIGTERM: time for accepted work to finish */
+    int threads;               /* per worker; 0: cores / world size */
+    double comm_timeout_s;     /* how long a rank waits for its peers */
+    const char *worker_path;   /* the ditworker binary */
+    double job_timeout_s;      /* a job with no progress for this long is a stall */
+    double startup_timeout_s;  /* workers must be ready within this */
+    int64_t max_message_bytes; /* largest request accepted */
+    int64_t max_connection_age_s; /* 0: connections live forever */
+    int64_t chunk_bytes;       /* result bytes per ResultChunk message */
+    const char *warmup;        /* WIDTHxHEIGHT:STEPS run before serving, or NULL */
+    int64_t max_pixels;        /* largest width x height accepted */
+    dit_log log;
+} dit_daemon_config;
+
+/* Fills cfg from the environment and argv. Returns 0 to run, 1 when --help
+ * or --version was printed, 2 on bad usage (message printed). */
+int dit_daemon_config_parse(dit_daemon_config *cfg, int argc, char **argv);
+
+#endif

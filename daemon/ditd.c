@@ -1,0 +1,333 @@
+/* ditd: the ditserve daemon. Parses the settings, checks the model, starts
+ * the worker mesh and the gRPC server on one libuv loop, and drains on
+ * SIGTERM/SIGINT. */
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <grpc/grpc.h>
+#include <uv.h>
+
+#include "config.h"
+#include "log.h"
+#include "parallel/mesh.h"
+#include "pipeline/flux_pipeline.h"
+#include "reflection.h"
+#include "runtime/request.h"
+#include "rpc.h"
+#include "server.h"
+#include "supervisor.h"
+
+extern const uint8_t dit_descriptor_set[];
+extern const size_t dit_descriptor_set_len;
+
+/* Workers get this long to exit after the mesh is told to stop. */
+#define STOP_GRACE_S 5.0
+/* How often the drain checks whether accepted work is done. */
+#define DRAIN_POLL_MS 100
+
+typedef struct daemon_state {
+    uv_loop_t loop;
+    dit_daemon_config cfg;
+    dit_server srv;
+    uv_signal_t sigterm, sigint;
+    uv_timer_t drain_timer;
+    uint64_t drain_started_ms;
+    int signals;
+    bool aborted;   /* the drain timeout passed */
+    bool rpc_closing; /* the gRPC server is shutting down */
+    bool rpc_done;  /* every call ended */
+    bool stopping;  /* the mesh was told to stop */
+    bool mesh_stopped;
+    bool handles_up; /* sigterm, sigint, drain_timer initialised */
+    int exit_code;
+} daemon_state;
+
+/* The ditworker binary: --worker, else next to ditd (installed), else the
+ * build tree's worker folder. */
+static dit_status find_worker(const char *given, char *out, size_t cap, dit_diag *diag)
+{
+    if (given) {
+        if (access(given, X_OK) != 0)
+            return dit_diag_set(diag, DIT_ERR_NOT_FOUND, "--worker %s is not an executable file", given);
+        snprintf(out, cap, "%s", given);
+        return DIT_OK;
+    }
+    char self[PATH_MAX];
+    size_t n = sizeof self;
+    if (uv_exepath(self, &n) != 0)
+        return dit_diag_set(diag, DIT_ERR_NOT_FOUND, "cannot find ditd's own path; pass --worker");
+    char *slash = strrchr(self, '/');
+    if (slash)
+        *slash = '\0';
+    const char *suffixes[] = {"/ditworker", "/../worker/ditworker"};
+    for (size_t i = 0; i < sizeof suffixes / sizeof *suffixes; i++) {
+        const size_t a = strlen(self), b = strlen(suffixes[i]);
+        if (a + b + 1 > cap)
+            continue;
+        memcpy(out, self, a);
+        memcpy(out + a, suffixes[i], b + 1);
+        if (access(out, X_OK) == 0)
+            return DIT_OK;
+    }
+    return dit_diag_set(diag, DIT_ERR_NOT_FOUND,
+                        "no ditworker next to ditd (%s) or in the build tree; pass --worker PATH", self);
+}
+
+/* --warmup WxH:STEPS must name a shape this model and mesh can run. */
+static dit_status check_warmup(const dit_daemon_config *cfg, const dit_pipeline_info *info, dit_diag *diag)
+{
+    int w = 0, h = 0, steps = 0;
+    char tail;
+    if (sscanf(cfg->warmup, "%dx%d:%d%c", &w, &h, &steps, &tail) != 3 || w <= 0 || h <= 0 || steps <= 0)
+        return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
+                            "--warmup wants WIDTHxHEIGHT:STEPS (e.g. 256x256:2), not '%s'", cfg->warmup);
+    Ditserve__V1__GenerateRequest r = DITSERVE__V1__GENERATE_REQUEST__INIT;
+    r.prompt = "warm-up";
+    r.width = w;
+    r.height = h;
+    r.num_inference_steps = steps;
+    dit_status st = dit_request_validate(&r, info, diag);
+    if (st == DIT_OK)
+        st = dit_request_validate_mesh(&r, info, &cfg->pc, diag);
+    if (st != DIT_OK) {
+        char why[DIT_DIAG_MAX];
+        snprintf(why, sizeof why, "%s", dit_diag_msg(diag));
+        return dit_diag_set(diag, st, "--warmup %s: %s", cfg->warmup, why);
+    }
+    return DIT_OK;
+}
+
+/* Once every call has ended and every worker is gone: close what main
+ * owns and let the loop run dry. */
+static void maybe_finish(daemon_state *d)
+{
+    if (!d->mesh_stopped || (d->srv.rpc && !d->rpc_done))
+        return;
+    DIT_LOG(&d->cfg.log, DIT_LOG_INFO, "main", "workers stopped, calls ended; exiting");
+    uv_handle_t *own[] = {(uv_handle_t *)&d->sigterm, (uv_handle_t *)&d->sigint,
+                          (uv_handle_t *)&d->drain_timer};
+    for (size_t i = 0; d->handles_up && i < sizeof own / sizeof *own; i++)
+        if (!uv_is_closing(own[i]))
+            uv_close(own[i], NULL);
+    if (d->srv.rpc) {
+        dit_rpc_server_destroy(d->srv.rpc);
+        d->srv.rpc = NULL;
+    }
+    dit_supervisor_destroy(d->srv.sup);
+    d->srv.sup = NULL;
+}
+
+static void on_mesh_stopped(void *ctx)
+{
+    daemon_state *d = ctx;
+    d->mesh_stopped = true;
+    maybe_finish(d);
+}
+
+static void stop_mesh(daemon_state *d)
+{
+    if (d->stopping)
+        return;
+    d->stopping = true;
+    uv_timer_stop(&d->drain_timer);
+    dit_supervisor_stop(d->srv.sup, STOP_GRACE_S, on_mesh_stopped, d);
+}
+
+static void on_rpc_done(void *ctx)
+{
+    daemon_state *d = ctx;
+    d->rpc_done = true;
+    DIT_LOG(&d->cfg.log, DIT_LOG_INFO, "main", "every call has ended");
+    stop_mesh(d);
+    maybe_finish(d);
+}
+
+/* Closes the gRPC server: GOAWAY to clients, every open stream (health
+ * watches, reflection) ended, then on_rpc_done. */
+static void close_rpc(daemon_state *d)
+{
+    if (!d->rpc_closing) {
+        d->rpc_closing = true;
+        dit_rpc_server_shutdown(d->srv.rpc, on_rpc_done, d);
+    }
+    dit_rpc_server_cancel_all(d->srv.rpc);
+}
+
+static void on_drain_tick(uv_timer_t *t)
+{
+    daemon_state *d = t->data;
+    dit_server *s = &d->srv;
+    const double waited_s = (double)(uv_now(&d->loop) - d->drain_started_ms) / 1000.0;
+    if (dit_server_pending(s) == 0) {
+        close_rpc(d);
+        return;
+    }
+    if (!d->aborted && waited_s >= d->cfg.drain_timeout_s) {
+        d->aborted = true;
+        DIT_LOG(&d->cfg.log, DIT_LOG_WARN, "main",
+                "drain timeout (%.1f s): cancelling %d request(s) still pending", d->cfg.drain_timeout_s,
+                dit_server_pending(s));
+        dit_server_abort_pending(s, "the server shut down before the request finished");
+        close_rpc(d);
+    }
+    if (d->aborted && waited_s >= d->cfg.drain_timeout_s + STOP_GRACE_S) {
+        /* The running job did not stop at a step boundary: stop the mesh
+         * under it. */
+        stop_mesh(d);
+    }
+}
+
+static void on_signal(uv_signal_t *h, int signum)
+{
+    daemon_state *d = h->data;
+    if (++d->signals > 1) {
+        DIT_LOG(&d->cfg.log, DIT_LOG_WARN, "main", "second signal (%s): exiting now",
+                signum == SIGTERM ? "SIGTERM" : "SIGINT");
+        /* Workers notice their socket closing and exit; see ditworker. */
+        _exit(1);
+    }
+    DIT_LOG(&d->cfg.log, DIT_LOG_INFO, "main",
+            "%s: draining (%d request(s) pending, up to %.1f s); a second signal exits at once",
+            signum == SIGTERM ? "SIGTERM" : "SIGINT", dit_server_pending(&d->srv), d->cfg.drain_timeout_s);
+    /* New work is refused from here on with UNAVAILABLE and a message
+     * (better for clients than a closed port); the gRPC server itself
+     * closes once accepted work is done. */
+    dit_server_drain(&d->srv);
+    d->drain_started_ms = uv_now(&d->loop);
+    uv_timer_start(&d->drain_timer, on_drain_tick, 0, DRAIN_POLL_MS);
+}
+
+int main(int argc, char **argv)
+{
+    daemon_state *d = calloc(1, sizeof *d);
+    if (!d) {
+        fprintf(stderr, "ditd: out of memory\n");
+        return 1;
+    }
+    int rc = dit_daemon_config_parse(&d->cfg, argc, argv);
+    if (rc != 0) {
+        free(d);
+        return rc == 1 ? 0 : 2;
+    }
+    const dit_log *lg = &d->cfg.log;
+    dit_server *s = &d->srv;
+    dit_diag diag;
+    dit_diag_clear(&diag);
+    char worker[PATH_MAX];
+    bool grpc_up = false, loop_up = false;
+    rc = 1;
+
+    if (dit_pipeline_probe(d->cfg.model, &s->info, &diag) != DIT_OK ||
+        dit_parallel_validate_model(&d->cfg.pc, &s->info.transformer, 0, 0, &diag) != DIT_OK ||
+        (d->cfg.warmup && check_warmup(&d->cfg, &s->info, &diag) != DIT_OK) ||
+        find_worker(d->cfg.worker_path, worker, sizeof worker, &diag) != DIT_OK) {
+        fprintf(stderr, "ditd: %s\n", dit_diag_msg(&diag));
+        rc = 2;
+        goto cleanup;
+    }
+    if (!s->info.has_text_encoders)
+        DIT_LOG(lg, DIT_LOG_WARN, "main",
+                "%s has no text encoders: requests must bring prompt_embeds", d->cfg.model);
+
+    /* A client that vanishes mid-write must not kill the daemon. */
+    signal(SIGPIPE, SIG_IGN);
+    grpc_init();
+    grpc_up = true;
+    if (uv_loop_init(&d->loop) != 0) {
+        fprintf(stderr, "ditd: cannot create the event loop\n");
+        goto cleanup;
+    }
+    loop_up = true;
+
+    s->loop = &d->loop;
+    s->cfg = &d->cfg;
+    s->log = lg;
+    s->warmed = d->cfg.warmup == NULL;
+    const char *services[] = {"ditserve.v1.Generation", "grpc.health.v1.Health",
+                              "grpc.reflection.v1.ServerReflection",
+                              "grpc.reflection.v1alpha.ServerReflection"};
+    if (dit_reflection_create(dit_descriptor_set, dit_descriptor_set_len, services,
+                              (int)(sizeof services / sizeof *services), &s->refl, &diag) != DIT_OK) {
+        fprintf(stderr, "ditd: %s\n", dit_diag_msg(&diag));
+        goto cleanup;
+    }
+
+    dit_supervisor_config sc = {
+        .model_dir = d->cfg.model,
+        .worker_path = worker,
+        .backend = d->cfg.backend_name,
+        .pc = d->cfg.pc,
+        .threads = d->cfg.threads,
+        .comm_timeout_s = d->cfg.comm_timeout_s,
+        .job_timeout_s = d->cfg.job_timeout_s,
+        .startup_timeout_s = d->cfg.startup_timeout_s,
+        .log = lg,
+    };
+    dit_supervisor_events ev = dit_server_mesh_events(s);
+    if (dit_supervisor_create(&d->loop, &sc, &ev, &s->sup, &diag) != DIT_OK) {
+        fprintf(stderr, "ditd: %s\n", dit_diag_msg(&diag));
+        goto cleanup;
+    }
+
+    const dit_rpc_method *methods;
+    const int n_methods = dit_server_methods(s, &methods);
+    dit_rpc_config rc_cfg = {
+        .listen = d->cfg.listen,
+        .max_message_bytes = d->cfg.max_message_bytes,
+        .max_connection_age_s = d->cfg.max_connection_age_s,
+        .log = lg,
+    };
+    if (dit_rpc_server_create(&d->loop, &rc_cfg, methods, n_methods, &s->rpc, &s->port, &diag) !=
+        DIT_OK) {
+        fprintf(stderr, "ditd: %s\n", dit_diag_msg(&diag));
+        /* The supervisor holds loop handles: stop it through the loop. */
+        dit_supervisor_stop(s->sup, 0, on_mesh_stopped, d);
+        uv_run(&d->loop, UV_RUN_DEFAULT);
+        goto cleanup;
+    }
+    dit_supervisor_start(s->sup);
+
+    uv_signal_init(&d->loop, &d->sigterm);
+    uv_signal_init(&d->loop, &d->sigint);
+    uv_timer_init(&d->loop, &d->drain_timer);
+    d->sigterm.data = d->sigint.data = d->drain_timer.data = d;
+    uv_signal_start(&d->sigterm, on_signal, SIGTERM);
+    uv_signal_start(&d->sigint, on_signal, SIGINT);
+    d->handles_up = true;
+
+    /* Tests and scripts read the port from this line. */
+    const char *colon = strrchr(d->cfg.listen, ':');
+    printf("ditd: listening on %.*s:%d\n", colon ? (int)(colon - d->cfg.listen) : 0, d->cfg.listen,
+           s->port);
+    fflush(stdout);
+    DIT_LOG(lg, DIT_LOG_INFO, "main",
+            "serving model '%s' from %s on port %d: %d worker(s), ring %d x ulysses %d x tp %d, "
+            "backend %s, queue %d",
+            d->cfg.model_name, d->cfg.model, s->port, d->cfg.pc.world_size, d->cfg.pc.ring_degree,
+            d->cfg.pc.ulysses_degree, d->cfg.pc.tp_degree, d->cfg.backend_name, d->cfg.max_queue);
+
+    uv_run(&d->loop, UV_RUN_DEFAULT);
+    rc = 0;
+
+cleanup:
+    /* Normally both are gone already (maybe_finish); after a failed start
+     * they may not be. Their handle closes finish in the last loop run. */
+    if (s->rpc)
+        dit_rpc_server_destroy(s->rpc);
+    if (s->sup)
+        dit_supervisor_destroy(s->sup);
+    if (loop_up)
+        uv_run(&d->loop, UV_RUN_DEFAULT);
+    dit_server_free_jobs(s);
+    dit_reflection_free(s->refl);
+    if (loop_up && uv_loop_close(&d->loop) != 0)
+        DIT_LOG(lg, DIT_LOG_WARN, "main", "the event loop still had open handles at exit");
+    if (grpc_up)
+        grpc_shutdown();
+    free(d);
+    return rc;
+}

@@ -1,0 +1,814 @@
+#include "server.h"
+
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+
+#include "grpc_health_v1_health.pb-c.h"
+#include "runtime/request.h"
+
+struct job {
+    job *next;
+    dit_server *srv;
+    job_kind kind;
+    uint64_t id, seq;
+    int priority;
+    char request_id[140];
+    Ditserve__V1__GenerateRequest *req; /* owned */
+    dit_rpc_call *call;                 /* NULL once the client is gone */
+    double arrived_ms, started_ms;
+    int last_position;
+    int width, height, steps;
+};
+
+static double now_ms(void)
+{
+    return (double)uv_hrtime() / 1e6;
+}
+
+static void job_free(job *j)
+{
+    if (!j)
+        return;
+    if (j->req)
+        ditserve__v1__generate_request__free_unpacked(j->req, NULL);
+    free(j);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Sending                                                                   */
+
+static void send_packed(dit_rpc_call *c, const ProtobufCMessage *m)
+{
+    size_t n = protobuf_c_message_get_packed_size(m);
+    uint8_t *buf = malloc(n ? n : 1);
+    if (!buf) {
+        dit_rpc_call_finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+        return;
+    }
+    protobuf_c_message_pack(m, buf);
+    dit_rpc_call_send(c, buf, n);
+    free(buf);
+}
+
+static void send_event(job *j, Ditserve__V1__GenerateEvent *ev)
+{
+    if (!j->call)
+        return;
+    ev->request_id = j->request_id;
+    send_packed(j->call, &ev->base);
+}
+
+static void send_queued(job *j, int position, int depth)
+{
+    Ditserve__V1__Queued q = DITSERVE__V1__QUEUED__INIT;
+    q.position = position;
+    q.queue_depth = depth;
+    Ditserve__V1__GenerateEvent ev = DITSERVE__V1__GENERATE_EVENT__INIT;
+    ev.event_case = DITSERVE__V1__GENERATE_EVENT__EVENT_QUEUED;
+    ev.queued = &q;
+    send_event(j, &ev);
+    j->last_position = position;
+}
+
+static grpc_status_code grpc_code_of(dit_status st)
+{
+    switch (st) {
+    case DIT_OK:
+        return GRPC_STATUS_OK;
+    case DIT_ERR_CANCELLED:
+        return GRPC_STATUS_CANCELLED;
+    case DIT_ERR_INVALID_ARG:
+    case DIT_ERR_FORMAT:
+        return GRPC_STATUS_INVALID_ARGUMENT;
+    case DIT_ERR_NOT_FOUND:
+        return GRPC_STATUS_NOT_FOUND;
+    case DIT_ERR_NOMEM:
+        return GRPC_STATUS_RESOURCE_EXHAUSTED;
+    case DIT_ERR_PEER:
+    case DIT_ERR_TIMEOUT:
+    case DIT_ERR_DEVICE:
+        return GRPC_STATUS_UNAVAILABLE;
+    case DIT_ERR_UNSUPPORTED:
+        return GRPC_STATUS_UNIMPLEMENTED;
+    default:
+        return GRPC_STATUS_INTERNAL;
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Health                                                                    */
+
+static bool known_service(const char *name)
+{
+    return !name || !*name || strcmp(name, "ditserve.v1.Generation") == 0;
+}
+
+static Grpc__Health__V1__HealthCheckResponse__ServingStatus health_of(const dit_server *s)
+{
+    return s->serving ? GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING
+                      : GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING;
+}
+
+static void send_health(dit_rpc_call *c, Grpc__Health__V1__HealthCheckResponse__ServingStatus st)
+{
+    Grpc__Health__V1__HealthCheckResponse r = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
+    r.status = st;
+    send_packed(c, &r.base);
+}
+
+static void update_health(dit_server *s)
+{
+    const bool serving = dit_supervisor_state(s->sup) == DIT_MESH_READY && !s->draining && s->warmed;
+    if (serving == s->serving)
+        return;
+    s->serving = serving;
+    DIT_LOG(s->log, DIT_LOG_INFO, "health", "%s", serving ? "SERVING" : "NOT_SERVING");
+    for (int i = 0; i < s->n_watchers; i++)
+        if (dit_rpc_call_user(s->watchers[i]) == NULL) /* known service */
+            send_health(s->watchers[i], health_of(s));
+}
+
+/* The request's service name, or -1 after answering a request that does
+ * not parse. 1: known, 0: unknown (its name copied into name). */
+static int health_service(dit_rpc_call *call, const uint8_t *req, size_t len, char *name, size_t cap)
+{
+    Grpc__Health__V1__HealthCheckRequest *r = grpc__health__v1__health_check_request__unpack(NULL, len, req);
+    if (!r) {
+        dit_rpc_call_finish(call, GRPC_STATUS_INVALID_ARGUMENT, "not a grpc.health.v1.HealthCheckRequest");
+        return -1;
+    }
+    const int known = known_service(r->service);
+    snprintf(name, cap, "%s", r->service ? r->service : "");
+    grpc__health__v1__health_check_request__free_unpacked(r, NULL);
+    return known;
+}
+
+static void on_health_check(void *ctx, dit_rpc_call *call, const uint8_t *req, size_t len)
+{
+    dit_server *s = ctx;
+    char service[200];
+    const int known = health_service(call, req, len, service, sizeof service);
+    if (known < 0)
+        return;
+    if (!known) {
+        char msg[300];
+        snprintf(msg, sizeof msg, "unknown service '%s' (this server reports '' and "
+                                  "'ditserve.v1.Generation')", service);
+        dit_rpc_call_finish(call, GRPC_STATUS_NOT_FOUND, msg);
+    } else {
+        send_health(call, health_of(s));
+        dit_rpc_call_finish(call, GRPC_STATUS_OK, NULL);
+    }
+}
+
+static void on_health_watch(void *ctx, dit_rpc_call *call, const uint8_t *req, size_t len)
+{
+    dit_server *s = ctx;
+    char service[200];
+    const int known = health_service(call, req, len, service, sizeof service);
+    if (known < 0)
+        return;
+    if (s->draining && !s->serving) {
+        send_health(call, GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING);
+        dit_rpc_call_finish(call, GRPC_STATUS_UNAVAILABLE, "the server is shutting down");
+        return;
+    }
+    if (s->n_watchers == s->cap_watchers) {
+        int cap = s->cap_watchers ? s->cap_watchers * 2 : 16;
+        dit_rpc_call **nw = realloc(s->watchers, (size_t)cap * sizeof *nw);
+        if (!nw) {
+            dit_rpc_call_finish(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+            return;
+        }
+        s->watchers = nw;
+        s->cap_watchers = cap;
+    }
+    /* The user pointer marks watchers of unknown services (no updates). */
+    dit_rpc_call_set_user(call, known ? NULL : (void *)1);
+    s->watchers[s->n_watchers++] = call;
+    send_health(call, known ? health_of(s)
+                            : GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVICE_UNKNOWN);
+}
+
+static void on_health_watch_cancel(void *ctx, dit_rpc_call *call)
+{
+    dit_server *s = ctx;
+    for (int i = 0; i < s->n_watchers; i++)
+        if (s->watchers[i] == call) {
+            s->watchers[i] = s->watchers[--s->n_watchers];
+            break;
+        }
+    dit_rpc_call_finish(call, GRPC_STATUS_CANCELLED, NULL);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Queue                                                                     */
+
+static void update_positions(dit_server *s)
+{
+    int pos = 0;
+    for (job *j = s->queue; j; j = j->next, pos++)
+        if (j->last_position != pos)
+            send_queued(j, pos, s->queued);
+}
+
+static void enqueue(dit_server *s, job *j)
+{
+    job **pp = &s->queue;
+    while (*pp && (*pp)->priority >= j->priority)
+        pp = &(*pp)->next;
+    j->next = *pp;
+    *pp = j;
+    s->queued++;
+    j->last_position = -1;
+}
+
+static void unlink_queued(dit_server *s, job *j)
+{
+    job **pp = &s->queue;
+    while (*pp && *pp != j)
+        pp = &(*pp)->next;
+    if (*pp) {
+        *pp = j->next;
+        s->queued--;
+    }
+}
+
+static void fail_job(job *j, grpc_status_code code, const char *msg)
+{
+    if (j->call) {
+        dit_rpc_call_set_user(j->call, NULL);
+        dit_rpc_call_finish(j->call, code, msg);
+        j->call = NULL;
+    }
+}
+
+static void try_dispatch(dit_server *s)
+{
+    while (!s->running && s->queue && dit_supervisor_idle(s->sup)) {
+        job *j = s->queue;
+        s->queue = j->next;
+        s->queued--;
+        if (!j->call && j->kind != JOB_STARTUP_WARMUP) {
+            job_free(j); /* the client left while it waited */
+            continue;
+        }
+        s->running = j;
+        j->started_ms = now_ms();
+        Ditserve__V1__Started st = DITSERVE__V1__STARTED__INIT;
+        st.queue_ms = j->started_ms - j->arrived_ms;
+        Ditserve__V1__GenerateEvent ev = DITSERVE__V1__GENERATE_EVENT__INIT;
+        ev.event_case = DITSERVE__V1__GENERATE_EVENT__EVENT_STARTED;
+        ev.started = &st;
+        if (j->kind == JOB_GENERATE)
+            send_event(j, &ev);
+        dit_diag diag;
+        dit_diag_clear(&diag);
+        DIT_LOG(s->log, DIT_LOG_DEBUG, "queue", "job %llu (%s) starts after %.1f ms in the queue",
+                (unsigned long long)j->id, j->request_id, st.queue_ms);
+        if (dit_supervisor_run(s->sup, j->id, j->req, j->kind != JOB_GENERATE, &diag) != DIT_OK) {
+            s->running = NULL;
+            fail_job(j, GRPC_STATUS_INTERNAL, dit_diag_msg(&diag));
+            job_free(j);
+        }
+    }
+    update_positions(s);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Generate and Warmup                                                       */
+
+static uint64_t random_seed(void)
+{
+    uint64_t v = 0;
+    if (getrandom(&v, sizeof v, 0) != (ssize_t)sizeof v)
+        v = (uint64_t)uv_hrtime() * 0x9e3779b97f4a7c15ull;
+    return v & 0x7fffffffffffffffull;
+}
+
+/* Common admission: draining, mesh state, queue room. */
+static bool admit(dit_server *s, dit_rpc_call *call)
+{
+    char msg[200];
+    if (s->draining) {
+        dit_rpc_call_finish(call, GRPC_STATUS_UNAVAILABLE,
+                            "the server is shutting down; send the request to another replica");
+        return false;
+    }
+    dit_mesh_state ms = dit_supervisor_state(s->sup);
+    if (ms != DIT_MESH_READY) {
+        snprintf(msg, sizeof msg, "the workers are not ready (mesh %s); retry shortly",
+                 dit_mesh_state_name(ms));
+        dit_rpc_call_finish(call, GRPC_STATUS_UNAVAILABLE, msg);
+        return false;
+    }
+    if (s->queued >= s->cfg->max_queue) {
+        snprintf(msg, sizeof msg, "the queue is full (%d requests waiting); retry later", s->queued);
+        dit_rpc_call_finish(call, GRPC_STATUS_RESOURCE_EXHAUSTED, msg);
+        return false;
+    }
+    return true;
+}
+
+static bool model_ok(dit_server *s, dit_rpc_call *call, const char *model)
+{
+    if (!model || !*model || strcmp(model, s->cfg->model_name) == 0)
+        return true;
+    char msg[600];
+    snprintf(msg, sizeof msg, "model '%.256s' is not served here (available: '%.256s')", model,
+             s->cfg->model_name);
+    dit_rpc_call_finish(call, GRPC_STATUS_NOT_FOUND, msg);
+    return false;
+}
+
+/* The server's own limit on image size, beyond what the model allows. */
+static bool size_ok(dit_server *s, dit_rpc_call *call, int width, int height)
+{
+    const int64_t w = width ? width : DIT_REQUEST_DEFAULT_SIZE;
+    const int64_t h = height ? height : DIT_REQUEST_DEFAULT_SIZE;
+    if (w * h <= s->cfg->max_pixels)
+        return true;
+    char msg[300];
+    snprintf(msg, sizeof msg,
+             "%lldx%lld is %lld pixels; this server accepts at most %lld (its --max-pixels)",
+             (long long)w, (long long)h, (long long)(w * h), (long long)s->cfg->max_pixels);
+    dit_rpc_call_finish(call, GRPC_STATUS_INVALID_ARGUMENT, msg);
+    return false;
+}
+
+static job *new_job(dit_server *s, job_kind kind, Ditserve__V1__GenerateRequest *r, dit_rpc_call *call)
+{
+    job *j = calloc(1, sizeof *j);
+    if (!j)
+        return NULL;
+    j->srv = s;
+    j->kind = kind;
+    j->id = ++s->next_job_id;
+    j->seq = ++s->next_seq;
+    j->req = r;
+    j->call = call;
+    j->arrived_ms = now_ms();
+    j->priority = kind == JOB_GENERATE ? r->priority : INT_MAX;
+    if (r->request_id && *r->request_id)
+        snprintf(j->request_id, sizeof j->request_id, "%s", r->request_id);
+    else
+        snprintf(j->request_id, sizeof j->request_id, "req-%llu", (unsigned long long)j->id);
+    j->width = r->width ? r->width : DIT_REQUEST_DEFAULT_SIZE;
+    j->height = r->height ? r->height : DIT_REQUEST_DEFAULT_SIZE;
+    j->steps = r->num_inference_steps ? r->num_inference_steps : DIT_REQUEST_DEFAULT_STEPS;
+    if (call)
+        dit_rpc_call_set_user(call, j);
+    return j;
+}
+
+static void on_generate(void *ctx, dit_rpc_call *call, const uint8_t *req, size_t len)
+{
+    dit_server *s = ctx;
+    Ditserve__V1__GenerateRequest *r = ditserve__v1__generate_request__unpack(NULL, len, req);
+    if (!r) {
+        dit_rpc_call_finish(call, GRPC_STATUS_INVALID_ARGUMENT,
+                            "the request is not a valid ditserve.v1.GenerateRequest message");
+        return;
+    }
+    dit_diag diag;
+    dit_diag_clear(&diag);
+    if (!model_ok(s, call, r->model))
+        goto reject;
+    if (dit_request_validate(r, &s->info, &diag) != DIT_OK ||
+        dit_request_validate_mesh(r, &s->info, &s->cfg->pc, &diag) != DIT_OK) {
+        dit_rpc_call_finish(call, GRPC_STATUS_INVALID_ARGUMENT, dit_diag_msg(&diag));
+        goto reject;
+    }
+    if (!size_ok(s, call, r->width, r->height) || !admit(s, call))
+        goto reject;
+    if (!r->seed) {
+        /* Report the seed we chose so the image can be reproduced. */
+        Google__Protobuf__UInt64Value *seed = malloc(sizeof *seed);
+        if (!seed) {
+            dit_rpc_call_finish(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+            goto reject;
+        }
+        google__protobuf__uint64_value__init(seed);
+        seed->value = random_seed();
+        r->seed = seed;
+    }
+    job *j = new_job(s, JOB_GENERATE, r, call);
+    if (!j) {
+        dit_rpc_call_finish(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+        goto reject;
+    }
+    enqueue(s, j);
+    update_positions(s);
+    try_dispatch(s);
+    return;
+reject:
+    s->requests_failed++;
+    ditserve__v1__generate_request__free_unpacked(r, NULL);
+}
+
+static void on_job_cancel(void *ctx, dit_rpc_call *call)
+{
+    dit_server *s = ctx;
+    job *j = dit_rpc_call_user(call);
+    dit_rpc_call_finish(call, GRPC_STATUS_CANCELLED, "cancelled");
+    if (!j)
+        return;
+    j->call = NULL;
+    if (s->running == j) {
+        DIT_LOG(s->log, DIT_LOG_INFO, "queue", "request %s cancelled while running", j->request_id);
+        dit_supervisor_cancel(s->sup, j->id);
+    } else {
+        DIT_LOG(s->log, DIT_LOG_INFO, "queue", "request %s cancelled while queued", j->request_id);
+        dit_log_request(s->log, j->request_id, s->cfg->model_name, j->width, j->height, j->steps,
+                        now_ms() - j->arrived_ms, 0, "CANCELLED", "left the queue");
+        unlink_queued(s, j);
+        job_free(j);
+        update_positions(s);
+    }
+}
+
+static void on_warmup(void *ctx, dit_rpc_call *call, const uint8_t *req, size_t len)
+{
+    dit_server *s = ctx;
+    Ditserve__V1__WarmupRequest *w = ditserve__v1__warmup_request__unpack(NULL, len, req);
+    if (!w) {
+        dit_rpc_call_finish(call, GRPC_STATUS_INVALID_ARGUMENT, "not a WarmupRequest");
+        return;
+    }
+    Ditserve__V1__GenerateRequest *r = NULL;
+    if (!model_ok(s, call, w->model))
+        goto done;
+    r = malloc(sizeof *r);
+    char *prompt = strdup("warm-up");
+    Google__Protobuf__UInt64Value *seed = malloc(sizeof *seed);
+    if (!r || !prompt || !seed) {
+        free(r);
+        free(prompt);
+        free(seed);
+        r = NULL;
+        dit_rpc_call_finish(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+        goto done;
+    }
+    ditserve__v1__generate_request__init(r);
+    google__protobuf__uint64_value__init(seed);
+    r->prompt = prompt;
+    r->seed = seed;
+    r->width = w->width;
+    r->height = w->height;
+    r->num_inference_steps = w->num_inference_steps ? w->num_inference_steps : 1;
+    dit_diag diag;
+    dit_diag_clear(&diag);
+    if (dit_request_validate(r, &s->info, &diag) != DIT_OK ||
+        dit_request_validate_mesh(r, &s->info, &s->cfg->pc, &diag) != DIT_OK) {
+        dit_rpc_call_finish(call, GRPC_STATUS_INVALID_ARGUMENT, dit_diag_msg(&diag));
+        goto done;
+    }
+    if (!size_ok(s, call, r->width, r->height) || !admit(s, call))
+        goto done;
+    job *j = new_job(s, JOB_WARMUP, r, call);
+    if (!j) {
+        dit_rpc_call_finish(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+        goto done;
+    }
+    r = NULL;
+    enqueue(s, j);
+    try_dispatch(s);
+done:
+    if (r)
+        ditserve__v1__generate_request__free_unpacked(r, NULL);
+    ditserve__v1__warmup_request__free_unpacked(w, NULL);
+}
+
+/* --warmup: one generation of that shape before health turns SERVING. */
+static void queue_startup_warmup(dit_server *s)
+{
+    if (!s->cfg->warmup || s->warmed)
+        return;
+    for (job *j = s->queue; j; j = j->next)
+        if (j->kind == JOB_STARTUP_WARMUP)
+            return;
+    if (s->running && s->running->kind == JOB_STARTUP_WARMUP)
+        return;
+    int w = 0, h = 0, steps = 0;
+    sscanf(s->cfg->warmup, "%dx%d:%d", &w, &h, &steps);
+    Ditserve__V1__GenerateRequest *r = malloc(sizeof *r);
+    char *prompt = strdup("warm-up");
+    Google__Protobuf__UInt64Value *seed = malloc(sizeof *seed);
+    if (!r || !prompt || !seed) {
+        free(r);
+        free(prompt);
+        free(seed);
+        return;
+    }
+    ditserve__v1__generate_request__init(r);
+    google__protobuf__uint64_value__init(seed);
+    r->prompt = prompt;
+    r->seed = seed;
+    r->width = w;
+    r->height = h;
+    r->num_inference_steps = steps;
+    job *j = new_job(s, JOB_STARTUP_WARMUP, r, NULL);
+    if (!j) {
+        ditserve__v1__generate_request__free_unpacked(r, NULL);
+        return;
+    }
+    snprintf(j->request_id, sizeof j->request_id, "startup-warmup");
+    enqueue(s, j);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Mesh events                                                               */
+
+static void on_state(void *ctx, dit_mesh_state st)
+{
+    dit_server *s = ctx;
+    if (st == DIT_MESH_READY) {
+        queue_startup_warmup(s);
+        try_dispatch(s);
+    }
+    update_health(s);
+}
+
+static void on_progress(void *ctx, uint64_t job_id, int step, int total, double elapsed_ms)
+{
+    dit_server *s = ctx;
+    job *j = s->running;
+    if (!j || j->id != job_id || j->kind != JOB_GENERATE)
+        return;
+    Ditserve__V1__Progress p = DITSERVE__V1__PROGRESS__INIT;
+    p.step = step;
+    p.total_steps = total;
+    p.elapsed_ms = elapsed_ms;
+    Ditserve__V1__GenerateEvent ev = DITSERVE__V1__GENERATE_EVENT__INIT;
+    ev.event_case = DITSERVE__V1__GENERATE_EVENT__EVENT_PROGRESS;
+    ev.progress = &p;
+    send_event(j, &ev);
+}
+
+static void send_result(dit_server *s, job *j, const Ditserve__Ipc__JobDone *d)
+{
+    const size_t chunk = (size_t)s->cfg->chunk_bytes;
+    for (size_t off = 0; off < d->image.len; off += chunk) {
+        Ditserve__V1__ResultChunk rc = DITSERVE__V1__RESULT_CHUNK__INIT;
+        rc.offset = (int64_t)off;
+        rc.data.data = d->image.data + off;
+        rc.data.len = d->image.len - off < chunk ? d->image.len - off : chunk;
+        Ditserve__V1__GenerateEvent ev = DITSERVE__V1__GENERATE_EVENT__INIT;
+        ev.event_case = DITSERVE__V1__GENERATE_EVENT__EVENT_CHUNK;
+        ev.chunk = &rc;
+        send_event(j, &ev);
+    }
+    Ditserve__V1__Result res = DITSERVE__V1__RESULT__INIT;
+    Ditserve__V1__Timings tm = DITSERVE__V1__TIMINGS__INIT;
+    if (d->timings)
+        tm = *d->timings;
+    tm.base = (ProtobufCMessage)PROTOBUF_C_MESSAGE_INIT(&ditserve__v1__timings__descriptor);
+    tm.queue_ms = j->started_ms - j->arrived_ms;
+    tm.total_ms = now_ms() - j->arrived_ms;
+    const bool raw = j->req->output_format == DITSERVE__V1__OUTPUT_FORMAT__OUTPUT_FORMAT_RAW_TENSOR;
+    res.format = raw ? DITSERVE__V1__OUTPUT_FORMAT__OUTPUT_FORMAT_RAW_TENSOR
+                     : DITSERVE__V1__OUTPUT_FORMAT__OUTPUT_FORMAT_PNG;
+    res.seed = d->seed;
+    res.width = d->width;
+    res.height = d->height;
+    res.total_bytes = (int64_t)d->image.len;
+    res.prompt_truncated = d->prompt_truncated;
+    res.timings = &tm;
+    if (raw) {
+        res.dtype = DITSERVE__V1__DTYPE__DTYPE_F32;
+        res.n_shape = d->n_shape;
+        res.shape = d->shape;
+    }
+    Ditserve__V1__GenerateEvent ev = DITSERVE__V1__GENERATE_EVENT__INIT;
+    ev.event_case = DITSERVE__V1__GENERATE_EVENT__EVENT_RESULT;
+    ev.result = &res;
+    send_event(j, &ev);
+}
+
+static void on_done(void *ctx, uint64_t job_id, dit_status st, const char *message,
+                    Ditserve__Ipc__Envelope *env)
+{
+    dit_server *s = ctx;
+    job *j = s->running;
+    if (!j || j->id != job_id) {
+        if (env)
+            ditserve__ipc__envelope__free_unpacked(env, NULL);
+        return;
+    }
+    s->running = NULL;
+    const double compute_ms = now_ms() - j->started_ms;
+    const grpc_status_code code = grpc_code_of(st);
+    char detail[1300];
+    if (st == DIT_OK)
+        detail[0] = '\0';
+    else if (code == GRPC_STATUS_UNAVAILABLE)
+        snprintf(detail, sizeof detail, "the worker mesh failed: %s", message ? message : "");
+    else
+        snprintf(detail, sizeof detail, "%s", message && *message ? message : dit_status_str(st));
+    switch (j->kind) {
+    case JOB_STARTUP_WARMUP:
+        if (st == DIT_OK || code != GRPC_STATUS_UNAVAILABLE) {
+            /* A warm-up that failed for a reason other than the mesh would
+             * fail again: serve anyway, and say so. */
+            s->warmed = true;
+            DIT_LOG(s->log, st == DIT_OK ? DIT_LOG_INFO : DIT_LOG_WARN, "warmup",
+                    "warm-up %s in %.0f ms%s%s", st == DIT_OK ? "done" : "failed", compute_ms,
+                    st == DIT_OK ? "" : ": ", detail);
+        }
+        break;
+    case JOB_WARMUP:
+        if (j->call && st == DIT_OK) {
+            Ditserve__V1__WarmupResponse wr = DITSERVE__V1__WARMUP_RESPONSE__INIT;
+            wr.elapsed_ms = compute_ms;
+            char text[200];
+            snprintf(text, sizeof text, "ran %dx%d for %d step(s)", j->width, j->height, j->steps);
+            wr.detail = text;
+            send_packed(j->call, &wr.base);
+            fail_job(j, GRPC_STATUS_OK, NULL);
+        } else {
+            fail_job(j, code, detail);
+        }
+        break;
+    case JOB_GENERATE:
+        if (st == DIT_OK) {
+            s->requests_ok++;
+            send_result(s, j, env->done);
+            fail_job(j, GRPC_STATUS_OK, NULL);
+        } else {
+            s->requests_failed++;
+            fail_job(j, code, detail);
+        }
+        dit_log_request(s->log, j->request_id, s->cfg->model_name, j->width, j->height, j->steps,
+                        j->started_ms - j->arrived_ms, compute_ms, dit_rpc_status_name(code), detail);
+        break;
+    }
+    if (env)
+        ditserve__ipc__envelope__free_unpacked(env, NULL);
+    job_free(j);
+    update_health(s);
+    try_dispatch(s);
+}
+
+dit_supervisor_events dit_server_mesh_events(dit_server *s)
+{
+    return (dit_supervisor_events){
+        .ctx = s, .state_changed = on_state, .job_progress = on_progress, .job_done = on_done};
+}
+
+/* ------------------------------------------------------------------------ */
+/* Info, models, reflection                                                  */
+
+static void on_server_info(void *ctx, dit_rpc_call *call, const uint8_t *req, size_t len)
+{
+    (void)req;
+    (void)len;
+    dit_server *s = ctx;
+    const dit_parallel_config *pc = &s->cfg->pc;
+    Ditserve__V1__ParallelLayout lay = DITSERVE__V1__PARALLEL_LAYOUT__INIT;
+    lay.ring_degree = pc->ring_degree;
+    lay.ulysses_degree = pc->ulysses_degree;
+    lay.tp_degree = pc->tp_degree;
+    lay.ulysses_anything = pc->ulysses_anything;
+    lay.ring_anything = pc->ring_anything;
+    lay.unified_anything = pc->unified_anything;
+    Ditserve__V1__ServerInfo info = DITSERVE__V1__SERVER_INFO__INIT;
+    info.version = DIT_VERSION;
+    info.world_size = pc->world_size;
+    info.layout = &lay;
+    info.backend = (char *)s->cfg->backend_name;
+    char *devices[64];
+    char names[64][80];
+    for (int r = 0; r < pc->world_size && r < 64; r++) {
+        snprintf(names[r], sizeof names[r], "rank %d: %s", r, dit_supervisor_device(s->sup));
+        devices[r] = names[r];
+    }
+    info.n_devices = (size_t)(pc->world_size < 64 ? pc->world_size : 64);
+    info.devices = devices;
+    info.queue_depth = s->queued;
+    info.max_queue = s->cfg->max_queue;
+    info.running = s->running ? 1 : 0;
+    info.mesh_state = s->draining ? "draining" : (char *)dit_mesh_state_name(dit_supervisor_state(s->sup));
+    info.comm = pc->world_size > 1 ? "shm" : "none";
+    info.worker_restarts = dit_supervisor_restarts(s->sup);
+    send_packed(call, &info.base);
+    dit_rpc_call_finish(call, GRPC_STATUS_OK, NULL);
+}
+
+static void on_list_models(void *ctx, dit_rpc_call *call, const uint8_t *req, size_t len)
+{
+    (void)req;
+    (void)len;
+    dit_server *s = ctx;
+    const dit_flux_config *fc = &s->info.transformer;
+    Ditserve__V1__ModelInfo m = DITSERVE__V1__MODEL_INFO__INIT;
+    m.name = (char *)s->cfg->model_name;
+    m.pipeline = "FluxPipeline";
+    m.num_layers = fc->num_layers;
+    m.num_single_layers = fc->num_single_layers;
+    m.hidden_size = fc->inner_dim;
+    m.guidance_embeds = fc->guidance_embeds;
+    m.vae_scale_factor = s->info.vae_scale;
+    m.has_text_encoders = s->info.has_text_encoders;
+    m.joint_attention_dim = fc->joint_attention_dim;
+    m.pooled_projection_dim = fc->pooled_projection_dim;
+    m.latent_channels = s->info.latent_channels;
+    Ditserve__V1__ModelInfo *list[1] = {&m};
+    Ditserve__V1__ListModelsResponse resp = DITSERVE__V1__LIST_MODELS_RESPONSE__INIT;
+    resp.n_models = 1;
+    resp.models = list;
+    send_packed(call, &resp.base);
+    dit_rpc_call_finish(call, GRPC_STATUS_OK, NULL);
+}
+
+static void on_reflection_call(void *ctx, dit_rpc_call *call, const uint8_t *req, size_t len)
+{
+    (void)ctx;
+    (void)req;
+    (void)len;
+    dit_rpc_call_read(call);
+}
+
+static void on_reflection_message(void *ctx, dit_rpc_call *call, const uint8_t *msg, size_t len)
+{
+    dit_server *s = ctx;
+    if (!msg) {
+        dit_rpc_call_finish(call, GRPC_STATUS_OK, NULL);
+        return;
+    }
+    uint8_t *resp;
+    size_t rlen;
+    if (dit_reflection_answer(s->refl, msg, len, &resp, &rlen) != 0) {
+        dit_rpc_call_finish(call, GRPC_STATUS_INVALID_ARGUMENT, "not a ServerReflectionRequest");
+        return;
+    }
+    dit_rpc_call_send(call, resp, rlen);
+    free(resp);
+    dit_rpc_call_read(call);
+}
+
+/* ------------------------------------------------------------------------ */
+
+int dit_server_methods(dit_server *s, const dit_rpc_method **out)
+{
+    const dit_rpc_method m[] = {
+        {"/ditserve.v1.Generation/Generate", DIT_RPC_SERVER_STREAM, false, on_generate, NULL,
+         on_job_cancel, s},
+        {"/ditserve.v1.Generation/ListModels", DIT_RPC_UNARY, false, on_list_models, NULL, NULL, s},
+        {"/ditserve.v1.Generation/GetServerInfo", DIT_RPC_UNARY, false, on_server_info, NULL, NULL, s},
+        {"/ditserve.v1.Generation/Warmup", DIT_RPC_UNARY, false, on_warmup, NULL, on_job_cancel, s},
+        {"/grpc.health.v1.Health/Check", DIT_RPC_UNARY, true, on_health_check, NULL, NULL, s},
+        {"/grpc.health.v1.Health/Watch", DIT_RPC_SERVER_STREAM, true, on_health_watch, NULL,
+         on_health_watch_cancel, s},
+        {"/grpc.reflection.v1.ServerReflection/ServerReflectionInfo", DIT_RPC_BIDI_STREAM, false,
+         on_reflection_call, on_reflection_message, NULL, s},
+        {"/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", DIT_RPC_BIDI_STREAM,
+         false, on_reflection_call, on_reflection_message, NULL, s},
+    };
+    _Static_assert(sizeof m == sizeof s->methods, "dit_server.methods has room for every method");
+    memcpy(s->methods, m, sizeof m);
+    *out = s->methods;
+    return (int)(sizeof m / sizeof *m);
+}
+
+void dit_server_drain(dit_server *s)
+{
+    s->draining = true;
+    update_health(s);
+}
+
+int dit_server_pending(const dit_server *s)
+{
+    return s->queued + (s->running ? 1 : 0);
+}
+
+void dit_server_abort_pending(dit_server *s, const char *why)
+{
+    while (s->queue) {
+        job *j = s->queue;
+        s->queue = j->next;
+        s->queued--;
+        fail_job(j, GRPC_STATUS_UNAVAILABLE, why);
+        job_free(j);
+    }
+    if (s->running) {
+        /* The client hears why now; the job stops at its next step. */
+        fail_job(s->running, GRPC_STATUS_UNAVAILABLE, why);
+        dit_supervisor_cancel(s->sup, s->running->id);
+    }
+}
+
+void dit_server_free_jobs(dit_server *s)
+{
+    while (s->queue) {
+        job *j = s->queue;
+        s->queue = j->next;
+        job_free(j);
+    }
+    job_free(s->running);
+    s->running = NULL;
+    free(s->watchers);
+    s->watchers = NULL;
+}

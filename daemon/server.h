@@ -1,0 +1,70 @@
+/* The daemon's state and its gRPC services: the request queue, the job
+ * state machine (queued -> running -> done), health, and the glue between
+ * gRPC calls and the worker mesh.
+ *
+ * Owner: the loop thread; main creates and frees it. */
+#ifndef DIT_DAEMON_SERVER_H
+#define DIT_DAEMON_SERVER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <uv.h>
+
+#include "config.h"
+#include "ditserve_v1_generation.pb-c.h"
+#include "pipeline/flux_pipeline.h"
+#include "reflection.h"
+#include "rpc.h"
+#include "supervisor.h"
+
+typedef enum job_kind {
+    JOB_GENERATE,
+    JOB_WARMUP,         /* the Warmup RPC */
+    JOB_STARTUP_WARMUP, /* --warmup, before serving */
+} job_kind;
+
+typedef struct job job;
+
+typedef struct dit_server {
+    uv_loop_t *loop;
+    const dit_daemon_config *cfg;
+    const dit_log *log;
+    dit_pipeline_info info;
+    dit_rpc_server *rpc;
+    int port;
+    dit_supervisor *sup;
+    dit_reflection *refl;
+    job *queue;   /* waiting, highest priority first, then arrival */
+    int queued;
+    job *running;
+    uint64_t next_job_id, next_seq;
+    bool draining;
+    bool warmed; /* --warmup done (or none asked for) */
+    bool serving; /* what health last reported */
+    dit_rpc_call **watchers;
+    int n_watchers, cap_watchers;
+    /* counters */
+    int64_t requests_ok, requests_failed;
+    dit_rpc_method methods[8]; /* filled by dit_server_methods */
+} dit_server;
+
+/* The methods ditd serves, in registration order. */
+int dit_server_methods(dit_server *s, const dit_rpc_method **out);
+
+/* Supervisor events go here. */
+dit_supervisor_events dit_server_mesh_events(dit_server *s);
+
+/* Starts draining: health NOT_SERVING, new calls refused. */
+void dit_server_drain(dit_server *s);
+
+/* Accepted work left (queued or running). */
+int dit_server_pending(const dit_server *s);
+
+/* Fails every queued job and cancels the running one (drain timeout). */
+void dit_server_abort_pending(dit_server *s, const char *why);
+
+/* Frees what the server still holds (after the loop ended). */
+void dit_server_free_jobs(dit_server *s);
+
+#endif

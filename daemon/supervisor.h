@@ -1,0 +1,89 @@
+/* The worker mesh: spawns one ditworker per rank (uv_spawn, never fork after
+ * grpc_init), talks to them over a private Unix socket, brings the mesh up
+ * (hello, setup with the shared-memory segment, ready), runs one job at a
+ * time on all ranks, relays rank 0's progress and result, and rebuilds the
+ * whole mesh with backoff when any worker dies, stalls or reports a broken
+ * mesh. A job in flight when that happens fails with a message naming the
+ * rank; the caller keeps its queue.
+ *
+ * Owner: the loop thread. Everything holding a libuv handle is freed from
+ * its close callback. */
+#ifndef DIT_DAEMON_SUPERVISOR_H
+#define DIT_DAEMON_SUPERVISOR_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <uv.h>
+
+#include "ditserve_ipc_ipc.pb-c.h"
+#include "log.h"
+#include "parallel/mesh.h"
+
+typedef enum dit_mesh_state {
+    DIT_MESH_STARTING,   /* workers spawned, not all ready */
+    DIT_MESH_READY,      /* serving jobs */
+    DIT_MESH_RESTARTING, /* torn down after a failure, waiting to start again */
+    DIT_MESH_STOPPING,
+    DIT_MESH_STOPPED,
+} dit_mesh_state;
+
+const char *dit_mesh_state_name(dit_mesh_state s);
+
+typedef struct dit_supervisor dit_supervisor;
+
+typedef struct dit_supervisor_config {
+    const char *model_dir;
+    const char *worker_path;
+    const char *backend;
+    dit_parallel_config pc;
+    int threads;
+    double comm_timeout_s;
+    double job_timeout_s;
+    double startup_timeout_s;
+    const dit_log *log;
+} dit_supervisor_config;
+
+typedef struct dit_supervisor_events {
+    void *ctx;
+    void (*state_changed)(void *ctx, dit_mesh_state state);
+    void (*job_progress)(void *ctx, uint64_t job_id, int step, int total, double elapsed_ms);
+    /* The job ended. status DIT_OK: `result` is rank 0's JobDone, owned by
+     * the callee (free with ditserve__ipc__envelope__free_unpacked on
+     * `result_env`). Otherwise `message` explains; result is NULL. */
+    void (*job_done)(void *ctx, uint64_t job_id, dit_status status, const char *message,
+                     Ditserve__Ipc__Envelope *result_env);
+} dit_supervisor_events;
+
+dit_status dit_supervisor_create(uv_loop_t *loop, const dit_supervisor_config *cfg,
+                                 const dit_supervisor_events *ev, dit_supervisor **out,
+                                 dit_diag *diag);
+
+/* Spawns the mesh. */
+void dit_supervisor_start(dit_supervisor *s);
+
+dit_mesh_state dit_supervisor_state(const dit_supervisor *s);
+
+/* Ready and not running a job. */
+bool dit_supervisor_idle(const dit_supervisor *s);
+
+/* Sends the job to every rank; the supervisor must be idle. */
+dit_status dit_supervisor_run(dit_supervisor *s, uint64_t job_id,
+                              Ditserve__V1__GenerateRequest *req, bool warmup, dit_diag *diag);
+
+/* Asks the running job to stop at the next step boundary. */
+void dit_supervisor_cancel(dit_supervisor *s, uint64_t job_id);
+
+/* Tears the mesh down now (a stall the caller noticed, or shutdown) and,
+ * unless stopping, builds it again. */
+void dit_supervisor_fail(dit_supervisor *s, const char *reason);
+
+/* Asks workers to exit, kills those that do not within `grace_s`, and calls
+ * done once every process and handle is gone; then free with destroy. */
+void dit_supervisor_stop(dit_supervisor *s, double grace_s, void (*done)(void *ctx), void *ctx);
+void dit_supervisor_destroy(dit_supervisor *s);
+
+int64_t dit_supervisor_restarts(const dit_supervisor *s);
+const char *dit_supervisor_device(const dit_supervisor *s);
+
+#endif

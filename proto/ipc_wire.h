@@ -1,0 +1,47 @@
+/* Framing of ditd <-> ditworker messages: a 4-byte little-endian length,
+ * then one packed ditserve.ipc.Envelope. Shared by the daemon (non-blocking,
+ * fed from libuv reads) and the worker (blocking socket I/O).
+ *
+ * Owner: whoever holds the reader; not thread-safe. */
+#ifndef DIT_PROTO_IPC_WIRE_H
+#define DIT_PROTO_IPC_WIRE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ditserve_ipc_ipc.pb-c.h"
+
+/* Frames above this are refused (a corrupt length, not a real message). */
+#define DIT_IPC_MAX_FRAME ((size_t)512 << 20)
+
+/* Packs `env` into a malloc'ed frame (length prefix included). */
+int dit_ipc_encode(const Ditserve__Ipc__Envelope *env, uint8_t **frame, size_t *len);
+
+/* Incremental decoder over a byte stream. */
+typedef struct dit_ipc_reader {
+    uint8_t *buf;
+    size_t len, cap;
+} dit_ipc_reader;
+
+void dit_ipc_reader_init(dit_ipc_reader *r);
+void dit_ipc_reader_free(dit_ipc_reader *r);
+
+/* Appends received bytes; 0 or -1 when out of memory. */
+int dit_ipc_reader_feed(dit_ipc_reader *r, const void *data, size_t n);
+
+/* Takes the next complete envelope: 1 with *out set (free it with
+ * ditserve__ipc__envelope__free_unpacked(*out, NULL)), 0 when more bytes are
+ * needed, -1 on a corrupt stream. */
+int dit_ipc_reader_next(dit_ipc_reader *r, Ditserve__Ipc__Envelope **out);
+
+/* Blocking helpers for the worker: write a whole frame, or read until one
+ * envelope is complete. 0 on success, -1 on error or end of stream. */
+int dit_ipc_write_fd(int fd, const Ditserve__Ipc__Envelope *env);
+int dit_ipc_read_fd(int fd, dit_ipc_reader *r, Ditserve__Ipc__Envelope **out);
+
+/* Non-blocking: reads what is available now and returns 1 with an envelope,
+ * 0 when none is complete yet, -1 on error or end of stream. */
+int dit_ipc_poll_fd(int fd, dit_ipc_reader *r, Ditserve__Ipc__Envelope **out);
+
+#endif

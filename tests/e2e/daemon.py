@@ -1,0 +1,165 @@
+"""Starting and stopping a real ditd (with its real ditworker processes) for
+the end-to-end tests."""
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import grpc
+
+import ditapi
+
+
+def env_path(name):
+    v = os.environ.get(name)
+    if not v:
+        raise SystemExit(f"{name} is not set; run the tests through meson")
+    return v
+
+
+DEMO = os.path.join(env_path("DIT_SOURCE_ROOT"), "tests", "data", "demo")
+
+
+def children_of(pid):
+    """Pids whose parent is pid (the workers of a ditd)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(entry))
+    return sorted(out)
+
+
+def alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        return state != "Z"
+    except OSError:
+        return False
+
+
+class Daemon:
+    """One ditd on a free port. The log goes to a file the test can read;
+    the files stay until remove_logs (a failing test prints them)."""
+
+    logs = []
+
+    def __init__(self, *args, world=1, env=None, startup_s=60, wait_serving=True):
+        self.api = ditapi.Api(env_path("DIT_DESC"))
+        self.logf = tempfile.NamedTemporaryFile(prefix="ditd-", suffix=".log", delete=False)
+        Daemon.logs.append(self.logf.name)
+        cmd = [env_path("DITD"), "--model", DEMO, "--listen", "127.0.0.1:0",
+               "--world-size", str(world)] + list(args)
+        e = dict(os.environ)
+        e.update(env or {})
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.logf, env=e)
+        line = self.proc.stdout.readline().decode()
+        if not line.startswith("ditd: listening on "):
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError(f"ditd did not start: {line!r}\n{self.log()}")
+        self.target = line.split()[-1]
+        self.channel = grpc.insecure_channel(self.target)
+        self.workers = []
+        if wait_serving:
+            self.wait_serving(startup_s)
+
+    def log(self):
+        with open(self.logf.name, errors="replace") as f:
+            return f.read()
+
+    def health(self, service=""):
+        req = self.api.msg("grpc.health.v1.HealthCheckRequest")(service=service)
+        return self.api.health_check(self.channel)(req, timeout=10).status
+
+    def wait_serving(self, timeout_s):
+        serving = self.api.enum("grpc.health.v1.HealthCheckResponse.ServingStatus", "SERVING")
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout_s:
+            try:
+                if self.health() == serving:
+                    self.workers = children_of(self.proc.pid)
+                    return
+            except grpc.RpcError:
+                pass
+            time.sleep(0.05)
+        raise AssertionError(f"ditd not SERVING within {timeout_s} s\n{self.log()}")
+
+    def info(self):
+        return self.api.server_info(self.channel)(
+            self.api.msg("ditserve.v1.GetServerInfoRequest")(), timeout=10)
+
+    def wait_idle(self, timeout_s):
+        """Until nothing runs or waits; returns the seconds it took."""
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout_s:
+            i = self.info()
+            if i.running == 0 and i.queue_depth == 0:
+                return time.monotonic() - t0
+            time.sleep(0.02)
+        raise AssertionError(f"ditd still busy after {timeout_s} s\n{self.log()}")
+
+    def generate(self, timeout=120, **fields):
+        call = self.api.generate(self.channel)(self.api.request(**fields), timeout=timeout)
+        return ditapi.collect(call)
+
+    def stop(self, sig=signal.SIGTERM, timeout_s=60, expect_rc=0):
+        """Signals ditd and checks it exits with expect_rc, leaving no worker."""
+        workers = children_of(self.proc.pid) or self.workers
+        self.channel.close()
+        self.proc.send_signal(sig)
+        try:
+            rc = self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError(f"ditd did not exit within {timeout_s} s\n{self.log()}")
+        self.proc.stdout.close()
+        t0 = time.monotonic()
+        while any(alive(w) for w in workers) and time.monotonic() - t0 < 10:
+            time.sleep(0.05)
+        left = [w for w in workers if alive(w)]
+        for w in left:
+            os.kill(w, signal.SIGKILL)
+        assert rc == expect_rc, f"ditd exited {rc}, expected {expect_rc}\n{self.log()}"
+        assert not left, f"workers {left} outlived ditd"
+        return rc
+
+    def kill(self):
+        if self.proc.poll() is None:
+            workers = children_of(self.proc.pid)
+            self.proc.kill()
+            self.proc.wait()
+            for w in workers:
+                try:
+                    os.kill(w, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        self.proc.stdout.close()
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.kill()
+        self.logf.close()
+
+    @staticmethod
+    def dump_logs():
+        for name in Daemon.logs:
+            with open(name, errors="replace") as f:
+                print(f"----- {name}\n{f.read()}", file=sys.stderr)
+
+    @staticmethod
+    def remove_logs():
+        for name in Daemon.logs:
+            os.unlink(name)
+        Daemon.logs.clear()

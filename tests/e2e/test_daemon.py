@@ -1,0 +1,609 @@
+"""End-to-end tests of ditd: the real daemon, real ditworker processes, real
+gRPC, with a client written against the .proto in Python (grpcio).
+
+    test_daemon.py CASE      runs one case (meson registers each as a test)
+    test_daemon.py --list    lists the cases
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import grpc
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import ditapi  # noqa: E402
+from daemon import DEMO, Daemon, alive, children_of, env_path  # noqa: E402
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+SMALL = dict(prompt="a red fox in the snow", width=64, height=64, num_inference_steps=4)
+# Long enough that only a cancel, a deadline or a failure ends it early
+# (25 ms a step on one core: 25 s and more).
+LONG = dict(prompt="a very long job", width=512, height=512, num_inference_steps=1000)
+
+CASES = {}
+
+
+def case(fn):
+    CASES[fn.__name__] = fn
+    return fn
+
+
+def code_of(err):
+    return err.code().name
+
+
+def expect_error(fn, code, *needles):
+    """Runs fn, which must fail with `code` and details holding each needle."""
+    try:
+        fn()
+    except grpc.RpcError as e:
+        details = e.details() or ""
+        assert e.code().name == code, f"got {e.code().name} ({details!r}), expected {code}"
+        for n in needles:
+            assert n.lower() in details.lower(), f"{code} details {details!r} lack {n!r}"
+        return details
+    raise AssertionError(f"expected {code}, the call succeeded")
+
+
+def wait_progress(call):
+    """Reads a Generate stream until its first progress event."""
+    for ev in call:
+        if ev.WhichOneof("event") == "progress":
+            return ev
+    raise AssertionError("the stream ended before any progress")
+
+
+def ditrun_png(tmp, **gen):
+    out = os.path.join(tmp, "ditrun.png")
+    cmd = [env_path("DITRUN"), "generate", "--model", DEMO, "--prompt", gen["prompt"],
+           "--width", str(gen["width"]), "--height", str(gen["height"]),
+           "--steps", str(gen["num_inference_steps"]), "--seed", str(gen["seed"]),
+           "--output", out]
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with open(out, "rb") as f:
+        return f.read()
+
+
+# --------------------------------------------------------------------------
+
+
+@case
+def generate():
+    """A generation over a 2-rank ring mesh: events in order, the PNG equal
+    to ditrun's, raw tensors, chunking, seeds, priorities, info, models."""
+    d = Daemon("--ring", "2", "--chunk-bytes", "1024", world=2)
+    try:
+        api = d.api
+        kinds, png, res = d.generate(seed=7, request_id="fox-1", **SMALL)
+        assert kinds[0] == "queued" and kinds[1] == "started", kinds
+        prog = [k for k in kinds if k == "progress"]
+        assert len(prog) == 4, kinds
+        assert kinds[-1] == "result" and kinds.count("result") == 1, kinds
+        assert kinds.count("chunk") == (len(png) + 1023) // 1024 >= 2, kinds
+        assert png.startswith(PNG_MAGIC)
+        assert res.width == 64 and res.height == 64 and res.seed == 7
+        assert res.total_bytes == len(png)
+        t = res.timings
+        assert t.denoise_ms > 0 and t.total_ms >= t.denoise_ms and t.vae_ms > 0, t
+        with tempfile.TemporaryDirectory() as tmp:
+            ref = ditrun_png(tmp, seed=7, **SMALL)
+        assert png == ref, "the daemon's PNG differs from ditrun generate's"
+
+        # Every event carries the request id.
+        call = api.generate(d.channel)(api.request(seed=7, request_id="fox-2", **SMALL), timeout=60)
+        ids = {ev.request_id for ev in call}
+        assert ids == {"fox-2"}, ids
+
+        # Raw tensor: (3, H, W) f32, the PNG's pixels before quantisation.
+        kinds, raw, res = d.generate(seed=7, output_format="OUTPUT_FORMAT_RAW_TENSOR", **SMALL)
+        assert list(res.shape) == [3, 64, 64] and len(raw) == 3 * 64 * 64 * 4, res
+        assert res.dtype == api.enum("ditserve.v1.DType", "DTYPE_F32")
+
+        # No seed: the daemon picks one and reports it; it reproduces the image.
+        _, png_a, res_a = d.generate(**SMALL)
+        _, png_b, res_b = d.generate(seed=res_a.seed, **SMALL)
+        assert png_a == png_b and res_b.seed == res_a.seed
+
+        # Priorities: with the mesh busy, a later high-priority request runs
+        # before an earlier low-priority one.
+        started = []
+        lock = threading.Lock()
+
+        def run(name, prio, steps):
+            req = dict(SMALL, num_inference_steps=steps)
+            call = api.generate(d.channel)(api.request(priority=prio, request_id=name, seed=1, **req),
+                                           timeout=120)
+            for ev in call:
+                if ev.WhichOneof("event") == "started":
+                    with lock:
+                        started.append(name)
+
+        busy = threading.Thread(target=run, args=("busy", 0, 200))
+        busy.start()
+        t0 = time.monotonic()
+        while "busy" not in started and time.monotonic() - t0 < 30:
+            time.sleep(0.01)
+        low = threading.Thread(target=run, args=("low", 0, 2))
+        low.start()
+        t0 = time.monotonic()
+        while d.info().queue_depth < 1 and time.monotonic() - t0 < 30:
+            time.sleep(0.01)
+        high = threading.Thread(target=run, args=("high", 5, 2))
+        high.start()
+        t0 = time.monotonic()
+        while d.info().queue_depth < 2 and time.monotonic() - t0 < 30:
+            time.sleep(0.01)
+        for th in (busy, low, high):
+            th.join(120)
+        assert started == ["busy", "high", "low"], started
+
+        info = d.info()
+        assert info.world_size == 2 and info.layout.ring_degree == 2 and info.backend == "cpu", info
+        assert info.mesh_state == "ready" and len(info.devices) == 2 and info.comm == "shm", info
+        models = api.list_models(d.channel)(api.msg("ditserve.v1.ListModelsRequest")(), timeout=10)
+        assert [m.name for m in models.models] == ["demo"], models
+        assert models.models[0].pipeline == "FluxPipeline" and models.models[0].has_text_encoders
+        wr = api.warmup(d.channel)(api.msg("ditserve.v1.WarmupRequest")(width=64, height=64,
+                                                                         num_inference_steps=1),
+                                   timeout=60)
+        assert wr.elapsed_ms > 0 and "64x64" in wr.detail, wr
+        d.stop()
+    finally:
+        d.close()
+
+
+@case
+def health_reflection():
+    """Health Check/Watch through a --warmup start, server reflection
+    (v1 and v1alpha) from the embedded descriptors, unknown methods."""
+    d = Daemon("--warmup", "256x256:60", wait_serving=False)
+    try:
+        api = d.api
+        H = "grpc.health.v1.HealthCheckResponse.ServingStatus"
+        SERVING, NOT_SERVING = api.enum(H, "SERVING"), api.enum(H, "NOT_SERVING")
+        watch = api.health_watch(d.channel)(api.msg("grpc.health.v1.HealthCheckRequest")(),
+                                            timeout=120)
+        first = next(watch).status
+        assert first == NOT_SERVING, "SERVING before the warm-up ran"
+        assert next(watch).status == SERVING
+        watch.cancel()
+        assert "warm-up done" in d.log()
+        assert d.health() == SERVING and d.health("ditserve.v1.Generation") == SERVING
+        expect_error(lambda: d.health("no.such.Service"), "NOT_FOUND", "unknown service")
+        unknown = api.health_watch(d.channel)(
+            api.msg("grpc.health.v1.HealthCheckRequest")(service="no.such.Service"), timeout=10)
+        assert next(unknown).status == api.enum(H, "SERVICE_UNKNOWN")
+        unknown.cancel()
+
+        for version in ("v1", "v1alpha"):
+            Req = api.msg(f"grpc.reflection.{version}.ServerReflectionRequest")
+            reqs = [Req(list_services=""),
+                    Req(file_containing_symbol="ditserve.v1.Generation"),
+                    Req(file_containing_symbol="ditserve.v1.GenerateRequest.prompt"),
+                    Req(file_by_filename="grpc/health/v1/health.proto"),
+                    Req(file_containing_symbol="no.such.Thing"),
+                    Req(file_containing_symbol="ditserve.v1.OUTPUT_FORMAT_PNG"),
+                    Req(file_containing_symbol="ditserve.v1.Generation.Generate")]
+            resps = list(api.reflection(d.channel, version)(iter(reqs), timeout=10))
+            assert len(resps) == len(reqs)
+            names = sorted(s.name for s in resps[0].list_services_response.service)
+            assert names == sorted(["ditserve.v1.Generation", "grpc.health.v1.Health",
+                                    "grpc.reflection.v1.ServerReflection",
+                                    "grpc.reflection.v1alpha.ServerReflection"]), names
+            from google.protobuf import descriptor_pb2
+            files = [descriptor_pb2.FileDescriptorProto.FromString(b)
+                     for b in resps[1].file_descriptor_response.file_descriptor_proto]
+            gen = [f for f in files if f.package == "ditserve.v1"]
+            assert gen, [f.name for f in files]
+            methods = {m.name for s in gen[0].service for m in s.method}
+            assert {"Generate", "ListModels", "GetServerInfo", "Warmup"} <= methods, methods
+            # Dependencies come along (wrappers for guidance_scale and seed).
+            assert any(f.name == "google/protobuf/wrappers.proto" for f in files)
+            assert resps[2].file_descriptor_response.file_descriptor_proto, "field symbol"
+            hf = [descriptor_pb2.FileDescriptorProto.FromString(b)
+                  for b in resps[3].file_descriptor_response.file_descriptor_proto]
+            assert hf[0].name == "grpc/health/v1/health.proto"
+            assert resps[4].error_response.error_code == grpc.StatusCode.NOT_FOUND.value[0]
+            for k in (5, 6):
+                assert resps[k].file_descriptor_response.file_descriptor_proto, reqs[k]
+
+        # An unknown method answers UNIMPLEMENTED at once.
+        t0 = time.monotonic()
+        nope = d.channel.unary_unary("/ditserve.v1.Generation/Teleport")
+        expect_error(lambda: nope(b"", timeout=10), "UNIMPLEMENTED", "Teleport")
+        assert time.monotonic() - t0 < 5
+        d.stop()
+    finally:
+        d.close()
+
+
+def raw_generate(d, payload, timeout=30):
+    """Sends bytes as a Generate request, whatever they are."""
+    call = d.channel.unary_stream("/ditserve.v1.Generation/Generate")(payload, timeout=timeout)
+    return list(call)
+
+
+@case
+def bad_requests():
+    """Every bad request gets its own status and a message that says what is
+    wrong, and the daemon goes on serving."""
+    d = Daemon("--ring", "2", "--max-message-bytes", "200000", world=2)
+    try:
+        api = d.api
+        jd = 32  # the demo's joint_attention_dim and pooled_projection_dim
+
+        def gen(**fields):
+            return lambda: d.generate(timeout=30, **fields)
+
+        def f32(*shape):
+            n = 1
+            for s in shape:
+                n *= s
+            return ("DTYPE_F32", list(shape), b"\0" * (4 * n))
+
+        cases = [
+            (gen(**dict(SMALL, width=100)), "INVALID_ARGUMENT", "width 100", "multiple of 16"),
+            (gen(**dict(SMALL, height=-16)), "INVALID_ARGUMENT", "height -16"),
+            (gen(**dict(SMALL, width=4096, height=4096)), "INVALID_ARGUMENT", "max-pixels"),
+            (gen(**dict(SMALL, num_inference_steps=5000)), "INVALID_ARGUMENT",
+             "num_inference_steps 5000"),
+            (gen(**dict(SMALL, num_inference_steps=-3)), "INVALID_ARGUMENT", "num_inference_steps"),
+            (gen(**dict(SMALL, guidance_scale=float("nan"))), "INVALID_ARGUMENT", "guidance_scale"),
+            (gen(**dict(SMALL, true_cfg_scale=-1.0)), "INVALID_ARGUMENT", "true_cfg_scale"),
+            (gen(**dict(SMALL, max_sequence_length=600)), "INVALID_ARGUMENT", "max_sequence_length"),
+            (gen(**dict(SMALL, model="sdxl")), "NOT_FOUND", "sdxl", "demo"),
+            (gen(**dict(SMALL, request_id="x" * 200)), "INVALID_ARGUMENT", "request_id"),
+            # output_format = 7 (field 12, varint), past the enum's values.
+            (lambda: raw_generate(d, api.request(**SMALL).SerializeToString() + b"\x60\x07"),
+             "INVALID_ARGUMENT", "output_format 7"),
+            (gen(**dict(SMALL, prompt="p" * 70000)), "INVALID_ARGUMENT", "prompt is 70000 bytes"),
+            (gen(**dict(SMALL, prompt_embeds=f32(1, 5, jd + 1), pooled_prompt_embeds=f32(1, jd))),
+             "INVALID_ARGUMENT", "prompt_embeds must have shape (1, L, 32)"),
+            (gen(**dict(SMALL, prompt_embeds=("DTYPE_UNSPECIFIED", [1, 4, jd], b"\0" * 512),
+                        pooled_prompt_embeds=f32(1, jd))),
+             "INVALID_ARGUMENT", "prompt_embeds.dtype"),
+            (gen(**dict(SMALL, prompt_embeds=("DTYPE_BF16", [1, 4, jd], b"\0" * 100),
+                        pooled_prompt_embeds=f32(1, jd))),
+             "INVALID_ARGUMENT", "prompt_embeds holds 100 bytes", "needs 256"),
+            (gen(**dict(SMALL, prompt_embeds=f32(1, 4, jd))), "INVALID_ARGUMENT",
+             "pooled_prompt_embeds come together"),
+            (gen(**dict(SMALL, prompt_embeds=f32(1, 4, jd), pooled_prompt_embeds=f32(2, jd))),
+             "INVALID_ARGUMENT", "pooled_prompt_embeds must have shape (1, 32)"),
+            (gen(**dict(SMALL, latents=f32(1, 15, 16))), "INVALID_ARGUMENT",
+             "latents must have shape (1, 16, 16)"),
+            (gen(**dict(SMALL, true_cfg_scale=4.0, prompt_embeds=f32(1, 4, jd),
+                        pooled_prompt_embeds=f32(1, jd), negative_prompt_embeds=f32(1, 6, jd),
+                        negative_pooled_prompt_embeds=f32(1, jd))),
+             "INVALID_ARGUMENT", "negative_prompt_embeds must have shape (1, 4, 32)"),
+            # 48x48 is 9 image tokens: plain ring over 2 ranks needs an even count.
+            (gen(**dict(SMALL, width=48, height=48)), "INVALID_ARGUMENT", "ring_anything"),
+            (lambda: raw_generate(d, b"\xff\xff\xff\xff garbage"), "INVALID_ARGUMENT",
+             "not a valid ditserve.v1.GenerateRequest"),
+            # Invalid UTF-8 in a string field.
+            (lambda: raw_generate(d, b"\x12\x03a\xffb"), "INVALID_ARGUMENT"),
+            (gen(**dict(SMALL, prompt="q" * 300000)), "RESOURCE_EXHAUSTED", "larger than max"),
+            (lambda: api.warmup(d.channel)(api.msg("ditserve.v1.WarmupRequest")(width=33),
+                                           timeout=10),
+             "INVALID_ARGUMENT", "width 33"),
+            (lambda: api.warmup(d.channel)(api.msg("ditserve.v1.WarmupRequest")(model="x"),
+                                           timeout=10),
+             "NOT_FOUND", "'x'"),
+            (lambda: d.channel.unary_unary("/grpc.health.v1.Health/Check")(b"\x0a\xff", timeout=10),
+             "INVALID_ARGUMENT"),
+        ]
+        assert len(cases) >= 15
+        for i, (fn, code, *needles) in enumerate(cases):
+            details = expect_error(fn, code, *needles)
+            print(f"  bad request {i + 1:2d}: {code}: {details}")
+            if i % 6 == 5:
+                kinds, png, _ = d.generate(seed=3, **SMALL)
+                assert png.startswith(PNG_MAGIC), "the daemon stopped serving"
+        kinds, png, res = d.generate(seed=3, **SMALL)
+        assert png.startswith(PNG_MAGIC) and kinds[-1] == "result"
+        serving = api.enum("grpc.health.v1.HealthCheckResponse.ServingStatus", "SERVING")
+        assert d.health() == serving
+        assert d.info().worker_restarts == 0, "a bad request cost a worker"
+        d.stop()
+    finally:
+        d.close()
+
+
+@case
+def cancel_and_deadline():
+    """A client that cancels, or whose deadline passes, stops the job at the
+    next step boundary and frees the mesh for the next request."""
+    d = Daemon("--ring", "2", world=2)
+    try:
+        api = d.api
+        # Cancel while running.
+        call = api.generate(d.channel)(api.request(seed=1, request_id="to-cancel", **LONG),
+                                       timeout=600)
+        wait_progress(call)
+        t0 = time.monotonic()
+        call.cancel()
+        took = d.wait_idle(20)
+        print(f"  cancel -> mesh idle in {took * 1000:.0f} ms")
+        assert "id=to-cancel" in d.log() and "status=CANCELLED" in d.log()
+        kinds, png, _ = d.generate(seed=2, **SMALL)
+        assert png.startswith(PNG_MAGIC)
+
+        # Cancel while queued: it leaves the queue; the running job goes on.
+        running = api.generate(d.channel)(api.request(seed=1, **dict(SMALL, num_inference_steps=300)),
+                                          timeout=600)
+        wait_progress(running)
+        queued = api.generate(d.channel)(api.request(seed=1, request_id="queued-cancel", **SMALL),
+                                         timeout=600)
+        first = next(queued)
+        assert first.WhichOneof("event") == "queued" and first.queued.position == 0, first
+        queued.cancel()
+        t0 = time.monotonic()
+        while d.info().queue_depth != 0 and time.monotonic() - t0 < 10:
+            time.sleep(0.01)
+        assert d.info().queue_depth == 0
+        kinds, _, res = ditapi.collect(running)
+        assert kinds[-1] == "result", "the running job was disturbed"
+
+        # Deadline while running.
+        t0 = time.monotonic()
+        expect_error(lambda: d.generate(timeout=1.0, seed=1, request_id="too-slow", **LONG),
+                     "DEADLINE_EXCEEDED")
+        took = d.wait_idle(20)
+        print(f"  deadline -> mesh idle {took * 1000:.0f} ms after the client gave up")
+        assert "id=too-slow" in d.log()
+        kinds, png, _ = d.generate(seed=2, **SMALL)
+        assert png.startswith(PNG_MAGIC)
+        assert d.info().worker_restarts == 0
+        d.stop()
+    finally:
+        d.close()
+
+
+@case
+def worker_kill():
+    """kill -9 of a worker mid-request: that request fails fast with
+    UNAVAILABLE naming the rank, health drops and comes back, the queued
+    request survives, the next request succeeds."""
+    d = Daemon("--ring", "2", world=2)
+    try:
+        api = d.api
+        H = "grpc.health.v1.HealthCheckResponse.ServingStatus"
+        states = []
+
+        def watch():
+            w = api.health_watch(d.channel)(api.msg("grpc.health.v1.HealthCheckRequest")(),
+                                            timeout=120)
+            try:
+                for r in w:
+                    states.append(r.status)
+                    if len(states) >= 3:
+                        break
+            except grpc.RpcError:
+                pass
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        call = api.generate(d.channel)(api.request(seed=1, request_id="victim", **LONG), timeout=600)
+        wait_progress(call)
+        queued_result = {}
+
+        def queued():
+            queued_result["v"] = d.generate(timeout=300, seed=5, request_id="survivor", **SMALL)
+
+        qt = threading.Thread(target=queued)
+        qt.start()
+        t0 = time.monotonic()
+        while d.info().queue_depth < 1 and time.monotonic() - t0 < 10:
+            time.sleep(0.01)
+        workers = children_of(d.proc.pid)
+        assert len(workers) == 2, workers
+        victim = workers[-1]
+        t0 = time.monotonic()
+        os.kill(victim, signal.SIGKILL)
+        details = expect_error(lambda: ditapi.collect(call), "UNAVAILABLE", "rank")
+        failed_after = time.monotonic() - t0
+        print(f"  in-flight request failed {failed_after * 1000:.0f} ms after the kill: {details}")
+        assert failed_after < 10, "the failure took as long as a timeout"
+        qt.join(300)
+        kinds, png, res = queued_result["v"]
+        assert png.startswith(PNG_MAGIC) and res.seed == 5, "the queued request was lost"
+        watcher.join(60)
+        assert states[:3] == [api.enum(H, "SERVING"), api.enum(H, "NOT_SERVING"),
+                              api.enum(H, "SERVING")], states
+        info = d.info()
+        assert info.worker_restarts == 1 and info.mesh_state == "ready", info
+        new_workers = children_of(d.proc.pid)
+        assert len(new_workers) == 2 and victim not in new_workers
+        kinds, png, _ = d.generate(seed=6, **SMALL)
+        assert png.startswith(PNG_MAGIC)
+        d.stop()
+    finally:
+        d.close()
+
+
+@case
+def drain():
+    """SIGTERM: NOT_SERVING, new work refused, accepted work finishes, exit 0.
+    With a short drain timeout the job is cancelled. A second signal exits
+    at once, and the workers do not outlive ditd."""
+    d = Daemon("--ring", "2", "--drain-timeout", "60", world=2)
+    try:
+        api = d.api
+        call = api.generate(d.channel)(api.request(seed=1, **dict(SMALL, width=128, height=128,
+                                                                  num_inference_steps=100)),
+                                       timeout=300)
+        wait_progress(call)
+        d.proc.send_signal(signal.SIGTERM)
+        t0 = time.monotonic()
+        while "draining" not in d.log() and time.monotonic() - t0 < 10:
+            time.sleep(0.01)
+        # New calls, on this connection or a new one, are refused with a
+        # reason while the accepted one runs.
+        other = grpc.insecure_channel(d.target)
+        for ch in (d.channel, other):
+            expect_error(lambda: ditapi.collect(api.generate(ch)(api.request(**SMALL), timeout=10)),
+                         "UNAVAILABLE", "shutting down")
+        H = "grpc.health.v1.HealthCheckResponse.ServingStatus"
+        assert d.health() == api.enum(H, "NOT_SERVING")
+        other.close()
+        kinds, png, res = ditapi.collect(call)
+        assert kinds[-1] == "result" and png.startswith(PNG_MAGIC), "the drain lost the request"
+        rc = d.proc.wait(60)
+        assert rc == 0, f"ditd exited {rc}\n{d.log()}"
+        assert "NOT_SERVING" in d.log()
+        for w in d.workers:
+            assert not alive(w), "a worker outlived the drain"
+    finally:
+        d.close()
+
+    d = Daemon("--ring", "2", "--drain-timeout", "1", world=2)
+    try:
+        api = d.api
+        call = api.generate(d.channel)(api.request(seed=1, **LONG), timeout=600)
+        wait_progress(call)
+        t0 = time.monotonic()
+        d.proc.send_signal(signal.SIGTERM)
+        try:
+            ditapi.collect(call)
+            raise AssertionError("the long job finished despite the drain timeout")
+        except grpc.RpcError as e:
+            assert e.code().name in ("UNAVAILABLE", "CANCELLED"), e
+        rc = d.proc.wait(60)
+        took = time.monotonic() - t0
+        print(f"  drain timeout 1 s: ditd exited after {took:.1f} s")
+        assert rc == 0, f"ditd exited {rc}\n{d.log()}"
+        assert "drain timeout" in d.log()
+        assert "did not exit in time" not in d.log(), "the workers ignored the cancel"
+    finally:
+        d.close()
+
+    d = Daemon("--ring", "2", world=2)
+    try:
+        api = d.api
+        call = api.generate(d.channel)(api.request(seed=1, **LONG), timeout=600)
+        wait_progress(call)
+        workers = children_of(d.proc.pid)
+        d.proc.send_signal(signal.SIGINT)
+        time.sleep(0.2)
+        d.proc.send_signal(signal.SIGINT)
+        rc = d.proc.wait(30)
+        assert rc == 1, f"second signal: ditd exited {rc}"
+        t0 = time.monotonic()
+        while any(alive(w) for w in workers) and time.monotonic() - t0 < 10:
+            time.sleep(0.05)
+        assert not any(alive(w) for w in workers), "workers outlived an abrupt exit"
+    finally:
+        d.close()
+
+
+@case
+def load():
+    """200 requests from 50 concurrent clients against a queue of 4: each
+    gets a result or RESOURCE_EXHAUSTED, nothing hangs, ditd exits clean
+    (leak-checked under the sanitizer build)."""
+    d = Daemon("--ring", "2", "--max-queue", "4", world=2)
+    try:
+        api = d.api
+        outcomes = []
+        lock = threading.Lock()
+        per_client = 4
+
+        def client(k):
+            ch = grpc.insecure_channel(d.target)
+            try:
+                for i in range(per_client):
+                    req = api.request(seed=k * 100 + i, **dict(SMALL, num_inference_steps=2))
+                    try:
+                        kinds, png, res = ditapi.collect(api.generate(ch)(req, timeout=300))
+                        ok = png.startswith(PNG_MAGIC) and res.seed == k * 100 + i
+                        out = "OK" if ok else "BAD_RESULT"
+                    except grpc.RpcError as e:
+                        out = e.code().name
+                    with lock:
+                        outcomes.append(out)
+            finally:
+                ch.close()
+
+        threads = [threading.Thread(target=client, args=(k,)) for k in range(50)]
+        t0 = time.monotonic()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(600)
+        took = time.monotonic() - t0
+        assert not any(t.is_alive() for t in threads), "a client hung"
+        counts = {k: outcomes.count(k) for k in set(outcomes)}
+        print(f"  200 requests, 50 clients, queue 4: {counts} in {took:.1f} s")
+        assert len(outcomes) == 200
+        assert set(counts) <= {"OK", "RESOURCE_EXHAUSTED"}, counts
+        assert counts.get("OK", 0) >= 5 and counts.get("RESOURCE_EXHAUSTED", 0) >= 1, counts
+        assert d.wait_idle(30) >= 0
+        kinds, png, _ = d.generate(seed=9, **SMALL)
+        assert png.startswith(PNG_MAGIC)
+        d.stop()
+    finally:
+        d.close()
+
+
+@case
+def ditctl():
+    """The C client against the real daemon: generate writes the same PNG a
+    Python client gets, health/info/models/warmup/bench work."""
+    d = Daemon("--ring", "2", world=2)
+    exe = env_path("DITCTL")
+    try:
+        def run(*args, ok=True):
+            p = subprocess.run([exe, "--target", d.target] + list(args), capture_output=True,
+                               text=True, timeout=300)
+            if ok:
+                assert p.returncode == 0, f"ditctl {args}: {p.returncode}\n{p.stdout}\n{p.stderr}"
+            return p
+
+        with tempfile.TemporaryDirectory() as tmp:
+            out = os.path.join(tmp, "fox.png")
+            run("generate", "--prompt", SMALL["prompt"], "--width", "64", "--height", "64",
+                "--steps", "4", "--seed", "7", "-o", out)
+            _, png, _ = d.generate(seed=7, **SMALL)
+            with open(out, "rb") as f:
+                assert f.read() == png, "ditctl and the Python client got different images"
+        assert "SERVING" in run("health").stdout
+        info = run("info").stdout
+        assert "ring" in info and "cpu" in info, info
+        assert "demo" in run("models").stdout
+        run("warmup", "--width", "64", "--height", "64", "--steps", "1")
+        bench = run("bench", "-n", "6", "-c", "3", "--prompt", "x", "--width", "64", "--height",
+                    "64", "--steps", "2", "--quiet").stdout
+        assert "p50" in bench and "OK" in bench, bench
+        bad = run("generate", "--prompt", "x", "--width", "100", "-o", "/dev/null", ok=False)
+        assert bad.returncode == 1 and "INVALID_ARGUMENT" in bad.stderr, bad.stderr
+        d.stop()
+    finally:
+        d.close()
+
+
+def main():
+    if len(sys.argv) != 2 or sys.argv[1] not in CASES and sys.argv[1] != "--list":
+        print(__doc__)
+        print("cases:", " ".join(CASES))
+        return 2
+    if sys.argv[1] == "--list":
+        print("\n".join(CASES))
+        return 0
+    t0 = time.monotonic()
+    try:
+        CASES[sys.argv[1]]()
+    except BaseException:
+        Daemon.dump_logs()
+        raise
+    finally:
+        Daemon.remove_logs()
+    print(f"{sys.argv[1]}: ok ({time.monotonic() - t0:.1f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

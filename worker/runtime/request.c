@@ -1,0 +1,278 @@
+#include "runtime/request.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/tensor.h"
+
+/* Strict UTF-8 (no overlongs, surrogates or code points past U+10FFFF). */
+static bool valid_utf8(const char *s, size_t n)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    size_t i = 0;
+    while (i < n) {
+        unsigned c = p[i];
+        size_t len;
+        unsigned min;
+        if (c < 0x80) {
+            i++;
+            continue;
+        } else if ((c & 0xe0) == 0xc0) {
+            len = 2;
+            min = 0x80;
+            c &= 0x1f;
+        } else if ((c & 0xf0) == 0xe0) {
+            len = 3;
+            min = 0x800;
+            c &= 0x0f;
+        } else if ((c & 0xf8) == 0xf0) {
+            len = 4;
+            min = 0x10000;
+            c &= 0x07;
+        } else {
+            return false;
+        }
+        if (i + len > n)
+            return false;
+        for (size_t k = 1; k < len; k++) {
+            if ((p[i + k] & 0xc0) != 0x80)
+                return false;
+            c = (c << 6) | (p[i + k] & 0x3f);
+        }
+        if (c < min || c > 0x10ffff || (c >= 0xd800 && c <= 0xdfff))
+            return false;
+        i += len;
+    }
+    return true;
+}
+
+static dit_status check_text(const char *name, const char *s, dit_diag *diag)
+{
+    if (!s)
+        return DIT_OK;
+    size_t n = strlen(s);
+    if (n > DIT_REQUEST_MAX_PROMPT_BYTES)
+        return dit_diag_set(diag, DIT_ERR_INVALID_ARG, "%s is %zu bytes; at most %d are accepted",
+                            name, n, DIT_REQUEST_MAX_PROMPT_BYTES);
+    if (!valid_utf8(s, n))
+        return dit_diag_set(diag, DIT_ERR_INVALID_ARG, "%s is not valid UTF-8", name);
+    return DIT_OK;
+}
+
+static bool dtype_of(Ditserve__V1__DType d, dit_dtype *out)
+{
+    switch (d) {
+    case DITSERVE__V1__DTYPE__DTYPE_F32:
+        *out = DIT_F32;
+        return true;
+    case DITSERVE__V1__DTYPE__DTYPE_BF16:
+        *out = DIT_BF16;
+        return true;
+    case DITSERVE__V1__DTYPE__DTYPE_F16:
+        *out = DIT_F16;
+        return true;
+    default:
+        return false;
+    }
+}
+
+/* Checks dtype, rank, dims (-1: any, within [1, max_any]) and byte count. */
+static dit_status check_tensor(const char *name, const Ditserve__V1__Tensor *t, int ndim,
+                               const int64_t *want, int64_t max_any, dit_diag *diag)
+{
+    dit_dtype dt;
+    if (!dtype_of(t->dtype, &dt))
+        return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
+                            "%s.dtype must be DTYPE_F32, DTYPE_BF16 or DTYPE_F16", name);
+    char shape_text[128] = "(";
+    size_t used = 1;
+    for (int i = 0; i < ndim && used < sizeof shape_text; i++) {
+        int n = want[i] < 0 ? snprintf(shape_text + used, sizeof shape_text - used, "%sL", i ? ", " : "")
+                            : snprintf(shape_text + used, sizeof shape_text - used, "%s%lld",
+                                       i ? ", " : "", (long long)want[i]);
+        used += n > 0 ? (size_t)n : 0;
+    }
+    if (used < sizeof shape_text)
+        snprintf(shape_text + used, sizeof shape_text - used, ")");
+    bool ok = t->n_shape == (size_t)ndim;
+    int64_t numel = 1;
+    for (int i = 0; ok && i < ndim; i++) {
+        const int64_t d = t->shape[i];
+        ok = want[i] < 0 ? (d >= 1 && d <= max_any) : d == want[i];
+        numel *= d;
+    }
+    if (!ok)
+        return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
+                            "%s must have shape %s for this model%s", name, shape_text,
+                            max_any > 0 ? " (L from 1 to 4096)" : "");
+    const size_t bytes = (size_t)numel * dit_dtype_size(dt);
+    if (t->data.len != bytes)
+        return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
+                            "%s holds %zu bytes; shape %s in %s needs %zu", name, t->data.len,
+                            shape_text, dit_dtype_name(dt), bytes);
+    return DIT_OK;
+}
+
+/* Fills gp from req with defaults; pointers to caller tensors are set to
+ * their raw bytes (presence only) and replaced by f32 copies in resolve. */
+static void fill_params(const Ditserve__V1__GenerateRequest *req, dit_gen_params *gp)
+{
+    memset(gp, 0, sizeof *gp);
+    gp->prompt = req->prompt ? req->prompt : "";
+    gp->prompt_2 = req->prompt_2 && req->prompt_2[0] ? req->prompt_2 : NULL;
+    gp->negative_prompt = req->negative_prompt && req->negative_prompt[0] ? req->negative_prompt : NULL;
+    gp->negative_prompt_2 =
+        req->negative_prompt_2 && req->negative_prompt_2[0] ? req->negative_prompt_2 : NULL;
+    gp->width = req->width ? req->width : DIT_REQUEST_DEFAULT_SIZE;
+    gp->height = req->height ? req->height : DIT_REQUEST_DEFAULT_SIZE;
+    gp->steps = req->num_inference_steps ? req->num_inference_steps : DIT_REQUEST_DEFAULT_STEPS;
+    gp->guidance_scale = req->guidance_scale ? req->guidance_scale->value : DIT_REQUEST_DEFAULT_GUIDANCE;
+    gp->true_cfg_scale = req->true_cfg_scale ? req->true_cfg_scale->value : 1.0f;
+    gp->seed = req->seed ? req->seed->value : 0;
+    gp->max_sequence_length = req->max_sequence_length;
+    if (req->prompt_embeds) {
+        gp->prompt_embeds = (const float *)req->prompt_embeds->data.data;
+        gp->prompt_embeds_len = req->prompt_embeds->n_shape == 3 ? req->prompt_embeds->shape[1] : 0;
+    }
+    if (req->pooled_prompt_embeds)
+        gp->pooled_prompt_embeds = (const float *)req->pooled_prompt_embeds->data.data;
+    if (req->negative_prompt_embeds) {
+        gp->negative_prompt_embeds = (const float *)req->negative_prompt_embeds->data.data;
+        gp->negative_prompt_embeds_len =
+            req->negative_prompt_embeds->n_shape == 3 ? req->negative_prompt_embeds->shape[1] : 0;
+    }
+    if (req->negative_pooled_prompt_embeds)
+        gp->negative_pooled_prompt_embeds =
+            (const float *)req->negative_pooled_prompt_embeds->data.data;
+    if (req->latents)
+        gp->latents = (const float *)req->latents->data.data;
+}
+
+dit_status dit_request_validate(const Ditserve__V1__GenerateRequest *req,
+                                const dit_pipeline_info *info, dit_diag *diag)
+{
+    dit_status st;
+    const char *names[4] = {"prompt", "prompt_2", "negative_prompt", "negative_prompt_2"};
+    const char *texts[4] = {req->prompt, req->prompt_2, req->negative_prompt, req->negative_prompt_2};
+    for (int i = 0; i < 4; i++)
+        if ((st = check_text(names[i], texts[i], diag)) != DIT_OK)
+            return st;
+    if (req->request_id && strlen(req->request_id) > 128)
+        return dit_diag_set(diag, DIT_ERR_INVALID_ARG, "request_id is longer than 128 bytes");
+    if (req->output_format != DITSERVE__V1__OUTPUT_FORMAT__OUTPUT_FORMAT_UNSPECIFIED &&
+        req->output_format != DITSERVE__V1__OUTPUT_FORMAT__OUTPUT_FORMAT_PNG &&
+        req->output_format != DITSERVE__V1__OUTPUT_FORMAT__OUTPUT_FORMAT_RAW_TENSOR)
+        return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
+                            "output_format %d is not OUTPUT_FORMAT_PNG or OUTPUT_FORMAT_RAW_TENSOR",
+                            (int)req->output_format);
+    dit_gen_params gp;
+    fill_params(req, &gp);
+    const dit_flux_config *fc = &info->transformer;
+    if (req->prompt_embeds) {
+        const int64_t s[3] = {1, -1, fc->joint_attention_dim};
+        if ((st = check_tensor("prompt_embeds", req->prompt_embeds, 3, s, 4096, diag)) != DIT_OK)
+            return st;
+    }
+    if (req->pooled_prompt_embeds) {
+        const int64_t s[2] = {1, fc->pooled_projection_dim};
+        if ((st = check_tensor("pooled_prompt_embeds", req->pooled_prompt_embeds, 2, s, 0, diag)) != DIT_OK)
+            return st;
+    }
+    if (req->negative_prompt_embeds) {
+        const int64_t s[3] = {1, gp.prompt_embeds_len > 0 ? gp.prompt_embeds_len : -1,
+                              fc->joint_attention_dim};
+        if ((st = check_tensor("negative_prompt_embeds", req->negative_prompt_embeds, 3, s, 4096,
+                               diag)) != DIT_OK)
+            return st;
+    }
+    if (req->negative_pooled_prompt_embeds) {
+        const int64_t s[2] = {1, fc->pooled_projection_dim};
+        if ((st = check_tensor("negative_pooled_prompt_embeds", req->negative_pooled_prompt_embeds,
+                               2, s, 0, diag)) != DIT_OK)
+            return st;
+    }
+    /* The size rules come before the latents' shape, which depends on them. */
+    if ((st = dit_gen_check(info, &gp, diag)) != DIT_OK)
+        return st;
+    if (req->latents) {
+        const int mult = 2 * info->vae_scale;
+        const int64_t s[3] = {1, (int64_t)(gp.height / mult) * (gp.width / mult),
+                              4 * info->latent_channels};
+        if ((st = check_tensor("latents", req->latents, 3, s, 0, diag)) != DIT_OK)
+            return st;
+    }
+    return DIT_OK;
+}
+
+dit_status dit_request_validate_mesh(const Ditserve__V1__GenerateRequest *req,
+                                     const dit_pipeline_info *info, const dit_parallel_config *pc,
+                                     dit_diag *diag)
+{
+    if (pc->world_size <= 1)
+        return DIT_OK;
+    dit_gen_params gp;
+    fill_params(req, &gp);
+    const int mult = 2 * info->vae_scale;
+    const int64_t img = (int64_t)(gp.height / mult) * (gp.width / mult);
+    const int64_t txt = gp.prompt_embeds ? gp.prompt_embeds_len
+                                         : (gp.max_sequence_length ? gp.max_sequence_length : 512);
+    return dit_parallel_validate_model(pc, &info->transformer, img, txt, diag);
+}
+
+static dit_status to_f32(const Ditserve__V1__Tensor *t, float **out, dit_diag *diag)
+{
+    if (!t)
+        return DIT_OK;
+    dit_dtype dt = DIT_F32;
+    dtype_of(t->dtype, &dt);
+    const size_t n = t->data.len / dit_dtype_size(dt);
+    *out = malloc((n ? n : 1) * sizeof(float));
+    if (!*out)
+        return dit_diag_set(diag, DIT_ERR_NOMEM, "out of memory for request tensors");
+    dit_convert_to_f32(*out, t->data.data, dt, n);
+    return DIT_OK;
+}
+
+dit_status dit_request_resolve(const Ditserve__V1__GenerateRequest *req,
+                               const dit_pipeline_info *info, uint64_t seed_fallback,
+                               dit_request *out, dit_diag *diag)
+{
+    memset(out, 0, sizeof *out);
+    dit_status st = dit_request_validate(req, info, diag);
+    if (st != DIT_OK)
+        return st;
+    fill_params(req, &out->gp);
+    out->seed_set = req->seed != NULL;
+    if (!out->seed_set)
+        out->gp.seed = seed_fallback;
+    out->output_format = req->output_format == DITSERVE__V1__OUTPUT_FORMAT__OUTPUT_FORMAT_RAW_TENSOR
+                             ? DITSERVE__V1__OUTPUT_FORMAT__OUTPUT_FORMAT_RAW_TENSOR
+                             : DITSERVE__V1__OUTPUT_FORMAT__OUTPUT_FORMAT_PNG;
+    DIT_CHECK(to_f32(req->prompt_embeds, &out->prompt_embeds, diag));
+    DIT_CHECK(to_f32(req->pooled_prompt_embeds, &out->pooled_prompt_embeds, diag));
+    DIT_CHECK(to_f32(req->negative_prompt_embeds, &out->negative_prompt_embeds, diag));
+    DIT_CHECK(to_f32(req->negative_pooled_prompt_embeds, &out->negative_pooled_prompt_embeds, diag));
+    DIT_CHECK(to_f32(req->latents, &out->latents, diag));
+    out->gp.prompt_embeds = out->prompt_embeds;
+    out->gp.pooled_prompt_embeds = out->pooled_prompt_embeds;
+    out->gp.negative_prompt_embeds = out->negative_prompt_embeds;
+    out->gp.negative_pooled_prompt_embeds = out->negative_pooled_prompt_embeds;
+    out->gp.latents = out->latents;
+    return DIT_OK;
+cleanup:
+    dit_request_free(out);
+    return st;
+}
+
+void dit_request_free(dit_request *r)
+{
+    if (!r)
+        return;
+    free(r->prompt_embeds);
+    free(r->pooled_prompt_embeds);
+    free(r->negative_prompt_embeds);
+    free(r->negative_pooled_prompt_embeds);
+    free(r->latents);
+    memset(r, 0, sizeof *r);
+}

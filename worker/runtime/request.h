@@ -1,0 +1,53 @@
+/* A ditserve.v1.GenerateRequest turned into pipeline parameters: defaults
+ * applied (width/height 1024, 28 steps, guidance 3.5, ...), every field
+ * range-checked, tensors checked against the pipeline (dtype, shape, byte
+ * count) and converted to f32. The daemon validates with it when a request
+ * arrives; the workers resolve with it when the job runs, so both read the
+ * request the same way.
+ *
+ * Owner: the caller of dit_request_resolve owns the result. */
+#ifndef DIT_RUNTIME_REQUEST_H
+#define DIT_RUNTIME_REQUEST_H
+
+#include <stdbool.h>
+
+#include "ditserve_v1_generation.pb-c.h"
+#include "parallel/mesh.h"
+#include "pipeline/flux_pipeline.h"
+
+#define DIT_REQUEST_DEFAULT_SIZE 1024
+#define DIT_REQUEST_DEFAULT_STEPS 28
+#define DIT_REQUEST_DEFAULT_GUIDANCE 3.5f
+#define DIT_REQUEST_MAX_PROMPT_BYTES 65536
+
+typedef struct dit_request {
+    dit_gen_params gp; /* points into this struct's own storage */
+    int output_format; /* DITSERVE__V1__OUTPUT_FORMAT__OUTPUT_FORMAT_PNG or _RAW_TENSOR */
+    bool seed_set;     /* the request chose the seed */
+    float *prompt_embeds, *pooled_prompt_embeds;
+    float *negative_prompt_embeds, *negative_pooled_prompt_embeds;
+    float *latents;
+} dit_request;
+
+/* Checks everything without allocating; the message says which field is
+ * wrong and what would be right. */
+dit_status dit_request_validate(const Ditserve__V1__GenerateRequest *req,
+                                const dit_pipeline_info *info, dit_diag *diag);
+
+/* The mesh's rules for this request's token counts (image tokens from the
+ * size, text tokens from prompt_embeds or max_sequence_length): plain
+ * context-parallel modes need counts divisible by the CP size. Call after
+ * dit_request_validate. */
+dit_status dit_request_validate_mesh(const Ditserve__V1__GenerateRequest *req,
+                                     const dit_pipeline_info *info, const dit_parallel_config *pc,
+                                     dit_diag *diag);
+
+/* Validates, then fills *out (tensors converted to f32). seed_fallback is
+ * used when the request has no seed. */
+dit_status dit_request_resolve(const Ditserve__V1__GenerateRequest *req,
+                               const dit_pipeline_info *info, uint64_t seed_fallback,
+                               dit_request *out, dit_diag *diag);
+
+void dit_request_free(dit_request *r);
+
+#endif
