@@ -23,6 +23,7 @@ typedef struct opt_def {
 /* Raw values before interpretation; strings point into argv or environ. */
 typedef struct raw {
     const char *model, *model_name, *listen, *backend, *worker, *warmup, *log_level;
+    const char *tls_cert, *tls_key, *tls_client_ca, *auth_token_file;
     long long world, ring, ulysses, tp, max_queue, threads, max_message, conn_age, chunk, max_pixels;
     double drain, comm_timeout, job_timeout, startup_timeout;
     long long uany, rany, unany, nofp32, log_json;
@@ -78,6 +79,14 @@ static const opt_def defs[] = {
      256, 268435456},
     {"warmup", "DITD_WARMUP", OPT_STR, "WxH:STEPS",
      "run one generation of this shape before serving", OFF(warmup), 0, 0},
+    {"tls-cert", "DITD_TLS_CERT", OPT_STR, "FILE",
+     "serve TLS with this PEM certificate chain (needs --tls-key)", OFF(tls_cert), 0, 0},
+    {"tls-key", "DITD_TLS_KEY", OPT_STR, "FILE", "the PEM private key of --tls-cert", OFF(tls_key), 0, 0},
+    {"tls-client-ca", "DITD_TLS_CLIENT_CA", OPT_STR, "FILE",
+     "require client certificates signed by these PEM roots (mutual TLS)", OFF(tls_client_ca), 0, 0},
+    {"auth-token-file", "DITD_AUTH_TOKEN_FILE", OPT_STR, "FILE",
+     "require 'authorization: Bearer TOKEN' (TOKEN read from FILE) on every method but health",
+     OFF(auth_token_file), 0, 0},
     {"log-level", "DITD_LOG_LEVEL", OPT_STR, "LEVEL", "debug, info, warn or error (default info)",
      OFF(log_level), 0, 0},
     {"log-json", "DITD_LOG_JSON", OPT_FLAG, NULL, "log lines as JSON objects", OFF(log_json), 0, 0},
@@ -257,6 +266,18 @@ int dit_daemon_config_parse(dit_daemon_config *cfg, int argc, char **argv)
     cfg->chunk_bytes = r.chunk;
     cfg->warmup = r.warmup;
     cfg->max_pixels = r.max_pixels;
+    cfg->tls_cert = r.tls_cert;
+    cfg->tls_key = r.tls_key;
+    cfg->tls_client_ca = r.tls_client_ca;
+    cfg->auth_token_file = r.auth_token_file;
+    if (!cfg->tls_cert != !cfg->tls_key) {
+        fprintf(stderr, "ditd: --tls-cert and --tls-key go together\n");
+        return 2;
+    }
+    if (cfg->tls_client_ca && !cfg->tls_cert) {
+        fprintf(stderr, "ditd: --tls-client-ca needs --tls-cert and --tls-key\n");
+        return 2;
+    }
     cfg->log.level = DIT_LOG_INFO;
     if (r.log_level && !dit_log_level_parse(r.log_level, &cfg->log.level)) {
         fprintf(stderr, "ditd: log level '%s' is not debug, info, warn or error\n", r.log_level);

@@ -32,6 +32,8 @@ typedef struct dit_daemon_config {
     int64_t chunk_bytes;       /* result bytes per ResultChunk message */
     const char *warmup;        /* WIDTHxHEIGHT:STEPS run before serving, or NULL */
     int64_t max_pixels;        /* largest width x height accepted */
+    const char *tls_cert, *tls_key, *tls_client_ca; /* PEM files; NULL: plaintext */
+    const char *auth_token_file; /* bearer token for every method but health */
     dit_log log;
 } dit_daemon_config;
 

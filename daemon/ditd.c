@@ -101,6 +101,23 @@ static dit_status check_warmup(const dit_daemon_config *cfg, const dit_pipeline_
     return DIT_OK;
 }
 
+/* The bearer token: the file's first line, at least 16 bytes. */
+static dit_status read_token(const char *path, char *out, size_t cap, dit_diag *diag)
+{
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return dit_diag_set(diag, DIT_ERR_IO, "cannot read --auth-token-file %s", path);
+    const bool got = fgets(out, (int)cap, f) != NULL;
+    fclose(f);
+    if (!got)
+        return dit_diag_set(diag, DIT_ERR_INVALID_ARG, "--auth-token-file %s is empty", path);
+    out[strcspn(out, "\r\n")] = '\0';
+    if (strlen(out) < 16)
+        return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
+                            "the token in %s is shorter than 16 characters", path);
+    return DIT_OK;
+}
+
 /* Once every call has ended and every worker is gone: close what main
  * owns and let the loop run dry. */
 static void maybe_finish(daemon_state *d)
@@ -218,13 +235,16 @@ int main(int argc, char **argv)
     dit_diag diag;
     dit_diag_clear(&diag);
     char worker[PATH_MAX];
+    char token[512] = "";
     bool grpc_up = false, loop_up = false;
     rc = 1;
 
     if (dit_pipeline_probe(d->cfg.model, &s->info, &diag) != DIT_OK ||
         dit_parallel_validate_model(&d->cfg.pc, &s->info.transformer, 0, 0, &diag) != DIT_OK ||
         (d->cfg.warmup && check_warmup(&d->cfg, &s->info, &diag) != DIT_OK) ||
-        find_worker(d->cfg.worker_path, worker, sizeof worker, &diag) != DIT_OK) {
+        find_worker(d->cfg.worker_path, worker, sizeof worker, &diag) != DIT_OK ||
+        (d->cfg.auth_token_file &&
+         read_token(d->cfg.auth_token_file, token, sizeof token, &diag) != DIT_OK)) {
         fprintf(stderr, "ditd: %s\n", dit_diag_msg(&diag));
         rc = 2;
         goto cleanup;
@@ -279,6 +299,10 @@ int main(int argc, char **argv)
         .listen = d->cfg.listen,
         .max_message_bytes = d->cfg.max_message_bytes,
         .max_connection_age_s = d->cfg.max_connection_age_s,
+        .tls_cert = d->cfg.tls_cert,
+        .tls_key = d->cfg.tls_key,
+        .tls_client_ca = d->cfg.tls_client_ca,
+        .auth_token = token[0] ? token : NULL,
         .log = lg,
     };
     if (dit_rpc_server_create(&d->loop, &rc_cfg, methods, n_methods, &s->rpc, &s->port, &diag) !=
@@ -306,14 +330,17 @@ int main(int argc, char **argv)
     fflush(stdout);
     DIT_LOG(lg, DIT_LOG_INFO, "main",
             "serving model '%s' from %s on port %d: %d worker(s), ring %d x ulysses %d x tp %d, "
-            "backend %s, queue %d",
+            "backend %s, queue %d, %s%s",
             d->cfg.model_name, d->cfg.model, s->port, d->cfg.pc.world_size, d->cfg.pc.ring_degree,
-            d->cfg.pc.ulysses_degree, d->cfg.pc.tp_degree, d->cfg.backend_name, d->cfg.max_queue);
+            d->cfg.pc.ulysses_degree, d->cfg.pc.tp_degree, d->cfg.backend_name, d->cfg.max_queue,
+            d->cfg.tls_cert ? (d->cfg.tls_client_ca ? "mutual TLS" : "TLS") : "plaintext",
+            token[0] ? ", bearer token required" : "");
 
     uv_run(&d->loop, UV_RUN_DEFAULT);
     rc = 0;
 
 cleanup:
+    memset(token, 0, sizeof token);
     /* Normally both are gone already (maybe_finish); after a failed start
      * they may not be. Their handle closes finish in the last loop run. */
     if (s->rpc)

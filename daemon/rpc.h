@@ -84,6 +84,10 @@ void dit_rpc_call_finish(dit_rpc_call *c, grpc_status_code code, const char *det
 /* Bidi: ask for the next message (on_message fires when it arrives). */
 void dit_rpc_call_read(dit_rpc_call *c);
 
+/* The status the call was finished with (OK before that), and its details
+ * (valid while the handler runs). */
+grpc_status_code dit_rpc_call_code(const dit_rpc_call *c, const char **details);
+
 void dit_rpc_call_set_user(dit_rpc_call *c, void *user);
 void *dit_rpc_call_user(const dit_rpc_call *c);
 

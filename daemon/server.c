@@ -406,6 +406,17 @@ static void on_generate(void *ctx, dit_rpc_call *call, const uint8_t *req, size_
     return;
 reject:
     s->requests_failed++;
+    {
+        /* Refused requests get their request-log line too. */
+        const char *why;
+        const grpc_status_code code = dit_rpc_call_code(call, &why);
+        dit_log_request(s->log, r->request_id && *r->request_id ? r->request_id : "-",
+                        r->model && *r->model ? r->model : s->cfg->model_name,
+                        r->width ? r->width : DIT_REQUEST_DEFAULT_SIZE,
+                        r->height ? r->height : DIT_REQUEST_DEFAULT_SIZE,
+                        r->num_inference_steps ? r->num_inference_steps : DIT_REQUEST_DEFAULT_STEPS,
+                        0, 0, dit_rpc_status_name(code), why);
+    }
     ditserve__v1__generate_request__free_unpacked(r, NULL);
 }
 

@@ -54,7 +54,7 @@ class Daemon:
 
     logs = []
 
-    def __init__(self, *args, world=1, env=None, startup_s=60, wait_serving=True):
+    def __init__(self, *args, world=1, env=None, startup_s=60, wait_serving=True, creds=None):
         self.api = ditapi.Api(env_path("DIT_DESC"))
         self.logf = tempfile.NamedTemporaryFile(prefix="ditd-", suffix=".log", delete=False)
         Daemon.logs.append(self.logf.name)
@@ -69,10 +69,18 @@ class Daemon:
             self.proc.wait()
             raise AssertionError(f"ditd did not start: {line!r}\n{self.log()}")
         self.target = line.split()[-1]
-        self.channel = grpc.insecure_channel(self.target)
+        self.creds = creds
+        self.channel = self.connect()
         self.workers = []
         if wait_serving:
             self.wait_serving(startup_s)
+
+    def connect(self, creds=None):
+        """A new channel to the daemon, with TLS when it serves TLS."""
+        creds = creds or self.creds
+        if creds is None:
+            return grpc.insecure_channel(self.target)
+        return grpc.secure_channel(self.target, creds)
 
     def log(self):
         with open(self.logf.name, errors="replace") as f:

@@ -585,6 +585,108 @@ def ditctl():
         d.close()
 
 
+def make_certs(tmp):
+    """A CA, a server certificate for 127.0.0.1/localhost and a client
+    certificate, made with openssl; returns the PEM bytes by name."""
+    def ssl(*args):
+        subprocess.run(["openssl"] + list(args), cwd=tmp, check=True, capture_output=True)
+
+    ssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem",
+        "-days", "2", "-subj", "/CN=ditserve-test-ca")
+    with open(os.path.join(tmp, "san.ext"), "w") as f:
+        f.write("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
+    for name in ("server", "client"):
+        ssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr",
+            "-subj", f"/CN={name}")
+        ssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+            "-CAcreateserial", "-out", f"{name}.pem", "-days", "2", "-extfile", "san.ext")
+    ssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "other.key", "-out",
+        "other.pem", "-days", "2", "-subj", "/CN=someone-else")
+    out = {}
+    for n in ("ca.pem", "server.pem", "server.key", "client.pem", "client.key", "other.pem",
+              "other.key"):
+        with open(os.path.join(tmp, n), "rb") as f:
+            out[n] = f.read()
+    return out
+
+
+@case
+def tls_auth():
+    """Mutual TLS and a bearer token: the right client is served; plaintext,
+    no client certificate, a certificate from another CA, and a missing or
+    wrong token are refused; health needs no token."""
+    with tempfile.TemporaryDirectory() as tmp:
+        pem = make_certs(tmp)
+        token = "s3cret-token-for-the-e2e-test"
+        with open(os.path.join(tmp, "token"), "w") as f:
+            f.write(token + "\n")
+        good = grpc.ssl_channel_credentials(pem["ca.pem"], pem["client.key"], pem["client.pem"])
+        d = Daemon("--tls-cert", os.path.join(tmp, "server.pem"),
+                   "--tls-key", os.path.join(tmp, "server.key"),
+                   "--tls-client-ca", os.path.join(tmp, "ca.pem"),
+                   "--auth-token-file", os.path.join(tmp, "token"), creds=good)
+        try:
+            api = d.api
+            auth = [("authorization", f"Bearer {token}")]
+            call = api.generate(d.channel)(api.request(seed=7, **SMALL), timeout=60, metadata=auth)
+            kinds, png, res = ditapi.collect(call)
+            assert png.startswith(PNG_MAGIC) and res.seed == 7
+            # Health is public: probes carry no token.
+            assert d.health() == api.enum("grpc.health.v1.HealthCheckResponse.ServingStatus",
+                                          "SERVING")
+            info_req = api.msg("ditserve.v1.GetServerInfoRequest")()
+            expect_error(lambda: api.server_info(d.channel)(info_req, timeout=10),
+                         "UNAUTHENTICATED", "bearer token")
+            expect_error(lambda: api.server_info(d.channel)(
+                info_req, timeout=10, metadata=[("authorization", "Bearer " + token[:-1] + "X")]),
+                "UNAUTHENTICATED")
+            expect_error(lambda: ditapi.collect(api.generate(d.channel)(api.request(**SMALL),
+                                                                        timeout=10)),
+                         "UNAUTHENTICATED")
+            assert api.server_info(d.channel)(info_req, timeout=10, metadata=auth).world_size == 1
+            # Refused connections: plaintext, no client certificate, another CA.
+            refused = [grpc.insecure_channel(d.target),
+                       d.connect(grpc.ssl_channel_credentials(pem["ca.pem"])),
+                       d.connect(grpc.ssl_channel_credentials(pem["ca.pem"], pem["other.key"],
+                                                              pem["other.pem"]))]
+            for ch in refused:
+                expect_error(lambda: api.server_info(ch)(info_req, timeout=5, metadata=auth),
+                             "UNAVAILABLE")
+                ch.close()
+            d.stop()
+        finally:
+            d.close()
+        # A bad flag combination is refused before anything starts.
+        p = subprocess.run([env_path("DITD"), "--model", DEMO, "--tls-cert",
+                            os.path.join(tmp, "server.pem")], capture_output=True, text=True)
+        assert p.returncode == 2 and "--tls-key" in p.stderr, p.stderr
+
+
+@case
+def json_logs():
+    """--log-json: every line a JSON object; one request line per request
+    with id, model, shape, steps, queue and compute times and the status."""
+    import json
+    d = Daemon("--log-json", "--log-level", "debug")
+    try:
+        d.generate(seed=1, request_id="json-1", **SMALL)
+        expect_error(lambda: d.generate(timeout=10, **dict(SMALL, width=100)), "INVALID_ARGUMENT")
+        d.stop()
+        lines = [json.loads(l) for l in d.log().splitlines() if l.strip()]
+        assert all("level" in l and "msg" in l or "request_id" in l for l in lines), lines[:3]
+        reqs = [l for l in lines if l.get("request_id") == "json-1"]
+        assert len(reqs) == 1, reqs
+        r = reqs[0]
+        assert r["model"] == "demo" and r["width"] == 64 and r["height"] == 64, r
+        assert r["steps"] == 4 and r["status"] == "OK" and r["compute_ms"] > 0, r
+        assert "queue_ms" in r
+        bad = [l for l in lines if l.get("subsystem") == "request" and l["status"] == "INVALID_ARGUMENT"]
+        assert len(bad) == 1 and "width 100" in bad[0]["detail"], bad
+        assert any(l.get("level") == "debug" for l in lines), "--log-level debug had no effect"
+    finally:
+        d.close()
+
+
 def main():
     if len(sys.argv) != 2 or sys.argv[1] not in CASES and sys.argv[1] != "--list":
         print(__doc__)
