@@ -25,6 +25,7 @@ typedef struct raw {
     const char *model, *model_name, *listen, *backend, *worker, *warmup, *log_level;
     const char *tls_cert, *tls_key, *tls_client_ca, *auth_token_file;
     long long world, ring, ulysses, tp, max_queue, threads, max_message, conn_age, chunk, max_pixels;
+    long long metrics_port;
     double drain, comm_timeout, job_timeout, startup_timeout;
     long long uany, rany, unany, nofp32, log_json;
 } raw;
@@ -87,6 +88,9 @@ static const opt_def defs[] = {
     {"auth-token-file", "DITD_AUTH_TOKEN_FILE", OPT_STR, "FILE",
      "require 'authorization: Bearer TOKEN' (TOKEN read from FILE) on every method but health",
      OFF(auth_token_file), 0, 0},
+    {"metrics-port", "DITD_METRICS_PORT", OPT_INT, "PORT",
+     "serve Prometheus metrics at http://*:PORT/metrics (0: a free port; default: off)",
+     OFF(metrics_port), 0, 65535},
     {"log-level", "DITD_LOG_LEVEL", OPT_STR, "LEVEL", "debug, info, warn or error (default info)",
      OFF(log_level), 0, 0},
     {"log-json", "DITD_LOG_JSON", OPT_FLAG, NULL, "log lines as JSON objects", OFF(log_json), 0, 0},
@@ -181,6 +185,7 @@ int dit_daemon_config_parse(dit_daemon_config *cfg, int argc, char **argv)
     r.max_message = 64ll << 20;
     r.chunk = 1 << 20;
     r.max_pixels = 2048 * 2048;
+    r.metrics_port = -1;
     r.drain = 30;
     r.comm_timeout = 60;
     r.job_timeout = 300;
@@ -270,6 +275,7 @@ int dit_daemon_config_parse(dit_daemon_config *cfg, int argc, char **argv)
     cfg->tls_key = r.tls_key;
     cfg->tls_client_ca = r.tls_client_ca;
     cfg->auth_token_file = r.auth_token_file;
+    cfg->metrics_port = (int)r.metrics_port;
     if (!cfg->tls_cert != !cfg->tls_key) {
         fprintf(stderr, "ditd: --tls-cert and --tls-key go together\n");
         return 2;

@@ -34,6 +34,7 @@ typedef struct dit_daemon_config {
     int64_t max_pixels;        /* largest width x height accepted */
     const char *tls_cert, *tls_key, *tls_client_ca; /* PEM files; NULL: plaintext */
     const char *auth_token_file; /* bearer token for every method but health */
+    int metrics_port;            /* Prometheus HTTP port; -1: off, 0: a free one */
     dit_log log;
 } dit_daemon_config;
 

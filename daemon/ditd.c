@@ -323,10 +323,25 @@ int main(int argc, char **argv)
     uv_signal_start(&d->sigint, on_signal, SIGINT);
     d->handles_up = true;
 
+    int metrics_port = -1;
+    if (d->cfg.metrics_port >= 0 &&
+        dit_metrics_start(d->cfg.metrics_port, 0, d->cfg.model_name, &s->metrics, &metrics_port,
+                          &diag) != DIT_OK) {
+        fprintf(stderr, "ditd: %s\n", dit_diag_msg(&diag));
+        rc = 2;
+        dit_server_drain(s);
+        close_rpc(d);
+        stop_mesh(d);
+        uv_run(&d->loop, UV_RUN_DEFAULT);
+        goto cleanup;
+    }
     /* Tests and scripts read the port from this line. */
     const char *colon = strrchr(d->cfg.listen, ':');
     printf("ditd: listening on %.*s:%d\n", colon ? (int)(colon - d->cfg.listen) : 0, d->cfg.listen,
            s->port);
+    if (s->metrics)
+        printf("ditd: metrics on http://%.*s:%d/metrics\n", colon ? (int)(colon - d->cfg.listen) : 0,
+               d->cfg.listen, metrics_port);
     fflush(stdout);
     DIT_LOG(lg, DIT_LOG_INFO, "main",
             "serving model '%s' from %s on port %d: %d worker(s), ring %d x ulysses %d x tp %d, "
@@ -351,6 +366,7 @@ cleanup:
         uv_run(&d->loop, UV_RUN_DEFAULT);
     dit_server_free_jobs(s);
     dit_reflection_free(s->refl);
+    dit_metrics_stop(s->metrics);
     if (loop_up && uv_loop_close(&d->loop) != 0)
         DIT_LOG(lg, DIT_LOG_WARN, "main", "the event loop still had open handles at exit");
     if (grpc_up)

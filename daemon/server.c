@@ -21,6 +21,7 @@ struct job {
     double arrived_ms, started_ms;
     int last_position;
     int width, height, steps;
+    double last_elapsed_ms; /* at the previous progress event */
 };
 
 static double now_ms(void)
@@ -209,6 +210,7 @@ static void on_health_watch_cancel(void *ctx, dit_rpc_call *call)
 
 static void update_positions(dit_server *s)
 {
+    dit_metrics_gauges(s->metrics, s->queued, s->running ? 1 : 0);
     int pos = 0;
     for (job *j = s->queue; j; j = j->next, pos++)
         if (j->last_position != pos)
@@ -416,6 +418,7 @@ reject:
                         r->height ? r->height : DIT_REQUEST_DEFAULT_SIZE,
                         r->num_inference_steps ? r->num_inference_steps : DIT_REQUEST_DEFAULT_STEPS,
                         0, 0, dit_rpc_status_name(code), why);
+        dit_metrics_request(s->metrics, dit_rpc_status_name(code), -1, -1);
     }
     ditserve__v1__generate_request__free_unpacked(r, NULL);
 }
@@ -435,6 +438,7 @@ static void on_job_cancel(void *ctx, dit_rpc_call *call)
         DIT_LOG(s->log, DIT_LOG_INFO, "queue", "request %s cancelled while queued", j->request_id);
         dit_log_request(s->log, j->request_id, s->cfg->model_name, j->width, j->height, j->steps,
                         now_ms() - j->arrived_ms, 0, "CANCELLED", "left the queue");
+        dit_metrics_request(s->metrics, "CANCELLED", (now_ms() - j->arrived_ms) / 1e3, -1);
         unlink_queued(s, j);
         job_free(j);
         update_positions(s);
@@ -536,6 +540,7 @@ static void queue_startup_warmup(dit_server *s)
 static void on_state(void *ctx, dit_mesh_state st)
 {
     dit_server *s = ctx;
+    dit_metrics_mesh(s->metrics, dit_mesh_state_name(st), dit_supervisor_restarts(s->sup));
     if (st == DIT_MESH_READY) {
         queue_startup_warmup(s);
         try_dispatch(s);
@@ -549,6 +554,8 @@ static void on_progress(void *ctx, uint64_t job_id, int step, int total, double 
     job *j = s->running;
     if (!j || j->id != job_id || j->kind != JOB_GENERATE)
         return;
+    dit_metrics_step(s->metrics, (elapsed_ms - j->last_elapsed_ms) / 1e3);
+    j->last_elapsed_ms = elapsed_ms;
     Ditserve__V1__Progress p = DITSERVE__V1__PROGRESS__INIT;
     p.step = step;
     p.total_steps = total;
@@ -654,6 +661,8 @@ static void on_done(void *ctx, uint64_t job_id, dit_status st, const char *messa
         }
         dit_log_request(s->log, j->request_id, s->cfg->model_name, j->width, j->height, j->steps,
                         j->started_ms - j->arrived_ms, compute_ms, dit_rpc_status_name(code), detail);
+        dit_metrics_request(s->metrics, dit_rpc_status_name(code),
+                            (j->started_ms - j->arrived_ms) / 1e3, (now_ms() - j->arrived_ms) / 1e3);
         break;
     }
     if (env)

@@ -12,6 +12,7 @@
 #include <uv.h>
 
 #include "config.h"
+#include "metrics.h"
 #include "ditserve_v1_generation.pb-c.h"
 #include "pipeline/flux_pipeline.h"
 #include "reflection.h"
@@ -35,6 +36,7 @@ typedef struct dit_server {
     int port;
     dit_supervisor *sup;
     dit_reflection *refl;
+    dit_metrics *metrics; /* NULL: no metrics endpoint */
     job *queue;   /* waiting, highest priority first, then arrival */
     int queued;
     job *running;

@@ -15,6 +15,7 @@ packages=(
   protobuf-compiler libprotobuf-dev            # protoc (descriptor set) and the well-known protos
   libgrpc-dev                                  # gRPC C core: ditd's server, ditctl's client
   libuv1-dev                                   # ditd's event loop, worker processes, IPC
+  libmicrohttpd-dev                            # ditd's Prometheus metrics endpoint
   check                                        # unit-test framework
   openssl                                      # test certificates for the TLS tests
   python3-grpcio python3-protobuf              # the Python interop client of the e2e tests

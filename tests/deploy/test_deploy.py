@@ -98,6 +98,11 @@ def k8s():
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert c[probe]["grpc"]["port"] == port, f"{probe} is not on the gRPC port"
 
+    mport = int(cfg["DITD_METRICS_PORT"])
+    ann = pod["metadata"]["annotations"]
+    assert ports["metrics"] == mport == int(ann["prometheus.io/port"]), (ports, ann)
+    assert ann["prometheus.io/scrape"] == "true" and ann["prometheus.io/path"] == "/metrics"
+
     world = int(cfg["DITD_WORLD_SIZE"])
     layout = int(cfg["DITD_RING"]) * int(cfg["DITD_ULYSSES"]) * int(cfg["DITD_TP"])
     assert layout == world, f"ring x ulysses x tp = {layout}, world size {world}"

@@ -687,6 +687,62 @@ def json_logs():
         d.close()
 
 
+@case
+def metrics():
+    """Prometheus text on its own port, scraped during and after a
+    generation: the running gauge, requests by status, step, queue and
+    latency histograms, the mesh state."""
+    import urllib.error
+    import urllib.request
+    d = Daemon("--ring", "2", "--metrics-port", "0", world=2)
+    try:
+        line = d.proc.stdout.readline().decode()
+        assert line.startswith("ditd: metrics on http://"), line
+        url = line.split()[-1].replace("0.0.0.0", "127.0.0.1")
+
+        def scrape():
+            with urllib.request.urlopen(url, timeout=10) as r:
+                assert r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+                text = r.read().decode()
+            out = {}
+            for l in text.splitlines():
+                if l and not l.startswith("#"):
+                    name, value = l.rsplit(" ", 1)
+                    out[name] = float(value)
+            return out
+
+        api = d.api
+        call = api.generate(d.channel)(api.request(seed=1, **dict(SMALL, width=128, height=128,
+                                                                  num_inference_steps=60)),
+                                       timeout=300)
+        wait_progress(call)
+        during = scrape()
+        assert during['ditserve_running_requests{model="demo"}'] == 1, during
+        assert during['ditserve_mesh_state{model="demo",state="ready"}'] == 1
+        kinds, png, _ = ditapi.collect(call)
+        assert kinds[-1] == "result"
+        expect_error(lambda: d.generate(timeout=10, **dict(SMALL, width=100)), "INVALID_ARGUMENT")
+        after = scrape()
+        ok = 'ditserve_requests_total{model="demo",status="OK"}'
+        bad = 'ditserve_requests_total{model="demo",status="INVALID_ARGUMENT"}'
+        assert after[ok] == 1 and after[bad] == 1, (after[ok], after[bad])
+        assert after['ditserve_step_seconds_count{model="demo"}'] == 60
+        assert after['ditserve_step_seconds_bucket{model="demo",le="+Inf"}'] == 60
+        assert after['ditserve_request_seconds_count{model="demo"}'] == 1
+        assert after['ditserve_request_seconds_sum{model="demo"}'] > 0
+        assert after['ditserve_queue_seconds_count{model="demo"}'] == 1
+        assert after['ditserve_running_requests{model="demo"}'] == 0
+        assert after['ditserve_worker_restarts_total{model="demo"}'] == 0
+        try:
+            urllib.request.urlopen(url.replace("/metrics", "/other"), timeout=10)
+            raise AssertionError("a path other than /metrics was served")
+        except urllib.error.HTTPError as e:
+            assert e.code == 404
+        d.stop()
+    finally:
+        d.close()
+
+
 def main():
     if len(sys.argv) != 2 or sys.argv[1] not in CASES and sys.argv[1] != "--list":
         print(__doc__)

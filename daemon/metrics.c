@@ -1,0 +1,255 @@
+#include "metrics.h"
+
+#include <microhttpd.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <netinet/in.h>
+#include <uv.h>
+
+#define N_STATUS 17
+#define N_BUCKETS 14
+
+static const char *const status_names[N_STATUS] = {
+    "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
+    "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
+    "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
+    "UNAUTHENTICATED",
+};
+
+/* Seconds: from a 1 ms step on a GPU to minutes of queueing. */
+static const double bounds[N_BUCKETS] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                                         0.25,  0.5,    1,     2.5,  5,     10,  60};
+
+typedef struct histogram {
+    uint64_t counts[N_BUCKETS + 1]; /* the last one is +Inf */
+    uint64_t n;
+    double sum;
+} histogram;
+
+struct dit_metrics {
+    uv_mutex_t mu;
+    struct MHD_Daemon *httpd;
+    char model[128];
+    uint64_t requests[N_STATUS];
+    histogram queue, latency, step;
+    int queued, running;
+    char mesh_state[32];
+    int64_t restarts;
+};
+
+static void observe(histogram *h, double v)
+{
+    int b = 0;
+    while (b < N_BUCKETS && v > bounds[b])
+        b++;
+    h->counts[b]++;
+    h->n++;
+    h->sum += v;
+}
+
+void dit_metrics_request(dit_metrics *m, const char *status, double queue_s, double total_s)
+{
+    if (!m)
+        return;
+    uv_mutex_lock(&m->mu);
+    for (int i = 0; i < N_STATUS; i++)
+        if (strcmp(status, status_names[i]) == 0)
+            m->requests[i]++;
+    if (queue_s >= 0)
+        observe(&m->queue, queue_s);
+    if (total_s >= 0)
+        observe(&m->latency, total_s);
+    uv_mutex_unlock(&m->mu);
+}
+
+void dit_metrics_step(dit_metrics *m, double step_s)
+{
+    if (!m)
+        return;
+    uv_mutex_lock(&m->mu);
+    observe(&m->step, step_s);
+    uv_mutex_unlock(&m->mu);
+}
+
+void dit_metrics_gauges(dit_metrics *m, int queued, int running)
+{
+    if (!m)
+        return;
+    uv_mutex_lock(&m->mu);
+    m->queued = queued;
+    m->running = running;
+    uv_mutex_unlock(&m->mu);
+}
+
+void dit_metrics_mesh(dit_metrics *m, const char *state, int64_t restarts)
+{
+    if (!m)
+        return;
+    uv_mutex_lock(&m->mu);
+    snprintf(m->mesh_state, sizeof m->mesh_state, "%s", state);
+    m->restarts = restarts;
+    uv_mutex_unlock(&m->mu);
+}
+
+typedef struct text {
+    char *buf;
+    size_t len, cap;
+    int failed;
+} text;
+
+static void put(text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void put(text *t, const char *fmt, ...)
+{
+    if (t->failed)
+        return;
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(t->buf + t->len, t->cap - t->len, fmt, ap);
+        va_end(ap);
+        if (n < 0) {
+            t->failed = 1;
+            return;
+        }
+        if ((size_t)n < t->cap - t->len) {
+            t->len += (size_t)n;
+            return;
+        }
+        size_t cap = (t->cap + (size_t)n) * 2;
+        char *nb = realloc(t->buf, cap);
+        if (!nb) {
+            t->failed = 1;
+            return;
+        }
+        t->buf = nb;
+        t->cap = cap;
+    }
+}
+
+static void put_histogram(text *t, const char *name, const char *help, const histogram *h,
+                          const char *model)
+{
+    put(t, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    uint64_t cum = 0;
+    for (int b = 0; b < N_BUCKETS; b++) {
+        cum += h->counts[b];
+        put(t, "%s_bucket{model=\"%s\",le=\"%g\"} %llu\n", name, model, bounds[b],
+            (unsigned long long)cum);
+    }
+    put(t, "%s_bucket{model=\"%s\",le=\"+Inf\"} %llu\n", name, model, (unsigned long long)h->n);
+    put(t, "%s_sum{model=\"%s\"} %.6f\n%s_count{model=\"%s\"} %llu\n", name, model, h->sum, name,
+        model, (unsigned long long)h->n);
+}
+
+char *dit_metrics_render(dit_metrics *m)
+{
+    text t = {.buf = malloc(4096), .cap = 4096};
+    if (!t.buf)
+        return NULL;
+    t.buf[0] = '\0';
+    uv_mutex_lock(&m->mu);
+    const char *md = m->model;
+    put(&t, "# HELP ditserve_requests_total Generate requests by final gRPC status.\n"
+            "# TYPE ditserve_requests_total counter\n");
+    for (int i = 0; i < N_STATUS; i++)
+        put(&t, "ditserve_requests_total{model=\"%s\",status=\"%s\"} %llu\n", md, status_names[i],
+            (unsigned long long)m->requests[i]);
+    put(&t, "# HELP ditserve_queued_requests Requests waiting in the queue.\n"
+            "# TYPE ditserve_queued_requests gauge\nditserve_queued_requests{model=\"%s\"} %d\n",
+        md, m->queued);
+    put(&t, "# HELP ditserve_running_requests Requests running on the mesh.\n"
+            "# TYPE ditserve_running_requests gauge\nditserve_running_requests{model=\"%s\"} %d\n",
+        md, m->running);
+    put_histogram(&t, "ditserve_queue_seconds", "Time requests waited in the queue.", &m->queue, md);
+    put_histogram(&t, "ditserve_request_seconds", "Time from arrival to the last result byte.",
+                  &m->latency, md);
+    put_histogram(&t, "ditserve_step_seconds", "Time of one denoising step.", &m->step, md);
+    put(&t, "# HELP ditserve_worker_restarts_total Times the worker mesh was rebuilt.\n"
+            "# TYPE ditserve_worker_restarts_total counter\n"
+            "ditserve_worker_restarts_total{model=\"%s\"} %lld\n",
+        md, (long long)m->restarts);
+    static const char *const states[] = {"starting", "ready", "restarting", "stopping", "stopped"};
+    put(&t, "# HELP ditserve_mesh_state The worker mesh's state (1 for the current one).\n"
+            "# TYPE ditserve_mesh_state gauge\n");
+    for (size_t i = 0; i < sizeof states / sizeof *states; i++)
+        put(&t, "ditserve_mesh_state{model=\"%s\",state=\"%s\"} %d\n", md, states[i],
+            strcmp(states[i], m->mesh_state) == 0);
+    uv_mutex_unlock(&m->mu);
+    if (t.failed) {
+        free(t.buf);
+        return NULL;
+    }
+    return t.buf;
+}
+
+static enum MHD_Result on_http(void *cls, struct MHD_Connection *conn, const char *url,
+                               const char *method, const char *version, const char *upload,
+                               size_t *upload_size, void **con_cls)
+{
+    (void)version;
+    (void)upload;
+    (void)upload_size;
+    (void)con_cls;
+    dit_metrics *m = cls;
+    unsigned code = MHD_HTTP_OK;
+    char *body = NULL;
+    const char *type = "text/plain; version=0.0.4; charset=utf-8";
+    if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0) {
+        code = MHD_HTTP_METHOD_NOT_ALLOWED;
+        body = strdup("only GET /metrics is served here\n");
+    } else if (strcmp(url, "/metrics") != 0) {
+        code = MHD_HTTP_NOT_FOUND;
+        body = strdup("not found: metrics are at /metrics\n");
+    } else if (!(body = dit_metrics_render(m))) {
+        code = MHD_HTTP_INTERNAL_SERVER_ERROR;
+    }
+    struct MHD_Response *resp = MHD_create_response_from_buffer(
+        body ? strlen(body) : 0, body ? body : (char *)"", body ? MHD_RESPMEM_MUST_FREE
+                                                                : MHD_RESPMEM_PERSISTENT);
+    if (!resp) {
+        free(body);
+        return MHD_NO;
+    }
+    MHD_add_response_header(resp, "Content-Type", type);
+    enum MHD_Result r = MHD_queue_response(conn, code, resp);
+    MHD_destroy_response(resp);
+    return r;
+}
+
+dit_status dit_metrics_start(int port, int loopback_only, const char *model, dit_metrics **out,
+                             int *bound_port, dit_diag *diag)
+{
+    dit_metrics *m = calloc(1, sizeof *m);
+    if (!m)
+        return dit_diag_set(diag, DIT_ERR_NOMEM, "out of memory");
+    uv_mutex_init(&m->mu);
+    snprintf(m->model, sizeof m->model, "%s", model);
+    snprintf(m->mesh_state, sizeof m->mesh_state, "starting");
+    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    addr.sin_addr.s_addr = htonl(loopback_only ? INADDR_LOOPBACK : INADDR_ANY);
+    m->httpd = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD, (uint16_t)port, NULL, NULL,
+                                on_http, m, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
+                                MHD_OPTION_CONNECTION_LIMIT, (unsigned)64,
+                                MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10, MHD_OPTION_END);
+    if (!m->httpd) {
+        uv_mutex_destroy(&m->mu);
+        free(m);
+        return dit_diag_set(diag, DIT_ERR_IO, "cannot serve metrics on port %d (in use?)", port);
+    }
+    const union MHD_DaemonInfo *info = MHD_get_daemon_info(m->httpd, MHD_DAEMON_INFO_BIND_PORT);
+    *bound_port = info ? info->port : port;
+    *out = m;
+    return DIT_OK;
+}
+
+void dit_metrics_stop(dit_metrics *m)
+{
+    if (!m)
+        return;
+    MHD_stop_daemon(m->httpd);
+    uv_mutex_destroy(&m->mu);
+    free(m);
+}

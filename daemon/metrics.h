@@ -1,0 +1,32 @@
+/* Prometheus metrics: counters, gauges and histograms the loop thread
+ * updates, served as Prometheus text on their own HTTP port by
+ * libmicrohttpd's thread. A mutex guards the values; rendering copies
+ * nothing the loop owns.
+ *
+ * Owner: main creates and frees it; the server module updates it. */
+#ifndef DIT_DAEMON_METRICS_H
+#define DIT_DAEMON_METRICS_H
+
+#include <stdint.h>
+
+#include "core/status.h"
+
+typedef struct dit_metrics dit_metrics;
+
+/* Listens on 127.0.0.1 when `loopback_only`, else every address; port 0
+ * picks a free one, written to *bound_port. */
+dit_status dit_metrics_start(int port, int loopback_only, const char *model, dit_metrics **out,
+                             int *bound_port, dit_diag *diag);
+void dit_metrics_stop(dit_metrics *m);
+
+/* A request ended with this gRPC status name (OK, INVALID_ARGUMENT, ...);
+ * queue_s and total_s < 0 when it never ran. */
+void dit_metrics_request(dit_metrics *m, const char *status, double queue_s, double total_s);
+void dit_metrics_step(dit_metrics *m, double step_s);
+void dit_metrics_gauges(dit_metrics *m, int queued, int running);
+void dit_metrics_mesh(dit_metrics *m, const char *state, int64_t restarts);
+
+/* The text a scrape returns (malloc'ed); for tests and the HTTP handler. */
+char *dit_metrics_render(dit_metrics *m);
+
+#endif
