@@ -3,9 +3,18 @@
  *   bench_flux_forward [--heads 8] [--head-dim 128] [--double 4] [--single 8]
  *                      [--img-tokens 1024] [--txt-tokens 128] [--batch 1]
  *                      [--threads N] [--warmup 1] [--iters 5] [--backend cpu|cuda]
+ *                      [--flux-dev] [--graph both|on|off] [--flop-per-step F]
+ *                      [--summary FILE]
  *
  * Defaults are the mid-size config that tests/bench/bench_diffusers_forward.py
- * times in PyTorch, so the two print comparable lines. */
+ * times in PyTorch, so the two print comparable lines.
+ *
+ * --flux-dev: FLUX.1-dev dimensions (19 + 38 blocks, 24 x 128 heads, 4096
+ * image + 512 text tokens). --graph: time eager passes, CUDA-graph replays,
+ * or both (cuda backend; graph passes need two warm-up passes: eager, then
+ * capture). --flop-per-step: the FLOP count TFLOP/s is computed from
+ * (default: dit_flux_forward_flops). --summary: append "key: value" lines
+ * (ms per step, TFLOP/s, memory) to FILE. */
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
@@ -14,6 +23,9 @@
 #include <time.h>
 
 #include "backend/backend.h"
+#ifdef DIT_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
 #include "core/arena.h"
 #include "model/flux.h"
 
@@ -37,6 +49,8 @@ int main(int argc, char **argv)
     cfg.num_layers = 4;
     cfg.num_single_layers = 8;
     long img = 1024, txt = 128, batch = 1, threads = 0, warmup = 1, iters = 5;
+    const char *graph_mode = "off", *summary_path = NULL;
+    double flop_override = 0.0;
     dit_backend_kind kind = DIT_BACKEND_CPU;
     static const struct option opts[] = {
         {"heads", required_argument, NULL, 'H'},      {"head-dim", required_argument, NULL, 'D'},
@@ -45,6 +59,8 @@ int main(int argc, char **argv)
         {"batch", required_argument, NULL, 'b'},      {"threads", required_argument, NULL, 'j'},
         {"warmup", required_argument, NULL, 'w'},     {"iters", required_argument, NULL, 'n'},
         {"backend", required_argument, NULL, 'B'},    {"flux-dev", no_argument, NULL, 'F'},
+        {"graph", required_argument, NULL, 'G'},      {"summary", required_argument, NULL, 'S'},
+        {"flop-per-step", required_argument, NULL, 'P'},
         {"help", no_argument, NULL, 'h'},             {NULL, 0, NULL, 0},
     };
     int c;
@@ -92,6 +108,15 @@ int main(int argc, char **argv)
             img = 4096;
             txt = 512;
             break;
+        case 'G':
+            graph_mode = optarg;
+            break;
+        case 'S':
+            summary_path = optarg;
+            break;
+        case 'P':
+            flop_override = strtod(optarg, NULL);
+            break;
         default:
             fprintf(stderr, "usage: see the comment at the top of bench_flux_forward.c\n");
             return c == 'h' ? 0 : 2;
@@ -101,6 +126,11 @@ int main(int argc, char **argv)
         /* Keep the rope axes consistent with the head dim: one axis of all of it. */
         cfg.n_axes = 1;
         cfg.axes_dims_rope[0] = cfg.attention_head_dim;
+    }
+    if (strcmp(graph_mode, "off") != 0 && strcmp(graph_mode, "on") != 0 &&
+        strcmp(graph_mode, "both") != 0) {
+        fprintf(stderr, "--graph takes off, on or both\n");
+        return 2;
     }
     if (iters < 1 || img < 1 || txt < 0 || batch < 1) {
         fprintf(stderr, "bad sizes\n");
@@ -115,6 +145,7 @@ int main(int argc, char **argv)
     void *dev = NULL;
     float *host = NULL, *ids = NULL, *tsteps = NULL;
     double *times = NULL;
+    FILE *sum = NULL;
     int rc = 1;
     dit_backend_config bcfg = {.kind = kind, .n_threads = (int)threads};
     if (dit_backend_create(&bcfg, &be, &diag) != DIT_OK)
@@ -171,33 +202,91 @@ int main(int argc, char **argv)
     dit_tensor out = dit_tensor_3d(d + n_hs + n_ehs + n_pool, DIT_F32, batch, img, cfg.out_dim);
     if (dit_arena_create(be, 0, &arena) != DIT_OK)
         goto cleanup;
-    for (long i = 0; i < warmup + iters; i++) {
-        double t1 = now_ms();
-        if (dit_flux_forward(m, arena, &in, &out, &diag) != DIT_OK || be->ops->sync(be) != DIT_OK)
-            goto cleanup;
-        double dt = now_ms() - t1;
-        if (i >= warmup)
-            times[i - warmup] = dt;
-        dit_arena_reset(arena);
+    if (summary_path && !(sum = fopen(summary_path, "a"))) {
+        fprintf(stderr, "cannot open %s\n", summary_path);
+        goto cleanup;
     }
-    qsort(times, (size_t)iters, sizeof *times, cmp_double);
-    const double gflop = dit_flux_forward_flops(&cfg, batch, txt, img) / 1e9;
-    const double med = times[iters / 2];
+    const double flop = flop_override > 0 ? flop_override
+                                          : dit_flux_forward_flops(&cfg, batch, txt, img);
     printf("config: %d double + %d single blocks, %d heads x %d (hidden %d), batch %ld, "
            "%ld image + %ld text tokens\n",
            cfg.num_layers, cfg.num_single_layers, cfg.num_attention_heads, cfg.attention_head_dim,
            cfg.inner_dim, batch, img, txt);
+    if (sum)
+        fprintf(sum, "backend: %s\nconfig: %d double + %d single, %d x %d heads, batch %ld, "
+                     "%ld img + %ld txt tokens\nflop_per_step: %.4g\nweights_mib: %.1f\n"
+                     "weights_init_ms: %.0f\n",
+                be->ops->name, cfg.num_layers, cfg.num_single_layers, cfg.num_attention_heads,
+                cfg.attention_head_dim, batch, img, txt, flop,
+                (double)dit_flux_weight_bytes(m) / 1048576.0, t_init);
+    /* Modes to time: eager and/or graph replay. */
+    const bool want_graph = strcmp(graph_mode, "off") != 0;
+    const bool want_eager = strcmp(graph_mode, "on") != 0;
+    for (int mode = 0; mode < 2; mode++) {
+        const bool graph = mode == 1;
+        if ((graph && !want_graph) || (!graph && !want_eager))
+            continue;
+        dit_flux_set_graphs(m, graph);
+        /* Graph replay starts at the third pass: eager, capture, replay. */
+        const long wu = graph && warmup < 2 ? 2 : warmup;
+        for (long i = 0; i < wu + iters; i++) {
+            double t1 = now_ms();
+            if (dit_flux_forward(m, arena, &in, &out, &diag) != DIT_OK ||
+                be->ops->sync(be) != DIT_OK) {
+                if (be->ops->last_error && diag.status == DIT_OK)
+                    dit_diag_set(&diag, DIT_ERR_DEVICE, "%s", be->ops->last_error(be));
+                goto cleanup;
+            }
+            double dt = now_ms() - t1;
+            if (i >= wu)
+                times[i - wu] = dt;
+            dit_arena_reset(arena);
+        }
+        const char *label = graph ? "graph" : "eager";
+        if (graph && !dit_flux_graph_captured(m)) {
+            printf("graph: no graph was captured (backend %s has no graph support or capture "
+                   "failed); the numbers below are eager\n", be->ops->name);
+            label = "graph_fallback_eager";
+        }
+        qsort(times, (size_t)iters, sizeof *times, cmp_double);
+        const double med = times[iters / 2];
+        printf("%s forward: median %.2f ms, min %.2f ms, %.1f TFLOP/s (%.2f TFLOP per step), "
+               "backend %s\n",
+               label, med, times[0], flop / (med / 1e3) / 1e12, flop / 1e12, be->ops->name);
+        if (sum)
+            fprintf(sum, "%s_ms_median: %.3f\n%s_ms_min: %.3f\n%s_tflops: %.2f\n%s_iters: %ld\n",
+                    label, med, label, times[0], label, flop / (med / 1e3) / 1e12, label, iters);
+    }
+    dit_flux_set_graphs(m, false);
     printf("weights: %.1f MiB (random, made in %.0f ms); activations: %.1f MiB\n",
            (double)dit_flux_weight_bytes(m) / 1048576.0, t_init,
            (double)dit_arena_high_water(arena) / 1048576.0);
-    printf("ditserve forward: median %.1f ms, min %.1f ms, %.1f GFLOP/s (%.1f GFLOP), "
-           "backend %s, threads %ld\n",
-           med, times[0], gflop / (med / 1e3), gflop, be->ops->name,
-           threads ? threads : 0L);
+    if (sum)
+        fprintf(sum, "activations_mib: %.1f\n", (double)dit_arena_high_water(arena) / 1048576.0);
+#ifdef DIT_HAVE_CUDA
+    if (dit_backend_is_cuda(be)) {
+        dit_cuda_memory mem;
+        if (dit_cuda_backend_memory(be, &mem) == DIT_OK) {
+            printf("gpu memory: backend peak %.1f MiB, device in use %.1f of %.1f MiB\n",
+                   mem.backend_peak_bytes / 1048576.0, mem.device_used_bytes / 1048576.0,
+                   mem.device_total_bytes / 1048576.0);
+            if (sum)
+                fprintf(sum, "gpu_backend_peak_mib: %.1f\ngpu_device_used_mib: %.1f\n"
+                             "gpu_device_total_mib: %.1f\n",
+                        mem.backend_peak_bytes / 1048576.0, mem.device_used_bytes / 1048576.0,
+                        mem.device_total_bytes / 1048576.0);
+        }
+    }
+#endif
+    if (sum)
+        fclose(sum);
+    sum = NULL;
     rc = 0;
 cleanup:
     if (rc)
         fprintf(stderr, "bench_flux_forward: %s\n", dit_diag_msg(&diag));
+    if (sum)
+        fclose(sum);
     dit_arena_destroy(arena);
     if (be)
         dit_backend_free(be, dev);

@@ -28,6 +28,9 @@ extern "C" {
 
 typedef struct dit_backend dit_backend;
 
+/* A captured sequence of backend ops that can be replayed (a CUDA graph). */
+typedef struct dit_backend_graph dit_backend_graph;
+
 typedef enum dit_act {
     DIT_ACT_NONE = 0,
     DIT_ACT_GELU_TANH, /* 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */
@@ -136,6 +139,31 @@ typedef struct dit_backend_ops {
 
     /* Waits for all issued work. */
     dit_status (*sync)(dit_backend *be);
+
+    /* ---- Optional: NULL where a backend has no use for them (cpu). ---- */
+
+    /* Graph capture. Between graph_begin and graph_end the backend records
+     * the ops issued instead of (or as well as) running them; graph_launch
+     * replays them on the same memory. Captured ops must not grow backend
+     * scratch, upload, download or sync (do an eager pass of the same shape
+     * first). graph_end always ends the capture; on failure *out is NULL. */
+    dit_status (*graph_begin)(dit_backend *be);
+    dit_status (*graph_end)(dit_backend *be, dit_backend_graph **out);
+    dit_status (*graph_launch)(dit_backend *be, dit_backend_graph *g);
+    void (*graph_destroy)(dit_backend *be, dit_backend_graph *g);
+
+    /* Device-side pseudo-random init matching the host generator of
+     * dit_flux_create_random: with gamma = 0x9e3779b97f4a7c15 and
+     * mix() splitmix64's output function, element (r, c) of dst (N) or
+     * (N, K) becomes (float)((2u - 1) a) with
+     * u = (mix(base + (row0 + r) 0x2545f4914f6cdd1d + (col0 + c + 1) gamma)
+     * >> 11) 2^-53, stored in dst's dtype. */
+    dit_status (*init_uniform)(dit_backend *be, const dit_tensor *dst, uint64_t base,
+                               int64_t row0, int64_t col0, float a);
+
+    /* The message of the last failed op ("linear: cublasLtMatmul: ..."), or
+     * "" when there is none. */
+    const char *(*last_error)(dit_backend *be);
 } dit_backend_ops;
 
 /* Every backend struct starts with this header. */

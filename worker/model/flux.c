@@ -38,8 +38,35 @@ typedef struct flux_single {
     flux_linear proj_mlp;   /* proj_out columns of the MLP block (C, Fl), no bias */
 } flux_single;
 
+/* What a captured forward depends on besides the weights: shapes and every
+ * device address it reads or writes. Compared bytewise (memset first). */
+typedef struct flux_graph_key {
+    int64_t B, St, Si;
+    int64_t guidance; /* 0 or 1; int64_t so the struct has no padding */
+    dit_tensor hs, ehs, pooled, sample;
+    void *arena_first, *arena_x, *arena_last;
+} flux_graph_key;
+
+/* Graphs of the last few shapes (a server alternates between a handful of
+ * request sizes); the least recently used one makes room. */
+#define FLUX_GRAPHS 4
+typedef struct flux_graph {
+    flux_graph_key key;
+    dit_backend_graph *g; /* NULL: free slot */
+    uint64_t used;
+} flux_graph;
+
 struct dit_flux {
     dit_backend *be;
+    /* CUDA-graph replay of the per-step forward (see dit_flux_set_graphs). */
+    bool graphs, graph_broken, pending_set;
+    flux_graph graph[FLUX_GRAPHS];
+    uint64_t graph_clock;
+    flux_graph_key pending_key;
+    /* The RoPE tables of the last ids seen: every denoising step of a
+     * request has the same ids, and the tables cost ~S D pow/cos/sin. */
+    float *rope_ids, *rope_cos, *rope_sin;
+    int64_t rope_St, rope_Si;
     dit_flux_config cfg;
     dit_flux_shard shard;
     dit_flux_hooks hooks;
@@ -414,7 +441,7 @@ static dit_status plan_randomize(wplan *p, dit_backend *be, uint64_t seed, dit_d
         if (!w->dst)
             continue;
         size_t n = (size_t)w->nr * (size_t)(w->ndim == 2 ? w->nc : 1);
-        if (n > host_cap) {
+        if (n > host_cap && !be->ops->init_uniform) {
             free(host);
             host = malloc(n * sizeof *host);
             host_cap = n;
@@ -428,6 +455,18 @@ static dit_status plan_randomize(wplan *p, dit_backend *be, uint64_t seed, dit_d
         /* Uniform(-a, a) with a = 1/sqrt(fan_in), like nn.Linear's default. */
         const float a = w->ndim == 2 ? 1.0f / sqrtf((float)w->shape[1]) : 0.02f;
         const uint64_t base = hash_str(w->name, 0xcbf29ce484222325ull ^ seed);
+        if (be->ops->init_uniform) {
+            /* The same numbers generated on the device: FLUX.1-dev's 12 B
+             * parameters need no host buffer and no transfer. */
+            dit_tensor dst = piece_dst(w);
+            st = is_norm ? be->ops->fill(be, &dst, 1.0f)
+                         : be->ops->init_uniform(be, &dst, base, w->r0, w->c0, a);
+            if (st != DIT_OK) {
+                st = dit_diag_set(diag, st, "random weights: init of '%s' failed", w->name);
+                goto cleanup;
+            }
+            continue;
+        }
         const int64_t cols = w->ndim == 2 ? w->nc : 1;
 #pragma omp parallel for schedule(static)
         for (int64_t r = 0; r < w->nr; r++) {
@@ -546,6 +585,10 @@ void dit_flux_destroy(dit_flux *m)
 {
     if (!m)
         return;
+    dit_flux_set_graphs(m, false);
+    free(m->rope_ids);
+    free(m->rope_cos);
+    free(m->rope_sin);
     dit_backend_free(m->be, m->weights);
     free(m->dbl);
     free(m->sgl);
@@ -618,6 +661,43 @@ static void rope_tables(const dit_flux_config *c, const float *txt_ids, int64_t 
     }
 }
 
+/* rope_tables through a one-entry cache keyed on the ids' bits; a cache
+ * that cannot be allocated is simply not kept. */
+static void rope_tables_cached(dit_flux *m, const float *txt_ids, int64_t St,
+                               const float *img_ids, int64_t Si, float *cosb, float *sinb)
+{
+    const dit_flux_config *c = &m->cfg;
+    const size_t nt = (size_t)St * (size_t)c->n_axes, ni = (size_t)Si * (size_t)c->n_axes;
+    const size_t tab = (size_t)(St + Si) * (size_t)c->attention_head_dim;
+    if (m->rope_ids && m->rope_St == St && m->rope_Si == Si &&
+        memcmp(m->rope_ids, txt_ids, nt * sizeof(float)) == 0 &&
+        memcmp(m->rope_ids + nt, img_ids, ni * sizeof(float)) == 0) {
+        memcpy(cosb, m->rope_cos, tab * sizeof(float));
+        memcpy(sinb, m->rope_sin, tab * sizeof(float));
+        return;
+    }
+    rope_tables(c, txt_ids, St, img_ids, Si, cosb, sinb);
+    free(m->rope_ids);
+    free(m->rope_cos);
+    free(m->rope_sin);
+    m->rope_ids = malloc((nt + ni ? nt + ni : 1) * sizeof(float));
+    m->rope_cos = malloc((tab ? tab : 1) * sizeof(float));
+    m->rope_sin = malloc((tab ? tab : 1) * sizeof(float));
+    if (!m->rope_ids || !m->rope_cos || !m->rope_sin) {
+        free(m->rope_ids);
+        free(m->rope_cos);
+        free(m->rope_sin);
+        m->rope_ids = m->rope_cos = m->rope_sin = NULL;
+        return;
+    }
+    memcpy(m->rope_ids, txt_ids, nt * sizeof(float));
+    memcpy(m->rope_ids + nt, img_ids, ni * sizeof(float));
+    memcpy(m->rope_cos, cosb, tab * sizeof(float));
+    memcpy(m->rope_sin, sinb, tab * sizeof(float));
+    m->rope_St = St;
+    m->rope_Si = Si;
+}
+
 /* Views used throughout the forward pass. */
 static dit_tensor seq(const dit_tensor *t, int64_t start, int64_t len)
 {
@@ -652,6 +732,10 @@ typedef struct fwd {
     dit_tensor emb_local; /* (B, 6C / T) this rank's slice before the gather */
     dit_tensor silu_t;   /* (B, C) SiLU(temb) */
     dit_tensor cos, sin; /* (S, D) */
+    dit_tensor tp, gp;   /* (B, 256) timestep / guidance sinusoids */
+    dit_tensor h1, temb; /* (B, C) conditioning MLP */
+    const dit_flux_inputs *in;
+    const dit_tensor *sample;
 } fwd;
 
 #define BE(call)                                                                             \
@@ -830,6 +914,180 @@ static dit_status check_input(const dit_tensor *t, int ndim, const int64_t *want
                         got, used < sizeof exp ? exp : "?");
 }
 
+/* Everything of the forward pass after the host-to-device uploads: only
+ * backend ops on device memory, so it can be captured as a graph. */
+static dit_status forward_compute(fwd *f)
+{
+    dit_status st = DIT_OK;
+    dit_flux *m = f->m;
+    dit_backend *be = f->be;
+    const dit_flux_config *c = &m->cfg;
+    const dit_flux_inputs *in = f->in;
+    const dit_tensor *sample = f->sample;
+    dit_diag *diag = f->diag;
+    const int64_t St = f->St, Si = f->Si, C = f->C;
+    /* temb = MLP(t) [+ MLP(guidance)] + MLP(pooled text). */
+    BE(linear(f, &f->h1, &f->tp, &m->t1, DIT_ACT_SILU, 0.0f));
+    BE(linear(f, &f->temb, &f->h1, &m->t2, DIT_ACT_NONE, 0.0f));
+    if (in->guidance) {
+        BE(linear(f, &f->h1, &f->gp, &m->g1, DIT_ACT_SILU, 0.0f));
+        BE(linear(f, &f->temb, &f->h1, &m->g2, DIT_ACT_NONE, 1.0f));
+    }
+    BE(linear(f, &f->h1, &in->pooled_projections, &m->p1, DIT_ACT_SILU, 0.0f));
+    BE(linear(f, &f->temb, &f->h1, &m->p2, DIT_ACT_NONE, 1.0f));
+    BE(be->ops->activate(be, &f->silu_t, &f->temb, DIT_ACT_SILU));
+
+    /* Embed both streams into the shared residual buffer. */
+    if (St > 0) {
+        dit_tensor xt = seq(&f->x, 0, St);
+        BE(linear(f, &xt, &in->encoder_hidden_states, &m->ctx_emb, DIT_ACT_NONE, 0.0f));
+    }
+    if (Si > 0) {
+        dit_tensor xi = seq(&f->x, St, Si);
+        BE(linear(f, &xi, &in->hidden_states, &m->x_emb, DIT_ACT_NONE, 0.0f));
+    }
+
+    for (int i = 0; i < c->num_layers; i++) {
+        st = double_block(f, &m->dbl[i]);
+        if (st != DIT_OK) {
+            dit_diag_prefix(diag, "double block %d: ", i);
+            goto cleanup;
+        }
+        if (m->hooks.block_done)
+            DIT_CHECK(m->hooks.block_done(m->hooks.ctx, i, diag));
+    }
+    for (int i = 0; i < c->num_single_layers; i++) {
+        st = single_block(f, &m->sgl[i]);
+        if (st != DIT_OK) {
+            dit_diag_prefix(diag, "single block %d: ", i);
+            goto cleanup;
+        }
+        if (m->hooks.block_done)
+            DIT_CHECK(m->hooks.block_done(m->hooks.ctx, c->num_layers + i, diag));
+    }
+
+    /* norm_out: (scale, shift) in that order, then proj_out on image rows. */
+    {
+        dit_tensor emb2 = feat(&f->emb, 0, 2 * C);
+        BE(adaln(f, &emb2, &m->norm_out));
+        if (Si > 0) {
+            dit_tensor scale = chunk(&emb2, 0, C), shift = chunk(&emb2, 1, C);
+            dit_tensor xi = seq(&f->x, St, Si), ni = seq(&f->n, St, Si);
+            BE(be->ops->layer_norm_mod(be, &ni, &xi, &shift, &scale, 1e-6f));
+            BE(linear(f, sample, &ni, &m->proj_out, DIT_ACT_NONE, 0.0f));
+        }
+    }
+cleanup:
+    return st;
+}
+
+static bool flux_has_hooks(const dit_flux *m)
+{
+    return m->hooks.attention || m->hooks.tp_all_gather || m->hooks.tp_all_reduce ||
+           m->hooks.block_done;
+}
+
+/* Runs forward_compute eagerly, or through a graph: the first pass at a
+ * given key runs eagerly (it picks GEMM algorithms and sizes scratch), the
+ * second captures and replays, later ones replay. A failed capture turns
+ * graphs off for this model and runs eagerly. */
+static dit_status forward_run(fwd *f)
+{
+    dit_flux *m = f->m;
+    dit_backend *be = f->be;
+    if (!m->graphs || m->graph_broken || !be->ops->graph_begin || flux_has_hooks(m))
+        return forward_compute(f);
+    flux_graph_key k;
+    memset(&k, 0, sizeof k);
+    k.B = f->B;
+    k.St = f->St;
+    k.Si = f->Si;
+    k.guidance = f->in->guidance != NULL ? 1 : 0;
+    k.hs = f->in->hidden_states;
+    k.ehs = f->in->encoder_hidden_states;
+    k.pooled = f->in->pooled_projections;
+    k.sample = *f->sample;
+    k.arena_first = f->tp.data;
+    k.arena_x = f->x.data;
+    k.arena_last = f->emb_local.data;
+    dit_status st;
+    flux_graph *slot = &m->graph[0];
+    for (int i = 0; i < FLUX_GRAPHS; i++) {
+        flux_graph *gi = &m->graph[i];
+        if (gi->g && memcmp(&k, &gi->key, sizeof k) == 0) {
+            gi->used = ++m->graph_clock;
+            st = be->ops->graph_launch(be, gi->g);
+            if (st != DIT_OK)
+                st = dit_diag_set(f->diag, st, "flux forward: graph replay failed: %s",
+                                  be->ops->last_error ? be->ops->last_error(be) : "");
+            return st;
+        }
+        if (!gi->g ? slot->g != NULL : (slot->g && gi->used < slot->used))
+            slot = gi; /* a free slot, else the least recently used */
+    }
+    if (!m->pending_set || memcmp(&k, &m->pending_key, sizeof k) != 0) {
+        m->pending_key = k;
+        m->pending_set = true;
+        return forward_compute(f);
+    }
+    if (slot->g) {
+        be->ops->graph_destroy(be, slot->g);
+        slot->g = NULL;
+    }
+    /* Messages of a failed capture must not reach the caller's diag. */
+    dit_diag cap_diag;
+    dit_diag_clear(&cap_diag);
+    dit_diag *user_diag = f->diag;
+    f->diag = &cap_diag;
+    dit_backend_graph *g = NULL;
+    st = be->ops->graph_begin(be);
+    if (st == DIT_OK) {
+        st = forward_compute(f);
+        dit_status st_end = be->ops->graph_end(be, &g);
+        if (st == DIT_OK)
+            st = st_end;
+    }
+    f->diag = user_diag;
+    if (st == DIT_OK && g) {
+        slot->g = g;
+        slot->key = k;
+        slot->used = ++m->graph_clock;
+        m->pending_set = false;
+        st = be->ops->graph_launch(be, g);
+        if (st != DIT_OK)
+            st = dit_diag_set(f->diag, st, "flux forward: graph launch failed: %s",
+                              be->ops->last_error ? be->ops->last_error(be) : "");
+        return st;
+    }
+    if (g)
+        be->ops->graph_destroy(be, g);
+    fprintf(stderr, "flux: graph capture failed (%s%s%s); running eagerly from now on\n",
+            dit_diag_msg(&cap_diag), be->ops->last_error ? ": " : "",
+            be->ops->last_error ? be->ops->last_error(be) : "");
+    m->graph_broken = true;
+    return forward_compute(f);
+}
+
+void dit_flux_set_graphs(dit_flux *m, bool on)
+{
+    m->graphs = on;
+    m->graph_broken = false;
+    m->pending_set = false;
+    for (int i = 0; !on && i < FLUX_GRAPHS; i++) {
+        if (m->graph[i].g)
+            m->be->ops->graph_destroy(m->be, m->graph[i].g);
+        m->graph[i].g = NULL;
+    }
+}
+
+bool dit_flux_graph_captured(const dit_flux *m)
+{
+    for (int i = 0; i < FLUX_GRAPHS; i++)
+        if (m->graph[i].g)
+            return true;
+    return false;
+}
+
 dit_status dit_flux_forward(dit_flux *m, dit_arena *arena, const dit_flux_inputs *in,
                             const dit_tensor *sample, dit_diag *diag)
 {
@@ -899,7 +1157,7 @@ dit_status dit_flux_forward(dit_flux *m, dit_arena *arena, const dit_flux_inputs
     timestep_embedding(in->timestep, B, tproj);
     if (in->guidance)
         timestep_embedding(in->guidance, B, gproj);
-    rope_tables(c, in->txt_ids, St, in->img_ids, Si, cosh_, sinh_);
+    rope_tables_cached(m, in->txt_ids, St, in->img_ids, Si, cosh_, sinh_);
 
 #define ALLOC(t, nd, ...)                                                                    \
     do {                                                                                     \
@@ -911,11 +1169,10 @@ dit_status dit_flux_forward(dit_flux *m, dit_arena *arena, const dit_flux_inputs
         }                                                                                    \
     } while (0)
 
-    dit_tensor tp, gp, h1, temb;
-    ALLOC(tp, 2, B, 256);
-    ALLOC(gp, 2, B, 256);
-    ALLOC(h1, 2, B, C);
-    ALLOC(temb, 2, B, C);
+    ALLOC(f->tp, 2, B, 256);
+    ALLOC(f->gp, 2, B, 256);
+    ALLOC(f->h1, 2, B, C);
+    ALLOC(f->temb, 2, B, C);
     ALLOC(f->silu_t, 2, B, C);
     ALLOC(f->cos, 2, S, D);
     ALLOC(f->sin, 2, S, D);
@@ -934,64 +1191,16 @@ dit_status dit_flux_forward(dit_flux *m, dit_arena *arena, const dit_flux_inputs
         dit_tensor h_gp = dit_tensor_2d(gproj, DIT_F32, B, 256);
         dit_tensor h_cos = dit_tensor_2d(cosh_, DIT_F32, S, D);
         dit_tensor h_sin = dit_tensor_2d(sinh_, DIT_F32, S, D);
-        BE(be->ops->upload(be, &tp, &h_tp));
+        BE(be->ops->upload(be, &f->tp, &h_tp));
         if (in->guidance)
-            BE(be->ops->upload(be, &gp, &h_gp));
+            BE(be->ops->upload(be, &f->gp, &h_gp));
         BE(be->ops->upload(be, &f->cos, &h_cos));
         BE(be->ops->upload(be, &f->sin, &h_sin));
     }
 
-    /* temb = MLP(t) [+ MLP(guidance)] + MLP(pooled text). */
-    BE(linear(f, &h1, &tp, &m->t1, DIT_ACT_SILU, 0.0f));
-    BE(linear(f, &temb, &h1, &m->t2, DIT_ACT_NONE, 0.0f));
-    if (in->guidance) {
-        BE(linear(f, &h1, &gp, &m->g1, DIT_ACT_SILU, 0.0f));
-        BE(linear(f, &temb, &h1, &m->g2, DIT_ACT_NONE, 1.0f));
-    }
-    BE(linear(f, &h1, &in->pooled_projections, &m->p1, DIT_ACT_SILU, 0.0f));
-    BE(linear(f, &temb, &h1, &m->p2, DIT_ACT_NONE, 1.0f));
-    BE(be->ops->activate(be, &f->silu_t, &temb, DIT_ACT_SILU));
-
-    /* Embed both streams into the shared residual buffer. */
-    if (St > 0) {
-        dit_tensor xt = seq(&f->x, 0, St);
-        BE(linear(f, &xt, &in->encoder_hidden_states, &m->ctx_emb, DIT_ACT_NONE, 0.0f));
-    }
-    if (Si > 0) {
-        dit_tensor xi = seq(&f->x, St, Si);
-        BE(linear(f, &xi, &in->hidden_states, &m->x_emb, DIT_ACT_NONE, 0.0f));
-    }
-
-    for (int i = 0; i < c->num_layers; i++) {
-        st = double_block(f, &m->dbl[i]);
-        if (st != DIT_OK) {
-            dit_diag_prefix(diag, "double block %d: ", i);
-            goto cleanup;
-        }
-        if (m->hooks.block_done)
-            DIT_CHECK(m->hooks.block_done(m->hooks.ctx, i, diag));
-    }
-    for (int i = 0; i < c->num_single_layers; i++) {
-        st = single_block(f, &m->sgl[i]);
-        if (st != DIT_OK) {
-            dit_diag_prefix(diag, "single block %d: ", i);
-            goto cleanup;
-        }
-        if (m->hooks.block_done)
-            DIT_CHECK(m->hooks.block_done(m->hooks.ctx, c->num_layers + i, diag));
-    }
-
-    /* norm_out: (scale, shift) in that order, then proj_out on image rows. */
-    {
-        dit_tensor emb2 = feat(&f->emb, 0, 2 * C);
-        BE(adaln(f, &emb2, &m->norm_out));
-        if (Si > 0) {
-            dit_tensor scale = chunk(&emb2, 0, C), shift = chunk(&emb2, 1, C);
-            dit_tensor xi = seq(&f->x, St, Si), ni = seq(&f->n, St, Si);
-            BE(be->ops->layer_norm_mod(be, &ni, &xi, &shift, &scale, 1e-6f));
-            BE(linear(f, sample, &ni, &m->proj_out, DIT_ACT_NONE, 0.0f));
-        }
-    }
+    f->in = in;
+    f->sample = sample;
+    DIT_CHECK(forward_run(f));
 cleanup:
     free(host);
     return st;

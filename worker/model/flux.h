@@ -15,6 +15,7 @@
 #ifndef DIT_MODEL_FLUX_H
 #define DIT_MODEL_FLUX_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -91,6 +92,19 @@ typedef struct dit_flux_inputs {
  * Scratch comes from `arena`, which the caller resets afterwards. */
 dit_status dit_flux_forward(dit_flux *m, dit_arena *arena, const dit_flux_inputs *in,
                             const dit_tensor *sample, dit_diag *diag);
+
+/* CUDA-graph replay of the per-step forward, for backends with graph ops
+ * (cuda; ignored on cpu). With it on, the first forward at a given shape and
+ * set of device addresses (inputs, output, arena) runs eagerly, the second
+ * is captured and replayed, later ones only upload the step's timestep and
+ * RoPE tables and replay. Graphs of the last 4 such keys are kept (least
+ * recently used goes first). Graphs stay off while any hook is set (comm and
+ * per-block callbacks run on the host). A failed capture falls back to eager
+ * passes for good. Off by default. */
+void dit_flux_set_graphs(dit_flux *m, bool on);
+
+/* Whether a captured graph is held (for tests and benchmarks). */
+bool dit_flux_graph_captured(const dit_flux *m);
 
 /* Floating-point operations of one whole-model forward (all ranks
  * together): 2*rows*in*out per linear plus 4*B*S^2*C per attention. */

@@ -68,6 +68,20 @@ static dit_status hook_block(void *ctx, int block, dit_diag *diag)
     return r->block_fn ? r->block_fn(r->block_ctx, block, diag) : DIT_OK;
 }
 
+/* Only the hooks in use: a model without hooks may replay graphs. */
+static void set_hooks(dit_runner *r)
+{
+    const dit_mesh *mesh = r->mesh;
+    dit_flux_hooks hooks = {
+        .ctx = r,
+        .attention = r->cpa ? hook_attention : NULL,
+        .tp_all_reduce = mesh && dit_mesh_tp(mesh) ? hook_all_reduce : NULL,
+        .tp_all_gather = mesh && dit_mesh_tp(mesh) ? hook_all_gather : NULL,
+        .block_done = r->block_fn ? hook_block : NULL,
+    };
+    dit_flux_set_hooks(r->model, &hooks);
+}
+
 dit_status dit_runner_create(dit_backend *be, dit_flux *model, dit_mesh *mesh, dit_runner **out,
                              dit_diag *diag)
 {
@@ -89,14 +103,10 @@ dit_status dit_runner_create(dit_backend *be, dit_flux *model, dit_mesh *mesh, d
             return st;
         }
     }
-    dit_flux_hooks hooks = {
-        .ctx = r,
-        .attention = r->cpa ? hook_attention : NULL,
-        .tp_all_reduce = mesh && dit_mesh_tp(mesh) ? hook_all_reduce : NULL,
-        .tp_all_gather = mesh && dit_mesh_tp(mesh) ? hook_all_gather : NULL,
-        .block_done = hook_block,
-    };
-    dit_flux_set_hooks(model, &hooks);
+    set_hooks(r);
+    /* Per-step CUDA graphs where the backend has them and nothing runs on the
+     * host in the middle of the forward (no comm or block hooks). */
+    dit_flux_set_graphs(model, true);
     *out = r;
     return DIT_OK;
 }
@@ -115,6 +125,7 @@ void dit_runner_set_block_callback(dit_runner *r, dit_block_fn fn, void *ctx)
 {
     r->block_fn = fn;
     r->block_ctx = ctx;
+    set_hooks(r);
 }
 
 dit_runner_stats dit_runner_get_stats(const dit_runner *r)

@@ -3,6 +3,9 @@
 #ifndef DIT_BACKEND_CUDA_BACKEND_H
 #define DIT_BACKEND_CUDA_BACKEND_H
 
+#include <stdbool.h>
+#include <stddef.h>
+
 #include "backend/backend.h"
 
 #ifdef __cplusplus
@@ -16,7 +19,31 @@ int dit_cuda_device_count(void);
 /* NCCL's version as major*10000 + minor*100 + patch, proving NCCL is linked. */
 int dit_cuda_nccl_version(void);
 
+/* The cuda backend on `device`: one non-blocking compute stream, cuBLASLt,
+ * bf16 weights (weight_dtype), f32 activations. Fails with DIT_ERR_DEVICE
+ * when there is no usable GPU and DIT_ERR_UNSUPPORTED below sm_80. */
 dit_status dit_cuda_backend_create(int device, dit_backend **out, dit_diag *diag);
+
+/* Whether be is a cuda backend (so the functions below apply). */
+bool dit_backend_is_cuda(const dit_backend *be);
+
+/* The backend's compute stream as a cudaStream_t (void * keeps this header
+ * free of CUDA headers), for the NCCL comm group to enqueue on; NULL for
+ * another backend. */
+void *dit_cuda_backend_stream(dit_backend *be);
+
+typedef struct dit_cuda_memory {
+    size_t backend_bytes;      /* device memory the backend holds now */
+    size_t backend_peak_bytes; /* its high-water mark since creation */
+    size_t device_used_bytes;  /* cudaMemGetInfo: total - free (all users) */
+    size_t device_total_bytes;
+} dit_cuda_memory;
+
+dit_status dit_cuda_backend_memory(dit_backend *be, dit_cuda_memory *out);
+
+/* Whether linear with DIT_ACT_GELU_TANH uses cuBLASLt's fused GELU_BIAS
+ * epilogue (default) or its own tanh-GELU kernel after the GEMM. */
+void dit_cuda_backend_set_lt_gelu(dit_backend *be, bool on);
 
 #ifdef __cplusplus
 }

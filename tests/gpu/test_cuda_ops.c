@@ -1,0 +1,612 @@
+/* Op-by-op parity of the cuda backend against the cpu reference: the same
+ * random inputs on both, every op of dit_backend_ops, several shapes
+ * (uneven lengths, strided views like the model's), head dims 16/64/128.
+ *
+ * Tolerances (|gpu - cpu| <= atol + rtol |cpu|), and why:
+ *  - f32 elementwise and row ops (norms, modulation, RoPE, gated add,
+ *    activations, lse_merge, GroupNorm, upsample, embedding, copies):
+ *    atol 2e-5, rtol 2e-5. Both sides compute in f32; only reduction order
+ *    and exp/tanh implementations (a few ulp) differ.
+ *  - linear and conv2d: inputs and weights are rounded to bf16 on the host
+ *    first, so the device's bf16 operands are exact and the products are
+ *    exact in f32; what remains is f32 accumulation order over K terms:
+ *    atol 1e-4, rtol 1e-4 (outputs are O(1)). With GELU fused into
+ *    cuBLASLt's epilogue (its own GELU implementation), atol 2e-3.
+ *  - attention, head dim 64 / 128 (bf16 tensor-core path): q, k, v rounded
+ *    to bf16 so QK^T is exact; the softmax weights P are rounded to bf16
+ *    (relative 2^-9) before P V: out atol 4e-3, rtol 4e-3. lse comes from
+ *    the f32 scores and f32 row sums: atol 1e-4, rtol 1e-5.
+ *  - attention, other head dims and attention_masked (f32 path): atol 2e-5,
+ *    rtol 1e-4. */
+#include <check.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpu_util.h"
+
+/* Set once in main before the runner starts; read-only in the tests. */
+static dit_backend *g_cpu, *g_gpu;
+
+#define CPU g_cpu
+#define GPU g_gpu
+
+/* ---- memory ops ---------------------------------------------------------- */
+
+START_TEST(upload_download_copy_fill_roundtrip)
+{
+    test_rng r = {101};
+    const int64_t shape[3] = {3, 17, 40};
+    const size_t n = 3 * 17 * 40;
+    float *h = gpu_rand(&r, n, -2, 2, false);
+    /* f32 on the device: exact round trip. */
+    gpu_pair a = gpu_pair_make(CPU, GPU, DIT_F32, 3, shape, h);
+    ck_assert_int_eq(gpu_compare_views("roundtrip f32", CPU, &a.c, GPU, &a.g, 0, 0), 0);
+    /* bf16 on the device: the host's rounding (round to nearest even). */
+    gpu_pair b = gpu_pair_make(CPU, GPU, DIT_BF16, 3, shape, h);
+    float *got = gpu_fetch(GPU, &b.g);
+    for (size_t i = 0; i < n; i++)
+        ck_assert_float_eq(got[i], dit_bf16_to_f32(dit_f32_to_bf16(h[i])));
+    free(got);
+    /* A strided host source (a column slice) into a bf16 device tensor. */
+    dit_tensor hfull = dit_tensor_3d(h, DIT_F32, 3, 17, 40);
+    dit_tensor hcols = dit_tensor_narrow(&hfull, 2, 5, 20);
+    const int64_t sh2[3] = {3, 17, 20};
+    gpu_pair c = gpu_pair_make(CPU, GPU, DIT_BF16, 3, sh2, NULL);
+    GPU_OK(GPU, GPU->ops->upload(GPU, &c.g, &hcols));
+    GPU_OK(CPU, CPU->ops->upload(CPU, &c.c, &hcols));
+    ck_assert_int_eq(gpu_compare_views("strided upload", CPU, &c.c, GPU, &c.g, 4e-3, 4e-3), 0);
+    /* Device copy between strided views, and fill. */
+    dit_tensor gsrc = dit_tensor_narrow(&a.g, 1, 2, 9), csrc = dit_tensor_narrow(&a.c, 1, 2, 9);
+    gpu_pair d = gpu_pair_make(CPU, GPU, DIT_F32, 3, (int64_t[]){3, 9, 40}, NULL);
+    GPU_OK(GPU, GPU->ops->copy(GPU, &d.g, &gsrc));
+    GPU_OK(CPU, CPU->ops->copy(CPU, &d.c, &csrc));
+    ck_assert_int_eq(gpu_compare_views("copy", CPU, &d.c, GPU, &d.g, 0, 0), 0);
+    dit_tensor gf = dit_tensor_narrow(&a.g, 2, 3, 7), cf = dit_tensor_narrow(&a.c, 2, 3, 7);
+    GPU_OK(GPU, GPU->ops->fill(GPU, &gf, 0.25f));
+    GPU_OK(CPU, CPU->ops->fill(CPU, &cf, 0.25f));
+    ck_assert_int_eq(gpu_compare_views("fill", CPU, &a.c, GPU, &a.g, 0, 0), 0);
+    gpu_pair_free(CPU, GPU, &a);
+    gpu_pair_free(CPU, GPU, &b);
+    gpu_pair_free(CPU, GPU, &c);
+    gpu_pair_free(CPU, GPU, &d);
+    free(h);
+}
+END_TEST
+
+/* The host generator of dit_flux_create_random, for init_uniform. */
+static uint64_t mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+START_TEST(init_uniform_matches_host_generator)
+{
+    const int64_t N = 37, K = 29, row0 = 5, col0 = 11;
+    const uint64_t base = 0x1234abcdull;
+    const float a = 0.125f;
+    void *buf = NULL;
+    GPU_OK(GPU, dit_backend_alloc(GPU, (size_t)(N * K) * 4, &buf));
+    dit_tensor t = dit_tensor_2d(buf, DIT_F32, N, K);
+    GPU_OK(GPU, GPU->ops->init_uniform(GPU, &t, base, row0, col0, a));
+    float *got = gpu_fetch(GPU, &t);
+    for (int64_t r = 0; r < N; r++) {
+        uint64_t s = base + (uint64_t)(row0 + r) * 0x2545f4914f6cdd1dull;
+        for (int64_t k = 0; k < col0; k++)
+            s += 0x9e3779b97f4a7c15ull;
+        for (int64_t c = 0; c < K; c++) {
+            s += 0x9e3779b97f4a7c15ull;
+            double u = (double)(mix64(s) >> 11) * 0x1.0p-53;
+            float want = (float)((2.0 * u - 1.0) * a);
+            ck_assert_msg(got[r * K + c] == want, "(%lld, %lld): %g vs %g", (long long)r,
+                          (long long)c, got[r * K + c], want);
+        }
+    }
+    free(got);
+    dit_backend_free(GPU, buf);
+}
+END_TEST
+
+/* ---- linear -------------------------------------------------------------- */
+
+typedef struct lin_case {
+    int64_t B, M, K, N;
+    bool strided; /* x and y as column slices of wider buffers */
+} lin_case;
+
+static const lin_case lin_cases[] = {
+    {1, 1, 16, 8, false},   {1, 37, 64, 96, false}, {1, 130, 256, 200, true},
+    {3, 17, 48, 40, false}, {2, 33, 96, 72, true},  {1, 5, 7, 3, false},
+};
+
+START_TEST(linear_matches_cpu)
+{
+    const lin_case *lc = &lin_cases[_i];
+    test_rng r = {200 + (uint64_t)_i};
+    const int64_t B = lc->B, M = lc->M, K = lc->K, N = lc->N;
+    const int64_t pad = lc->strided ? 24 : 0; /* extra columns around the views */
+    const int64_t xs[3] = {B, M, K + pad}, ys[3] = {B, M, N + pad}, ws[2] = {N, K};
+    float *hx = gpu_rand(&r, (size_t)(B * M * (K + pad)), -1, 1, true);
+    float *hw = gpu_rand(&r, (size_t)(N * K), -0.25f, 0.25f, true);
+    float *hb = gpu_rand(&r, (size_t)N, -0.5f, 0.5f, false);
+    float *hy = gpu_rand(&r, (size_t)(B * M * (N + pad)), -1, 1, false);
+    gpu_pair x = gpu_pair_make(CPU, GPU, DIT_F32, 3, xs, hx);
+    gpu_pair w = gpu_pair_make(CPU, GPU, GPU->ops->weight_dtype, 2, ws, hw);
+    gpu_pair bias = gpu_pair_make(CPU, GPU, DIT_F32, 1, &N, hb);
+    const dit_act acts[] = {DIT_ACT_NONE, DIT_ACT_GELU_TANH, DIT_ACT_SILU, DIT_ACT_GELU_ERF,
+                            DIT_ACT_QUICK_GELU};
+    for (int fused = 0; fused < 2; fused++) {
+        dit_cuda_backend_set_lt_gelu(GPU, fused == 1);
+        for (size_t ai = 0; ai < sizeof acts / sizeof acts[0]; ai++) {
+            for (int with_bias = 0; with_bias < 2; with_bias++) {
+                for (int bi = 0; bi < 2; bi++) {
+                    const float beta = bi ? 1.0f : 0.0f;
+                    if (beta != 0.0f && acts[ai] != DIT_ACT_NONE)
+                        continue;
+                    gpu_pair y = gpu_pair_make(CPU, GPU, DIT_F32, 3, ys, hy);
+                    dit_tensor xc = dit_tensor_narrow(&x.c, 2, pad / 2, K);
+                    dit_tensor xg = dit_tensor_narrow(&x.g, 2, pad / 2, K);
+                    dit_tensor yc = dit_tensor_narrow(&y.c, 2, pad / 3, N);
+                    dit_tensor yg = dit_tensor_narrow(&y.g, 2, pad / 3, N);
+                    if (B == 1) { /* also the 2-D form */
+                        xc = dit_tensor_2d(xc.data, DIT_F32, M, K);
+                        xc.nb[0] = x.c.nb[1];
+                        xg = dit_tensor_2d(xg.data, DIT_F32, M, K);
+                        xg.nb[0] = x.g.nb[1];
+                        yc = dit_tensor_2d(yc.data, DIT_F32, M, N);
+                        yc.nb[0] = y.c.nb[1];
+                        yg = dit_tensor_2d(yg.data, DIT_F32, M, N);
+                        yg.nb[0] = y.g.nb[1];
+                    }
+                    GPU_OK(CPU, CPU->ops->linear(CPU, &yc, &xc, &w.c, with_bias ? &bias.c : NULL,
+                                                 acts[ai], beta));
+                    GPU_OK(GPU, GPU->ops->linear(GPU, &yg, &xg, &w.g, with_bias ? &bias.g : NULL,
+                                                 acts[ai], beta));
+                    char what[128];
+                    snprintf(what, sizeof what, "linear B%lld M%lld K%lld N%lld act %d bias %d "
+                                                "beta %g lt_gelu %d",
+                             (long long)B, (long long)M, (long long)K, (long long)N, (int)acts[ai],
+                             with_bias, beta, fused);
+                    const double atol = fused && acts[ai] == DIT_ACT_GELU_TANH ? 2e-3 : 1e-4;
+                    /* The whole buffer: the columns outside the view must be untouched. */
+                    ck_assert_int_eq(gpu_compare_views(what, CPU, &y.c, GPU, &y.g, atol, 1e-4), 0);
+                    gpu_pair_free(CPU, GPU, &y);
+                }
+            }
+        }
+    }
+    dit_cuda_backend_set_lt_gelu(GPU, true);
+    gpu_pair_free(CPU, GPU, &x);
+    gpu_pair_free(CPU, GPU, &w);
+    gpu_pair_free(CPU, GPU, &bias);
+    free(hx);
+    free(hw);
+    free(hb);
+    free(hy);
+}
+END_TEST
+
+/* ---- row ops ------------------------------------------------------------- */
+
+START_TEST(activate_matches_cpu)
+{
+    test_rng r = {300};
+    const int64_t sh[3] = {2, 13, 70};
+    float *h = gpu_rand(&r, 2 * 13 * 70, -6, 6, false);
+    const dit_act acts[] = {DIT_ACT_NONE, DIT_ACT_GELU_TANH, DIT_ACT_SILU, DIT_ACT_GELU_ERF,
+                            DIT_ACT_QUICK_GELU};
+    for (size_t ai = 0; ai < 5; ai++) {
+        gpu_pair x = gpu_pair_make(CPU, GPU, DIT_F32, 3, sh, h);
+        dit_tensor vc = dit_tensor_narrow(&x.c, 2, 10, 50), vg = dit_tensor_narrow(&x.g, 2, 10, 50);
+        GPU_OK(CPU, CPU->ops->activate(CPU, &vc, &vc, acts[ai]));
+        GPU_OK(GPU, GPU->ops->activate(GPU, &vg, &vg, acts[ai]));
+        ck_assert_int_eq(gpu_compare_views("activate", CPU, &x.c, GPU, &x.g, 2e-5, 2e-5), 0);
+        gpu_pair_free(CPU, GPU, &x);
+    }
+    free(h);
+}
+END_TEST
+
+START_TEST(norms_match_cpu)
+{
+    test_rng r = {400};
+    const int64_t B = 2, S = 33, C = 96;
+    const int64_t sh[3] = {B, S, C}, shv[2] = {B, C};
+    float *hx = gpu_rand(&r, (size_t)(B * S * C), -3, 5, false);
+    float *hs = gpu_rand(&r, (size_t)(B * C), -1, 1, false);
+    float *hc = gpu_rand(&r, (size_t)(B * C), -1, 1, false);
+    float *hw = gpu_rand(&r, (size_t)C, 0.5f, 1.5f, false);
+    gpu_pair shift = gpu_pair_make(CPU, GPU, DIT_F32, 2, shv, hs);
+    gpu_pair scale = gpu_pair_make(CPU, GPU, DIT_F32, 2, shv, hc);
+    gpu_pair w = gpu_pair_make(CPU, GPU, DIT_F32, 1, &C, hw);
+    gpu_pair bias = gpu_pair_make(CPU, GPU, DIT_F32, 1, &C, hs);
+    for (int v = 0; v < 4; v++) {
+        gpu_pair x = gpu_pair_make(CPU, GPU, DIT_F32, 3, sh, hx);
+        gpu_pair y = gpu_pair_make(CPU, GPU, DIT_F32, 3, sh, NULL);
+        const dit_tensor *sc = v & 1 ? &shift.c : NULL, *sg = v & 1 ? &shift.g : NULL;
+        const dit_tensor *cc = v & 2 ? &scale.c : NULL, *cg = v & 2 ? &scale.g : NULL;
+        GPU_OK(CPU, CPU->ops->layer_norm_mod(CPU, &y.c, &x.c, sc, cc, 1e-6f));
+        GPU_OK(GPU, GPU->ops->layer_norm_mod(GPU, &y.g, &x.g, sg, cg, 1e-6f));
+        ck_assert_int_eq(gpu_compare_views("layer_norm_mod", CPU, &y.c, GPU, &y.g, 2e-5, 2e-5), 0);
+        /* In place (y aliases x). */
+        GPU_OK(CPU, CPU->ops->layer_norm_mod(CPU, &x.c, &x.c, sc, cc, 1e-6f));
+        GPU_OK(GPU, GPU->ops->layer_norm_mod(GPU, &x.g, &x.g, sg, cg, 1e-6f));
+        ck_assert_int_eq(gpu_compare_views("layer_norm_mod alias", CPU, &x.c, GPU, &x.g, 2e-5,
+                                           2e-5),
+                         0);
+        gpu_pair_free(CPU, GPU, &x);
+        x = gpu_pair_make(CPU, GPU, DIT_F32, 3, sh, hx);
+        GPU_OK(CPU, CPU->ops->layer_norm(CPU, &y.c, &x.c, v & 1 ? &w.c : NULL,
+                                         v & 2 ? &bias.c : NULL, 1e-5f));
+        GPU_OK(GPU, GPU->ops->layer_norm(GPU, &y.g, &x.g, v & 1 ? &w.g : NULL,
+                                         v & 2 ? &bias.g : NULL, 1e-5f));
+        ck_assert_int_eq(gpu_compare_views("layer_norm", CPU, &y.c, GPU, &y.g, 2e-5, 2e-5), 0);
+        GPU_OK(CPU, CPU->ops->rms_norm(CPU, &y.c, &x.c, &w.c, 1e-6f));
+        GPU_OK(GPU, GPU->ops->rms_norm(GPU, &y.g, &x.g, &w.g, 1e-6f));
+        ck_assert_int_eq(gpu_compare_views("rms_norm", CPU, &y.c, GPU, &y.g, 2e-5, 2e-5), 0);
+        gpu_pair_free(CPU, GPU, &x);
+        gpu_pair_free(CPU, GPU, &y);
+    }
+    gpu_pair_free(CPU, GPU, &shift);
+    gpu_pair_free(CPU, GPU, &scale);
+    gpu_pair_free(CPU, GPU, &w);
+    gpu_pair_free(CPU, GPU, &bias);
+    free(hx);
+    free(hs);
+    free(hc);
+    free(hw);
+}
+END_TEST
+
+static const int64_t head_dims[] = {16, 64, 128};
+
+START_TEST(rms_norm_rope_matches_cpu)
+{
+    test_rng r = {500 + (uint64_t)_i};
+    const int64_t B = 2, S = 19, H = 3, D = head_dims[_i];
+    /* q as the first H*D columns of a (B, S, 3 H D) projection, like flux. */
+    const int64_t sh[3] = {B, S, 3 * H * D}, shc[2] = {S, D};
+    float *hx = gpu_rand(&r, (size_t)(B * S * 3 * H * D), -2, 2, false);
+    float *hw = gpu_rand(&r, (size_t)D, 0.5f, 1.5f, false);
+    float *hcos = gpu_rand(&r, (size_t)(S * D), -1, 1, false);
+    float *hsin = gpu_rand(&r, (size_t)(S * D), -1, 1, false);
+    gpu_pair w = gpu_pair_make(CPU, GPU, DIT_F32, 1, &D, hw);
+    gpu_pair cs = gpu_pair_make(CPU, GPU, DIT_F32, 2, shc, hcos);
+    gpu_pair sn = gpu_pair_make(CPU, GPU, DIT_F32, 2, shc, hsin);
+    for (int v = 0; v < 4; v++) {
+        gpu_pair x = gpu_pair_make(CPU, GPU, DIT_F32, 3, sh, hx);
+        dit_tensor fc = dit_tensor_narrow(&x.c, 2, H * D, H * D);
+        dit_tensor fg = dit_tensor_narrow(&x.g, 2, H * D, H * D);
+        dit_tensor qc = dit_tensor_split_last(&fc, D), qg = dit_tensor_split_last(&fg, D);
+        GPU_OK(CPU, CPU->ops->rms_norm_rope(CPU, &qc, v & 1 ? &w.c : NULL, 1e-6f,
+                                            v & 2 ? &cs.c : NULL, v & 2 ? &sn.c : NULL));
+        GPU_OK(GPU, GPU->ops->rms_norm_rope(GPU, &qg, v & 1 ? &w.g : NULL, 1e-6f,
+                                            v & 2 ? &cs.g : NULL, v & 2 ? &sn.g : NULL));
+        ck_assert_int_eq(gpu_compare_views("rms_norm_rope", CPU, &x.c, GPU, &x.g, 2e-5, 2e-5), 0);
+        gpu_pair_free(CPU, GPU, &x);
+    }
+    gpu_pair_free(CPU, GPU, &w);
+    gpu_pair_free(CPU, GPU, &cs);
+    gpu_pair_free(CPU, GPU, &sn);
+    free(hx);
+    free(hw);
+    free(hcos);
+    free(hsin);
+}
+END_TEST
+
+START_TEST(gated_add_matches_cpu)
+{
+    test_rng r = {600};
+    const int64_t B = 2, S = 21, C = 40;
+    const int64_t sh[3] = {B, S, C}, shv[2] = {B, 3 * C};
+    float *hr = gpu_rand(&r, (size_t)(B * S * C), -1, 1, false);
+    float *hx = gpu_rand(&r, (size_t)(B * S * C), -1, 1, false);
+    float *hg = gpu_rand(&r, (size_t)(B * 3 * C), -1, 1, false);
+    gpu_pair gate = gpu_pair_make(CPU, GPU, DIT_F32, 2, shv, hg);
+    dit_tensor gc = dit_tensor_narrow(&gate.c, 1, C, C), gg = dit_tensor_narrow(&gate.g, 1, C, C);
+    for (int v = 0; v < 2; v++) {
+        gpu_pair res = gpu_pair_make(CPU, GPU, DIT_F32, 3, sh, hr);
+        gpu_pair x = gpu_pair_make(CPU, GPU, DIT_F32, 3, sh, hx);
+        GPU_OK(CPU, CPU->ops->gated_add(CPU, &res.c, &x.c, v ? &gc : NULL));
+        GPU_OK(GPU, GPU->ops->gated_add(GPU, &res.g, &x.g, v ? &gg : NULL));
+        ck_assert_int_eq(gpu_compare_views("gated_add", CPU, &res.c, GPU, &res.g, 2e-6, 2e-6), 0);
+        gpu_pair_free(CPU, GPU, &res);
+        gpu_pair_free(CPU, GPU, &x);
+    }
+    gpu_pair_free(CPU, GPU, &gate);
+    free(hr);
+    free(hx);
+    free(hg);
+}
+END_TEST
+
+START_TEST(embedding_matches_cpu)
+{
+    test_rng r = {700};
+    const int64_t V = 50, C = 24, n = 13;
+    const int64_t sht[2] = {V, C}, shy[2] = {n, C};
+    float *ht = gpu_rand(&r, (size_t)(V * C), -1, 1, true);
+    int32_t ids[13];
+    for (int i = 0; i < n; i++)
+        ids[i] = (int32_t)(test_rng_next(&r) % (uint64_t)V);
+    gpu_pair t = gpu_pair_make(CPU, GPU, GPU->ops->weight_dtype, 2, sht, ht);
+    gpu_pair y = gpu_pair_make(CPU, GPU, DIT_F32, 2, shy, NULL);
+    GPU_OK(CPU, CPU->ops->embedding(CPU, &y.c, &t.c, ids, n));
+    GPU_OK(GPU, GPU->ops->embedding(GPU, &y.g, &t.g, ids, n));
+    ck_assert_int_eq(gpu_compare_views("embedding", CPU, &y.c, GPU, &y.g, 0, 0), 0);
+    ids[3] = (int32_t)V; /* out of range: an error, not a crash */
+    ck_assert_int_eq(GPU->ops->embedding(GPU, &y.g, &t.g, ids, n), DIT_ERR_INVALID_ARG);
+    gpu_pair_free(CPU, GPU, &t);
+    gpu_pair_free(CPU, GPU, &y);
+    free(ht);
+}
+END_TEST
+
+/* ---- attention ----------------------------------------------------------- */
+
+typedef struct attn_case {
+    int64_t B, Sq, Skv, H, D;
+    float qscale; /* larger scores: peaked softmax */
+} attn_case;
+
+static const attn_case attn_cases[] = {
+    {1, 1, 1, 1, 16, 1},     {2, 37, 53, 3, 16, 1},   {1, 130, 70, 2, 64, 1},
+    {1, 200, 333, 2, 128, 1}, {2, 64, 64, 1, 128, 4}, {1, 65, 129, 3, 64, 3},
+    {1, 9, 0, 2, 64, 1},     {1, 45, 17, 2, 32, 1},   {1, 77, 91, 2, 80, 2},
+};
+
+START_TEST(attention_matches_cpu)
+{
+    const attn_case *ac = &attn_cases[_i];
+    test_rng r = {800 + (uint64_t)_i};
+    const int64_t B = ac->B, Sq = ac->Sq, Skv = ac->Skv, H = ac->H, D = ac->D;
+    const bool fast = D == 64 || D == 128;
+    /* q, k, v as head views of fused (B, S, 3 H D) projections, like flux. */
+    const int64_t shq[3] = {B, Sq, 3 * H * D}, shk[3] = {B, Skv, 3 * H * D};
+    const int64_t sho[3] = {B, Sq, H * D}, shl[3] = {B, H, Sq};
+    float *hq = gpu_rand(&r, (size_t)(B * Sq * 3 * H * D), -ac->qscale, ac->qscale, fast);
+    float *hk = gpu_rand(&r, (size_t)(B * Skv * 3 * H * D), -1, 1, fast);
+    gpu_pair qa = gpu_pair_make(CPU, GPU, DIT_F32, 3, shq, hq);
+    gpu_pair ka = gpu_pair_make(CPU, GPU, DIT_F32, 3, shk, hk);
+    for (int with_lse = 0; with_lse < 2; with_lse++) {
+        gpu_pair o = gpu_pair_make(CPU, GPU, DIT_F32, 3, sho, NULL);
+        gpu_pair l = gpu_pair_make(CPU, GPU, DIT_F32, 3, shl, NULL);
+        dit_tensor q[2], k[2], v[2], out[2];
+        const dit_tensor *qb[2] = {&qa.c, &qa.g}, *kb[2] = {&ka.c, &ka.g};
+        const dit_tensor *ob[2] = {&o.c, &o.g};
+        for (int s = 0; s < 2; s++) {
+            dit_tensor f = dit_tensor_narrow(qb[s], 2, 0, H * D);
+            q[s] = dit_tensor_split_last(&f, D);
+            f = dit_tensor_narrow(kb[s], 2, H * D, H * D);
+            k[s] = dit_tensor_split_last(&f, D);
+            f = dit_tensor_narrow(kb[s], 2, 2 * H * D, H * D);
+            v[s] = dit_tensor_split_last(&f, D);
+            out[s] = dit_tensor_split_last(ob[s], D);
+        }
+        const float scale = 1.0f / sqrtf((float)D);
+        GPU_OK(CPU, CPU->ops->attention(CPU, &out[0], with_lse ? &l.c : NULL, &q[0], &k[0], &v[0],
+                                        scale));
+        GPU_OK(GPU, GPU->ops->attention(GPU, &out[1], with_lse ? &l.g : NULL, &q[1], &k[1], &v[1],
+                                        scale));
+        char what[128];
+        snprintf(what, sizeof what, "attention B%lld Sq%lld Skv%lld H%lld D%lld lse %d",
+                 (long long)B, (long long)Sq, (long long)Skv, (long long)H, (long long)D,
+                 with_lse);
+        ck_assert_int_eq(gpu_compare_views(what, CPU, &o.c, GPU, &o.g, fast ? 4e-3 : 2e-5,
+                                           fast ? 4e-3 : 1e-4),
+                         0);
+        if (with_lse)
+            ck_assert_int_eq(gpu_compare_views("lse", CPU, &l.c, GPU, &l.g, fast ? 1e-4 : 2e-5,
+                                               1e-5),
+                             0);
+        gpu_pair_free(CPU, GPU, &o);
+        gpu_pair_free(CPU, GPU, &l);
+    }
+    gpu_pair_free(CPU, GPU, &qa);
+    gpu_pair_free(CPU, GPU, &ka);
+    free(hq);
+    free(hk);
+}
+END_TEST
+
+START_TEST(attention_masked_matches_cpu)
+{
+    test_rng r = {900 + (uint64_t)_i};
+    const int64_t B = 2, S = 23 + 20 * _i, H = 2, D = _i == 0 ? 16 : 64;
+    const int64_t sh[4] = {B, S, H, D}, shb[3] = {H, S, S};
+    const size_t n = (size_t)(B * S * H * D);
+    float *hq = gpu_rand(&r, n, -1, 1, false), *hk = gpu_rand(&r, n, -1, 1, false);
+    float *hv = gpu_rand(&r, n, -1, 1, false);
+    float *hb = gpu_rand(&r, (size_t)(H * S * S), -2, 2, false);
+    gpu_pair q = gpu_pair_make(CPU, GPU, DIT_F32, 4, sh, hq);
+    gpu_pair k = gpu_pair_make(CPU, GPU, DIT_F32, 4, sh, hk);
+    gpu_pair v = gpu_pair_make(CPU, GPU, DIT_F32, 4, sh, hv);
+    gpu_pair bias = gpu_pair_make(CPU, GPU, DIT_F32, 3, shb, hb);
+    for (int mode = 0; mode < 3; mode++) {
+        const bool causal = mode != 1;
+        const bool with_bias = mode != 0;
+        gpu_pair o = gpu_pair_make(CPU, GPU, DIT_F32, 4, sh, NULL);
+        GPU_OK(CPU, CPU->ops->attention_masked(CPU, &o.c, &q.c, &k.c, &v.c, 0.125f,
+                                               with_bias ? &bias.c : NULL, causal));
+        GPU_OK(GPU, GPU->ops->attention_masked(GPU, &o.g, &q.g, &k.g, &v.g, 0.125f,
+                                               with_bias ? &bias.g : NULL, causal));
+        ck_assert_int_eq(gpu_compare_views("attention_masked", CPU, &o.c, GPU, &o.g, 2e-5, 1e-4),
+                         0);
+        gpu_pair_free(CPU, GPU, &o);
+    }
+    gpu_pair_free(CPU, GPU, &q);
+    gpu_pair_free(CPU, GPU, &k);
+    gpu_pair_free(CPU, GPU, &v);
+    gpu_pair_free(CPU, GPU, &bias);
+    free(hq);
+    free(hk);
+    free(hv);
+    free(hb);
+}
+END_TEST
+
+START_TEST(lse_merge_matches_cpu)
+{
+    test_rng r = {1000};
+    const int64_t B = 2, S = 29, H = 3, D = 64;
+    const int64_t sh[4] = {B, S, H, D}, shl[3] = {B, H, S};
+    const size_t n = (size_t)(B * S * H * D), nl = (size_t)(B * H * S);
+    float *ho = gpu_rand(&r, n, -1, 1, false), *hob = gpu_rand(&r, n, -1, 1, false);
+    float *hl = gpu_rand(&r, nl, -5, 5, false), *hlb = gpu_rand(&r, nl, -5, 5, false);
+    /* Empty partial results on either side (lse = -inf). */
+    hl[0] = -INFINITY;
+    hlb[1] = -INFINITY;
+    hl[2] = hlb[2] = -INFINITY;
+    gpu_pair o = gpu_pair_make(CPU, GPU, DIT_F32, 4, sh, ho);
+    gpu_pair ob = gpu_pair_make(CPU, GPU, DIT_F32, 4, sh, hob);
+    gpu_pair l = gpu_pair_make(CPU, GPU, DIT_F32, 3, shl, hl);
+    gpu_pair lb = gpu_pair_make(CPU, GPU, DIT_F32, 3, shl, hlb);
+    GPU_OK(CPU, CPU->ops->lse_merge(CPU, &o.c, &l.c, &ob.c, &lb.c));
+    GPU_OK(GPU, GPU->ops->lse_merge(GPU, &o.g, &l.g, &ob.g, &lb.g));
+    ck_assert_int_eq(gpu_compare_views("lse_merge out", CPU, &o.c, GPU, &o.g, 2e-6, 1e-5), 0);
+    ck_assert_int_eq(gpu_compare_views("lse_merge lse", CPU, &l.c, GPU, &l.g, 2e-6, 1e-6), 0);
+    gpu_pair_free(CPU, GPU, &o);
+    gpu_pair_free(CPU, GPU, &ob);
+    gpu_pair_free(CPU, GPU, &l);
+    gpu_pair_free(CPU, GPU, &lb);
+    free(ho);
+    free(hob);
+    free(hl);
+    free(hlb);
+}
+END_TEST
+
+/* ---- VAE ops ------------------------------------------------------------- */
+
+typedef struct conv_case {
+    int64_t B, Ci, H, W, Co, kh;
+    int stride, pad;
+} conv_case;
+
+static const conv_case conv_cases[] = {
+    {1, 8, 13, 11, 6, 3, 1, 1},
+    {2, 5, 16, 9, 7, 3, 2, 1},
+    {1, 12, 7, 10, 4, 1, 1, 0},
+    {1, 3, 9, 9, 16, 3, 1, 0},
+};
+
+START_TEST(conv2d_matches_cpu)
+{
+    const conv_case *cc = &conv_cases[_i];
+    test_rng r = {1100 + (uint64_t)_i};
+    const int64_t Ho = (cc->H + 2 * cc->pad - cc->kh) / cc->stride + 1;
+    const int64_t Wo = (cc->W + 2 * cc->pad - cc->kh) / cc->stride + 1;
+    const int64_t shx[4] = {cc->B, cc->Ci, cc->H, cc->W}, shw[4] = {cc->Co, cc->Ci, cc->kh, cc->kh};
+    const int64_t shy[4] = {cc->B, cc->Co, Ho, Wo};
+    float *hx = gpu_rand(&r, (size_t)(cc->B * cc->Ci * cc->H * cc->W), -1, 1, true);
+    float *hw = gpu_rand(&r, (size_t)(cc->Co * cc->Ci * cc->kh * cc->kh), -0.3f, 0.3f, true);
+    float *hb = gpu_rand(&r, (size_t)cc->Co, -1, 1, false);
+    gpu_pair x = gpu_pair_make(CPU, GPU, DIT_F32, 4, shx, hx);
+    gpu_pair w = gpu_pair_make(CPU, GPU, GPU->ops->weight_dtype, 4, shw, hw);
+    gpu_pair b = gpu_pair_make(CPU, GPU, DIT_F32, 1, &cc->Co, hb);
+    for (int with_bias = 0; with_bias < 2; with_bias++) {
+        gpu_pair y = gpu_pair_make(CPU, GPU, DIT_F32, 4, shy, NULL);
+        GPU_OK(CPU, CPU->ops->conv2d(CPU, &y.c, &x.c, &w.c, with_bias ? &b.c : NULL, cc->stride,
+                                     cc->pad));
+        GPU_OK(GPU, GPU->ops->conv2d(GPU, &y.g, &x.g, &w.g, with_bias ? &b.g : NULL, cc->stride,
+                                     cc->pad));
+        ck_assert_int_eq(gpu_compare_views("conv2d", CPU, &y.c, GPU, &y.g, 1e-4, 1e-4), 0);
+        gpu_pair_free(CPU, GPU, &y);
+    }
+    gpu_pair_free(CPU, GPU, &x);
+    gpu_pair_free(CPU, GPU, &w);
+    gpu_pair_free(CPU, GPU, &b);
+    free(hx);
+    free(hw);
+    free(hb);
+}
+END_TEST
+
+START_TEST(group_norm_and_upsample_match_cpu)
+{
+    test_rng r = {1200};
+    const int64_t sh[4] = {2, 8, 9, 7}, C = 8, shu[4] = {2, 8, 18, 14};
+    const size_t n = 2 * 8 * 9 * 7;
+    float *hx = gpu_rand(&r, n, -2, 3, false);
+    float *hw = gpu_rand(&r, 8, 0.5f, 1.5f, false), *hb = gpu_rand(&r, 8, -1, 1, false);
+    gpu_pair w = gpu_pair_make(CPU, GPU, DIT_F32, 1, &C, hw);
+    gpu_pair b = gpu_pair_make(CPU, GPU, DIT_F32, 1, &C, hb);
+    for (int silu = 0; silu < 2; silu++) {
+        gpu_pair x = gpu_pair_make(CPU, GPU, DIT_F32, 4, sh, hx);
+        gpu_pair y = gpu_pair_make(CPU, GPU, DIT_F32, 4, sh, NULL);
+        const dit_act act = silu ? DIT_ACT_SILU : DIT_ACT_NONE;
+        GPU_OK(CPU, CPU->ops->group_norm(CPU, &y.c, &x.c, &w.c, &b.c, 4, 1e-6f, act));
+        GPU_OK(GPU, GPU->ops->group_norm(GPU, &y.g, &x.g, &w.g, &b.g, 4, 1e-6f, act));
+        ck_assert_int_eq(gpu_compare_views("group_norm", CPU, &y.c, GPU, &y.g, 2e-5, 2e-5), 0);
+        gpu_pair u = gpu_pair_make(CPU, GPU, DIT_F32, 4, shu, NULL);
+        GPU_OK(CPU, CPU->ops->upsample2x(CPU, &u.c, &x.c));
+        GPU_OK(GPU, GPU->ops->upsample2x(GPU, &u.g, &x.g));
+        ck_assert_int_eq(gpu_compare_views("upsample2x", CPU, &u.c, GPU, &u.g, 0, 0), 0);
+        gpu_pair_free(CPU, GPU, &x);
+        gpu_pair_free(CPU, GPU, &y);
+        gpu_pair_free(CPU, GPU, &u);
+    }
+    gpu_pair_free(CPU, GPU, &w);
+    gpu_pair_free(CPU, GPU, &b);
+    free(hx);
+    free(hw);
+    free(hb);
+}
+END_TEST
+
+START_TEST(bad_arguments_are_errors_with_messages)
+{
+    void *buf = NULL;
+    GPU_OK(GPU, dit_backend_alloc(GPU, 4096, &buf));
+    dit_tensor x = dit_tensor_3d(buf, DIT_F32, 1, 4, 8), w = dit_tensor_2d(buf, DIT_BF16, 5, 9);
+    dit_tensor y = dit_tensor_3d(buf, DIT_F32, 1, 4, 5);
+    ck_assert_int_eq(GPU->ops->linear(GPU, &y, &x, &w, NULL, DIT_ACT_NONE, 0.0f),
+                     DIT_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(GPU->ops->last_error(GPU), "linear"));
+    dit_backend_free(GPU, buf);
+}
+END_TEST
+
+int main(void)
+{
+    gpu_require_device("test_cuda_ops");
+    dit_diag diag;
+    dit_diag_clear(&diag);
+    dit_backend_config cc = {.kind = DIT_BACKEND_CPU, .n_threads = 2};
+    dit_backend_config gc = {.kind = DIT_BACKEND_CUDA, .device = 0};
+    if (dit_backend_create(&cc, &g_cpu, &diag) != DIT_OK ||
+        dit_backend_create(&gc, &g_gpu, &diag) != DIT_OK) {
+        fprintf(stderr, "test_cuda_ops: %s\n", dit_diag_msg(&diag));
+        return 1;
+    }
+    Suite *s = suite_create("cuda_ops");
+    TCase *tc = tcase_create("parity");
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, upload_download_copy_fill_roundtrip);
+    tcase_add_test(tc, init_uniform_matches_host_generator);
+    tcase_add_loop_test(tc, linear_matches_cpu, 0, (int)(sizeof lin_cases / sizeof lin_cases[0]));
+    tcase_add_test(tc, activate_matches_cpu);
+    tcase_add_test(tc, norms_match_cpu);
+    tcase_add_loop_test(tc, rms_norm_rope_matches_cpu, 0, 3);
+    tcase_add_test(tc, gated_add_matches_cpu);
+    tcase_add_test(tc, embedding_matches_cpu);
+    tcase_add_loop_test(tc, attention_matches_cpu, 0,
+                        (int)(sizeof attn_cases / sizeof attn_cases[0]));
+    tcase_add_loop_test(tc, attention_masked_matches_cpu, 0, 2);
+    tcase_add_test(tc, lse_merge_matches_cpu);
+    tcase_add_loop_test(tc, conv2d_matches_cpu, 0, (int)(sizeof conv_cases / sizeof conv_cases[0]));
+    tcase_add_test(tc, group_norm_and_upsample_match_cpu);
+    tcase_add_test(tc, bad_arguments_are_errors_with_messages);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_set_fork_status(sr, CK_NOFORK);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    dit_backend_destroy(g_gpu);
+    dit_backend_destroy(g_cpu);
+    return failed ? 1 : 0;
+}

@@ -1,0 +1,505 @@
+/* cuda backend: flash attention and the log-sum-exp merge of ring attention.
+ *
+ * Fast path (head dims 64 and 128): FlashAttention-2 style. A block of 4
+ * warps owns 64 queries of one (batch, head); each warp owns 16 query rows.
+ * Per tile of 64 keys: the block converts the f32 K tile (and V, stored
+ * transposed) to bf16 in shared memory, every warp computes its 16 x 64
+ * score tile with bf16 mma.sync (m16n8k16, f32 accumulation), keeps a
+ * running row max m and denominator l in registers (online softmax, base-2
+ * exponentials of scale*log2(e)-scaled scores), rescales its 16 x D output
+ * accumulator and adds P V with P rounded to bf16. Nothing of size Sq x Skv
+ * exists. lse = (m + log2 l) ln 2 is the natural-log convention of the cpu op.
+ *
+ * Generic path (any D <= 512, e.g. the VAE's single 512-wide head, and every
+ * attention_masked call): f32 on CUDA
+ * cores, one warp per query row, keys in tiles of 32 staged in shared
+ * memory; the same online softmax with natural exponentials, plus the
+ * additive bias and causal mask the text encoders need. */
+#include <cmath>
+
+#include "backend/cuda/cuda_internal.cuh"
+
+enum { FA_BQ = 64, FA_BK = 64, FA_WARPS = 4, GEN_BK = 32, GEN_WARPS = 4, GEN_MAXD = 512 };
+
+struct attn_args {
+    const float *q, *k, *v;
+    float *out, *lse;
+    const float *bias; /* (H, Sq, Skv) or NULL */
+    int64_t q_b, q_s, q_h; /* strides in floats */
+    int64_t k_b, k_s, k_h;
+    int64_t v_b, v_s, v_h;
+    int64_t o_b, o_s, o_h;
+    int64_t Sq, Skv, H, D;
+    float scale;
+    bool causal;
+};
+
+/* ------------------------------------------------------------------------ */
+/* Tensor-core path                                                          */
+
+__device__ __forceinline__ void mma_bf16_16816(float c[4], const uint32_t a[4], uint32_t b0,
+                                               uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)
+{
+    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi); /* lo in the low half */
+    return *(uint32_t *)&h;
+}
+
+template <int D> struct fa_smem {
+    static const int LDQ = D + 8;      /* bf16 row stride of Qs, Ks (conflict-free) */
+    static const int LDV = FA_BK + 8;  /* bf16 row stride of Vt */
+    static const int BYTES = (2 * FA_BQ * LDQ + D * LDV) * 2;
+};
+
+template <int D>
+__global__ void __launch_bounds__(FA_WARPS * 32) k_flash_mma(attn_args a)
+{
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    typedef fa_smem<D> L;
+    __nv_bfloat16 *Qs = (__nv_bfloat16 *)smem_raw;
+    __nv_bfloat16 *Ks = Qs + FA_BQ * L::LDQ;
+    __nv_bfloat16 *Vt = Ks + FA_BK * L::LDQ;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int64_t q0 = (int64_t)blockIdx.x * FA_BQ;
+    const int64_t h = blockIdx.y, b = blockIdx.z;
+    const float *qp = a.q + b * a.q_b + h * a.q_h;
+    const float *kp = a.k + b * a.k_b + h * a.k_h;
+    const float *vp = a.v + b * a.v_b + h * a.v_h;
+    const float sl2 = a.scale * 1.4426950408889634f;
+
+    /* Q tile -> bf16 shared memory (rows past Sq are zero). */
+    for (int idx = tid; idx < FA_BQ * D / 4; idx += FA_WARPS * 32) {
+        const int r = idx / (D / 4), c = (idx % (D / 4)) * 4;
+        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (q0 + r < a.Sq)
+            v = *(const float4 *)(qp + (q0 + r) * a.q_s + c);
+        uint2 pk;
+        pk.x = pack_bf16(v.x, v.y);
+        pk.y = pack_bf16(v.z, v.w);
+        *(uint2 *)(Qs + r * L::LDQ + c) = pk;
+    }
+    __syncthreads();
+    uint32_t qf[D / 16][4];
+    {
+        const __nv_bfloat16 *q_lo = Qs + (warp * 16 + g) * L::LDQ;
+        const __nv_bfloat16 *q_hi = q_lo + 8 * L::LDQ;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++) {
+            qf[kk][0] = *(const uint32_t *)(q_lo + kk * 16 + t * 2);
+            qf[kk][1] = *(const uint32_t *)(q_hi + kk * 16 + t * 2);
+            qf[kk][2] = *(const uint32_t *)(q_lo + kk * 16 + 8 + t * 2);
+            qf[kk][3] = *(const uint32_t *)(q_hi + kk * 16 + 8 + t * 2);
+        }
+    }
+
+    float o[D / 8][4];
+#pragma unroll
+    for (int i = 0; i < D / 8; i++)
+        o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+
+    for (int64_t k0 = 0; k0 < a.Skv; k0 += FA_BK) {
+        __syncthreads(); /* every warp is done with the previous K and V */
+        for (int idx = tid; idx < FA_BK * D / 4; idx += FA_WARPS * 32) {
+            const int r = idx / (D / 4), c = (idx % (D / 4)) * 4;
+            float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (k0 + r < a.Skv)
+                v = *(const float4 *)(kp + (k0 + r) * a.k_s + c);
+            uint2 pk;
+            pk.x = pack_bf16(v.x, v.y);
+            pk.y = pack_bf16(v.z, v.w);
+            *(uint2 *)(Ks + r * L::LDQ + c) = pk;
+        }
+        /* V transposed; consecutive threads take consecutive keys so the
+         * 16-bit shared stores do not collide on banks. */
+        for (int idx = tid; idx < FA_BK * D / 4; idx += FA_WARPS * 32) {
+            const int r = idx % FA_BK, c = (idx / FA_BK) * 4;
+            float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (k0 + r < a.Skv)
+                v = *(const float4 *)(vp + (k0 + r) * a.v_s + c);
+            Vt[(c + 0) * L::LDV + r] = __float2bfloat16_rn(v.x);
+            Vt[(c + 1) * L::LDV + r] = __float2bfloat16_rn(v.y);
+            Vt[(c + 2) * L::LDV + r] = __float2bfloat16_rn(v.z);
+            Vt[(c + 3) * L::LDV + r] = __float2bfloat16_rn(v.w);
+        }
+        __syncthreads();
+
+        /* S = Q K^T for this warp's 16 rows: 8 tiles of 16 x 8. */
+        float s[FA_BK / 8][4];
+#pragma unroll
+        for (int nt = 0; nt < FA_BK / 8; nt++) {
+            s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+            const __nv_bfloat16 *kr = Ks + (nt * 8 + g) * L::LDQ;
+#pragma unroll
+            for (int kk = 0; kk < D / 16; kk++) {
+                const uint32_t b0 = *(const uint32_t *)(kr + kk * 16 + t * 2);
+                const uint32_t b1 = *(const uint32_t *)(kr + kk * 16 + 8 + t * 2);
+                mma_bf16_16816(s[nt], qf[kk], b0, b1);
+            }
+        }
+        /* Scale to base 2, mask keys past Skv, row maxima. */
+        float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < FA_BK / 8; nt++) {
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const bool valid = k0 + nt * 8 + t * 2 + e < a.Skv;
+                s[nt][e] = valid ? s[nt][e] * sl2 : -INFINITY;
+                s[nt][2 + e] = valid ? s[nt][2 + e] * sl2 : -INFINITY;
+                mx0 = fmaxf(mx0, s[nt][e]);
+                mx1 = fmaxf(mx1, s[nt][2 + e]);
+            }
+        }
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        /* Every tile holds at least one valid key, so the maxima are finite. */
+        const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+        const float c0 = exp2f(m0 - mn0), c1 = exp2f(m1 - mn1); /* 0 on the first tile */
+        m0 = mn0;
+        m1 = mn1;
+        float rs0 = 0.0f, rs1 = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < FA_BK / 8; nt++) {
+            s[nt][0] = exp2f(s[nt][0] - mn0);
+            s[nt][1] = exp2f(s[nt][1] - mn0);
+            s[nt][2] = exp2f(s[nt][2] - mn1);
+            s[nt][3] = exp2f(s[nt][3] - mn1);
+            rs0 += s[nt][0] + s[nt][1];
+            rs1 += s[nt][2] + s[nt][3];
+        }
+        /* Partial row sums: the 4 threads of a row reduce only at the end. */
+        l0 = l0 * c0 + rs0;
+        l1 = l1 * c1 + rs1;
+#pragma unroll
+        for (int nd = 0; nd < D / 8; nd++) {
+            o[nd][0] *= c0;
+            o[nd][1] *= c0;
+            o[nd][2] *= c1;
+            o[nd][3] *= c1;
+        }
+        /* O += P V: the score accumulators are already in A-fragment order. */
+#pragma unroll
+        for (int kk = 0; kk < FA_BK / 16; kk++) {
+            uint32_t pa[4];
+            pa[0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
+            pa[1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
+            pa[2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+            pa[3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+            for (int nd = 0; nd < D / 8; nd++) {
+                const __nv_bfloat16 *vr = Vt + (nd * 8 + g) * L::LDV + kk * 16;
+                const uint32_t b0 = *(const uint32_t *)(vr + t * 2);
+                const uint32_t b1 = *(const uint32_t *)(vr + 8 + t * 2);
+                mma_bf16_16816(o[nd], pa, b0, b1);
+            }
+        }
+    }
+
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
+    const int64_t r0 = q0 + warp * 16 + g, r1 = r0 + 8;
+    float *op0 = a.out + b * a.o_b + h * a.o_h + r0 * a.o_s;
+    float *op1 = op0 + 8 * a.o_s;
+#pragma unroll
+    for (int nd = 0; nd < D / 8; nd++) {
+        const int c = nd * 8 + t * 2;
+        if (r0 < a.Sq)
+            *(float2 *)(op0 + c) = make_float2(o[nd][0] * inv0, o[nd][1] * inv0);
+        if (r1 < a.Sq)
+            *(float2 *)(op1 + c) = make_float2(o[nd][2] * inv1, o[nd][3] * inv1);
+    }
+    if (a.lse && t == 0) {
+        const float ln2 = 0.6931471805599453f;
+        float *lp = a.lse + (b * a.H + h) * a.Sq;
+        if (r0 < a.Sq)
+            lp[r0] = l0 > 0.0f ? (m0 + log2f(l0)) * ln2 : -INFINITY;
+        if (r1 < a.Sq)
+            lp[r1] = l1 > 0.0f ? (m1 + log2f(l1)) * ln2 : -INFINITY;
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Generic f32 path                                                          */
+
+static size_t gen_smem_bytes(int64_t D)
+{
+    /* K and V tiles with rows padded by one float, plus one q row per warp. */
+    return (size_t)(2 * GEN_BK * (D + 1) + GEN_WARPS * D) * sizeof(float);
+}
+
+__global__ void __launch_bounds__(GEN_WARPS * 32) k_attn_generic(attn_args a)
+{
+    extern __shared__ float gsm[];
+    const int64_t D = a.D, ld = D + 1;
+    float *Kt = gsm, *Vs = Kt + GEN_BK * ld, *Qr = Vs + GEN_BK * ld;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int64_t h = blockIdx.y, b = blockIdx.z;
+    const int64_t qbase = (int64_t)blockIdx.x * GEN_WARPS;
+    const int64_t qi = qbase + warp;
+    const bool active = qi < a.Sq;
+    const float *kp = a.k + b * a.k_b + h * a.k_h;
+    const float *vp = a.v + b * a.v_b + h * a.v_h;
+    float *qrow = Qr + warp * D;
+    if (active) {
+        const float *qp = a.q + b * a.q_b + h * a.q_h + qi * a.q_s;
+        for (int64_t d = lane; d < D; d += 32)
+            qrow[d] = qp[d];
+    }
+    float o[GEN_MAXD / 32];
+#pragma unroll
+    for (int i = 0; i < GEN_MAXD / 32; i++)
+        o[i] = 0.0f;
+    float m = -INFINITY, l = 0.0f;
+    int64_t kv_end = a.Skv;
+    if (a.causal) {
+        const int64_t last = qbase + GEN_WARPS; /* keys <= the block's last query */
+        kv_end = last < kv_end ? last : kv_end;
+    }
+    for (int64_t k0 = 0; k0 < kv_end; k0 += GEN_BK) {
+        __syncthreads();
+        for (int64_t idx = tid; idx < GEN_BK * D; idx += GEN_WARPS * 32) {
+            const int64_t r = idx / D, c = idx % D;
+            const bool ok = k0 + r < a.Skv;
+            Kt[r * ld + c] = ok ? kp[(k0 + r) * a.k_s + c] : 0.0f;
+            Vs[r * ld + c] = ok ? vp[(k0 + r) * a.v_s + c] : 0.0f;
+        }
+        __syncthreads();
+        if (!active)
+            continue;
+        const int64_t j = k0 + lane;
+        float s = -INFINITY;
+        if (j < a.Skv && !(a.causal && j > qi)) {
+            float acc = 0.0f;
+            const float *kr = Kt + lane * ld;
+            for (int64_t d = 0; d < D; d++)
+                acc += qrow[d] * kr[d];
+            s = acc * a.scale;
+            if (a.bias)
+                s += a.bias[(h * a.Sq + qi) * a.Skv + j];
+        }
+        float mx = s;
+        for (int off = 16; off > 0; off >>= 1)
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+        const float mn = fmaxf(m, mx);
+        if (mn == -INFINITY)
+            continue; /* everything so far is masked */
+        const float corr = m == -INFINITY ? 0.0f : expf(m - mn);
+        const float p = s == -INFINITY ? 0.0f : expf(s - mn);
+        float ps = p;
+        for (int off = 16; off > 0; off >>= 1)
+            ps += __shfl_xor_sync(0xffffffffu, ps, off);
+        l = l * corr + ps;
+        m = mn;
+#pragma unroll
+        for (int i = 0; i < GEN_MAXD / 32; i++)
+            o[i] *= corr;
+        const int nk = (int)(a.Skv - k0 < GEN_BK ? a.Skv - k0 : GEN_BK);
+        for (int jj = 0; jj < nk; jj++) {
+            const float pj = __shfl_sync(0xffffffffu, p, jj);
+            if (pj == 0.0f)
+                continue;
+            const float *vr = Vs + jj * ld;
+#pragma unroll
+            for (int i = 0; i < GEN_MAXD / 32; i++) {
+                const int64_t d = lane + 32 * i;
+                if (d < D)
+                    o[i] += pj * vr[d];
+            }
+        }
+    }
+    if (!active)
+        return;
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    float *op = a.out + b * a.o_b + h * a.o_h + qi * a.o_s;
+#pragma unroll
+    for (int i = 0; i < GEN_MAXD / 32; i++) {
+        const int64_t d = lane + 32 * i;
+        if (d < D)
+            op[d] = o[i] * inv;
+    }
+    if (a.lse && lane == 0)
+        a.lse[(b * a.H + h) * a.Sq + qi] = l > 0.0f ? m + logf(l) : -INFINITY;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Host side                                                                 */
+
+dit_status dit_cuda_attention_init(dit_cuda_backend *cb)
+{
+    const char *op = "attention init";
+    CUDA_TRY(cb, op,
+             cudaFuncSetAttribute(k_flash_mma<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  fa_smem<64>::BYTES));
+    CUDA_TRY(cb, op,
+             cudaFuncSetAttribute(k_flash_mma<128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  fa_smem<128>::BYTES));
+    /* The generic kernel's widest head (512) wants ~137 KiB: what the GPU
+     * allows per block (sm_86/89 allow less than sm_80/90) caps its D. */
+    int optin = 0;
+    CUDA_TRY(cb, op,
+             cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, cb->device));
+    size_t want = gen_smem_bytes(GEN_MAXD);
+    cb->gen_smem_max = want < (size_t)optin ? want : (size_t)optin;
+    CUDA_TRY(cb, op,
+             cudaFuncSetAttribute(k_attn_generic, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  (int)cb->gen_smem_max));
+    return DIT_OK;
+}
+
+static bool is_bshd(const dit_tensor *t)
+{
+    return t && t->dtype == DIT_F32 && t->ndim == 4 && dit_tensor_rows_dense(t);
+}
+
+static bool aligned16(const dit_tensor *t)
+{
+    return ((uintptr_t)t->data & 15) == 0 && t->nb[0] % 16 == 0 && t->nb[1] % 16 == 0 &&
+           t->nb[2] % 16 == 0;
+}
+
+static dit_status attention_core(dit_cuda_backend *cb, const char *op, const dit_tensor *out,
+                                 const dit_tensor *lse, const dit_tensor *q, const dit_tensor *k,
+                                 const dit_tensor *v, float scale, const dit_tensor *bias,
+                                 bool causal)
+{
+    if (!is_bshd(q) || !is_bshd(k) || !is_bshd(v) || !is_bshd(out))
+        return dit_cuda_bad(cb, DIT_ERR_INVALID_ARG, op, "q, k, v, out must be (B, S, H, D) f32");
+    const int64_t B = q->ne[0], Sq = q->ne[1], H = q->ne[2], D = q->ne[3];
+    const int64_t Skv = k->ne[1];
+    if (!dit_tensor_same_shape(k, v) || k->ne[0] != B || k->ne[2] != H || k->ne[3] != D ||
+        !dit_tensor_same_shape(q, out))
+        return dit_cuda_bad(cb, DIT_ERR_INVALID_ARG, op, "q, k, v, out shapes disagree");
+    if (lse && (lse->dtype != DIT_F32 || lse->ndim != 3 || lse->ne[0] != B || lse->ne[1] != H ||
+                lse->ne[2] != Sq || !dit_tensor_is_contiguous(lse)))
+        return dit_cuda_bad(cb, DIT_ERR_INVALID_ARG, op, "lse must be (B, H, Sq) f32 contiguous");
+    if (bias && (bias->dtype != DIT_F32 || bias->ndim != 3 || bias->ne[0] != H ||
+                 bias->ne[1] != Sq || bias->ne[2] != Skv || !dit_tensor_is_contiguous(bias)))
+        return dit_cuda_bad(cb, DIT_ERR_INVALID_ARG, op, "bias must be (H, Sq, Skv) f32");
+    if (B == 0 || Sq == 0 || H == 0)
+        return DIT_OK;
+    if (B > 65535 || H > 65535)
+        return dit_cuda_bad(cb, DIT_ERR_UNSUPPORTED, op, "batch or heads above 65535");
+    attn_args a;
+    a.q = (const float *)q->data;
+    a.k = (const float *)k->data;
+    a.v = (const float *)v->data;
+    a.out = (float *)out->data;
+    a.lse = lse ? (float *)lse->data : NULL;
+    a.bias = bias ? (const float *)bias->data : NULL;
+    a.q_b = q->nb[0] / 4, a.q_s = q->nb[1] / 4, a.q_h = q->nb[2] / 4;
+    a.k_b = k->nb[0] / 4, a.k_s = k->nb[1] / 4, a.k_h = k->nb[2] / 4;
+    a.v_b = v->nb[0] / 4, a.v_s = v->nb[1] / 4, a.v_h = v->nb[2] / 4;
+    a.o_b = out->nb[0] / 4, a.o_s = out->nb[1] / 4, a.o_h = out->nb[2] / 4;
+    a.Sq = Sq, a.Skv = Skv, a.H = H, a.D = D;
+    a.scale = scale;
+    a.causal = causal;
+
+    const bool fast = !bias && !causal && (D == 64 || D == 128) && aligned16(q) &&
+                      aligned16(k) && aligned16(v) && ((uintptr_t)out->data & 7) == 0 &&
+                      out->nb[0] % 8 == 0 && out->nb[1] % 8 == 0 && out->nb[2] % 8 == 0;
+    if (fast) {
+        dim3 grid((unsigned)((Sq + FA_BQ - 1) / FA_BQ), (unsigned)H, (unsigned)B);
+        if (D == 64)
+            k_flash_mma<64><<<grid, FA_WARPS * 32, fa_smem<64>::BYTES, cb->stream>>>(a);
+        else
+            k_flash_mma<128><<<grid, FA_WARPS * 32, fa_smem<128>::BYTES, cb->stream>>>(a);
+        CUDA_LAUNCHED(cb, op);
+        return DIT_OK;
+    }
+    if (D > GEN_MAXD || gen_smem_bytes(D) > cb->gen_smem_max)
+        return dit_cuda_bad(cb, DIT_ERR_UNSUPPORTED, op,
+                            "head dim %lld is too wide for this GPU's attention kernels",
+                            (long long)D);
+    dim3 grid((unsigned)((Sq + GEN_WARPS - 1) / GEN_WARPS), (unsigned)H, (unsigned)B);
+    k_attn_generic<<<grid, GEN_WARPS * 32, gen_smem_bytes(D), cb->stream>>>(a);
+    CUDA_LAUNCHED(cb, op);
+    return DIT_OK;
+}
+
+extern "C" dit_status dit_cuda_attention(dit_backend *be, const dit_tensor *out,
+                                         const dit_tensor *lse, const dit_tensor *q,
+                                         const dit_tensor *k, const dit_tensor *v, float scale)
+{
+    return attention_core(cuda_of(be), "attention", out, lse, q, k, v, scale, NULL, false);
+}
+
+extern "C" dit_status dit_cuda_attention_masked(dit_backend *be, const dit_tensor *out,
+                                                const dit_tensor *q, const dit_tensor *k,
+                                                const dit_tensor *v, float scale,
+                                                const dit_tensor *bias, bool causal)
+{
+    return attention_core(cuda_of(be), "attention_masked", out, NULL, q, k, v, scale, bias,
+                          causal);
+}
+
+/* One warp per (b, s, h) row. */
+__global__ void k_lse_merge(cuda_view out, float *la, const cuda_view outb, const float *lb,
+                            int64_t S, int64_t H, int64_t rows)
+{
+    const int64_t r = blockIdx.x * (int64_t)(blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (r >= rows)
+        return;
+    const int lane = threadIdx.x & 31;
+    const int64_t h = r % H, s = (r / H) % S, b = r / (H * S);
+    const int64_t li = (b * H + h) * S + s;
+    const float x = la[li], y = lb[li];
+    if (y == -INFINITY)
+        return;
+    float *o = (float *)cuda_view_at(out, r, 0);
+    const float *ob = (const float *)cuda_view_at(outb, r, 0);
+    const int64_t D = out.ne[3];
+    if (x == -INFINITY) {
+        for (int64_t d = lane; d < D; d += 32)
+            o[d] = ob[d];
+    } else {
+        const float mx = fmaxf(x, y);
+        const float ea = expf(x - mx), eb = expf(y - mx);
+        const float sum = ea + eb;
+        const float wa = ea / sum, wb = eb / sum;
+        for (int64_t d = lane; d < D; d += 32)
+            o[d] = wa * o[d] + wb * ob[d];
+    }
+    __syncwarp();
+    if (lane == 0)
+        la[li] = x == -INFINITY ? y : fmaxf(x, y) + logf(expf(x - fmaxf(x, y)) +
+                                                        expf(y - fmaxf(x, y)));
+}
+
+extern "C" dit_status dit_cuda_lse_merge(dit_backend *be, const dit_tensor *out,
+                                         const dit_tensor *lse, const dit_tensor *out_b,
+                                         const dit_tensor *lse_b)
+{
+    dit_cuda_backend *cb = cuda_of(be);
+    const char *op = "lse_merge";
+    if (!is_bshd(out) || !is_bshd(out_b) || !dit_tensor_same_shape(out, out_b))
+        return dit_cuda_bad(cb, DIT_ERR_INVALID_ARG, op, "out, out_b must be (B, S, H, D) f32");
+    const int64_t B = out->ne[0], S = out->ne[1], H = out->ne[2];
+    const dit_tensor *ls[2] = {lse, lse_b};
+    for (int i = 0; i < 2; i++)
+        if (!ls[i] || ls[i]->dtype != DIT_F32 || ls[i]->ndim != 3 || ls[i]->ne[0] != B ||
+            ls[i]->ne[1] != H || ls[i]->ne[2] != S || !dit_tensor_is_contiguous(ls[i]))
+            return dit_cuda_bad(cb, DIT_ERR_INVALID_ARG, op, "lse must be (B, H, S) f32");
+    const int64_t rows = B * S * H;
+    if (rows == 0)
+        return DIT_OK;
+    const int warps = 8;
+    k_lse_merge<<<(unsigned)((rows + warps - 1) / warps), 32 * warps, 0, cb->stream>>>(
+        cuda_view_of(out), (float *)lse->data, cuda_view_of(out_b), (const float *)lse_b->data,
+        S, H, rows);
+    CUDA_LAUNCHED(cb, op);
+    return DIT_OK;
+}

@@ -1,0 +1,266 @@
+/* Private to the cuda backend: its struct, the error plumbing that turns
+ * CUDA / cuBLAS codes into dit_status (the one place per library, see
+ * design.md §9), the strided-view descriptors the kernels take, and the op
+ * entry points that cuda_backend.cu puts into the ops table.
+ *
+ * Owner: the thread that created the backend (like every backend). */
+#ifndef DIT_BACKEND_CUDA_INTERNAL_CUH
+#define DIT_BACKEND_CUDA_INTERNAL_CUH
+
+#include <cstdint>
+#include <cstdio>
+
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "backend/backend.h"
+#include "backend/cuda/cuda_backend.h"
+
+/* One cached GEMM configuration: the descriptors and the algorithm the
+ * heuristic picked for a shape, so that later calls (and graph capture)
+ * never query again. */
+struct cuda_gemm_entry {
+    /* key */
+    int transa, transb;
+    int64_t m, n, k, lda, ldb, ldc;
+    int epilogue;
+    int align; /* smallest pointer alignment (bytes, <= 16) of A, B, C, D */
+    bool has_beta;
+    /* value */
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t a, b, c;
+    cublasLtMatmulAlgo_t algo;
+    bool algo_ok; /* false: no cuBLASLt algorithm, use the fallback kernel */
+};
+
+enum { CUDA_SCRATCH_X = 0, CUDA_SCRATCH_W, CUDA_SCRATCH_COL, CUDA_SCRATCH_MISC, CUDA_SCRATCH_N };
+
+struct cuda_alloc_rec {
+    void *p;
+    size_t bytes;
+};
+
+typedef struct dit_cuda_backend {
+    dit_backend base; /* must stay first */
+    int device;
+    int sm_count;
+    size_t gen_smem_max; /* dynamic shared memory of the generic attention kernel */
+    cudaStream_t stream;
+    cublasLtHandle_t lt;
+    void *lt_ws;
+    size_t lt_ws_bytes;
+    /* Scratch buffers, grown (never while capturing a graph) and reused. */
+    void *scratch[CUDA_SCRATCH_N];
+    size_t scratch_bytes[CUDA_SCRATCH_N];
+    /* Upload / download staging: pinned host and device, same size. */
+    void *pinned;
+    void *stage;
+    size_t stage_bytes;
+    /* GEMM plan cache. */
+    cuda_gemm_entry *gemms;
+    size_t n_gemms, cap_gemms;
+    /* Allocation book-keeping for the memory high-water mark. */
+    cuda_alloc_rec *allocs;
+    size_t n_allocs, cap_allocs;
+    size_t bytes_in_use, bytes_peak;
+    bool capturing;
+    bool lt_gelu; /* use cuBLASLt's GELU_BIAS epilogue for DIT_ACT_GELU_TANH */
+    char err[512];
+} dit_cuda_backend;
+
+static inline dit_cuda_backend *cuda_of(dit_backend *be)
+{
+    return (dit_cuda_backend *)be;
+}
+
+/* Records "op: what: CUDA message" in be->err and maps the code. */
+dit_status dit_cuda_fail(dit_cuda_backend *cb, cudaError_t e, const char *op, const char *what);
+dit_status dit_cuda_fail_lt(dit_cuda_backend *cb, cublasStatus_t s, const char *op,
+                            const char *what);
+/* Records an argument error for op and returns DIT_ERR_INVALID_ARG (or st). */
+dit_status dit_cuda_bad(dit_cuda_backend *cb, dit_status st, const char *op, const char *fmt,
+                        ...) __attribute__((format(printf, 4, 5)));
+
+/* Checks the launch of the kernel just issued. */
+#define CUDA_LAUNCHED(cb, op)                                                                  \
+    do {                                                                                       \
+        cudaError_t e_ = cudaGetLastError();                                                   \
+        if (e_ != cudaSuccess)                                                                 \
+            return dit_cuda_fail((cb), e_, (op), "kernel launch");                             \
+    } while (0)
+
+#define CUDA_TRY(cb, op, call)                                                                 \
+    do {                                                                                       \
+        cudaError_t e_ = (call);                                                               \
+        if (e_ != cudaSuccess)                                                                 \
+            return dit_cuda_fail((cb), e_, (op), #call);                                       \
+    } while (0)
+
+#define LT_TRY(cb, op, call)                                                                   \
+    do {                                                                                       \
+        cublasStatus_t s_ = (call);                                                            \
+        if (s_ != CUBLAS_STATUS_SUCCESS)                                                       \
+            return dit_cuda_fail_lt((cb), s_, (op), #call);                                    \
+    } while (0)
+
+/* A scratch buffer of at least `bytes`; growing waits for the stream and is
+ * refused while a graph is being captured (warm up eagerly first). */
+dit_status dit_cuda_scratch(dit_cuda_backend *cb, int slot, size_t bytes, void **out,
+                            const char *op);
+
+/* ---- strided views for kernels ---------------------------------------- */
+
+/* A view padded to 4 dims with leading size-1 dims; strides in bytes. */
+struct cuda_view {
+    char *p;
+    int64_t ne[4];
+    int64_t nb[4];
+    int dtype; /* dit_dtype */
+};
+
+static inline cuda_view cuda_view_of(const dit_tensor *t)
+{
+    cuda_view v;
+    v.p = (char *)t->data;
+    v.dtype = (int)t->dtype;
+    const int off = 4 - t->ndim;
+    for (int i = 0; i < 4; i++) {
+        v.ne[i] = 1;
+        v.nb[i] = 0;
+    }
+    for (int i = 0; i < t->ndim; i++) {
+        v.ne[off + i] = t->ne[i];
+        v.nb[off + i] = t->nb[i];
+    }
+    return v;
+}
+
+__host__ __device__ static inline int64_t cuda_view_rows(const cuda_view &v)
+{
+    return v.ne[0] * v.ne[1] * v.ne[2];
+}
+
+/* Pointer to (row r = flattened outer index, column c). */
+__device__ __forceinline__ char *cuda_view_at(const cuda_view &v, int64_t r, int64_t c)
+{
+    const int64_t i2 = r % v.ne[2];
+    const int64_t t = r / v.ne[2];
+    const int64_t i1 = t % v.ne[1];
+    const int64_t i0 = t / v.ne[1];
+    return v.p + i0 * v.nb[0] + i1 * v.nb[1] + i2 * v.nb[2] + c * v.nb[3];
+}
+
+__device__ __forceinline__ float cuda_load(const char *p, int dt)
+{
+    if (dt == DIT_F32)
+        return *(const float *)p;
+    if (dt == DIT_BF16)
+        return __bfloat162float(*(const __nv_bfloat16 *)p);
+    return __half2float(*(const __half *)p);
+}
+
+__device__ __forceinline__ void cuda_store(char *p, int dt, float v)
+{
+    if (dt == DIT_F32)
+        *(float *)p = v;
+    else if (dt == DIT_BF16)
+        *(__nv_bfloat16 *)p = __float2bfloat16_rn(v);
+    else
+        *(__half *)p = __float2half_rn(v);
+}
+
+static inline unsigned cuda_blocks(int64_t n, int threads)
+{
+    int64_t b = (n + threads - 1) / threads;
+    if (b < 1)
+        b = 1;
+    if (b > 1048576)
+        b = 1048576; /* kernels loop grid-stride beyond this */
+    return (unsigned)b;
+}
+
+/* Converts rows [row0, row0 + nrows) of `dst` (any dtype, strided) from the
+ * dense row-major buffer `src` of dtype st (nrows x dst.ne[3]). */
+dit_status dit_cuda_rows_from_dense(dit_cuda_backend *cb, const cuda_view &dst, int64_t row0,
+                                    int64_t nrows, const void *src, dit_dtype st, const char *op);
+
+/* A dense bf16 (rows, cols) copy of a 2-D-or-more tensor t with dense rows,
+ * in scratch slot `slot`; t itself when it already is dense bf16. */
+dit_status dit_cuda_as_bf16(dit_cuda_backend *cb, const dit_tensor *t, int slot,
+                            const __nv_bfloat16 **out, const char *op);
+
+/* D (col-major m x n, ldc, f32) = alpha op(A) op(B) + beta C(=D) [+ bias
+ * (m)] [GELU], A and B bf16 column-major as cuBLASLt sees them. act is
+ * applied by cuBLASLt (GELU_BIAS) or by a follow-up kernel. */
+dit_status dit_cuda_gemm(dit_cuda_backend *cb, bool transa, bool transb, int64_t m, int64_t n,
+                         int64_t k, const __nv_bfloat16 *A, int64_t lda,
+                         const __nv_bfloat16 *B, int64_t ldb, float *D, int64_t ldc,
+                         const float *bias, dit_act act, float beta, const char *op);
+
+void dit_cuda_gemm_cache_clear(dit_cuda_backend *cb);
+
+/* Sets the dynamic shared memory limits of the attention kernels (once, at
+ * create, so nothing of the kind happens during graph capture). */
+dit_status dit_cuda_attention_init(dit_cuda_backend *cb);
+
+/* ---- ops --------------------------------------------------------------- */
+
+extern "C" {
+dit_status dit_cuda_linear(dit_backend *be, const dit_tensor *y, const dit_tensor *x,
+                           const dit_tensor *w, const dit_tensor *bias, dit_act act, float beta);
+dit_status dit_cuda_activate(dit_backend *be, const dit_tensor *y, const dit_tensor *x,
+                             dit_act act);
+dit_status dit_cuda_layer_norm_mod(dit_backend *be, const dit_tensor *y, const dit_tensor *x,
+                                   const dit_tensor *shift, const dit_tensor *scale, float eps);
+dit_status dit_cuda_layer_norm(dit_backend *be, const dit_tensor *y, const dit_tensor *x,
+                               const dit_tensor *weight, const dit_tensor *bias, float eps);
+dit_status dit_cuda_rms_norm(dit_backend *be, const dit_tensor *y, const dit_tensor *x,
+                             const dit_tensor *weight, float eps);
+dit_status dit_cuda_embedding(dit_backend *be, const dit_tensor *y, const dit_tensor *table,
+                              const int32_t *ids, int64_t n);
+dit_status dit_cuda_conv2d(dit_backend *be, const dit_tensor *y, const dit_tensor *x,
+                           const dit_tensor *w, const dit_tensor *bias, int stride, int pad);
+dit_status dit_cuda_group_norm(dit_backend *be, const dit_tensor *y, const dit_tensor *x,
+                               const dit_tensor *weight, const dit_tensor *bias, int groups,
+                               float eps, dit_act act);
+dit_status dit_cuda_upsample2x(dit_backend *be, const dit_tensor *y, const dit_tensor *x);
+dit_status dit_cuda_rms_norm_rope(dit_backend *be, const dit_tensor *x, const dit_tensor *weight,
+                                  float eps, const dit_tensor *cos, const dit_tensor *sin);
+dit_status dit_cuda_gated_add(dit_backend *be, const dit_tensor *res, const dit_tensor *x,
+                              const dit_tensor *gate);
+dit_status dit_cuda_attention(dit_backend *be, const dit_tensor *out, const dit_tensor *lse,
+                              const dit_tensor *q, const dit_tensor *k, const dit_tensor *v,
+                              float scale);
+dit_status dit_cuda_attention_masked(dit_backend *be, const dit_tensor *out, const dit_tensor *q,
+                                     const dit_tensor *k, const dit_tensor *v, float scale,
+                                     const dit_tensor *bias, bool causal);
+dit_status dit_cuda_lse_merge(dit_backend *be, const dit_tensor *out, const dit_tensor *lse,
+                              const dit_tensor *out_b, const dit_tensor *lse_b);
+}
+
+/* Applies act (and bias) in place on rows of y (M rows of N, row stride ldy
+ * floats): y = act(y + bias). */
+dit_status dit_cuda_bias_act(dit_cuda_backend *cb, float *y, int64_t rows, int64_t N, int64_t ldy,
+                             const float *bias, dit_act act, const char *op);
+
+__device__ __forceinline__ float cuda_act(float x, int act)
+{
+    switch (act) {
+    case DIT_ACT_GELU_TANH: {
+        const float inner = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+        return 0.5f * x * (1.0f + tanhf(inner));
+    }
+    case DIT_ACT_SILU:
+        return x / (1.0f + expf(-x));
+    case DIT_ACT_GELU_ERF:
+        return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
+    case DIT_ACT_QUICK_GELU:
+        return x / (1.0f + expf(-1.702f * x));
+    default:
+        return x;
+    }
+}
+
+#endif
