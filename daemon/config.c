@@ -24,6 +24,8 @@ typedef struct opt_def {
 typedef struct raw {
     const char *model, *model_name, *listen, *backend, *worker, *warmup, *log_level;
     const char *tls_cert, *tls_key, *tls_client_ca, *auth_token_file;
+    const char *join_listen, *join_secret_file;
+    long long local_ranks;
     long long world, ring, ulysses, tp, max_queue, threads, max_message, conn_age, chunk, max_pixels;
     long long metrics_port;
     double drain, comm_timeout, job_timeout, startup_timeout;
@@ -54,6 +56,14 @@ static const opt_def defs[] = {
      "uneven chunks and heads with ring x Ulysses", OFF(unany), 0, 0},
     {"no-fp32-merge", "DITD_NO_FP32_MERGE", OPT_FLAG, NULL,
      "merge ring partials in the activation dtype", OFF(nofp32), 0, 0},
+    {"local-ranks", "DITD_LOCAL_RANKS", OPT_INT, "L",
+     "ranks started here, 0 .. L-1 (default: all); the rest join over TCP", OFF(local_ranks), 0, 64},
+    {"join-listen", "DITD_JOIN_LISTEN", OPT_STR, "IP:PORT",
+     "where workers on other hosts join (`ditworker --join`); needs --local-ranks below N",
+     OFF(join_listen), 0, 0},
+    {"join-secret-file", "DITD_JOIN_SECRET_FILE", OPT_STR, "FILE",
+     "shared secret joining workers must prove they hold (at least 16 bytes)",
+     OFF(join_secret_file), 0, 0},
     {"max-queue", "DITD_MAX_QUEUE", OPT_INT, "N",
      "requests that may wait; more get RESOURCE_EXHAUSTED (default 16)", OFF(max_queue), 0, 100000},
     {"drain-timeout", "DITD_DRAIN_TIMEOUT", OPT_SECONDS, "SECONDS",
@@ -186,6 +196,7 @@ int dit_daemon_config_parse(dit_daemon_config *cfg, int argc, char **argv)
     r.chunk = 1 << 20;
     r.max_pixels = 2048 * 2048;
     r.metrics_port = -1;
+    r.local_ranks = -1;
     r.drain = 30;
     r.comm_timeout = 60;
     r.job_timeout = 300;
@@ -257,6 +268,26 @@ int dit_daemon_config_parse(dit_daemon_config *cfg, int argc, char **argv)
     dit_diag_clear(&diag);
     if (dit_parallel_validate(&cfg->pc, &diag) != DIT_OK) {
         fprintf(stderr, "ditd: %s\n", dit_diag_msg(&diag));
+        return 2;
+    }
+    cfg->local_ranks = r.local_ranks < 0 ? cfg->pc.world_size : (int)r.local_ranks;
+    cfg->join_listen = r.join_listen;
+    cfg->join_secret_file = r.join_secret_file;
+    if (cfg->local_ranks > cfg->pc.world_size) {
+        fprintf(stderr, "ditd: --local-ranks %d is more than the world size %d\n", cfg->local_ranks,
+                cfg->pc.world_size);
+        return 2;
+    }
+    if (cfg->local_ranks < cfg->pc.world_size && (!cfg->join_listen || !cfg->join_secret_file)) {
+        fprintf(stderr, "ditd: ranks %d to %d are remote: give --join-listen IP:PORT and "
+                        "--join-secret-file FILE\n",
+                cfg->local_ranks, cfg->pc.world_size - 1);
+        return 2;
+    }
+    if (cfg->local_ranks == cfg->pc.world_size && (cfg->join_listen || cfg->join_secret_file)) {
+        fprintf(stderr, "ditd: --join-listen and --join-secret-file need remote ranks (--local-ranks "
+                        "below the world size %d)\n",
+                cfg->pc.world_size);
         return 2;
     }
     cfg->max_queue = (int)r.max_queue;

@@ -35,6 +35,9 @@ typedef struct dit_daemon_config {
     const char *tls_cert, *tls_key, *tls_client_ca; /* PEM files; NULL: plaintext */
     const char *auth_token_file; /* bearer token for every method but health */
     int metrics_port;            /* Prometheus HTTP port; -1: off, 0: a free one */
+    int local_ranks;             /* ranks ditd starts (0 .. local_ranks-1); the rest join */
+    const char *join_listen;     /* IP:PORT for joining workers, or NULL */
+    const char *join_secret_file;
     dit_log log;
 } dit_daemon_config;
 

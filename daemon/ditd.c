@@ -118,6 +118,22 @@ static dit_status read_token(const char *path, char *out, size_t cap, dit_diag *
     return DIT_OK;
 }
 
+static dit_status read_secret(const char *path, dit_join_secret **out, dit_diag *diag)
+{
+    *out = malloc(sizeof **out);
+    if (!*out)
+        return dit_diag_set(diag, DIT_ERR_NOMEM, "out of memory");
+    dit_status st = dit_join_secret_read(path, *out, diag);
+    if (st != DIT_OK) {
+        free(*out);
+        *out = NULL;
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", dit_diag_msg(diag));
+        return dit_diag_set(diag, st, "--join-secret-file: %s", msg);
+    }
+    return DIT_OK;
+}
+
 /* Once every call has ended and every worker is gone: close what main
  * owns and let the loop run dry. */
 static void maybe_finish(daemon_state *d)
@@ -236,6 +252,7 @@ int main(int argc, char **argv)
     dit_diag_clear(&diag);
     char worker[PATH_MAX];
     char token[512] = "";
+    dit_join_secret *secret = NULL;
     bool grpc_up = false, loop_up = false;
     rc = 1;
 
@@ -244,7 +261,8 @@ int main(int argc, char **argv)
         (d->cfg.warmup && check_warmup(&d->cfg, &s->info, &diag) != DIT_OK) ||
         find_worker(d->cfg.worker_path, worker, sizeof worker, &diag) != DIT_OK ||
         (d->cfg.auth_token_file &&
-         read_token(d->cfg.auth_token_file, token, sizeof token, &diag) != DIT_OK)) {
+         read_token(d->cfg.auth_token_file, token, sizeof token, &diag) != DIT_OK) ||
+        (d->cfg.join_secret_file && read_secret(d->cfg.join_secret_file, &secret, &diag) != DIT_OK)) {
         fprintf(stderr, "ditd: %s\n", dit_diag_msg(&diag));
         rc = 2;
         goto cleanup;
@@ -286,6 +304,9 @@ int main(int argc, char **argv)
         .job_timeout_s = d->cfg.job_timeout_s,
         .startup_timeout_s = d->cfg.startup_timeout_s,
         .log = lg,
+        .local_ranks = d->cfg.local_ranks,
+        .join_listen = d->cfg.join_listen,
+        .join_secret = secret,
     };
     dit_supervisor_events ev = dit_server_mesh_events(s);
     if (dit_supervisor_create(&d->loop, &sc, &ev, &s->sup, &diag) != DIT_OK) {
@@ -339,6 +360,11 @@ int main(int argc, char **argv)
     const char *colon = strrchr(d->cfg.listen, ':');
     printf("ditd: listening on %.*s:%d\n", colon ? (int)(colon - d->cfg.listen) : 0, d->cfg.listen,
            s->port);
+    if (dit_supervisor_join_port(s->sup) >= 0) {
+        const char *jc = strrchr(d->cfg.join_listen, ':');
+        printf("ditd: workers join on %.*s:%d\n", jc ? (int)(jc - d->cfg.join_listen) : 0,
+               d->cfg.join_listen, dit_supervisor_join_port(s->sup));
+    }
     if (s->metrics)
         printf("ditd: metrics on http://%.*s:%d/metrics\n", colon ? (int)(colon - d->cfg.listen) : 0,
                d->cfg.listen, metrics_port);
@@ -356,6 +382,10 @@ int main(int argc, char **argv)
 
 cleanup:
     memset(token, 0, sizeof token);
+    if (secret) {
+        dit_join_secret_wipe(secret);
+        free(secret);
+    }
     /* Normally both are gone already (maybe_finish); after a failed start
      * they may not be. Their handle closes finish in the last loop run. */
     if (s->rpc)

@@ -2,6 +2,7 @@
 
 #include <microhttpd.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +12,7 @@
 
 #define N_STATUS 17
 #define N_BUCKETS 14
+#define N_RANKS 64
 
 static const char *const status_names[N_STATUS] = {
     "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
@@ -38,6 +40,9 @@ struct dit_metrics {
     int queued, running;
     char mesh_state[32];
     int64_t restarts;
+    /* Per rank, as the workers last reported; seen[r] once reported. */
+    bool seen[N_RANKS];
+    int64_t rss[N_RANKS], gpu_used[N_RANKS], gpu_total[N_RANKS], gpu_peak[N_RANKS];
 };
 
 static void observe(histogram *h, double v)
@@ -94,6 +99,20 @@ void dit_metrics_mesh(dit_metrics *m, const char *state, int64_t restarts)
     uv_mutex_unlock(&m->mu);
 }
 
+void dit_metrics_worker_memory(dit_metrics *m, int rank, int64_t rss, int64_t gpu_used,
+                               int64_t gpu_total, int64_t gpu_peak)
+{
+    if (!m || rank < 0 || rank >= N_RANKS)
+        return;
+    uv_mutex_lock(&m->mu);
+    m->seen[rank] = true;
+    m->rss[rank] = rss;
+    m->gpu_used[rank] = gpu_used;
+    m->gpu_total[rank] = gpu_total;
+    m->gpu_peak[rank] = gpu_peak;
+    uv_mutex_unlock(&m->mu);
+}
+
 typedef struct text {
     char *buf;
     size_t len, cap;
@@ -144,6 +163,20 @@ static void put_histogram(text *t, const char *name, const char *help, const his
         model, (unsigned long long)h->n);
 }
 
+static void put_per_rank(text *t, const dit_metrics *m, const char *name, const char *help,
+                         const int64_t *v, bool gpu_only)
+{
+    bool any = false;
+    for (int r = 0; r < N_RANKS; r++)
+        any |= m->seen[r] && (!gpu_only || m->gpu_total[r] > 0);
+    if (!any)
+        return;
+    put(t, "# HELP %s %s\n# TYPE %s gauge\n", name, help, name);
+    for (int r = 0; r < N_RANKS; r++)
+        if (m->seen[r] && (!gpu_only || m->gpu_total[r] > 0))
+            put(t, "%s{model=\"%s\",rank=\"%d\"} %lld\n", name, m->model, r, (long long)v[r]);
+}
+
 char *dit_metrics_render(dit_metrics *m)
 {
     text t = {.buf = malloc(4096), .cap = 4096};
@@ -177,6 +210,14 @@ char *dit_metrics_render(dit_metrics *m)
     for (size_t i = 0; i < sizeof states / sizeof *states; i++)
         put(&t, "ditserve_mesh_state{model=\"%s\",state=\"%s\"} %d\n", md, states[i],
             strcmp(states[i], m->mesh_state) == 0);
+    put_per_rank(&t, m, "ditserve_worker_resident_bytes",
+                 "Resident memory of each rank's worker process.", m->rss, false);
+    put_per_rank(&t, m, "ditserve_gpu_memory_used_bytes",
+                 "GPU memory in use on each rank's device (every process on it).", m->gpu_used, true);
+    put_per_rank(&t, m, "ditserve_gpu_memory_total_bytes", "GPU memory of each rank's device.",
+                 m->gpu_total, true);
+    put_per_rank(&t, m, "ditserve_gpu_memory_peak_bytes",
+                 "High-water mark of the memory each rank's backend allocated.", m->gpu_peak, true);
     uv_mutex_unlock(&m->mu);
     if (t.failed) {
         free(t.buf);

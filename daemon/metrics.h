@@ -25,6 +25,10 @@ void dit_metrics_request(dit_metrics *m, const char *status, double queue_s, dou
 void dit_metrics_step(dit_metrics *m, double step_s);
 void dit_metrics_gauges(dit_metrics *m, int queued, int running);
 void dit_metrics_mesh(dit_metrics *m, const char *state, int64_t restarts);
+/* A worker's memory report (gpu_total 0: no GPU, its GPU gauges are left
+ * out). */
+void dit_metrics_worker_memory(dit_metrics *m, int rank, int64_t rss, int64_t gpu_used,
+                               int64_t gpu_total, int64_t gpu_peak);
 
 /* The text a scrape returns (malloc'ed); for tests and the HTTP handler. */
 char *dit_metrics_render(dit_metrics *m);

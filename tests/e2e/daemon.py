@@ -69,6 +69,14 @@ class Daemon:
             self.proc.wait()
             raise AssertionError(f"ditd did not start: {line!r}\n{self.log()}")
         self.target = line.split()[-1]
+        self.join_target = None
+        if "--join-listen" in args:
+            line = self.proc.stdout.readline().decode()
+            if not line.startswith("ditd: workers join on "):
+                self.proc.kill()
+                self.proc.wait()
+                raise AssertionError(f"ditd printed no join address: {line!r}\n{self.log()}")
+            self.join_target = line.split()[-1]
         self.creds = creds
         self.channel = self.connect()
         self.workers = []

@@ -691,7 +691,7 @@ def json_logs():
 def metrics():
     """Prometheus text on its own port, scraped during and after a
     generation: the running gauge, requests by status, step, queue and
-    latency histograms, the mesh state."""
+    latency histograms, the mesh state, each rank's memory."""
     import urllib.error
     import urllib.request
     d = Daemon("--ring", "2", "--metrics-port", "0", world=2)
@@ -733,6 +733,14 @@ def metrics():
         assert after['ditserve_queue_seconds_count{model="demo"}'] == 1
         assert after['ditserve_running_requests{model="demo"}'] == 0
         assert after['ditserve_worker_restarts_total{model="demo"}'] == 0
+        # Every rank reports its memory; GPU gauges only where there is a GPU.
+        info = d.info()
+        for r in range(2):
+            rss = after[f'ditserve_worker_resident_bytes{{model="demo",rank="{r}"}}']
+            assert rss > 4 << 20, (r, rss)
+        gpu = [k for k in after if k.startswith("ditserve_gpu_memory")]
+        if info.backend == "cpu":
+            assert not gpu, gpu
         try:
             urllib.request.urlopen(url.replace("/metrics", "/other"), timeout=10)
             raise AssertionError("a path other than /metrics was served")
@@ -741,6 +749,124 @@ def metrics():
         d.stop()
     finally:
         d.close()
+
+
+def wait_for(pred, timeout_s, what):
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout_s:
+        if pred():
+            return time.monotonic() - t0
+        time.sleep(0.05)
+    raise AssertionError(f"{what}: not within {timeout_s} s")
+
+
+@case
+def join():
+    """A mesh across "hosts" over TCP loopback: rank 0 started by ditd, rank 1
+    a `ditworker --join` with the shared secret. Wrong secrets, ranks the
+    mesh lacks and garbage on the join port are refused while the daemon
+    keeps going; the image equals ditrun's; when the local worker dies the
+    joined one rejoins by itself; when the joined one dies the in-flight
+    request fails naming rank 1 and a new joiner restores the mesh; on
+    SIGTERM a --once joiner exits 0."""
+    H = "grpc.health.v1.HealthCheckResponse.ServingStatus"
+    worker = env_path("DITWORKER")
+    joiners = []
+    with tempfile.TemporaryDirectory() as tmp:
+        def secret_file(name, text):
+            path = os.path.join(tmp, name)
+            with open(path, "w") as f:
+                f.write(text)
+            return path
+
+        secret = secret_file("secret", "7f3a9c0e5b2d48e1a6c4f0b9d3e7a215\n")
+        wrong = secret_file("wrong", "00000000000000000000000000000000\n")
+        short = secret_file("short", "tiny\n")
+        d = Daemon("--ring", "2", "--local-ranks", "1", "--join-listen", "127.0.0.1:0",
+                   "--join-secret-file", secret, world=2, wait_serving=False)
+        try:
+            api = d.api
+            assert d.join_target, "no join address"
+            assert d.health() == api.enum(H, "NOT_SERVING")
+            wait_for(lambda: d.info().mesh_state == "starting", 10, "mesh starting")
+
+            def join_once(*extra, timeout=30):
+                return subprocess.run([worker, "--join", d.join_target, "--once"] + list(extra),
+                                      capture_output=True, timeout=timeout)
+
+            r = join_once("--secret-file", wrong)
+            err = r.stderr.decode()
+            assert r.returncode == 3 and "wrong secret" in err, (r.returncode, err)
+            assert "refused the worker" in d.log() and "wrong secret" in d.log()
+            r = join_once("--secret-file", secret, "--rank", "5")
+            err = r.stderr.decode()
+            assert r.returncode == 3 and "not a remote rank" in err, (r.returncode, err)
+            r = join_once("--secret-file", short)
+            err = r.stderr.decode()
+            assert r.returncode == 2 and "at least 16" in err, (r.returncode, err)
+            # Garbage instead of a join request: closed, nothing else happens.
+            import socket
+            host, port = d.join_target.rsplit(":", 1)
+            with socket.create_connection((host, int(port)), timeout=10) as sk:
+                sk.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" * 200)
+                got = b""
+                while True:
+                    chunk = sk.recv(65536)
+                    if not chunk:
+                        break
+                    got += chunk
+            assert d.health() == api.enum(H, "NOT_SERVING")
+
+            logf = open(os.path.join(tmp, "joiner.log"), "w")
+            j1 = subprocess.Popen([worker, "--join", d.join_target, "--secret-file", secret],
+                                  stderr=logf)
+            joiners.append(j1)
+            d.wait_serving(60)
+            info = d.info()
+            assert info.world_size == 2 and info.mesh_state == "ready", info
+            _, png, res = d.generate(seed=7, **SMALL)
+            ref = ditrun_png(tmp, seed=7, **SMALL)
+            assert png == ref, "the joined mesh's PNG differs from ditrun generate's"
+
+            # The local worker dies: the mesh is rebuilt and the joined worker
+            # comes back by itself.
+            local = children_of(d.proc.pid)
+            assert len(local) == 1, local
+            os.kill(local[0], signal.SIGKILL)
+            wait_for(lambda: d.info().worker_restarts == 1, 30, "restart")
+            d.wait_serving(60)
+            assert j1.poll() is None, "the joined worker exited instead of rejoining"
+            _, png2, _ = d.generate(seed=7, **SMALL)
+            assert png2 == ref
+
+            # The joined worker dies mid-request: UNAVAILABLE naming rank 1, and
+            # the mesh waits for a new joiner.
+            call = api.generate(d.channel)(api.request(seed=1, **LONG), timeout=600)
+            wait_progress(call)
+            j1.kill()
+            j1.wait()
+            expect_error(lambda: ditapi.collect(call), "UNAVAILABLE", "rank 1")
+            wait_for(lambda: d.info().mesh_state == "starting", 30, "mesh waiting for rank 1")
+            assert d.health() == api.enum(H, "NOT_SERVING")
+            j2 = subprocess.Popen([worker, "--join", d.join_target, "--secret-file", secret,
+                                   "--once", "--rank", "1"], stderr=logf)
+            joiners.append(j2)
+            d.wait_serving(60)
+            _, png3, _ = d.generate(seed=7, **SMALL)
+            assert png3 == ref
+            d.stop()
+            assert j2.wait(30) == 0, "the --once joiner did not exit cleanly on shutdown"
+            logf.close()
+        except BaseException:
+            with open(os.path.join(tmp, "joiner.log"), errors="replace") as f:
+                print("----- joined workers\n" + f.read(), file=sys.stderr)
+            raise
+        finally:
+            for j in joiners:
+                if j.poll() is None:
+                    j.kill()
+                    j.wait()
+            d.close()
 
 
 def main():

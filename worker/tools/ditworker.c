@@ -1,11 +1,18 @@
 /* ditworker: one rank of ditd's mesh.
  *
- *   ditworker --connect SOCKET --rank R
+ *   ditworker --connect SOCKET --rank R        (started by ditd)
+ *   ditworker --join HOST:PORT --secret-file FILE [--rank R] [--device D] ...
  *
- * ditd starts one per rank (uv_spawn). The worker connects to the daemon's
- * Unix socket, says hello, receives the mesh setup, joins the mesh, loads the
- * pipeline (with its tensor-parallel slice), reports ready, and then runs the
- * jobs the daemon sends until told to shut down or the socket closes. Rank 0
+ * ditd starts one per local rank (uv_spawn); the worker connects to the
+ * daemon's Unix socket and says hello. On other hosts, workers join over TCP:
+ * they answer the daemon's challenge with an HMAC of the shared secret
+ * (runtime/join_auth.h), wait until the daemon gives them a rank, and when
+ * that mesh ends (a failure anywhere, the daemon restarting or going away)
+ * connect again, with backoff, until stopped. Either way the worker then
+ * receives the mesh setup, joins the mesh (shared memory on the cpu backend;
+ * NCCL on cuda, rank 0's id relayed by the daemon), loads the pipeline (with
+ * its tensor-parallel slice), reports ready, and runs the jobs the daemon
+ * sends until told to shut down or the socket closes. Rank 0
  * reports progress after every step and sends the result; a cancel request
  * reaches rank 0, which tells every rank at the next step boundary so that
  * the whole mesh stops at the same step.
@@ -14,6 +21,9 @@
  * daemon then rebuilds the mesh. */
 #include <errno.h>
 #include <getopt.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <signal.h>
@@ -29,19 +39,56 @@
 #include "ipc_wire.h"
 #include "parallel/mesh.h"
 #include "pipeline/flux_pipeline.h"
+#include "runtime/join_auth.h"
 #include "runtime/request.h"
 #include "runtime/runner.h"
+#ifdef DIT_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#include "comm/nccl/comm_nccl.h"
+#endif
 
 static const char *const usage =
     "usage: ditworker --connect SOCKET --rank R\n"
+    "       ditworker --join HOST:PORT --secret-file FILE [options]\n"
     "\n"
-    "One rank of a ditd mesh. ditd starts these itself; running one by hand is only\n"
-    "useful for debugging. It connects to the daemon's Unix socket, receives the mesh\n"
-    "setup and the model to load, and runs the jobs it is sent.\n";
+    "One rank of a ditd mesh; it receives the mesh setup and the model to load from\n"
+    "the daemon and runs the jobs it is sent.\n"
+    "\n"
+    "  --connect SOCKET    the daemon's Unix socket (ditd starts local workers this\n"
+    "                      way itself; by hand it is only useful for debugging)\n"
+    "  --rank R            with --connect: this worker's rank; with --join: ask for\n"
+    "                      this remote rank (default: any free one)\n"
+    "\n"
+    "Joining a daemon on another host (ditd --join-listen, --local-ranks):\n"
+    "  --join HOST:PORT    the daemon's join address          [DITWORKER_JOIN]\n"
+    "  --secret-file FILE  the shared secret (same bytes as ditd --join-secret-file)\n"
+    "                                                         [DITWORKER_SECRET_FILE]\n"
+    "  --device D          GPU ordinal on this host (default 0) [DITWORKER_DEVICE]\n"
+    "  --threads N         cpu threads (default: the daemon's choice)\n"
+    "  --model DIR         the pipeline folder on this host (default: the daemon's path)\n"
+    "                                                         [DITWORKER_MODEL]\n"
+    "  --once              exit when the first mesh ends instead of joining again\n"
+    "\n"
+    "A joined worker reconnects (1 s, doubling to 30 s) whenever its mesh ends or the\n"
+    "daemon cannot be reached, until SIGTERM. Exit status: 0 after a clean end, 1 on\n"
+    "a failure, 2 on bad usage, 3 when the daemon refused it for good (wrong secret,\n"
+    "wrong host for the cpu backend, a rank it does not have).\n";
+
+/* Settings of a joined worker that override the daemon's setup. */
+typedef struct join_opts {
+    const char *address;
+    const char *secret_file;
+    int want_rank; /* -1: any */
+    int device;
+    int threads; /* 0: the daemon's */
+    const char *model;
+    bool once;
+} join_opts;
 
 typedef struct worker {
     int fd;
     int rank;
+    const join_opts *join; /* NULL for a worker ditd started */
     dit_ipc_reader reader;
     dit_comm *world;
     dit_mesh *mesh;
@@ -65,6 +112,29 @@ static double now_ms(void)
 static int send_env(worker *w, Ditserve__Ipc__Envelope *env)
 {
     return dit_ipc_write_fd(w->fd, env);
+}
+
+/* Fills the memory figures the daemon exports as metrics. */
+static void read_memory(worker *w, Ditserve__Ipc__WorkerMemory *m)
+{
+    long pages = 0, resident = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (f) {
+        if (fscanf(f, "%ld %ld", &pages, &resident) != 2)
+            resident = 0;
+        fclose(f);
+    }
+    m->host_rss_bytes = (int64_t)resident * sysconf(_SC_PAGESIZE);
+#ifdef DIT_HAVE_CUDA
+    dit_cuda_memory cm;
+    if (w->be && dit_backend_is_cuda(w->be) && dit_cuda_backend_memory(w->be, &cm) == DIT_OK) {
+        m->device_used_bytes = (int64_t)cm.device_used_bytes;
+        m->device_total_bytes = (int64_t)cm.device_total_bytes;
+        m->device_peak_bytes = (int64_t)cm.backend_peak_bytes;
+    }
+#else
+    (void)w;
+#endif
 }
 
 /* Reports a failure the daemon can relay, then lets the caller exit. */
@@ -169,6 +239,9 @@ static int run_job(worker *w, const Ditserve__Ipc__Job *job)
     }
     Ditserve__Ipc__JobDone done = DITSERVE__IPC__JOB_DONE__INIT;
     Ditserve__V1__Timings tm = DITSERVE__V1__TIMINGS__INIT;
+    Ditserve__Ipc__WorkerMemory mem = DITSERVE__IPC__WORKER_MEMORY__INIT;
+    read_memory(w, &mem);
+    done.memory = &mem;
     done.job_id = job->job_id;
     done.rank = w->rank;
     done.status = (int32_t)st;
@@ -210,6 +283,37 @@ static int run_job(worker *w, const Ditserve__Ipc__Job *job)
     return rc;
 }
 
+#ifdef DIT_HAVE_CUDA
+/* NCCL across the ranks: rank 0 makes the id and sends it to the daemon,
+ * which relays it to the others in their setup. */
+static dit_status join_nccl(worker *w, const Ditserve__Ipc__Setup *s, int device, dit_diag *diag)
+{
+    dit_nccl_config nc = {.rank = w->rank,
+                          .world_size = s->world_size,
+                          .device = device,
+                          .stream = dit_cuda_backend_stream(w->be),
+                          .timeout_s = s->comm_timeout_s};
+    dit_status st;
+    if (w->rank == 0) {
+        if ((st = dit_nccl_unique_id(nc.id, diag)) != DIT_OK)
+            return st;
+        Ditserve__Ipc__MeshId mid = DITSERVE__IPC__MESH_ID__INIT;
+        mid.nccl_id.data = nc.id;
+        mid.nccl_id.len = sizeof nc.id;
+        Ditserve__Ipc__Envelope env = DITSERVE__IPC__ENVELOPE__INIT;
+        env.msg_case = DITSERVE__IPC__ENVELOPE__MSG_MESH_ID;
+        env.mesh_id = &mid;
+        if (send_env(w, &env) != 0)
+            return dit_diag_set(diag, DIT_ERR_PEER, "cannot send the NCCL id to the daemon");
+    } else {
+        if (s->nccl_id.len != sizeof nc.id)
+            return dit_diag_set(diag, DIT_ERR_FORMAT, "the setup carries no NCCL id");
+        memcpy(nc.id, s->nccl_id.data, sizeof nc.id);
+    }
+    return dit_nccl_comm_create(&nc, &w->world, diag);
+}
+#endif
+
 static dit_status setup(worker *w, const Ditserve__Ipc__Setup *s, dit_diag *diag)
 {
     dit_parallel_config pc = dit_parallel_config_single();
@@ -221,25 +325,38 @@ static dit_status setup(worker *w, const Ditserve__Ipc__Setup *s, dit_diag *diag
     pc.ring_anything = s->ring_anything;
     pc.unified_anything = s->unified_anything;
     pc.fp32_merge = s->fp32_merge;
+    const join_opts *jo = w->join;
+    const int device = s->device >= 0 ? s->device : (jo ? jo->device : 0);
+    const char *model = jo && jo->model ? jo->model : s->model_dir;
+    dit_backend_config bc = {.n_threads = jo && jo->threads > 0 ? jo->threads : s->threads,
+                             .device = device};
+    if (dit_backend_kind_parse(s->backend, &bc.kind) != DIT_OK)
+        return dit_diag_set(diag, DIT_ERR_INVALID_ARG, "unknown backend '%s'", s->backend);
     dit_status st;
+    if ((st = dit_backend_create(&bc, &w->be, diag)) != DIT_OK)
+        return st;
     if (pc.world_size > 1) {
-        dit_shm_config sc = {.world_size = pc.world_size, .timeout_s = s->comm_timeout_s};
-        snprintf(sc.name, sizeof sc.name, "%s", s->shm_name);
-        if ((st = dit_shm_comm_join(&sc, w->rank, &w->world, diag)) != DIT_OK)
+        if (bc.kind == DIT_BACKEND_CUDA) {
+#ifdef DIT_HAVE_CUDA
+            st = join_nccl(w, s, device, diag);
+#else
+            st = dit_diag_set(diag, DIT_ERR_UNSUPPORTED, "this ditworker was built without CUDA");
+#endif
+        } else {
+            dit_shm_config sc = {.world_size = pc.world_size, .timeout_s = s->comm_timeout_s};
+            snprintf(sc.name, sizeof sc.name, "%s", s->shm_name);
+            st = dit_shm_comm_join(&sc, w->rank, &w->world, diag);
+        }
+        if (st != DIT_OK)
             return st;
         if ((st = dit_mesh_create(&pc, w->world, &w->mesh, diag)) != DIT_OK)
             return st;
     }
-    dit_backend_config bc = {.n_threads = s->threads, .device = s->device};
-    if (dit_backend_kind_parse(s->backend, &bc.kind) != DIT_OK)
-        return dit_diag_set(diag, DIT_ERR_INVALID_ARG, "unknown backend '%s'", s->backend);
-    if ((st = dit_backend_create(&bc, &w->be, diag)) != DIT_OK)
-        return st;
     if ((st = dit_backend_alloc(w->be, sizeof(float), &w->flag_buf)) != DIT_OK)
         return dit_diag_set(diag, st, "out of device memory");
     dit_flux_shard shard = {.tp_degree = pc.tp_degree,
                             .tp_rank = w->mesh ? dit_mesh_tp_rank(w->mesh) : 0};
-    if ((st = dit_pipeline_load(w->be, s->model_dir, &shard, w->rank == 0, &w->pipe, diag)) != DIT_OK)
+    if ((st = dit_pipeline_load(w->be, model, &shard, w->rank == 0, &w->pipe, diag)) != DIT_OK)
         return st;
     return dit_runner_create(w->be, dit_pipeline_transformer(w->pipe), w->mesh, &w->runner, diag);
 }
@@ -258,37 +375,89 @@ static void teardown(worker *w)
         close(w->fd);
 }
 
-int main(int argc, char **argv)
+/* Receives the setup, joins the mesh, loads the pipeline, reports ready and
+ * runs jobs. Returns 0 after a clean end (shutdown, or the daemon closing
+ * the connection), 1 on a failure. */
+static int serve(worker *w)
 {
-    const char *path = NULL;
-    long rank = -1;
-    static const struct option opts[] = {
-        {"connect", required_argument, NULL, 'c'},
-        {"rank", required_argument, NULL, 'r'},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
-    };
-    int c;
-    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        if (c == 'c') {
-            path = optarg;
-        } else if (c == 'r') {
-            char *end;
-            rank = strtol(optarg, &end, 10);
-            if (*end || rank < 0 || rank >= DIT_SHM_MAX_RANKS)
-                rank = -2;
-        } else if (c == 'h') {
-            fputs(usage, stdout);
-            return 0;
-        } else {
-            fputs(usage, stderr);
-            return 2;
+    int rc = 1;
+    dit_diag diag;
+    dit_diag_clear(&diag);
+    Ditserve__Ipc__Envelope *in = NULL;
+    if (dit_ipc_read_fd(w->fd, &w->reader, &in) != 0) {
+        if (w->join)
+            return 0; /* the daemon closed a waiting connection (its mesh restarts) */
+        fprintf(stderr, "ditworker rank %d: no setup from the daemon\n", w->rank);
+        return 1;
+    }
+    if (in->msg_case == DITSERVE__IPC__ENVELOPE__MSG_SHUTDOWN) {
+        rc = 0;
+        goto out;
+    }
+    if (in->msg_case != DITSERVE__IPC__ENVELOPE__MSG_SETUP) {
+        fprintf(stderr, "ditworker rank %d: expected the setup, got message %d\n", w->rank,
+                (int)in->msg_case);
+        goto out;
+    }
+    if (w->join) {
+        w->rank = in->setup->rank;
+        fprintf(stderr, "ditworker: playing rank %d of %d\n", w->rank, in->setup->world_size);
+    }
+    double t0 = now_ms();
+    dit_status st = setup(w, in->setup, &diag);
+    ditserve__ipc__envelope__free_unpacked(in, NULL);
+    in = NULL;
+    if (st != DIT_OK) {
+        fprintf(stderr, "ditworker rank %d: %s\n", w->rank, dit_diag_msg(&diag));
+        send_done_error(w, 0, st, dit_diag_msg(&diag));
+        if (w->world)
+            w->world->ops->abort(w->world);
+        goto out;
+    }
+    Ditserve__Ipc__Ready ready = DITSERVE__IPC__READY__INIT;
+    ready.rank = w->rank;
+    ready.load_ms = now_ms() - t0;
+    ready.device = (char *)w->be->ops->name;
+    ready.weight_bytes = (int64_t)dit_flux_weight_bytes(dit_pipeline_transformer(w->pipe));
+    Ditserve__Ipc__WorkerMemory mem = DITSERVE__IPC__WORKER_MEMORY__INIT;
+    read_memory(w, &mem);
+    ready.memory = &mem;
+    Ditserve__Ipc__Envelope env = DITSERVE__IPC__ENVELOPE__INIT;
+    env.msg_case = DITSERVE__IPC__ENVELOPE__MSG_READY;
+    env.ready = &ready;
+    if (send_env(w, &env) != 0)
+        goto out;
+
+    for (;;) {
+        if (dit_ipc_read_fd(w->fd, &w->reader, &in) != 0) {
+            /* The daemon went away or ended this mesh. */
+            rc = 0;
+            break;
         }
+        if (in->msg_case == DITSERVE__IPC__ENVELOPE__MSG_SHUTDOWN) {
+            rc = 0;
+            break;
+        }
+        if (in->msg_case == DITSERVE__IPC__ENVELOPE__MSG_JOB) {
+            if (run_job(w, in->job) != 0)
+                break;
+            if (w->shutdown_seen) {
+                rc = 0;
+                break;
+            }
+        }
+        /* A cancel for a job that already ended needs no answer. */
+        ditserve__ipc__envelope__free_unpacked(in, NULL);
+        in = NULL;
     }
-    if (!path || rank < 0) {
-        fprintf(stderr, "ditworker: --connect and a valid --rank are required\n\n%s", usage);
-        return 2;
-    }
+out:
+    if (in)
+        ditserve__ipc__envelope__free_unpacked(in, NULL);
+    return rc;
+}
+
+static int run_local(const char *path, int rank)
+{
     /* Die with the daemon, even one that exits without stopping us (a
      * second SIGTERM, a crash): a worker has no reason to outlive it. */
     prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -297,13 +466,9 @@ int main(int argc, char **argv)
     worker w;
     memset(&w, 0, sizeof w);
     w.fd = -1;
-    w.rank = (int)rank;
+    w.rank = rank;
     dit_ipc_reader_init(&w.reader);
     int rc = 1;
-    dit_diag diag;
-    dit_diag_clear(&diag);
-    Ditserve__Ipc__Envelope *in = NULL;
-
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
     if (strlen(path) >= sizeof addr.sun_path) {
         fprintf(stderr, "ditworker: socket path too long: %s\n", path);
@@ -321,57 +486,309 @@ int main(int argc, char **argv)
     Ditserve__Ipc__Envelope env = DITSERVE__IPC__ENVELOPE__INIT;
     env.msg_case = DITSERVE__IPC__ENVELOPE__MSG_HELLO;
     env.hello = &hello;
-    if (send_env(&w, &env) != 0 || dit_ipc_read_fd(w.fd, &w.reader, &in) != 0 ||
-        in->msg_case != DITSERVE__IPC__ENVELOPE__MSG_SETUP) {
-        fprintf(stderr, "ditworker rank %d: no setup from the daemon\n", w.rank);
+    if (send_env(&w, &env) != 0) {
+        fprintf(stderr, "ditworker rank %d: cannot say hello to the daemon\n", w.rank);
         goto cleanup;
     }
-    double t0 = now_ms();
-    dit_status st = setup(&w, in->setup, &diag);
-    ditserve__ipc__envelope__free_unpacked(in, NULL);
-    in = NULL;
-    if (st != DIT_OK) {
-        fprintf(stderr, "ditworker rank %d: %s\n", w.rank, dit_diag_msg(&diag));
-        send_done_error(&w, 0, st, dit_diag_msg(&diag));
-        if (w.world)
-            w.world->ops->abort(w.world);
-        goto cleanup;
-    }
-    Ditserve__Ipc__Ready ready = DITSERVE__IPC__READY__INIT;
-    ready.rank = w.rank;
-    ready.load_ms = now_ms() - t0;
-    ready.device = (char *)w.be->ops->name;
-    ready.weight_bytes = (int64_t)dit_flux_weight_bytes(dit_pipeline_transformer(w.pipe));
-    env.msg_case = DITSERVE__IPC__ENVELOPE__MSG_READY;
-    env.ready = &ready;
-    if (send_env(&w, &env) != 0)
-        goto cleanup;
-
-    for (;;) {
-        if (dit_ipc_read_fd(w.fd, &w.reader, &in) != 0) {
-            /* The daemon went away: nothing left to serve. */
-            rc = 0;
-            break;
-        }
-        if (in->msg_case == DITSERVE__IPC__ENVELOPE__MSG_SHUTDOWN) {
-            rc = 0;
-            break;
-        }
-        if (in->msg_case == DITSERVE__IPC__ENVELOPE__MSG_JOB) {
-            if (run_job(&w, in->job) != 0)
-                break;
-            if (w.shutdown_seen) {
-                rc = 0;
-                break;
-            }
-        }
-        /* A cancel for a job that already ended needs no answer. */
-        ditserve__ipc__envelope__free_unpacked(in, NULL);
-        in = NULL;
-    }
+    rc = serve(&w);
 cleanup:
-    if (in)
-        ditserve__ipc__envelope__free_unpacked(in, NULL);
     teardown(&w);
     return rc;
+}
+
+/* ---- Joining over TCP -------------------------------------------------- */
+
+enum { JOIN_OK = 0, JOIN_RETRY = 1, JOIN_REFUSED = 3 };
+
+static int tcp_connect(const char *address, char *err, size_t errn)
+{
+    char host[256];
+    int port;
+    dit_diag diag;
+    dit_diag_clear(&diag);
+    if (dit_join_split_address(address, host, sizeof host, &port, &diag) != DIT_OK) {
+        snprintf(err, errn, "%s", dit_diag_msg(&diag));
+        return -1;
+    }
+    char service[16];
+    snprintf(service, sizeof service, "%d", port);
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
+    struct addrinfo *res = NULL;
+    int gai = getaddrinfo(host, service, &hints, &res);
+    if (gai != 0) {
+        snprintf(err, errn, "cannot resolve %s: %s", host, gai_strerror(gai));
+        return -1;
+    }
+    int fd = -1;
+    snprintf(err, errn, "no address for %s", host);
+    for (struct addrinfo *a = res; a; a = a->ai_next) {
+        fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+        if (fd < 0)
+            continue;
+        if (connect(fd, a->ai_addr, a->ai_addrlen) == 0)
+            break;
+        snprintf(err, errn, "cannot connect to %s: %s", address, strerror(errno));
+        close(fd);
+        fd = -1;
+    }
+    freeaddrinfo(res);
+    if (fd < 0)
+        return -1;
+    int one = 1, idle = 15, intvl = 5, cnt = 3;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    /* A host that vanishes without closing is noticed within a minute. */
+    setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
+    return fd;
+}
+
+static void set_recv_timeout(int fd, int seconds)
+{
+    struct timeval tv = {.tv_sec = seconds};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+}
+
+/* The challenge-response of runtime/join_auth.h. */
+static int handshake(worker *w, const dit_join_secret *secret, char *msg, size_t msgn)
+{
+    int rc = JOIN_RETRY;
+    dit_diag diag;
+    dit_diag_clear(&diag);
+    Ditserve__Ipc__Envelope *in = NULL;
+    unsigned char mine[DIT_JOIN_NONCE_BYTES], theirs[DIT_JOIN_NONCE_BYTES], mac[DIT_JOIN_MAC_BYTES];
+    set_recv_timeout(w->fd, 10);
+    if (dit_ipc_read_fd(w->fd, &w->reader, &in) != 0) {
+        snprintf(msg, msgn, "the daemon closed the connection or sent nothing within 10 s");
+        goto out;
+    }
+    if (in->msg_case == DITSERVE__IPC__ENVELOPE__MSG_REFUSED) {
+        snprintf(msg, msgn, "refused: %s", in->refused->reason ? in->refused->reason : "");
+        rc = in->refused->permanent ? JOIN_REFUSED : JOIN_RETRY;
+        goto out;
+    }
+    if (in->msg_case != DITSERVE__IPC__ENVELOPE__MSG_CHALLENGE ||
+        in->challenge->nonce.len != sizeof theirs) {
+        snprintf(msg, msgn, "this is not a ditd join port (unexpected first message)");
+        rc = JOIN_REFUSED;
+        goto out;
+    }
+    if (in->challenge->protocol != DIT_JOIN_PROTOCOL) {
+        snprintf(msg, msgn, "the daemon speaks join protocol %d, this worker %d",
+                 in->challenge->protocol, DIT_JOIN_PROTOCOL);
+        rc = JOIN_REFUSED;
+        goto out;
+    }
+    memcpy(theirs, in->challenge->nonce.data, sizeof theirs);
+    ditserve__ipc__envelope__free_unpacked(in, NULL);
+    in = NULL;
+    if (dit_join_nonce(mine, &diag) != DIT_OK ||
+        dit_join_mac(secret, "worker", theirs, sizeof theirs, mine, sizeof mine, mac, &diag) != DIT_OK) {
+        snprintf(msg, msgn, "%s", dit_diag_msg(&diag));
+        goto out;
+    }
+    char host_id[320];
+    dit_join_host_id(host_id, sizeof host_id);
+    Ditserve__Ipc__JoinRequest jr = DITSERVE__IPC__JOIN_REQUEST__INIT;
+    jr.protocol = DIT_JOIN_PROTOCOL;
+    jr.nonce.data = mine;
+    jr.nonce.len = sizeof mine;
+    jr.mac.data = mac;
+    jr.mac.len = sizeof mac;
+    jr.rank = w->join->want_rank;
+    jr.host_id = host_id;
+    jr.pid = (int32_t)getpid();
+    Ditserve__Ipc__Envelope env = DITSERVE__IPC__ENVELOPE__INIT;
+    env.msg_case = DITSERVE__IPC__ENVELOPE__MSG_JOIN;
+    env.join = &jr;
+    if (send_env(w, &env) != 0 || dit_ipc_read_fd(w->fd, &w->reader, &in) != 0) {
+        snprintf(msg, msgn, "the daemon closed the connection during the handshake");
+        goto out;
+    }
+    if (in->msg_case == DITSERVE__IPC__ENVELOPE__MSG_REFUSED) {
+        snprintf(msg, msgn, "refused: %s", in->refused->reason ? in->refused->reason : "");
+        rc = in->refused->permanent ? JOIN_REFUSED : JOIN_RETRY;
+        goto out;
+    }
+    if (in->msg_case != DITSERVE__IPC__ENVELOPE__MSG_ACCEPT ||
+        dit_join_mac(secret, "daemon", mine, sizeof mine, theirs, sizeof theirs, mac, &diag) != DIT_OK ||
+        !dit_join_mac_equal(in->accept->mac.data, in->accept->mac.len, mac)) {
+        snprintf(msg, msgn, "the daemon could not prove it holds the secret");
+        rc = JOIN_REFUSED;
+        goto out;
+    }
+    set_recv_timeout(w->fd, 0); /* the wait for a rank may be long */
+    rc = JOIN_OK;
+out:
+    if (in)
+        ditserve__ipc__envelope__free_unpacked(in, NULL);
+    return rc;
+}
+
+static int run_joined(const join_opts *jo)
+{
+    dit_join_secret *secret = malloc(sizeof *secret);
+    dit_diag diag;
+    dit_diag_clear(&diag);
+    if (!secret || dit_join_secret_read(jo->secret_file, secret, &diag) != DIT_OK) {
+        fprintf(stderr, "ditworker: %s\n", secret ? dit_diag_msg(&diag) : "out of memory");
+        free(secret);
+        return 2;
+    }
+    double backoff_s = 1;
+    int rc;
+    for (;;) {
+        worker w;
+        memset(&w, 0, sizeof w);
+        w.join = jo;
+        w.rank = -1;
+        dit_ipc_reader_init(&w.reader);
+        char msg[700];
+        bool served = false;
+        w.fd = tcp_connect(jo->address, msg, sizeof msg);
+        rc = w.fd < 0 ? JOIN_RETRY : handshake(&w, secret, msg, sizeof msg);
+        if (rc == JOIN_OK) {
+            fprintf(stderr, "ditworker: joined %s; waiting for a rank\n", jo->address);
+            served = true;
+            rc = serve(&w);
+            snprintf(msg, sizeof msg, rc == 0 ? "the mesh ended" : "the mesh failed");
+        }
+        teardown(&w);
+        if (rc == JOIN_REFUSED) {
+            fprintf(stderr, "ditworker: %s: %s\n", jo->address, msg);
+            break;
+        }
+        if (jo->once && served)
+            break;
+        if (served)
+            backoff_s = 1;
+        fprintf(stderr, "ditworker: %s; joining %s again in %.0f s\n", msg, jo->address, backoff_s);
+        struct timespec ts = {.tv_sec = (time_t)backoff_s};
+        nanosleep(&ts, NULL);
+        if (!served)
+            backoff_s = backoff_s * 2 > 30 ? 30 : backoff_s * 2;
+    }
+    dit_join_secret_wipe(secret);
+    free(secret);
+    return rc;
+}
+
+static bool parse_int(const char *s, long lo, long hi, long *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || *s == '\0' || *end != '\0' || v < lo || v > hi)
+        return false;
+    *out = v;
+    return true;
+}
+
+int main(int argc, char **argv)
+{
+    const char *path = NULL;
+    long rank = -1;
+    bool rank_given = false;
+    join_opts jo = {.address = getenv("DITWORKER_JOIN"),
+                    .secret_file = getenv("DITWORKER_SECRET_FILE"),
+                    .want_rank = -1,
+                    .model = getenv("DITWORKER_MODEL")};
+    long v;
+    const char *dev_env = getenv("DITWORKER_DEVICE");
+    if (dev_env) {
+        if (!parse_int(dev_env, 0, 1023, &v)) {
+            fprintf(stderr, "ditworker: DITWORKER_DEVICE wants a GPU ordinal, not '%s'\n", dev_env);
+            return 2;
+        }
+        jo.device = (int)v;
+    }
+    enum { O_JOIN = 1000, O_SECRET, O_DEVICE, O_THREADS, O_MODEL, O_ONCE };
+    static const struct option opts[] = {
+        {"connect", required_argument, NULL, 'c'},
+        {"rank", required_argument, NULL, 'r'},
+        {"join", required_argument, NULL, O_JOIN},
+        {"secret-file", required_argument, NULL, O_SECRET},
+        {"device", required_argument, NULL, O_DEVICE},
+        {"threads", required_argument, NULL, O_THREADS},
+        {"model", required_argument, NULL, O_MODEL},
+        {"once", no_argument, NULL, O_ONCE},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    int c;
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (c) {
+        case 'c':
+            path = optarg;
+            break;
+        case 'r':
+            if (!parse_int(optarg, 0, DIT_SHM_MAX_RANKS - 1, &rank)) {
+                fprintf(stderr, "ditworker: --rank wants 0 to %d, not '%s'\n", DIT_SHM_MAX_RANKS - 1,
+                        optarg);
+                return 2;
+            }
+            rank_given = true;
+            break;
+        case O_JOIN:
+            jo.address = optarg;
+            break;
+        case O_SECRET:
+            jo.secret_file = optarg;
+            break;
+        case O_DEVICE:
+            if (!parse_int(optarg, 0, 1023, &v)) {
+                fprintf(stderr, "ditworker: --device wants a GPU ordinal, not '%s'\n", optarg);
+                return 2;
+            }
+            jo.device = (int)v;
+            break;
+        case O_THREADS:
+            if (!parse_int(optarg, 1, 4096, &v)) {
+                fprintf(stderr, "ditworker: --threads wants 1 to 4096, not '%s'\n", optarg);
+                return 2;
+            }
+            jo.threads = (int)v;
+            break;
+        case O_MODEL:
+            jo.model = optarg;
+            break;
+        case O_ONCE:
+            jo.once = true;
+            break;
+        case 'h':
+            fputs(usage, stdout);
+            return 0;
+        default:
+            fputs(usage, stderr);
+            return 2;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "ditworker: unexpected argument '%s'\n\n%s", argv[optind], usage);
+        return 2;
+    }
+    if (path && jo.address && getenv("DITWORKER_JOIN") != jo.address) {
+        fprintf(stderr, "ditworker: --connect and --join exclude each other\n");
+        return 2;
+    }
+    if (path) {
+        if (!rank_given) {
+            fprintf(stderr, "ditworker: --connect needs --rank\n\n%s", usage);
+            return 2;
+        }
+        return run_local(path, (int)rank);
+    }
+    if (!jo.address) {
+        fprintf(stderr, "ditworker: --connect SOCKET or --join HOST:PORT is required\n\n%s", usage);
+        return 2;
+    }
+    if (!jo.secret_file) {
+        fprintf(stderr, "ditworker: --join needs --secret-file (or DITWORKER_SECRET_FILE)\n");
+        return 2;
+    }
+    jo.want_rank = rank_given ? (int)rank : -1;
+    /* A broken connection must be an error on write, not a signal. */
+    signal(SIGPIPE, SIG_IGN);
+    return run_joined(&jo);
 }

@@ -1,0 +1,59 @@
+/* The shared-secret handshake of workers joining a daemon over TCP
+ * (`ditworker --join`), used by both sides.
+ *
+ * The daemon sends a fresh 32-byte nonce; the worker answers with its own
+ * nonce and HMAC-SHA256(secret, "worker" 0 daemon_nonce worker_nonce); the
+ * daemon checks it and answers HMAC-SHA256(secret, "daemon" 0 worker_nonce
+ * daemon_nonce), so each side knows the other holds the secret and neither
+ * answer can be replayed. The secret never crosses the wire. The stream
+ * itself is not encrypted: the join port belongs on a private network.
+ *
+ * Owner: the caller; no state of its own. */
+#ifndef DIT_RUNTIME_JOIN_AUTH_H
+#define DIT_RUNTIME_JOIN_AUTH_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/status.h"
+
+#define DIT_JOIN_PROTOCOL 1
+#define DIT_JOIN_NONCE_BYTES 32
+#define DIT_JOIN_MAC_BYTES 32
+#define DIT_JOIN_SECRET_MIN 16
+#define DIT_JOIN_SECRET_MAX 4096
+
+typedef struct dit_join_secret {
+    unsigned char bytes[DIT_JOIN_SECRET_MAX];
+    size_t len;
+} dit_join_secret;
+
+/* Reads the secret from a file (trailing newlines and spaces dropped). It
+ * must hold at least DIT_JOIN_SECRET_MIN bytes. */
+dit_status dit_join_secret_read(const char *path, dit_join_secret *out, dit_diag *diag);
+
+/* Overwrites the secret in memory. */
+void dit_join_secret_wipe(dit_join_secret *s);
+
+/* DIT_JOIN_NONCE_BYTES from the system's CSPRNG. */
+dit_status dit_join_nonce(unsigned char out[DIT_JOIN_NONCE_BYTES], dit_diag *diag);
+
+/* HMAC-SHA256(secret, role 0 first second). */
+dit_status dit_join_mac(const dit_join_secret *s, const char *role, const uint8_t *first,
+                        size_t first_len, const uint8_t *second, size_t second_len,
+                        unsigned char out[DIT_JOIN_MAC_BYTES], dit_diag *diag);
+
+/* Constant-time check of a received MAC against the expected one. */
+bool dit_join_mac_equal(const uint8_t *got, size_t got_len,
+                        const unsigned char want[DIT_JOIN_MAC_BYTES]);
+
+/* "hostname/boot-id": equal on two processes that share a kernel and a
+ * host name (and so, in practice, /dev/shm). */
+void dit_join_host_id(char *buf, size_t n);
+
+/* Splits "HOST:PORT" ("[v6]:PORT" too); PORT 0..65535. */
+dit_status dit_join_split_address(const char *addr, char *host, size_t host_n, int *port,
+                                  dit_diag *diag);
+
+#endif
