@@ -240,6 +240,12 @@ START_TEST(cli_rejects_bad_layouts_with_exit_2)
                                  sizeof log, NULL),
                      2);
     ck_assert_msg(strstr(log, "must be divisible by ulysses_degree (2)"), "%s", log);
+    /* Host shared memory cannot carry device buffers: cuda meshes are ditd's. */
+    const char *bad4[] = {"--world-size", "2", "--ring", "2", "--backend", "cuda", NULL};
+    ck_assert_int_eq(run_forward("parallel_even", bad4, "/tmp/unused.safetensors", NULL, log,
+                                 sizeof log, NULL),
+                     2);
+    ck_assert_msg(strstr(log, "needs --backend cpu"), "%s", log);
 }
 END_TEST
 

@@ -67,6 +67,13 @@ int ditrun_validate(const ditrun_args *a)
         fprintf(stderr, "ditrun: %s\n", dit_diag_msg(&diag));
         return DITRUN_EXIT_USAGE;
     }
+    if (a->backend == DIT_BACKEND_CUDA && a->pc.world_size > 1) {
+        /* ditrun's rank processes talk through host shared memory, which
+         * device buffers cannot use; ditd builds NCCL meshes. */
+        fprintf(stderr, "ditrun: a mesh of several ranks needs --backend cpu here; run cuda "
+                        "meshes with ditd (NCCL)\n");
+        return DITRUN_EXIT_USAGE;
+    }
     dit_flux_config cfg;
     int64_t B, Si, St;
     if (a->cmd == DITRUN_FORWARD) {
