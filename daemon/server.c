@@ -721,7 +721,7 @@ static void on_server_info(void *ctx, dit_rpc_call *call, const uint8_t *req, si
     info.max_queue = s->cfg->max_queue;
     info.running = s->running ? 1 : 0;
     info.mesh_state = s->draining ? "draining" : (char *)dit_mesh_state_name(dit_supervisor_state(s->sup));
-    info.comm = pc->world_size > 1 ? "shm" : "none";
+    info.comm = pc->world_size == 1 ? "none" : s->cfg->backend == DIT_BACKEND_CUDA ? "nccl" : "shm";
     info.worker_restarts = dit_supervisor_restarts(s->sup);
     send_packed(call, &info.base);
     dit_rpc_call_finish(call, GRPC_STATUS_OK, NULL);
