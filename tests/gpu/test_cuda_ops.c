@@ -105,6 +105,19 @@ START_TEST(init_uniform_matches_host_generator)
         }
     }
     free(got);
+    /* A vector (a bias, or a row-split slice of one) is N rows of one
+     * column to the host generator: element r is (row0 + r, col0). */
+    dit_tensor v = dit_tensor_1d(buf, DIT_F32, N);
+    GPU_OK(GPU, GPU->ops->init_uniform(GPU, &v, base, row0, col0, a));
+    got = gpu_fetch(GPU, &v);
+    for (int64_t r = 0; r < N; r++) {
+        uint64_t s = base + (uint64_t)(row0 + r) * 0x2545f4914f6cdd1dull +
+                     (uint64_t)(col0 + 1) * 0x9e3779b97f4a7c15ull;
+        double u = (double)(mix64(s) >> 11) * 0x1.0p-53;
+        float want = (float)((2.0 * u - 1.0) * a);
+        ck_assert_msg(got[r] == want, "vector (%lld): %g vs %g", (long long)r, got[r], want);
+    }
+    free(got);
     dit_backend_free(GPU, buf);
 }
 END_TEST

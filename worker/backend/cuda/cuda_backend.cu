@@ -173,6 +173,40 @@ static void dev_free(dit_cuda_backend *cb, void *p)
     cudaFree(p);
 }
 
+/* Frees p, or keeps it until the last graph is gone when a graph (or the
+ * capture in progress) may hold its address. */
+static void retire(dit_cuda_backend *cb, void *p)
+{
+    if (!p)
+        return;
+    if (cb->live_graphs == 0 && !cb->capturing) {
+        dev_free(cb, p);
+        return;
+    }
+    if (cb->n_retired == cb->cap_retired) {
+        size_t cap = cb->cap_retired ? 2 * cb->cap_retired : 16;
+        void **nr = (void **)realloc(cb->retired, cap * sizeof *nr);
+        if (!nr) {
+            /* Cannot keep it: freeing is the lesser harm than a leak loop. */
+            dev_free(cb, p);
+            return;
+        }
+        cb->retired = nr;
+        cb->cap_retired = cap;
+    }
+    cb->retired[cb->n_retired++] = p;
+}
+
+static void free_retired(dit_cuda_backend *cb)
+{
+    if (cb->n_retired == 0)
+        return;
+    cudaStreamSynchronize(cb->stream);
+    for (size_t i = 0; i < cb->n_retired; i++)
+        dev_free(cb, cb->retired[i]);
+    cb->n_retired = 0;
+}
+
 static dit_status cuda_alloc(dit_backend *be, size_t bytes, void **out)
 {
     return dev_malloc(cuda_of(be), bytes, out, "alloc");
@@ -181,10 +215,15 @@ static dit_status cuda_alloc(dit_backend *be, size_t bytes, void **out)
 static void cuda_free(dit_backend *be, void *ptr)
 {
     dit_cuda_backend *cb = cuda_of(be);
+    if (cb->capturing) {
+        /* A synchronize would break the capture; the graph may use it. */
+        retire(cb, ptr);
+        return;
+    }
     /* Work issued earlier may still read the buffer; cudaFree itself does
      * not order against our non-blocking stream. */
     cudaStreamSynchronize(cb->stream);
-    dev_free(cb, ptr);
+    retire(cb, ptr);
 }
 
 dit_status dit_cuda_scratch(dit_cuda_backend *cb, int slot, size_t bytes, void **out,
@@ -200,7 +239,8 @@ dit_status dit_cuda_scratch(dit_cuda_backend *cb, int slot, size_t bytes, void *
                             "(run the same shape eagerly before capturing)",
                             bytes);
     CUDA_TRY(cb, op, cudaStreamSynchronize(cb->stream));
-    dev_free(cb, cb->scratch[slot]);
+    /* Graphs captured earlier keep the old buffer's address. */
+    retire(cb, cb->scratch[slot]);
     cb->scratch[slot] = NULL;
     cb->scratch_bytes[slot] = 0;
     /* Grow by half again so a slowly growing shape does not reallocate
@@ -527,8 +567,15 @@ static dit_status cuda_init_uniform(dit_backend *be, const dit_tensor *dst, uint
     const int64_t n = dit_tensor_numel(dst);
     if (n == 0)
         return DIT_OK;
-    k_init_uniform<<<cuda_blocks(n, 256), 256, 0, cb->stream>>>(cuda_view_of(dst), base, row0,
-                                                                col0, a);
+    cuda_view v = cuda_view_of(dst);
+    if (dst->ndim == 1) {
+        /* The host generator treats a vector as N rows of one column. */
+        v.ne[2] = dst->ne[0];
+        v.nb[2] = dst->nb[0];
+        v.ne[3] = 1;
+        v.nb[3] = (int64_t)dit_dtype_size(dst->dtype);
+    }
+    k_init_uniform<<<cuda_blocks(n, 256), 256, 0, cb->stream>>>(v, base, row0, col0, a);
     CUDA_LAUNCHED(cb, "init_uniform");
     return DIT_OK;
 }
@@ -562,13 +609,8 @@ static dit_status cuda_graph_begin(dit_backend *be)
     return DIT_OK;
 }
 
-static dit_status cuda_graph_end(dit_backend *be, dit_backend_graph **out)
+static dit_status end_capture(dit_cuda_backend *cb, dit_backend_graph **out)
 {
-    dit_cuda_backend *cb = cuda_of(be);
-    *out = NULL;
-    if (!cb->capturing)
-        return dit_cuda_bad(cb, DIT_ERR_INVALID_ARG, "graph_end", "not capturing");
-    cb->capturing = false;
     cudaGraph_t graph = NULL;
     cudaError_t e = cudaStreamEndCapture(cb->stream, &graph);
     if (e != cudaSuccess) {
@@ -587,8 +629,23 @@ static dit_status cuda_graph_end(dit_backend *be, dit_backend_graph **out)
         return DIT_ERR_NOMEM;
     }
     g->exec = exec;
+    cb->live_graphs++;
     *out = g;
     return DIT_OK;
+}
+
+static dit_status cuda_graph_end(dit_backend *be, dit_backend_graph **out)
+{
+    dit_cuda_backend *cb = cuda_of(be);
+    *out = NULL;
+    if (!cb->capturing)
+        return dit_cuda_bad(cb, DIT_ERR_INVALID_ARG, "graph_end", "not capturing");
+    cb->capturing = false;
+    dit_status st = end_capture(cb, out);
+    /* What the capture retired is free to go unless a graph may use it. */
+    if (cb->live_graphs == 0)
+        free_retired(cb);
+    return st;
 }
 
 static dit_status cuda_graph_launch(dit_backend *be, dit_backend_graph *g)
@@ -602,11 +659,14 @@ static dit_status cuda_graph_launch(dit_backend *be, dit_backend_graph *g)
 
 static void cuda_graph_destroy(dit_backend *be, dit_backend_graph *g)
 {
-    (void)be;
+    dit_cuda_backend *cb = cuda_of(be);
     if (!g)
         return;
+    cudaStreamSynchronize(cb->stream); /* a replay may still run */
     cudaGraphExecDestroy(g->exec);
     free(g);
+    if (--cb->live_graphs == 0 && !cb->capturing)
+        free_retired(cb);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -624,6 +684,9 @@ static void cuda_destroy(dit_backend *be)
         cublasLtDestroy(cb->lt);
     for (int i = 0; i < CUDA_SCRATCH_N; i++)
         dev_free(cb, cb->scratch[i]);
+    for (size_t i = 0; i < cb->n_retired; i++)
+        dev_free(cb, cb->retired[i]);
+    free(cb->retired);
     dev_free(cb, cb->lt_ws);
     dev_free(cb, cb->stage);
     if (cb->pinned)

@@ -75,20 +75,22 @@ __global__ void k_gemm_fallback(bool transa, bool transb, int64_t m, int64_t n, 
 {
     __shared__ float As[FB_T][FB_T + 1];
     __shared__ float Bs[FB_T][FB_T + 1];
-    const int64_t i = blockIdx.x * (int64_t)FB_T + threadIdx.x; /* row of D */
-    const int64_t j = blockIdx.y * (int64_t)FB_T + threadIdx.y; /* column of D */
+    /* Columns of D (n: tokens or pixels, possibly millions) on grid x,
+     * whose limit is 2^31 - 1 blocks; rows (m: features) on grid y. */
+    const int64_t i = blockIdx.y * (int64_t)FB_T + threadIdx.x; /* row of D */
+    const int64_t j = blockIdx.x * (int64_t)FB_T + threadIdx.y; /* column of D */
     float acc = 0.0f;
     for (int64_t l0 = 0; l0 < k; l0 += FB_T) {
         /* As[x][y] = op(A)(row0 + x, l0 + y); Bs[x][y] = op(B)(l0 + x, col0 + y) */
         {
-            const int64_t r = blockIdx.x * (int64_t)FB_T + threadIdx.x, l = l0 + threadIdx.y;
+            const int64_t r = blockIdx.y * (int64_t)FB_T + threadIdx.x, l = l0 + threadIdx.y;
             float v = 0.0f;
             if (r < m && l < k)
                 v = __bfloat162float(transa ? A[l + r * lda] : A[r + l * lda]);
             As[threadIdx.x][threadIdx.y] = v;
         }
         {
-            const int64_t l = l0 + threadIdx.x, c = blockIdx.y * (int64_t)FB_T + threadIdx.y;
+            const int64_t l = l0 + threadIdx.x, c = blockIdx.x * (int64_t)FB_T + threadIdx.y;
             float v = 0.0f;
             if (l < k && c < n)
                 v = __bfloat162float(transb ? B[c + l * ldb] : B[l + c * ldb]);
@@ -156,11 +158,13 @@ static bool key_eq(const cuda_gemm_entry *e, const cuda_gemm_entry *k)
 {
     return e->transa == k->transa && e->transb == k->transb && e->m == k->m && e->n == k->n &&
            e->k == k->k && e->lda == k->lda && e->ldb == k->ldb && e->ldc == k->ldc &&
-           e->epilogue == k->epilogue && e->align == k->align && e->has_beta == k->has_beta;
+           e->epilogue == k->epilogue && e->align == k->align && e->has_beta == k->has_beta &&
+           e->bias_align == k->bias_align;
 }
 
 /* Builds descriptors and asks the heuristic once for this key. */
-static dit_status gemm_plan(dit_cuda_backend *cb, cuda_gemm_entry *e, const char *op)
+static dit_status gemm_plan(dit_cuda_backend *cb, cuda_gemm_entry *e, const float *bias,
+                            const char *op)
 {
     const cublasOperation_t ta = e->transa ? CUBLAS_OP_T : CUBLAS_OP_N;
     const cublasOperation_t tb = e->transb ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -186,6 +190,12 @@ static dit_status gemm_plan(dit_cuda_backend *cb, cuda_gemm_entry *e, const char
                                       e->transb ? e->k : e->n, e->ldb));
     LT_TRY(cb, op, cublasLtMatrixLayoutCreate(&e->c, CUDA_R_32F, e->m, e->n, e->ldc));
 
+    /* The heuristic reads the bias pointer's alignment (cublasLt.h), so it
+     * sees the real one; bias_align in the key keeps it valid for reuse. */
+    if (bias)
+        LT_TRY(cb, op,
+               cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                              sizeof bias));
     cublasLtMatmulPreference_t pref = NULL;
     LT_TRY(cb, op, cublasLtMatmulPreferenceCreate(&pref));
     const uint64_t ws = cb->lt_ws_bytes;
@@ -223,7 +233,7 @@ static dit_status gemm_plan(dit_cuda_backend *cb, cuda_gemm_entry *e, const char
 }
 
 static dit_status gemm_lookup(dit_cuda_backend *cb, const cuda_gemm_entry *key,
-                              cuda_gemm_entry **out, const char *op)
+                              const float *bias, cuda_gemm_entry **out, const char *op)
 {
     for (size_t i = 0; i < cb->n_gemms; i++) {
         if (key_eq(&cb->gemms[i], key)) {
@@ -244,7 +254,7 @@ static dit_status gemm_lookup(dit_cuda_backend *cb, const cuda_gemm_entry *key,
     e->op = NULL;
     e->a = e->b = e->c = NULL;
     e->algo_ok = false;
-    dit_status st = gemm_plan(cb, e, op);
+    dit_status st = gemm_plan(cb, e, bias, op);
     if (st != DIT_OK) {
         if (e->op)
             cublasLtMatmulDescDestroy(e->op);
@@ -292,8 +302,9 @@ dit_status dit_cuda_gemm(dit_cuda_backend *cb, bool transa, bool transb, int64_t
     al = ptr_align(D) < al ? ptr_align(D) : al;
     key.align = al;
     key.has_beta = beta != 0.0f;
+    key.bias_align = bias ? ptr_align(bias) : 0;
     cuda_gemm_entry *e = NULL;
-    dit_status st = gemm_lookup(cb, &key, &e, op);
+    dit_status st = gemm_lookup(cb, &key, bias, &e, op);
     if (st != DIT_OK)
         return st;
     dit_act post = fuse_gelu ? DIT_ACT_NONE : act;
@@ -303,11 +314,19 @@ dit_status dit_cuda_gemm(dit_cuda_backend *cb, bool transa, bool transb, int64_t
                    cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
                                                   sizeof bias));
         const float alpha = 1.0f;
-        LT_TRY(cb, op,
-               cublasLtMatmul(cb->lt, e->op, &alpha, A, e->a, B, e->b, &beta, D, e->c, D, e->c,
-                              &e->algo, cb->lt_ws, cb->lt_ws_bytes, cb->stream));
-    } else {
-        dim3 grid((unsigned)((m + FB_T - 1) / FB_T), (unsigned)((n + FB_T - 1) / FB_T));
+        const cublasStatus_t ms =
+            cublasLtMatmul(cb->lt, e->op, &alpha, A, e->a, B, e->b, &beta, D, e->c, D, e->c,
+                           &e->algo, cb->lt_ws, cb->lt_ws_bytes, cb->stream);
+        /* An algorithm the heuristic offered but the run refuses (e.g.
+         * NOT_SUPPORTED): the fallback kernel takes this shape from now on.
+         * Nothing was enqueued, so running it now is safe. */
+        if (ms == CUBLAS_STATUS_NOT_SUPPORTED || ms == CUBLAS_STATUS_INVALID_VALUE)
+            e->algo_ok = false;
+        else if (ms != CUBLAS_STATUS_SUCCESS)
+            return dit_cuda_fail_lt(cb, ms, op, "cublasLtMatmul");
+    }
+    if (!e->algo_ok) {
+        dim3 grid((unsigned)((n + FB_T - 1) / FB_T), (unsigned)((m + FB_T - 1) / FB_T));
         k_gemm_fallback<<<grid, dim3(FB_T, FB_T), 0, cb->stream>>>(transa, transb, m, n, k, A,
                                                                      lda, B, ldb, D, ldc, bias,
                                                                      beta);

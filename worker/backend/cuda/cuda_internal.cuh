@@ -27,6 +27,7 @@ struct cuda_gemm_entry {
     int64_t m, n, k, lda, ldb, ldc;
     int epilogue;
     int align; /* smallest pointer alignment (bytes, <= 16) of A, B, C, D */
+    int bias_align; /* the bias pointer's, 0 without one */
     bool has_beta;
     /* value */
     cublasLtMatmulDesc_t op;
@@ -66,6 +67,12 @@ typedef struct dit_cuda_backend {
     size_t n_allocs, cap_allocs;
     size_t bytes_in_use, bytes_peak;
     bool capturing;
+    /* Captured graphs alive, and device buffers they may still point at
+     * (scratch that grew, memory freed during a capture): freed once no
+     * graph is left. */
+    int live_graphs;
+    void **retired;
+    size_t n_retired, cap_retired;
     bool lt_gelu; /* use cuBLASLt's GELU_BIAS epilogue for DIT_ACT_GELU_TANH */
     char err[512];
 } dit_cuda_backend;
