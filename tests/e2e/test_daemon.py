@@ -772,6 +772,17 @@ def join():
     H = "grpc.health.v1.HealthCheckResponse.ServingStatus"
     worker = env_path("DITWORKER")
     joiners = []
+    # The flags are documented, and a half-configured multi-node start is refused.
+    h = subprocess.run([worker, "--help"], capture_output=True, text=True, timeout=10)
+    assert h.returncode == 0 and "--join HOST:PORT" in h.stdout and "DITWORKER_SECRET_FILE" in h.stdout
+    h = subprocess.run([env_path("DITD"), "--help"], capture_output=True, text=True, timeout=10)
+    assert h.returncode == 0 and "--join-listen" in h.stdout and "DITD_LOCAL_RANKS" in h.stdout
+    bad = subprocess.run([env_path("DITD"), "--model", DEMO, "--world-size", "2", "--ring", "2",
+                          "--local-ranks", "1"], capture_output=True, text=True, timeout=10)
+    assert bad.returncode == 2 and "--join-listen" in bad.stderr, bad.stderr
+    bad = subprocess.run([worker, "--join", "127.0.0.1:1"], capture_output=True, text=True,
+                         timeout=10)
+    assert bad.returncode == 2 and "--secret-file" in bad.stderr, bad.stderr
     with tempfile.TemporaryDirectory() as tmp:
         def secret_file(name, text):
             path = os.path.join(tmp, name)
