@@ -21,6 +21,8 @@
  * at most SUP_PREAUTH_BYTES. */
 #define SUP_JOIN_AUTH_S 10.0
 #define SUP_PREAUTH_BYTES 4096
+/* Handshakes in progress at once; more are closed unanswered. */
+#define SUP_PREAUTH_MAX 32
 /* How often the pool of joined workers is looked at (and stale handshakes
  * dropped), and how often a mesh missing ranks says so. */
 #define SUP_JOIN_TICK_MS 500
@@ -724,6 +726,9 @@ static void on_join_connection(uv_stream_t *server, int status)
     dit_supervisor *s = server->data;
     if (status < 0)
         return;
+    int pending = 0;
+    for (conn *o = s->conns; o; o = o->next)
+        pending += o->tcp && !o->authed && !o->closing;
     conn *c = new_conn(s, true);
     if (!c)
         return;
@@ -748,6 +753,13 @@ static void on_join_connection(uv_stream_t *server, int status)
             port = ntohs(a->sin_port);
             snprintf(c->peer, sizeof c->peer, "%s:%d", ip, port);
         }
+    }
+    if (pending >= SUP_PREAUTH_MAX) {
+        DIT_LOG(s->log, DIT_LOG_WARN, "join",
+                "closed a connection from %s: %d handshakes already in progress", c->peer,
+                pending);
+        close_conn(c);
+        return;
     }
     uv_tcp_nodelay(&c->h.tcp, 1);
     uv_tcp_keepalive(&c->h.tcp, 1, 15);

@@ -827,6 +827,14 @@ def join():
                         break
                     got += chunk
             assert d.health() == api.enum(H, "NOT_SERVING")
+            # Idle connections: 32 handshakes at a time get a challenge, the
+            # rest are closed unanswered.
+            socks = [socket.create_connection((host, int(port)), timeout=10) for _ in range(40)]
+            answered = sum(1 for sk in socks if sk.recv(4))
+            for sk in socks:
+                sk.close()
+            assert answered == 32, answered
+            assert "handshakes already in progress" in d.log()
 
             logf = open(os.path.join(tmp, "joiner.log"), "w")
             j1 = subprocess.Popen([worker, "--join", d.join_target, "--secret-file", secret],
