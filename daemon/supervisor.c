@@ -1097,8 +1097,14 @@ void dit_supervisor_stop(dit_supervisor *s, double grace_s, void (*done)(void *c
     Ditserve__Ipc__Envelope env = DITSERVE__IPC__ENVELOPE__INIT;
     env.msg_case = DITSERVE__IPC__ENVELOPE__MSG_SHUTDOWN;
     env.shutdown = &sd;
-    for (conn *c = s->conns; c; c = c->next)
-        send_to(c, &env);
+    conn *next;
+    for (conn *c = s->conns; c; c = next) {
+        next = c->next;
+        if (c->authed)
+            send_to(c, &env);
+        else
+            refuse(c, false, "the daemon is shutting down");
+    }
     uv_timer_start(&s->kill_timer, on_kill_timer, (uint64_t)(grace_s * 1000), 0);
     /* Connections close as workers exit (EOF); processes close from their
      * exit callbacks. Nothing running: done at once. */

@@ -611,6 +611,10 @@ static int handshake(worker *w, const dit_join_secret *secret, char *msg, size_t
         rc = in->refused->permanent ? JOIN_REFUSED : JOIN_RETRY;
         goto out;
     }
+    if (in->msg_case == DITSERVE__IPC__ENVELOPE__MSG_SHUTDOWN) {
+        snprintf(msg, msgn, "the daemon is shutting down");
+        goto out;
+    }
     if (in->msg_case != DITSERVE__IPC__ENVELOPE__MSG_ACCEPT ||
         dit_join_mac(secret, "daemon", mine, sizeof mine, theirs, sizeof theirs, mac, &diag) != DIT_OK ||
         !dit_join_mac_equal(in->accept->mac.data, in->accept->mac.len, mac)) {
