@@ -2,6 +2,8 @@
 
 #include <errno.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
 #include <stdarg.h>
 #include <signal.h>
 #include <stdio.h>
@@ -19,9 +21,11 @@
 #define SUP_BACKOFF_MAX_S 30.0
 /* A joining connection must finish the handshake within this, in frames of
  * at most SUP_PREAUTH_BYTES. */
-#define SUP_JOIN_AUTH_S 10.0
+#define SUP_JOIN_AUTH_S 5.0
 #define SUP_PREAUTH_BYTES 4096
-/* Handshakes in progress at once; more are closed unanswered. */
+/* Handshakes in progress at once; a new connection beyond this closes the
+ * oldest one, so idle sockets cannot lock real workers out (an honest
+ * handshake takes one round trip). */
 #define SUP_PREAUTH_MAX 32
 /* How often the pool of joined workers is looked at (and stale handshakes
  * dropped), and how often a mesh missing ranks says so. */
@@ -50,8 +54,13 @@ typedef struct conn {
     bool closing;
     /* Joined workers only. */
     bool tcp, authed;
+    /* Part of the mesh: a spawned worker's connection, or a joined one
+     * with a rank. Teardowns wait for these alone (open_conns); the pool
+     * and handshakes in progress are counted in open_joiners. */
+    bool counted;
     int want_rank; /* -1: any */
     double since_s; /* when the connection was accepted */
+    uint64_t seq;   /* arrival order */
     unsigned char nonce[DIT_JOIN_NONCE_BYTES];
     char peer[80];
     int pid;
@@ -77,16 +86,19 @@ struct dit_supervisor {
     unsigned char nccl_id[256];
     size_t nccl_id_len;
     bool awaiting_mesh_id;
+    bool setup_sent; /* this mesh's setup went out (every rank was present) */
     int handles_open; /* closed in destroy; free when 0 */
     conn *conns;
     conn *by_rank[SUP_MAX_RANKS];
-    int open_procs, open_conns;
+    int open_procs, open_conns, open_joiners;
+    uint64_t conn_seq;
     bool torn_down; /* check_torn_down acted for this teardown */
     bool destroyed; /* destroy was called: free once handles_open is 0 */
     dit_shm_segment *seg;
     char shm_name[64];
     dit_mesh_state state;
     int hellos, readies;
+    bool rank_ready[SUP_MAX_RANKS], rank_done[SUP_MAX_RANKS]; /* counted once each */
     /* The job on the workers. */
     bool job_running;
     uint64_t job_id;
@@ -162,7 +174,8 @@ static void check_torn_down(dit_supervisor *s);
 
 static void maybe_free(dit_supervisor *s)
 {
-    if (s->destroyed && s->handles_open == 0 && s->open_conns == 0 && s->open_procs == 0)
+    if (s->destroyed && s->handles_open == 0 && s->open_conns == 0 && s->open_joiners == 0 &&
+        s->open_procs == 0)
         free(s);
 }
 
@@ -171,8 +184,11 @@ static void on_conn_closed(uv_handle_t *h)
     conn *c = h->data;
     dit_supervisor *s = c->s;
     dit_ipc_reader_free(&c->reader);
+    if (c->counted)
+        s->open_conns--;
+    else
+        s->open_joiners--;
     free(c);
-    s->open_conns--;
     /* The last handle of a torn-down mesh may be a connection. */
     check_torn_down(s);
     maybe_free(s);
@@ -300,8 +316,14 @@ void dit_supervisor_fail(dit_supervisor *s, const char *reason)
         set_state(s, DIT_MESH_RESTARTING);
     finish_job(s, DIT_ERR_PEER, reason);
     kill_all(s);
-    while (s->conns)
-        close_conn(s->conns);
+    /* The mesh's connections go; joined workers waiting for a rank stay for
+     * the next mesh. */
+    conn *next;
+    for (conn *c = s->conns; c; c = next) {
+        next = c->next;
+        if (c->counted)
+            close_conn(c);
+    }
     check_torn_down(s);
 }
 
@@ -336,14 +358,16 @@ static void send_setup_range(dit_supervisor *s, int from, int to)
     setup.comm_timeout_s = s->cfg.comm_timeout_s;
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     const int here = s->L > 0 ? s->L : 1;
-    setup.threads = s->cfg.threads ? s->cfg.threads : (ncpu > here ? (int)(ncpu / here) : 1);
+    const int local_threads = s->cfg.threads ? s->cfg.threads : (ncpu > here ? (int)(ncpu / here) : 1);
     Ditserve__Ipc__Envelope env = DITSERVE__IPC__ENVELOPE__INIT;
     env.msg_case = DITSERVE__IPC__ENVELOPE__MSG_SETUP;
     env.setup = &setup;
     for (int r = from; r < to; r++) {
         setup.rank = r;
-        /* One GPU per local rank; joined workers pick their own. */
+        /* One GPU per local rank; joined workers pick their own, and their
+         * own thread count (0: all their cores) unless --threads is set. */
         setup.device = r < s->L ? r : -1;
+        setup.threads = r < s->L ? local_threads : s->cfg.threads;
         send_to(s->by_rank[r], &env);
     }
 }
@@ -352,6 +376,7 @@ static void send_setup(dit_supervisor *s)
 {
     dit_diag diag;
     dit_diag_clear(&diag);
+    s->setup_sent = true;
     if (s->L < s->N) {
         /* Every rank is here: from now on, loading has a deadline. */
         uv_timer_start(&s->startup_timer, on_startup_timeout,
@@ -379,16 +404,40 @@ static void send_setup(dit_supervisor *s)
     send_setup_range(s, 0, s->N);
 }
 
+/* Closes a connection that broke the protocol; one that plays a rank takes
+ * the mesh down with it. */
+static void drop_conn(conn *c, const char *why)
+{
+    dit_supervisor *s = c->s;
+    const int rank = c->rank;
+    DIT_LOG(s->log, DIT_LOG_WARN, "mesh", "%s from %s%d; closing it", why,
+            rank >= 0 ? "rank " : "a worker without a rank, pid ", rank >= 0 ? rank : c->pid);
+    close_conn(c);
+    if (rank >= 0 && !s->stopping) {
+        char reason[200];
+        snprintf(reason, sizeof reason, "worker rank %d broke the protocol (%s)", rank, why);
+        dit_supervisor_fail(s, reason);
+    }
+}
+
 static void handle(conn *c, Ditserve__Ipc__Envelope *env)
 {
     dit_supervisor *s = c->s;
     char reason[1200];
+    /* Without a rank a worker may only say hello (a spawned one); a joined
+     * worker in the pool has nothing to say until it gets its setup. */
+    if (c->rank < 0 && (c->tcp || env->msg_case != DITSERVE__IPC__ENVELOPE__MSG_HELLO)) {
+        snprintf(reason, sizeof reason, "unexpected message %d", (int)env->msg_case);
+        drop_conn(c, reason);
+        ditserve__ipc__envelope__free_unpacked(env, NULL);
+        return;
+    }
     switch (env->msg_case) {
     case DITSERVE__IPC__ENVELOPE__MSG_HELLO: {
         const int r = env->hello->rank;
-        if (c->tcp || c->rank >= 0 || r < 0 || r >= s->L || s->by_rank[r]) {
-            DIT_LOG(s->log, DIT_LOG_WARN, "mesh", "unexpected hello from rank %d; closing", r);
-            close_conn(c);
+        if (c->rank >= 0 || c->tcp || r < 0 || r >= s->L || s->by_rank[r]) {
+            snprintf(reason, sizeof reason, "an unexpected hello (rank %d)", r);
+            drop_conn(c, reason);
             break;
         }
         c->rank = r;
@@ -416,6 +465,11 @@ static void handle(conn *c, Ditserve__Ipc__Envelope *env)
             snprintf(s->device, sizeof s->device, "%s", env->ready->device);
         DIT_LOG(s->log, DIT_LOG_INFO, "mesh", "rank %d ready (%.0f ms to load, %.1f MiB of weights)",
                 c->rank, env->ready->load_ms, (double)env->ready->weight_bytes / 1048576.0);
+        if (s->rank_ready[c->rank]) {
+            drop_conn(c, "a second ready");
+            break;
+        }
+        s->rank_ready[c->rank] = true;
         if (++s->readies == s->N) {
             uv_timer_stop(&s->startup_timer);
             set_state(s, DIT_MESH_READY);
@@ -442,6 +496,11 @@ static void handle(conn *c, Ditserve__Ipc__Envelope *env)
             }
             break;
         }
+        if (s->rank_done[c->rank]) {
+            drop_conn(c, "a second result for one job");
+            break;
+        }
+        s->rank_done[c->rank] = true;
         if (d->status != DIT_OK && s->job_status == DIT_OK) {
             s->job_status = (dit_status)d->status;
             snprintf(s->job_msg, sizeof s->job_msg, "%s", d->message ? d->message : "");
@@ -521,13 +580,16 @@ static void assign_remote(dit_supervisor *s)
                     continue;
                 if (pass == 0 ? c->want_rank != r : c->want_rank >= 0)
                     continue;
-                if (!best || c->since_s < best->since_s)
+                if (!best || c->seq < best->seq)
                     best = c;
             }
             if (!best)
                 continue;
             best->rank = r;
             s->by_rank[r] = best;
+            best->counted = true;
+            s->open_joiners--;
+            s->open_conns++;
             DIT_LOG(s->log, DIT_LOG_INFO, "join", "rank %d: the worker at %s (pid %d)", r,
                     best->peer, best->pid);
             if (++s->hellos == s->N)
@@ -685,6 +747,19 @@ static void on_read(uv_stream_t *stream, ssize_t n, const uv_buf_t *buf)
     }
 }
 
+/* A remote host that vanishes without closing is noticed within about a
+ * minute (15 s idle, then 5 probes 9 s apart), not the kernel's hours. */
+static void keepalive(uv_tcp_t *t)
+{
+    uv_tcp_keepalive(t, 1, 15);
+    uv_os_fd_t fd;
+    if (uv_fileno((uv_handle_t *)t, &fd) == 0) {
+        int intvl = 9, cnt = 5;
+        setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
+        setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
+    }
+}
+
 static conn *new_conn(dit_supervisor *s, bool tcp)
 {
     conn *c = calloc(1, sizeof *c);
@@ -696,13 +771,18 @@ static conn *new_conn(dit_supervisor *s, bool tcp)
     c->tcp = tcp;
     c->authed = !tcp; /* the Unix socket's folder is this user's alone */
     c->since_s = now_s(s);
+    c->seq = ++s->conn_seq;
     dit_ipc_reader_init(&c->reader);
     if (tcp)
         uv_tcp_init(s->loop, &c->h.tcp);
     else
         uv_pipe_init(s->loop, &c->h.pipe, 0);
     c->h.handle.data = c;
-    s->open_conns++;
+    c->counted = !tcp;
+    if (c->counted)
+        s->open_conns++;
+    else
+        s->open_joiners++;
     c->next = s->conns;
     s->conns = c;
     return c;
@@ -727,8 +807,14 @@ static void on_join_connection(uv_stream_t *server, int status)
     if (status < 0)
         return;
     int pending = 0;
-    for (conn *o = s->conns; o; o = o->next)
-        pending += o->tcp && !o->authed && !o->closing;
+    conn *oldest = NULL;
+    for (conn *o = s->conns; o; o = o->next) {
+        if (!o->tcp || o->authed || o->closing)
+            continue;
+        pending++;
+        if (!oldest || o->seq < oldest->seq)
+            oldest = o;
+    }
     conn *c = new_conn(s, true);
     if (!c)
         return;
@@ -754,25 +840,20 @@ static void on_join_connection(uv_stream_t *server, int status)
             snprintf(c->peer, sizeof c->peer, "%s:%d", ip, port);
         }
     }
-    if (pending >= SUP_PREAUTH_MAX) {
+    if (pending >= SUP_PREAUTH_MAX && oldest) {
         DIT_LOG(s->log, DIT_LOG_WARN, "join",
-                "closed a connection from %s: %d handshakes already in progress", c->peer,
-                pending);
-        close_conn(c);
-        return;
+                "%d handshakes in progress; closed the oldest, from %s, for one from %s", pending,
+                oldest->peer, c->peer);
+        close_conn(oldest);
     }
     uv_tcp_nodelay(&c->h.tcp, 1);
-    uv_tcp_keepalive(&c->h.tcp, 1, 15);
+    keepalive(&c->h.tcp);
     if (uv_read_start(&c->h.stream, alloc_cb, on_read) != 0) {
         close_conn(c);
         return;
     }
     if (s->stopping) {
         refuse(c, false, "the daemon is shutting down");
-        return;
-    }
-    if (s->state == DIT_MESH_RESTARTING) {
-        refuse(c, false, "the mesh is restarting; join again in a moment");
         return;
     }
     dit_diag diag;
@@ -826,6 +907,15 @@ static void on_exit_cb(uv_process_t *p, int64_t status, int term_signal)
 static void on_startup_timeout(uv_timer_t *t)
 {
     dit_supervisor *s = t->data;
+    bool locals = true;
+    for (int r = 0; r < s->L; r++)
+        locals &= s->by_rank[r] != NULL;
+    if (!s->setup_sent && locals && s->L < s->N) {
+        /* Only joiners are missing: waiting for them has no deadline. */
+        uv_timer_start(&s->startup_timer, on_startup_timeout,
+                       (uint64_t)(s->cfg.startup_timeout_s * 1000), 0);
+        return;
+    }
     char reason[160];
     snprintf(reason, sizeof reason, "the workers were not ready within %.0f s (%d of %d ready)",
              s->cfg.startup_timeout_s, s->readies, s->N);
@@ -844,16 +934,18 @@ static void on_watchdog(uv_timer_t *t)
 static void spawn_all(dit_supervisor *s)
 {
     s->hellos = s->readies = 0;
+    memset(s->rank_ready, 0, sizeof s->rank_ready);
     s->shm_name[0] = '\0';
     s->nccl_id_len = 0;
     s->awaiting_mesh_id = false;
+    s->setup_sent = false;
     s->torn_down = false;
     s->join_reminded_s = now_s(s);
     set_state(s, DIT_MESH_STARTING);
-    /* With remote ranks, the deadline starts once every rank is present. */
-    if (s->L == s->N)
-        uv_timer_start(&s->startup_timer, on_startup_timeout,
-                       (uint64_t)(s->cfg.startup_timeout_s * 1000), 0);
+    /* The local workers must say hello in time; with remote ranks, the
+     * deadline for loading starts again once every rank is present. */
+    uv_timer_start(&s->startup_timer, on_startup_timeout,
+                   (uint64_t)(s->cfg.startup_timeout_s * 1000), 0);
     for (int r = 0; r < s->L; r++) {
         worker_slot *w = &s->workers[r];
         char rank[16];
@@ -1043,6 +1135,7 @@ dit_status dit_supervisor_run(dit_supervisor *s, uint64_t job_id,
     s->job_running = true;
     s->job_id = job_id;
     s->job_done_ranks = 0;
+    memset(s->rank_done, 0, sizeof s->rank_done);
     s->job_status = DIT_OK;
     s->job_msg[0] = '\0';
     for (int r = 0; r < s->N; r++) {

@@ -100,6 +100,8 @@ typedef struct worker {
     uint64_t job_id;
     bool cancel_seen;
     bool shutdown_seen; /* the daemon asked us to exit */
+    bool ready;         /* this mesh came up (a joined worker's backoff resets) */
+    bool device_failed; /* a device error: the process should not go on */
 } worker;
 
 static double now_ms(void)
@@ -271,6 +273,8 @@ static int run_job(worker *w, const Ditserve__Ipc__Job *job)
     env.msg_case = DITSERVE__IPC__ENVELOPE__MSG_DONE;
     env.done = &done;
     int rc = send_env(w, &env) != 0 ? 1 : 0;
+    if (st == DIT_ERR_DEVICE)
+        w->device_failed = true;
     if (mesh_fatal(st)) {
         fprintf(stderr, "ditworker rank %d: %s\n", w->rank, dit_diag_msg(&diag));
         if (w->world)
@@ -363,13 +367,18 @@ static dit_status setup(worker *w, const Ditserve__Ipc__Setup *s, dit_diag *diag
 
 static void teardown(worker *w)
 {
+    /* A joined worker's mesh has ended (or failed) when it gets here, and its
+     * peers may be gone: abort instead of waiting to finalize with them. */
+    if (w->join && w->world)
+        w->world->ops->abort(w->world);
     dit_runner_destroy(w->runner);
     dit_pipeline_free(w->pipe);
     if (w->be)
         dit_backend_free(w->be, w->flag_buf);
-    dit_backend_destroy(w->be);
+    /* The comm enqueues on the backend's stream: it goes first. */
     dit_mesh_destroy(w->mesh);
     dit_comm_destroy(w->world);
+    dit_backend_destroy(w->be);
     dit_ipc_reader_free(&w->reader);
     if (w->fd >= 0)
         close(w->fd);
@@ -407,6 +416,8 @@ static int serve(worker *w)
     dit_status st = setup(w, in->setup, &diag);
     ditserve__ipc__envelope__free_unpacked(in, NULL);
     in = NULL;
+    if (st == DIT_ERR_DEVICE)
+        w->device_failed = true;
     if (st != DIT_OK) {
         fprintf(stderr, "ditworker rank %d: %s\n", w->rank, dit_diag_msg(&diag));
         send_done_error(w, 0, st, dit_diag_msg(&diag));
@@ -427,6 +438,7 @@ static int serve(worker *w)
     env.ready = &ready;
     if (send_env(w, &env) != 0)
         goto out;
+    w->ready = true;
 
     for (;;) {
         if (dit_ipc_read_fd(w->fd, &w->reader, &in) != 0) {
@@ -525,8 +537,14 @@ static int tcp_connect(const char *address, char *err, size_t errn)
         fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
         if (fd < 0)
             continue;
-        if (connect(fd, a->ai_addr, a->ai_addrlen) == 0)
+        /* On Linux the send timeout bounds connect() too. */
+        struct timeval tv = {.tv_sec = 10};
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+        if (connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
+            tv.tv_sec = 0;
+            setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
             break;
+        }
         snprintf(err, errn, "cannot connect to %s: %s", address, strerror(errno));
         close(fd);
         fd = -1;
@@ -649,28 +667,38 @@ static int run_joined(const join_opts *jo)
         w.rank = -1;
         dit_ipc_reader_init(&w.reader);
         char msg[700];
-        bool served = false;
+        bool joined = false;
         w.fd = tcp_connect(jo->address, msg, sizeof msg);
         rc = w.fd < 0 ? JOIN_RETRY : handshake(&w, secret, msg, sizeof msg);
         if (rc == JOIN_OK) {
             fprintf(stderr, "ditworker: joined %s; waiting for a rank\n", jo->address);
-            served = true;
+            joined = true;
             rc = serve(&w);
             snprintf(msg, sizeof msg, rc == 0 ? "the mesh ended" : "the mesh failed");
         }
+        const bool was_ready = w.ready, device_failed = w.device_failed;
         teardown(&w);
         if (rc == JOIN_REFUSED) {
             fprintf(stderr, "ditworker: %s: %s\n", jo->address, msg);
             break;
         }
-        if (jo->once && served)
+        if (device_failed) {
+            /* A CUDA context after a device error stays broken: let a fresh
+             * process (the orchestrator's restart) take over. */
+            fprintf(stderr, "ditworker: a device error ended the mesh; exiting\n");
+            rc = 1;
             break;
-        if (served)
+        }
+        if (jo->once && joined)
+            break;
+        /* A mesh that came up resets the backoff; one that failed to set up
+         * (a missing model, no GPU) does not. */
+        if (was_ready)
             backoff_s = 1;
         fprintf(stderr, "ditworker: %s; joining %s again in %.0f s\n", msg, jo->address, backoff_s);
         struct timespec ts = {.tv_sec = (time_t)backoff_s};
         nanosleep(&ts, NULL);
-        if (!served)
+        if (!was_ready)
             backoff_s = backoff_s * 2 > 30 ? 30 : backoff_s * 2;
     }
     dit_join_secret_wipe(secret);
