@@ -1,6 +1,7 @@
 #include "runtime/join_auth.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,13 +14,35 @@
 dit_status dit_join_secret_read(const char *path, dit_join_secret *out, dit_diag *diag)
 {
     memset(out, 0, sizeof *out);
-    FILE *f = fopen(path, "rb");
-    if (!f)
+    /* read(2) straight into `out`: no stdio buffer keeps a copy. */
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
         return dit_diag_set(diag, DIT_ERR_IO, "cannot read the join secret %s: %s", path,
                             strerror(errno));
-    size_t n = fread(out->bytes, 1, sizeof out->bytes, f);
-    const bool more = n == sizeof out->bytes && fgetc(f) != EOF;
-    fclose(f);
+    size_t n = 0;
+    unsigned char extra;
+    bool more = false;
+    for (;;) {
+        ssize_t got = n < sizeof out->bytes ? read(fd, out->bytes + n, sizeof out->bytes - n)
+                                            : read(fd, &extra, 1);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got < 0) {
+            const int e = errno;
+            close(fd);
+            dit_join_secret_wipe(out);
+            return dit_diag_set(diag, DIT_ERR_IO, "cannot read the join secret %s: %s", path,
+                                strerror(e));
+        }
+        if (got == 0)
+            break;
+        if (n == sizeof out->bytes) {
+            more = true;
+            break;
+        }
+        n += (size_t)got;
+    }
+    close(fd);
     if (more) {
         dit_join_secret_wipe(out);
         return dit_diag_set(diag, DIT_ERR_INVALID_ARG, "the join secret %s is longer than %d bytes",
