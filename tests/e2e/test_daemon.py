@@ -614,7 +614,8 @@ def make_certs(tmp):
 def tls_auth():
     """Mutual TLS and a bearer token: the right client is served; plaintext,
     no client certificate, a certificate from another CA, and a missing or
-    wrong token are refused; health needs no token."""
+    wrong token are refused; health needs no token; the worker IPC socket
+    is the daemon user's alone."""
     with tempfile.TemporaryDirectory() as tmp:
         pem = make_certs(tmp)
         token = "s3cret-token-for-the-e2e-test"
@@ -644,6 +645,15 @@ def tls_auth():
                                                                         timeout=10)),
                          "UNAUTHENTICATED")
             assert api.server_info(d.channel)(info_req, timeout=10, metadata=auth).world_size == 1
+            # The worker IPC socket: in a folder only the daemon's user can
+            # enter, itself readable and writable by that user alone.
+            import stat
+            with open(f"/proc/{d.workers[0]}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+            sock = argv[argv.index(b"--connect") + 1].decode()
+            folder = os.stat(os.path.dirname(sock))
+            assert stat.S_IMODE(folder.st_mode) == 0o700 and folder.st_uid == os.getuid(), folder
+            assert stat.S_IMODE(os.stat(sock).st_mode) == 0o600, oct(os.stat(sock).st_mode)
             # Refused connections: plaintext, no client certificate, another CA.
             refused = [grpc.insecure_channel(d.target),
                        d.connect(grpc.ssl_channel_credentials(pem["ca.pem"])),
