@@ -17,6 +17,8 @@
 
 #include <grpc/support/log.h>
 
+#include "core/suggest.h"
+
 #ifndef DIT_VERSION
 #define DIT_VERSION "dev"
 #endif
@@ -296,6 +298,15 @@ static const char *opt_text(char **argv, int argc)
     return optind - 1 < argc && optind >= 1 ? argv[optind - 1] : "?";
 }
 
+/* An unknown option, with the nearest known one when it looks like a typo. */
+static int unknown_option(const char *cmd, const char *text, const struct option *opts)
+{
+    const char *near = text[0] == '-' && text[1] == '-' ? dit_suggest_option(text, opts) : NULL;
+    if (near)
+        return ctl_usage_error(cmd, "unknown option '%s'; did you mean '--%s'?", text, near);
+    return ctl_usage_error(cmd, "unknown option '%s'", text);
+}
+
 static int common_option(const char *cmd, ctl_common *cm, int c, const char *arg)
 {
     double d;
@@ -448,7 +459,7 @@ int ctl_parse(int argc, char **argv, const char *cmd, const char *usage,
         if (c == '?') {
             if (optopt && optopt < 256)
                 return ctl_usage_error(cmd, "unknown option '-%c'", optopt);
-            return ctl_usage_error(cmd, "unknown option '%s'", opt_text(argv, argc));
+            return unknown_option(cmd, opt_text(argv, argc), opts);
         }
         if ((rc = common_option(cmd, common, c, optarg)) >= 0) {
             if (rc)
@@ -462,7 +473,7 @@ int ctl_parse(int argc, char **argv, const char *cmd, const char *usage,
         }
         rc = handle ? handle(ctx, c, optarg) : -1;
         if (rc < 0)
-            return ctl_usage_error(cmd, "unknown option '%s'", opt_text(argv, argc));
+            return unknown_option(cmd, opt_text(argv, argc), opts);
         if (rc)
             return rc;
     }
@@ -687,6 +698,17 @@ static const command commands[] = {
     {"models", cmd_models},     {"warmup", cmd_warmup}, {"bench", ctl_bench},
 };
 
+static const char *const command_names[] = {"generate", "health", "info",   "models",
+                                            "warmup",   "bench",  "help",   NULL};
+
+static int unknown_command(const char *name)
+{
+    const char *near = dit_suggest_word(name, command_names);
+    if (near)
+        return ctl_usage_error(NULL, "unknown command '%s'; did you mean '%s'?", name, near);
+    return ctl_usage_error(NULL, "unknown command '%s'", name);
+}
+
 static const command *find_command(const char *name)
 {
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
@@ -730,7 +752,7 @@ int main(int argc, char **argv)
         if (c == ':')
             return ctl_usage_error(NULL, "option '%s' needs a value", opt_text(argv, argc));
         if ((rc = common_option(NULL, &common, c, optarg)) < 0)
-            return ctl_usage_error(NULL, "unknown option '%s'", opt_text(argv, argc));
+            return unknown_option(NULL, opt_text(argv, argc), opts);
         if (rc)
             return rc;
     }
@@ -744,13 +766,13 @@ int main(int argc, char **argv)
         }
         const command *cmd = find_command(argv[optind + 1]);
         if (!cmd)
-            return ctl_usage_error(NULL, "unknown command '%s'", argv[optind + 1]);
+            return unknown_command(argv[optind + 1]);
         char *help_argv[] = {argv[optind + 1], (char *)"--help", NULL};
         return cmd->run(2, help_argv, &common);
     }
     const command *cmd = find_command(name);
     if (!cmd)
-        return ctl_usage_error(NULL, "unknown command '%s'", name);
+        return unknown_command(name);
     ctl_catch_signals();
     if (!getenv("GRPC_VERBOSITY"))
         gpr_set_log_function(drop_grpc_log);

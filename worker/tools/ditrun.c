@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "comm/shm/comm_shm.h"
+#include "core/suggest.h"
 #include "tools/ditrun.h"
 
 #define PARALLEL_HELP                                                                          \
@@ -330,8 +331,16 @@ static int parse(ditrun_args *a, int argc, char **argv)
             break;
         case ':':
             return usage_error(usage, "option %s needs a value", argv[optind - 1]);
-        default:
-            return usage_error(usage, "unknown option '%s'", argv[optind - 1]);
+        default: {
+            const char *text = argv[optind - 1];
+            const char *near = strncmp(text, "--", 2) == 0 ? dit_suggest_option(text, opts) : NULL;
+            if (near) {
+                fprintf(stderr, "ditrun: unknown option '%s'; did you mean '--%s'?\n\n%s", text,
+                        near, usage);
+                return DITRUN_EXIT_USAGE;
+            }
+            return usage_error(usage, "unknown option '%s'", text);
+        }
         }
     }
     if (optind < argc)

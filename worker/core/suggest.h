@@ -1,0 +1,29 @@
+/* "Did you mean": the nearest name to a mistyped command-line option.
+ *
+ * Shared by ditctl, ditrun and ditd, whose parsers all keep their long
+ * options in getopt_long tables. Self-contained (no other part of the core),
+ * so that ditctl can link it without the compute core.
+ *
+ * Owner: none; pure functions. */
+#ifndef DIT_CORE_SUGGEST_H
+#define DIT_CORE_SUGGEST_H
+
+#include <getopt.h>
+#include <stddef.h>
+
+/* Edit distance between a and b: insertions, deletions, substitutions and
+ * swaps of two neighbouring characters each cost 1 (optimal string
+ * alignment). Strings longer than 63 bytes compare as far apart. */
+int dit_suggest_distance(const char *a, const char *b);
+
+/* The long option of `opts` (terminated by a zero entry) nearest to the
+ * option the user wrote (`arg`, with or without leading dashes and with any
+ * "=value" ignored), or NULL when none is close enough to be a likely typo
+ * (distance at most 2, and less than half the name's length). */
+const char *dit_suggest_option(const char *arg, const struct option *opts);
+
+/* Like dit_suggest_option over a NULL-terminated list of words (command
+ * names). */
+const char *dit_suggest_word(const char *arg, const char *const *words);
+
+#endif
