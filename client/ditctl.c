@@ -31,7 +31,8 @@ atomic_int ctl_interrupted;
 
 const char ctl_common_help[] =
     "Connection options (also accepted before the command name):\n"
-    "  --target HOST:PORT   the daemon (default $DITCTL_TARGET, else 127.0.0.1:50051)\n"
+    "  --target HOST:PORT   the daemon (default $DITCTL_TARGET, else 127.0.0.1:50051);\n"
+    "                       a HOST alone means HOST:50051, ditd's port\n"
     "  --timeout SECONDS    deadline of each call; 0: none (default 10 for health,\n"
     "                       info and models; none for generate, warmup and bench)\n"
     "  --tls                use TLS, verifying the server with the system's roots\n"
@@ -43,7 +44,7 @@ const char ctl_common_help[] =
 
 #define EXIT_HELP                                                                                  \
     "Exit status: 0 on success, 1 on a gRPC error (printed as 'ditctl: STATUS: details'),\n"       \
-    "2 on bad command-line arguments.\n"
+    "2 on bad command-line arguments, 130 when interrupted (Ctrl-C).\n"
 
 static const char main_usage[] =
     "usage: ditctl [connection options] <command> [options]\n"
@@ -81,7 +82,7 @@ static const char health_usage[] =
     "%s"
     "\n"
     "Exit status: 0 only when SERVING; 1 for any other state or a gRPC error (printed as\n"
-    "'ditctl: STATUS: details'); 2 on bad command-line arguments.\n";
+    "'ditctl: STATUS: details'); 2 on bad command-line arguments; 130 when interrupted.\n";
 
 static const char info_usage[] = "usage: ditctl info [connection options]\n"
                                  "\n"
@@ -118,6 +119,7 @@ const char ctl_request_help[] =
     "  --prompt TEXT          the prompt (required; may be empty: --prompt '')\n"
     "  --prompt-2 TEXT        a different prompt for T5\n"
     "  --negative-prompt TEXT with --true-cfg above 1: true classifier-free guidance\n"
+    "                         (either one alone has no effect: ditctl warns)\n"
     "  --negative-prompt-2 TEXT  the negative prompt for T5\n"
     "  --width W, --height H  pixels, multiples of 16 for FLUX (default: the daemon's, 1024)\n"
     "  --steps N              denoising steps, 1 to 1000 (default: the daemon's, 28)\n"
@@ -232,6 +234,25 @@ void ctl_request_init(ctl_request *r)
     google__protobuf__float_value__init(&r->guidance);
     google__protobuf__float_value__init(&r->true_cfg);
     google__protobuf__uint64_value__init(&r->seed);
+}
+
+bool ctl_request_warn(const ctl_request *r)
+{
+    /* The daemon reads an empty negative prompt as none, and true CFG as
+     * off unless the scale is above 1 (its default is 1). */
+    const bool neg = r->req.negative_prompt && r->req.negative_prompt[0];
+    const double cfg = r->req.true_cfg_scale ? r->req.true_cfg_scale->value : 1.0;
+    if (neg && !(cfg > 1.0)) {
+        fprintf(stderr, "ditctl: warning: --negative-prompt has no effect unless --true-cfg is "
+                        "above 1 (true classifier-free guidance is off)\n");
+        return true;
+    }
+    if (cfg > 1.0 && !neg) {
+        fprintf(stderr, "ditctl: warning: --true-cfg %g has no effect without --negative-prompt "
+                        "(true classifier-free guidance needs one)\n", cfg);
+        return true;
+    }
+    return false;
 }
 
 /* Option values: connection options, then request options. Commands use
@@ -572,7 +593,11 @@ static int cmd_info(int argc, char **argv, ctl_common *common)
     printf("queue_depth: %d\n", si->queue_depth);
     printf("max_queue: %d\n", si->max_queue);
     printf("running: %d\n", si->running);
-    printf("mesh_state: %s\n", si->mesh_state);
+    if (strcmp(si->mesh_state, "warming_up") == 0)
+        printf("mesh_state: warming_up (the startup warm-up runs; health says NOT_SERVING "
+               "until it is done)\n");
+    else
+        printf("mesh_state: %s\n", si->mesh_state);
     printf("comm: %s\n", si->comm);
     printf("worker_restarts: %lld\n", (long long)si->worker_restarts);
 cleanup:
@@ -776,5 +801,8 @@ int main(int argc, char **argv)
     ctl_catch_signals();
     if (!getenv("GRPC_VERBOSITY"))
         gpr_set_log_function(drop_grpc_log);
-    return cmd->run(argc - optind, argv + optind, &common);
+    const int rc = cmd->run(argc - optind, argv + optind, &common);
+    /* A call stopped by Ctrl-C ends CANCELLED; say "interrupted" the way
+     * shells and scripts expect (128 + SIGINT), not "failed". */
+    return rc != CTL_EXIT_OK && atomic_load(&ctl_interrupted) ? CTL_EXIT_INTERRUPTED : rc;
 }

@@ -13,6 +13,7 @@ enum {
     CTL_EXIT_OK = 0,
     CTL_EXIT_FAIL = 1,  /* a gRPC error, an unhealthy server, a file that cannot be written */
     CTL_EXIT_USAGE = 2, /* bad command-line arguments */
+    CTL_EXIT_INTERRUPTED = 130, /* Ctrl-C or SIGTERM: 128 + SIGINT, as shells report it */
     CTL_HELP_SHOWN = -1 /* from the parsers: --help was printed, exit 0 */
 };
 
@@ -53,6 +54,11 @@ extern const char ctl_common_help[];
 extern const char ctl_request_help[];
 
 void ctl_request_init(ctl_request *r);
+
+/* Warns on stderr about request options that would have no effect (a
+ * negative prompt without --true-cfg above 1, or the reverse), as diffusers
+ * does. Returns true when it printed a warning. */
+bool ctl_request_warn(const ctl_request *r);
 
 /* Parses a command's arguments. The table `cmd_opts` (terminated by a zero
  * entry; may be NULL) holds the command's own options, which `handle` gets
