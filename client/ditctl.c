@@ -17,7 +17,7 @@
 
 #include <grpc/support/log.h>
 
-#include "core/suggest.h"
+#include "core/cli_util.h"
 
 #ifndef DIT_VERSION
 #define DIT_VERSION "dev"

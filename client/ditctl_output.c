@@ -1,6 +1,8 @@
 /* Output files of ditctl generate. */
 #include "ditctl_output.h"
 
+#include "core/cli_util.h"
+
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -67,37 +69,7 @@ fail:
 
 int ctl_check_output(const char *path, char *err, size_t errcap)
 {
-    /* The folder: everything before the last slash ("/" for "/x", "." for
-     * a bare name). */
-    const char *slash = strrchr(path, '/');
-    char dir[4096];
-    if (!slash)
-        snprintf(dir, sizeof dir, ".");
-    else if (slash == path)
-        snprintf(dir, sizeof dir, "/");
-    else
-        snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
-    struct stat sb;
-    if (stat(dir, &sb) != 0) {
-        snprintf(err, errcap, "cannot write %s: the folder %s %s", path, dir,
-                 errno == ENOENT ? "does not exist" : strerror(errno));
-        return -1;
-    }
-    if (!S_ISDIR(sb.st_mode)) {
-        snprintf(err, errcap, "cannot write %s: %s is not a folder", path, dir);
-        return -1;
-    }
-    /* The writer makes a temporary file beside path, so the folder itself
-     * must be writable even when path already exists. */
-    if (access(dir, W_OK | X_OK) != 0) {
-        snprintf(err, errcap, "cannot write %s: the folder %s: %s", path, dir, strerror(errno));
-        return -1;
-    }
-    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
-        snprintf(err, errcap, "cannot write %s: it is a folder", path);
-        return -1;
-    }
-    return 0;
+    return dit_check_output_path(path, err, errcap);
 }
 
 int ctl_write_file(const char *path, const uint8_t *data, size_t size, char *err, size_t errcap)

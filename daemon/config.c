@@ -8,7 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "core/suggest.h"
+#include "core/cli_util.h"
 
 typedef enum opt_kind { OPT_STR, OPT_INT, OPT_SECONDS, OPT_FLAG, OPT_BYTES } opt_kind;
 

@@ -1,7 +1,11 @@
-#include "core/suggest.h"
+#include "core/cli_util.h"
 
+#include <errno.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #define MAX_LEN 63
 
@@ -82,4 +86,39 @@ const char *dit_suggest_word(const char *arg, const char *const *words)
         }
     }
     return best && likely_typo(best, best_d) ? best : NULL;
+}
+
+int dit_check_output_path(const char *path, char *err, size_t errcap)
+{
+    /* The folder: everything before the last slash ("/" for "/x", "." for
+     * a bare name). */
+    const char *slash = strrchr(path, '/');
+    char dir[4096];
+    if (!slash)
+        snprintf(dir, sizeof dir, ".");
+    else if (slash == path)
+        snprintf(dir, sizeof dir, "/");
+    else
+        snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    struct stat sb;
+    if (stat(dir, &sb) != 0) {
+        snprintf(err, errcap, "cannot write %s: the folder %s %s", path, dir,
+                 errno == ENOENT ? "does not exist" : strerror(errno));
+        return -1;
+    }
+    if (!S_ISDIR(sb.st_mode)) {
+        snprintf(err, errcap, "cannot write %s: %s is not a folder", path, dir);
+        return -1;
+    }
+    /* The writer makes a temporary file beside path, so the folder itself
+     * must be writable even when path already exists. */
+    if (access(dir, W_OK | X_OK) != 0) {
+        snprintf(err, errcap, "cannot write %s: the folder %s: %s", path, dir, strerror(errno));
+        return -1;
+    }
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+        snprintf(err, errcap, "cannot write %s: it is a folder", path);
+        return -1;
+    }
+    return 0;
 }
