@@ -44,7 +44,7 @@ const char ctl_common_help[] =
 
 #define EXIT_HELP                                                                                  \
     "Exit status: 0 on success, 1 on a gRPC error (printed as 'ditctl: STATUS: details'),\n"       \
-    "2 on bad command-line arguments, 130 when interrupted (Ctrl-C).\n"
+    "2 on bad command-line arguments, 130 when interrupted (Ctrl-C; 143 for SIGTERM).\n"
 
 static const char main_usage[] =
     "usage: ditctl [connection options] <command> [options]\n"
@@ -145,8 +145,7 @@ static void drop_grpc_log(gpr_log_func_args *args)
 
 static void on_signal(int sig)
 {
-    (void)sig;
-    atomic_store(&ctl_interrupted, 1);
+    atomic_store(&ctl_interrupted, sig); /* nonzero: the calls' cancel flag */
 }
 
 void ctl_catch_signals(void)
@@ -248,8 +247,10 @@ bool ctl_request_warn(const ctl_request *r)
         return true;
     }
     if (cfg > 1.0 && !neg) {
-        fprintf(stderr, "ditctl: warning: --true-cfg %g has no effect without --negative-prompt "
-                        "(true classifier-free guidance needs one)\n", cfg);
+        fprintf(stderr,
+                "ditctl: warning: --true-cfg %g has no effect without --negative-prompt "
+                "(true classifier-free guidance needs one)\n",
+                cfg);
         return true;
     }
     return false;
@@ -723,8 +724,8 @@ static const command commands[] = {
     {"models", cmd_models},     {"warmup", cmd_warmup}, {"bench", ctl_bench},
 };
 
-static const char *const command_names[] = {"generate", "health", "info",   "models",
-                                            "warmup",   "bench",  "help",   NULL};
+static const char *const command_names[] = {"generate", "health", "info", "models",
+                                            "warmup",   "bench",  "help", NULL};
 
 static int unknown_command(const char *name)
 {
@@ -803,6 +804,8 @@ int main(int argc, char **argv)
         gpr_set_log_function(drop_grpc_log);
     const int rc = cmd->run(argc - optind, argv + optind, &common);
     /* A call stopped by Ctrl-C ends CANCELLED; say "interrupted" the way
-     * shells and scripts expect (128 + SIGINT), not "failed". */
-    return rc != CTL_EXIT_OK && atomic_load(&ctl_interrupted) ? CTL_EXIT_INTERRUPTED : rc;
+     * shells and scripts expect (128 + the signal: 130 for SIGINT, 143 for
+     * SIGTERM), not "failed". */
+    const int sig = atomic_load(&ctl_interrupted);
+    return rc != CTL_EXIT_OK && sig ? 128 + sig : rc;
 }

@@ -12,8 +12,7 @@
 enum {
     CTL_EXIT_OK = 0,
     CTL_EXIT_FAIL = 1,  /* a gRPC error, an unhealthy server, a file that cannot be written */
-    CTL_EXIT_USAGE = 2, /* bad command-line arguments */
-    CTL_EXIT_INTERRUPTED = 130, /* Ctrl-C or SIGTERM: 128 + SIGINT, as shells report it */
+    CTL_EXIT_USAGE = 2, /* bad command-line arguments; interrupted: 128 + the signal */
     CTL_HELP_SHOWN = -1 /* from the parsers: --help was printed, exit 0 */
 };
 
@@ -33,7 +32,8 @@ typedef struct ctl_request {
     bool raw;
 } ctl_request;
 
-/* Set by SIGINT/SIGTERM; passed to every call as its cancel flag. */
+/* The signal number once SIGINT or SIGTERM arrived, else 0; passed to every
+ * call as its cancel flag. */
 extern atomic_int ctl_interrupted;
 void ctl_catch_signals(void);
 

@@ -762,9 +762,9 @@ static void on_server_info(void *ctx, dit_rpc_call *call, const uint8_t *req, si
     const dit_mesh_state ms = dit_supervisor_state(s->sup);
     /* Health says NOT_SERVING while the startup warm-up runs on a ready
      * mesh; "ready" here would contradict it without saying why. */
-    info.mesh_state = s->draining                            ? "draining"
+    info.mesh_state = s->draining                          ? "draining"
                       : ms == DIT_MESH_READY && !s->warmed ? "warming_up"
-                                                             : (char *)dit_mesh_state_name(ms);
+                                                           : (char *)dit_mesh_state_name(ms);
     info.comm = pc->world_size == 1 ? "none" : s->cfg->backend == DIT_BACKEND_CUDA ? "nccl" : "shm";
     info.worker_restarts = dit_supervisor_restarts(s->sup);
     send_packed(call, &info.base);

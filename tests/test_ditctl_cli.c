@@ -1003,8 +1003,7 @@ START_TEST(test_fake_generate_errors)
     ck_assert_int_eq(rc, 1);
     HAS(out, "ditctl: cannot write /nonexistent/dir/x.png: the folder /nonexistent/dir does not "
              "exist\n");
-    rc = ctl_run(out, NULL, "--target", fs.target, "generate", "--prompt", "p", "-o", "/tmp",
-                 NULL);
+    rc = ctl_run(out, NULL, "--target", fs.target, "generate", "--prompt", "p", "-o", "/tmp", NULL);
     ck_assert_int_eq(rc, 1);
     HAS(out, "ditctl: cannot write /tmp: it is a folder\n");
     ck_assert_int_eq(atomic_load(&fs.generate_calls), calls);
@@ -1525,8 +1524,8 @@ START_TEST(test_first_use_cfg_warnings)
                              "--true-cfg", "4", "-o", path, NULL),
                      0);
     HAS(out, "ditctl: warning: --true-cfg 4 has no effect without --negative-prompt");
-    ck_assert_int_eq(ctl_run(out, NULL, "--target", fs.target, "bench", "-n", "1", "--prompt",
-                             "p", "--true-cfg", "4", NULL),
+    ck_assert_int_eq(ctl_run(out, NULL, "--target", fs.target, "bench", "-n", "1", "--prompt", "p",
+                             "--true-cfg", "4", NULL),
                      0);
     HAS(out, "--true-cfg 4 has no effect");
     /* Both: true CFG runs, nothing to say. --quiet says nothing either way. */
@@ -1539,9 +1538,9 @@ START_TEST(test_first_use_cfg_warnings)
                      0);
     ck_assert_str_eq(out, "");
     /* The daemon's own warnings (Result.warnings) are shown. */
-    ck_assert_int_eq(ctl_run(out, NULL, "--target", fs.target, "generate", "--prompt", "warn",
-                             "-o", path, NULL),
-                     0);
+    ck_assert_int_eq(
+        ctl_run(out, NULL, "--target", fs.target, "generate", "--prompt", "warn", "-o", path, NULL),
+        0);
     HAS(out, "ditctl: warning from the daemon: negative_prompt has no effect (fake)\n");
     unlink(path);
 }

@@ -375,13 +375,15 @@ bool dit_gen_true_cfg(const dit_gen_params *gp)
     return gp->true_cfg_scale > 1.0f && (gp->negative_prompt || gp->negative_prompt_embeds);
 }
 
-bool dit_gen_true_cfg_warning(const dit_gen_params *gp, const char *neg_name,
-                              const char *cfg_name, char *buf, size_t cap)
+bool dit_gen_true_cfg_warning(const dit_gen_params *gp, const char *neg_name, const char *cfg_name,
+                              char *buf, size_t cap)
 {
     const bool neg = gp->negative_prompt || gp->negative_prompt_embeds;
     if (neg && !(gp->true_cfg_scale > 1.0f)) {
-        snprintf(buf, cap, "%s has no effect: true classifier-free guidance needs %s above 1 "
-                           "(it is %g)", neg_name, cfg_name, (double)gp->true_cfg_scale);
+        snprintf(buf, cap,
+                 "%s has no effect: true classifier-free guidance needs %s above 1 "
+                 "(it is %g)",
+                 neg_name, cfg_name, (double)gp->true_cfg_scale);
         return true;
     }
     if (!neg && gp->true_cfg_scale > 1.0f) {

@@ -99,8 +99,8 @@ bool dit_gen_true_cfg(const dit_gen_params *gp);
  * true. neg_name and cfg_name are what the caller's users call the two
  * (request fields "negative_prompt", "true_cfg_scale"; flags "--negative-
  * prompt", "--true-cfg"). */
-bool dit_gen_true_cfg_warning(const dit_gen_params *gp, const char *neg_name,
-                              const char *cfg_name, char *buf, size_t cap);
+bool dit_gen_true_cfg_warning(const dit_gen_params *gp, const char *neg_name, const char *cfg_name,
+                              char *buf, size_t cap);
 
 dit_status dit_pipeline_generate(dit_pipeline *p, dit_runner *runner, const dit_gen_params *gp,
                                  bool decode, dit_gen_progress_fn progress, void *progress_ctx,

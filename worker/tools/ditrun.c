@@ -393,7 +393,8 @@ static int run(ditrun_cmd cmd, int argc, char **argv)
     }
     char warning[200];
     if (cmd == DITRUN_GENERATE && !a.quiet &&
-        dit_gen_true_cfg_warning(&a.gen, "--negative-prompt", "--true-cfg", warning, sizeof warning))
+        dit_gen_true_cfg_warning(&a.gen, "--negative-prompt", "--true-cfg", warning,
+                                 sizeof warning))
         fprintf(stderr, "ditrun generate: warning: %s\n", warning);
     rc = ditrun_validate(&a);
     if (rc != 0)
