@@ -127,8 +127,9 @@ def serving():
                     "-o", "/nonexistent/dir/x.png")
             assert p.returncode == 1 and "the folder /nonexistent/dir does not exist" in p.stderr
             assert time.monotonic() - t0 < 5
+            # Long enough (seconds) that the signal lands mid-job.
             proc = subprocess.Popen([exe, "--target", d.target, "generate", "--prompt", "fox",
-                                     "--width", "64", "--height", "64", "--steps", "1000",
+                                     "--width", "256", "--height", "256", "--steps", "1000",
                                      "-o", out], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
             t0 = time.monotonic()
             while d.info().running == 0 and time.monotonic() - t0 < 30:
