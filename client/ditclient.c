@@ -179,8 +179,11 @@ dit_rpc_code dit_client_open(const dit_client_opts *opts, dit_client **out, dit_
         }
     }
 
+    char with_port[1024];
+    if (!dit_client_target_with_port(target, with_port, sizeof with_port))
+        return set_status(st, DIT_RPC_INVALID_ARGUMENT, "%s", "the target is too long");
     c = calloc(1, sizeof *c);
-    if (!c || !(c->target = strdup(target))) {
+    if (!c || !(c->target = strdup(with_port))) {
         code = set_status(st, DIT_RPC_INTERNAL, "%s", "client: out of memory");
         goto cleanup;
     }
@@ -259,6 +262,48 @@ void dit_client_close(dit_client *c)
     free(c->target);
     free(c);
     grpc_shutdown();
+}
+
+bool dit_client_target_with_port(const char *target, char *out, size_t cap)
+{
+    static const char *const verbatim[] = {"unix:", "unix-abstract:", "vsock:", "ipv4:", "ipv6:"};
+    const char *host = target;
+    for (size_t i = 0; i < sizeof verbatim / sizeof verbatim[0]; i++)
+        if (strncmp(target, verbatim[i], strlen(verbatim[i])) == 0)
+            goto copy;
+    if (strncmp(target, "dns:", 4) == 0) {
+        /* dns:host, dns:///host or dns://authority/host */
+        host = target + 4;
+        if (strncmp(host, "//", 2) == 0) {
+            const char *slash = strchr(host + 2, '/');
+            if (!slash)
+                goto copy;
+            host = slash + 1;
+        }
+    } else if (strstr(target, "://")) {
+        goto copy; /* some other scheme: its resolver's rules apply */
+    }
+    const size_t prefix = (size_t)(host - target);
+    int n;
+    if (host[0] == '[') {
+        const char *close = strchr(host, ']');
+        if (!close || close[1] != '\0')
+            goto copy; /* "[addr]:port", or not an address we understand */
+        n = snprintf(out, cap, "%s:%d", target, DIT_CLIENT_DEFAULT_PORT);
+    } else {
+        const char *colon = strchr(host, ':');
+        if (colon && strchr(colon + 1, ':')) /* a bare IPv6 address: bracket it */
+            n = snprintf(out, cap, "%.*s[%s]:%d", (int)prefix, target, host,
+                         DIT_CLIENT_DEFAULT_PORT);
+        else if (!colon && host[0])
+            n = snprintf(out, cap, "%s:%d", target, DIT_CLIENT_DEFAULT_PORT);
+        else
+            goto copy;
+    }
+    return n >= 0 && (size_t)n < cap;
+copy:
+    n = snprintf(out, cap, "%s", target);
+    return n >= 0 && (size_t)n < cap;
 }
 
 const char *dit_client_target(const dit_client *c)
@@ -687,11 +732,17 @@ dit_rpc_code dit_client_generate(dit_client *c, const Ditserve__V1__GenerateRequ
             if (cb->started)
                 stop = cb->started(cb->user, rid, ev->started->queue_ms);
             break;
-        case DITSERVE__V1__GENERATE_EVENT__EVENT_PROGRESS:
-            if (cb->progress)
+        case DITSERVE__V1__GENERATE_EVENT__EVENT_PROGRESS: {
+            const char *stage = ev->progress->stage;
+            if (stage && stage[0] && strcmp(stage, "denoising") != 0) {
+                if (cb->stage)
+                    stop = cb->stage(cb->user, rid, stage, ev->progress->elapsed_ms);
+            } else if (cb->progress) {
                 stop = cb->progress(cb->user, rid, ev->progress->step, ev->progress->total_steps,
                                     ev->progress->elapsed_ms);
+            }
             break;
+        }
         case DITSERVE__V1__GENERATE_EVENT__EVENT_CHUNK:
             if (!assemble(&r, &asm_buf, ev->chunk))
                 break;

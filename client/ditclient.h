@@ -76,7 +76,8 @@ typedef struct dit_rpc_status {
 typedef struct dit_client dit_client;
 
 typedef struct dit_client_opts {
-    const char *target;    /* "host:port" or any gRPC target URI; NULL: 127.0.0.1:50051 */
+    const char *target;    /* "host:port" or any gRPC target URI; NULL: 127.0.0.1:50051;
+                            * a host without a port gets ditd's 50051 (see below) */
     bool tls;              /* TLS with the system roots; implied by ca_file or cert_file */
     const char *ca_file;   /* PEM roots to verify the server with */
     const char *cert_file; /* PEM client certificate chain for mTLS; needs key_file */
@@ -84,6 +85,16 @@ typedef struct dit_client_opts {
     const char *token;     /* sent as "authorization: Bearer <token>" except to Health */
     double timeout_s;      /* deadline of every call that does not set its own; 0: none */
 } dit_client_opts;
+
+/* ditd's port, which a target without one gets (gRPC itself would dial 443). */
+#define DIT_CLIENT_DEFAULT_PORT 50051
+
+/* Writes `target` with DIT_CLIENT_DEFAULT_PORT added when it names a host
+ * and no port: "localhost" -> "localhost:50051", "::1" and "[::1]" ->
+ * "[::1]:50051", "dns:///host" -> "dns:///host:50051". Targets with a
+ * port, and unix:, unix-abstract:, vsock:, ipv4: and ipv6: URIs, are
+ * copied as they are. Returns false when out (cap bytes) is too small. */
+bool dit_client_target_with_port(const char *target, char *out, size_t cap);
 
 /* Sets up the channel; it connects lazily, on the first call, so a wrong
  * target shows up as UNAVAILABLE there. Fails (INVALID_ARGUMENT, with the
@@ -151,6 +162,10 @@ typedef struct dit_gen_callbacks {
     /* The final Result, with the assembled bytes (valid during the call). */
     int (*result)(void *user, const char *request_id, const Ditserve__V1__Result *result,
                   const uint8_t *data, size_t size);
+    /* A Progress event that marks a stage other than denoising (today
+     * "decoding": the VAE started after the last step). `progress` above
+     * sees only the denoising steps. */
+    int (*stage)(void *user, const char *request_id, const char *stage, double elapsed_ms);
 } dit_gen_callbacks;
 
 /* What a Generate call produced. Members stay NULL / 0 for parts that never

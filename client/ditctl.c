@@ -17,6 +17,8 @@
 
 #include <grpc/support/log.h>
 
+#include "core/cli_util.h"
+
 #ifndef DIT_VERSION
 #define DIT_VERSION "dev"
 #endif
@@ -29,7 +31,8 @@ atomic_int ctl_interrupted;
 
 const char ctl_common_help[] =
     "Connection options (also accepted before the command name):\n"
-    "  --target HOST:PORT   the daemon (default $DITCTL_TARGET, else 127.0.0.1:50051)\n"
+    "  --target HOST:PORT   the daemon (default $DITCTL_TARGET, else 127.0.0.1:50051);\n"
+    "                       a HOST alone means HOST:50051, ditd's port\n"
     "  --timeout SECONDS    deadline of each call; 0: none (default 10 for health,\n"
     "                       info and models; none for generate, warmup and bench)\n"
     "  --tls                use TLS, verifying the server with the system's roots\n"
@@ -41,7 +44,7 @@ const char ctl_common_help[] =
 
 #define EXIT_HELP                                                                                  \
     "Exit status: 0 on success, 1 on a gRPC error (printed as 'ditctl: STATUS: details'),\n"       \
-    "2 on bad command-line arguments.\n"
+    "2 on bad command-line arguments, 130 when interrupted (Ctrl-C; 143 for SIGTERM).\n"
 
 static const char main_usage[] =
     "usage: ditctl [connection options] <command> [options]\n"
@@ -79,7 +82,7 @@ static const char health_usage[] =
     "%s"
     "\n"
     "Exit status: 0 only when SERVING; 1 for any other state or a gRPC error (printed as\n"
-    "'ditctl: STATUS: details'); 2 on bad command-line arguments.\n";
+    "'ditctl: STATUS: details'); 2 on bad command-line arguments; 130 when interrupted.\n";
 
 static const char info_usage[] = "usage: ditctl info [connection options]\n"
                                  "\n"
@@ -116,6 +119,7 @@ const char ctl_request_help[] =
     "  --prompt TEXT          the prompt (required; may be empty: --prompt '')\n"
     "  --prompt-2 TEXT        a different prompt for T5\n"
     "  --negative-prompt TEXT with --true-cfg above 1: true classifier-free guidance\n"
+    "                         (either one alone has no effect: ditctl warns)\n"
     "  --negative-prompt-2 TEXT  the negative prompt for T5\n"
     "  --width W, --height H  pixels, multiples of 16 for FLUX (default: the daemon's, 1024)\n"
     "  --steps N              denoising steps, 1 to 1000 (default: the daemon's, 28)\n"
@@ -141,8 +145,7 @@ static void drop_grpc_log(gpr_log_func_args *args)
 
 static void on_signal(int sig)
 {
-    (void)sig;
-    atomic_store(&ctl_interrupted, 1);
+    atomic_store(&ctl_interrupted, sig); /* nonzero: the calls' cancel flag */
 }
 
 void ctl_catch_signals(void)
@@ -232,6 +235,27 @@ void ctl_request_init(ctl_request *r)
     google__protobuf__uint64_value__init(&r->seed);
 }
 
+bool ctl_request_warn(const ctl_request *r)
+{
+    /* The daemon reads an empty negative prompt as none, and true CFG as
+     * off unless the scale is above 1 (its default is 1). */
+    const bool neg = r->req.negative_prompt && r->req.negative_prompt[0];
+    const double cfg = r->req.true_cfg_scale ? r->req.true_cfg_scale->value : 1.0;
+    if (neg && !(cfg > 1.0)) {
+        fprintf(stderr, "ditctl: warning: --negative-prompt has no effect unless --true-cfg is "
+                        "above 1 (true classifier-free guidance is off)\n");
+        return true;
+    }
+    if (cfg > 1.0 && !neg) {
+        fprintf(stderr,
+                "ditctl: warning: --true-cfg %g has no effect without --negative-prompt "
+                "(true classifier-free guidance needs one)\n",
+                cfg);
+        return true;
+    }
+    return false;
+}
+
 /* Option values: connection options, then request options. Commands use
  * single characters or values from CTL_OPT_CMD on. */
 enum {
@@ -294,6 +318,15 @@ static const struct option request_opts[] = {
 static const char *opt_text(char **argv, int argc)
 {
     return optind - 1 < argc && optind >= 1 ? argv[optind - 1] : "?";
+}
+
+/* An unknown option, with the nearest known one when it looks like a typo. */
+static int unknown_option(const char *cmd, const char *text, const struct option *opts)
+{
+    const char *near = text[0] == '-' && text[1] == '-' ? dit_suggest_option(text, opts) : NULL;
+    if (near)
+        return ctl_usage_error(cmd, "unknown option '%s'; did you mean '--%s'?", text, near);
+    return ctl_usage_error(cmd, "unknown option '%s'", text);
 }
 
 static int common_option(const char *cmd, ctl_common *cm, int c, const char *arg)
@@ -448,7 +481,7 @@ int ctl_parse(int argc, char **argv, const char *cmd, const char *usage,
         if (c == '?') {
             if (optopt && optopt < 256)
                 return ctl_usage_error(cmd, "unknown option '-%c'", optopt);
-            return ctl_usage_error(cmd, "unknown option '%s'", opt_text(argv, argc));
+            return unknown_option(cmd, opt_text(argv, argc), opts);
         }
         if ((rc = common_option(cmd, common, c, optarg)) >= 0) {
             if (rc)
@@ -462,7 +495,7 @@ int ctl_parse(int argc, char **argv, const char *cmd, const char *usage,
         }
         rc = handle ? handle(ctx, c, optarg) : -1;
         if (rc < 0)
-            return ctl_usage_error(cmd, "unknown option '%s'", opt_text(argv, argc));
+            return unknown_option(cmd, opt_text(argv, argc), opts);
         if (rc)
             return rc;
     }
@@ -561,7 +594,11 @@ static int cmd_info(int argc, char **argv, ctl_common *common)
     printf("queue_depth: %d\n", si->queue_depth);
     printf("max_queue: %d\n", si->max_queue);
     printf("running: %d\n", si->running);
-    printf("mesh_state: %s\n", si->mesh_state);
+    if (strcmp(si->mesh_state, "warming_up") == 0)
+        printf("mesh_state: warming_up (the startup warm-up runs; health says NOT_SERVING "
+               "until it is done)\n");
+    else
+        printf("mesh_state: %s\n", si->mesh_state);
     printf("comm: %s\n", si->comm);
     printf("worker_restarts: %lld\n", (long long)si->worker_restarts);
 cleanup:
@@ -687,6 +724,17 @@ static const command commands[] = {
     {"models", cmd_models},     {"warmup", cmd_warmup}, {"bench", ctl_bench},
 };
 
+static const char *const command_names[] = {"generate", "health", "info", "models",
+                                            "warmup",   "bench",  "help", NULL};
+
+static int unknown_command(const char *name)
+{
+    const char *near = dit_suggest_word(name, command_names);
+    if (near)
+        return ctl_usage_error(NULL, "unknown command '%s'; did you mean '%s'?", name, near);
+    return ctl_usage_error(NULL, "unknown command '%s'", name);
+}
+
 static const command *find_command(const char *name)
 {
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
@@ -730,7 +778,7 @@ int main(int argc, char **argv)
         if (c == ':')
             return ctl_usage_error(NULL, "option '%s' needs a value", opt_text(argv, argc));
         if ((rc = common_option(NULL, &common, c, optarg)) < 0)
-            return ctl_usage_error(NULL, "unknown option '%s'", opt_text(argv, argc));
+            return unknown_option(NULL, opt_text(argv, argc), opts);
         if (rc)
             return rc;
     }
@@ -744,15 +792,20 @@ int main(int argc, char **argv)
         }
         const command *cmd = find_command(argv[optind + 1]);
         if (!cmd)
-            return ctl_usage_error(NULL, "unknown command '%s'", argv[optind + 1]);
+            return unknown_command(argv[optind + 1]);
         char *help_argv[] = {argv[optind + 1], (char *)"--help", NULL};
         return cmd->run(2, help_argv, &common);
     }
     const command *cmd = find_command(name);
     if (!cmd)
-        return ctl_usage_error(NULL, "unknown command '%s'", name);
+        return unknown_command(name);
     ctl_catch_signals();
     if (!getenv("GRPC_VERBOSITY"))
         gpr_set_log_function(drop_grpc_log);
-    return cmd->run(argc - optind, argv + optind, &common);
+    const int rc = cmd->run(argc - optind, argv + optind, &common);
+    /* A call stopped by Ctrl-C ends CANCELLED; say "interrupted" the way
+     * shells and scripts expect (128 + the signal: 130 for SIGINT, 143 for
+     * SIGTERM), not "failed". */
+    const int sig = atomic_load(&ctl_interrupted);
+    return rc != CTL_EXIT_OK && sig ? 128 + sig : rc;
 }

@@ -12,7 +12,7 @@
 enum {
     CTL_EXIT_OK = 0,
     CTL_EXIT_FAIL = 1,  /* a gRPC error, an unhealthy server, a file that cannot be written */
-    CTL_EXIT_USAGE = 2, /* bad command-line arguments */
+    CTL_EXIT_USAGE = 2, /* bad command-line arguments; interrupted: 128 + the signal */
     CTL_HELP_SHOWN = -1 /* from the parsers: --help was printed, exit 0 */
 };
 
@@ -32,7 +32,8 @@ typedef struct ctl_request {
     bool raw;
 } ctl_request;
 
-/* Set by SIGINT/SIGTERM; passed to every call as its cancel flag. */
+/* The signal number once SIGINT or SIGTERM arrived, else 0; passed to every
+ * call as its cancel flag. */
 extern atomic_int ctl_interrupted;
 void ctl_catch_signals(void);
 
@@ -53,6 +54,11 @@ extern const char ctl_common_help[];
 extern const char ctl_request_help[];
 
 void ctl_request_init(ctl_request *r);
+
+/* Warns on stderr about request options that would have no effect (a
+ * negative prompt without --true-cfg above 1, or the reverse), as diffusers
+ * does. Returns true when it printed a warning. */
+bool ctl_request_warn(const ctl_request *r);
 
 /* Parses a command's arguments. The table `cmd_opts` (terminated by a zero
  * entry; may be NULL) holds the command's own options, which `handle` gets

@@ -318,6 +318,8 @@ int ctl_bench(int argc, char **argv, ctl_common *common)
     }
     for (long i = 0; i < a.n; i++)
         b.recs[i].code = -1;
+    if (!a.quiet)
+        ctl_request_warn(&a.r);
     if ((rc = ctl_open(common, 0, &b.client)))
         goto cleanup;
 

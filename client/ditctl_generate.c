@@ -26,7 +26,9 @@ static const char generate_usage[] =
     "  --quiet, -q          print nothing but errors (no progress, no summary)\n"
     "\n"
     "Progress goes to stderr: a bar when stderr is a terminal, otherwise a line for\n"
-    "the queue, the start and every tenth of the steps. Ctrl-C cancels the request.\n"
+    "the queue, the start, every tenth of the steps and the VAE decode; both show the\n"
+    "steps per second and the time left. The output path is checked before the request\n"
+    "is sent. Ctrl-C cancels the request (exit 130).\n"
     "\n"
     "%s"
     "\n"
@@ -34,7 +36,7 @@ static const char generate_usage[] =
     "\n"
     "Exit status: 0 on success; 1 on a gRPC error (printed as 'ditctl: STATUS: details',\n"
     "e.g. INVALID_ARGUMENT for a bad size, UNAVAILABLE when no daemon listens) or when\n"
-    "the output cannot be written; 2 on bad command-line arguments.\n";
+    "the output cannot be written; 2 on bad command-line arguments; 130 when interrupted.\n";
 
 typedef struct gen_args {
     ctl_request r;
@@ -67,6 +69,22 @@ typedef struct view {
     int last_tenth;
     int last_position;
 } view;
+
+/* "2.50 steps/s, ETA 4.8 s" from the steps done and the time they took;
+ * slow steps read better as seconds per step. */
+static void rate_text(int step, int total, double elapsed_ms, char *buf, size_t cap)
+{
+    if (step <= 0 || elapsed_ms <= 0) {
+        snprintf(buf, cap, "%s", "");
+        return;
+    }
+    const double rate = step / (elapsed_ms / 1e3);
+    const double eta = (total - step) / rate;
+    if (rate >= 1.0)
+        snprintf(buf, cap, "  %.2f steps/s, ETA %.1f s", rate, eta);
+    else
+        snprintf(buf, cap, "  %.2f s/step, ETA %.1f s", 1.0 / rate, eta);
+}
 
 static void view_line(view *v, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
@@ -126,14 +144,31 @@ static int on_progress(void *user, const char *rid, int step, int total, double 
         for (int i = 0; i < WIDTH; i++)
             bar[i] = i < fill ? '#' : '.';
         bar[WIDTH] = '\0';
-        view_line(v, "[%s] step %d/%d  %.1f s", bar, step, total, elapsed_ms / 1e3);
+        char rate[64];
+        rate_text(step, total, elapsed_ms, rate, sizeof rate);
+        view_line(v, "[%s] step %d/%d  %.1f s%s", bar, step, total, elapsed_ms / 1e3, rate);
     } else {
         int tenth = (int)((long)step * 10 / total);
         if (tenth > v->last_tenth || step == total) {
-            view_line(v, "step %d/%d  %.1f s", step, total, elapsed_ms / 1e3);
+            char rate[64];
+            rate_text(step, total, elapsed_ms, rate, sizeof rate);
+            view_line(v, "step %d/%d  %.1f s%s", step, total, elapsed_ms / 1e3, rate);
             v->last_tenth = tenth;
         }
     }
+    return 0;
+}
+
+static int on_stage(void *user, const char *rid, const char *stage, double elapsed_ms)
+{
+    view *v = user;
+    (void)rid;
+    if (!v->show)
+        return 0;
+    if (strcmp(stage, "decoding") == 0)
+        view_line(v, "decoding the image (VAE) after %.1f s of denoising", elapsed_ms / 1e3);
+    else
+        view_line(v, "%s", stage);
     return 0;
 }
 
@@ -165,6 +200,14 @@ int ctl_generate(int argc, char **argv, ctl_common *common)
         return rc == CTL_HELP_SHOWN ? 0 : rc;
     if (!a.output)
         return ctl_usage_error("generate", "%s", "--output (-o) is required");
+    char err[512];
+    /* A generation can take minutes: learn that its result has nowhere to go
+     * before asking for it. */
+    if (ctl_check_output(a.output, err, sizeof err) != 0) {
+        fprintf(stderr, "ditctl: %s\n", err);
+        return CTL_EXIT_FAIL;
+    }
+    const bool warned = !a.quiet && ctl_request_warn(&a.r);
 
     dit_client *c;
     if ((rc = ctl_open(common, 0, &c)))
@@ -176,6 +219,7 @@ int ctl_generate(int argc, char **argv, ctl_common *common)
         .started = on_started,
         .progress = on_progress,
         .result = on_result,
+        .stage = on_stage,
     };
     dit_call_opts co = {.cancel = &ctl_interrupted};
     dit_gen_output out;
@@ -194,7 +238,6 @@ int ctl_generate(int argc, char **argv, ctl_common *common)
         rc = CTL_EXIT_FAIL;
         goto cleanup;
     }
-    char err[512];
     size_t written;
     if ((got_raw ? ctl_write_raw(a.output, res, out.request_id, out.data, out.size, &written, err,
                                  sizeof err)
@@ -223,6 +266,10 @@ int ctl_generate(int argc, char **argv, ctl_common *common)
         printf("latency: %.1f ms (client, end to end)\n", out.latency_ms);
         if (res->prompt_truncated)
             printf("note: the prompt was truncated to the tokenizers' limit\n");
+        /* The daemon's warnings; when ditctl warned already they say the
+         * same thing again. */
+        for (size_t i = 0; !warned && i < res->n_warnings; i++)
+            fprintf(stderr, "ditctl: warning from the daemon: %s\n", res->warnings[i]);
     }
 cleanup:
     dit_gen_output_free(&out);

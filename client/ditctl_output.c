@@ -1,6 +1,8 @@
 /* Output files of ditctl generate. */
 #include "ditctl_output.h"
 
+#include "core/cli_util.h"
+
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -63,6 +65,11 @@ fail:
     unlink(tmp);
     free(tmp);
     return -1;
+}
+
+int ctl_check_output(const char *path, char *err, size_t errcap)
+{
+    return dit_check_output_path(path, err, errcap);
 }
 
 int ctl_write_file(const char *path, const uint8_t *data, size_t size, char *err, size_t errcap)

@@ -9,6 +9,11 @@
 
 #include "ditserve_v1_generation.pb-c.h"
 
+/* Checks, before any work is asked for, that a file can be written at path:
+ * its folder exists and is writable, and path is not a folder. Returns 0,
+ * or -1 with a message in err. */
+int ctl_check_output(const char *path, char *err, size_t errcap);
+
 /* Writes data to path through a temporary file in the same folder and a
  * rename, so that readers never see half a file. Returns 0, or -1 with a
  * message in err. */

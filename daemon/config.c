@@ -8,6 +8,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "core/cli_util.h"
+
 typedef enum opt_kind { OPT_STR, OPT_INT, OPT_SECONDS, OPT_FLAG, OPT_BYTES } opt_kind;
 
 typedef struct opt_def {
@@ -230,7 +232,9 @@ int dit_daemon_config_parse(dit_daemon_config *cfg, int argc, char **argv)
             return 2;
         }
         if (c < 1000 || c >= 1000 + N_DEFS) {
-            fprintf(stderr, "ditd: unknown option '%s' (see --help)\n", argv[optind - 1]);
+            const char *near = dit_suggest_option(argv[optind - 1], opts);
+            fprintf(stderr, "ditd: unknown option '%s'%s%s%s (see --help)\n", argv[optind - 1],
+                    near ? "; did you mean '--" : "", near ? near : "", near ? "'?" : "");
             return 2;
         }
         char origin[80];

@@ -22,6 +22,8 @@ struct job {
     int last_position;
     int width, height, steps;
     double last_elapsed_ms; /* at the previous progress event */
+    char warning[300];      /* a request field without effect; Result.warnings */
+    char cancel_reason[200]; /* why a running job was cancelled, for the request log */
 };
 
 static double now_ms(void)
@@ -211,7 +213,9 @@ static void on_health_watch_cancel(void *ctx, dit_rpc_call *call)
 static void update_positions(dit_server *s)
 {
     dit_metrics_gauges(s->metrics, s->queued, s->running ? 1 : 0);
-    int pos = 0;
+    /* The running job is ahead of every queued one: "0 ahead" must mean
+     * "runs at once". */
+    int pos = s->running ? 1 : 0;
     for (job *j = s->queue; j; j = j->next, pos++)
         if (j->last_position != pos)
             send_queued(j, pos, s->queued);
@@ -341,6 +345,23 @@ static bool size_ok(dit_server *s, dit_rpc_call *call, int width, int height)
     return false;
 }
 
+/* The mesh's split rules. The client hears what it can change (the nearest
+ * size that splits evenly); the operator's remedy (an "anything" mode) goes
+ * to the log, since only the operator can act on it. */
+static bool mesh_ok(dit_server *s, dit_rpc_call *call, const Ditserve__V1__GenerateRequest *r)
+{
+    dit_diag diag;
+    dit_diag_clear(&diag);
+    if (dit_request_validate_mesh(r, &s->info, &s->cfg->pc, &diag) == DIT_OK)
+        return true;
+    char advice[600];
+    dit_request_mesh_advice(r, &s->info, &s->cfg->pc, advice, sizeof advice);
+    DIT_LOG(s->log, DIT_LOG_INFO, "request", "request %s refused by the mesh's split rules: %s",
+            r->request_id && *r->request_id ? r->request_id : "-", dit_diag_msg(&diag));
+    dit_rpc_call_finish(call, GRPC_STATUS_INVALID_ARGUMENT, advice);
+    return false;
+}
+
 static job *new_job(dit_server *s, job_kind kind, Ditserve__V1__GenerateRequest *r, dit_rpc_call *call)
 {
     job *j = calloc(1, sizeof *j);
@@ -379,11 +400,12 @@ static void on_generate(void *ctx, dit_rpc_call *call, const uint8_t *req, size_
     dit_diag_clear(&diag);
     if (!model_ok(s, call, r->model))
         goto reject;
-    if (dit_request_validate(r, &s->info, &diag) != DIT_OK ||
-        dit_request_validate_mesh(r, &s->info, &s->cfg->pc, &diag) != DIT_OK) {
+    if (dit_request_validate(r, &s->info, &diag) != DIT_OK) {
         dit_rpc_call_finish(call, GRPC_STATUS_INVALID_ARGUMENT, dit_diag_msg(&diag));
         goto reject;
     }
+    if (!mesh_ok(s, call, r))
+        goto reject;
     if (!size_ok(s, call, r->width, r->height) || !admit(s, call))
         goto reject;
     if (!r->seed) {
@@ -402,6 +424,7 @@ static void on_generate(void *ctx, dit_rpc_call *call, const uint8_t *req, size_
         dit_rpc_call_finish(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
         goto reject;
     }
+    dit_request_warning(r, j->warning, sizeof j->warning);
     enqueue(s, j);
     update_positions(s);
     try_dispatch(s);
@@ -433,6 +456,8 @@ static void on_job_cancel(void *ctx, dit_rpc_call *call)
     j->call = NULL;
     if (s->running == j) {
         DIT_LOG(s->log, DIT_LOG_INFO, "queue", "request %s cancelled while running", j->request_id);
+        snprintf(j->cancel_reason, sizeof j->cancel_reason, "%s",
+                 "the client cancelled the call or its deadline passed");
         dit_supervisor_cancel(s->sup, j->id);
     } else {
         DIT_LOG(s->log, DIT_LOG_INFO, "queue", "request %s cancelled while queued", j->request_id);
@@ -476,11 +501,12 @@ static void on_warmup(void *ctx, dit_rpc_call *call, const uint8_t *req, size_t 
     r->num_inference_steps = w->num_inference_steps ? w->num_inference_steps : 1;
     dit_diag diag;
     dit_diag_clear(&diag);
-    if (dit_request_validate(r, &s->info, &diag) != DIT_OK ||
-        dit_request_validate_mesh(r, &s->info, &s->cfg->pc, &diag) != DIT_OK) {
+    if (dit_request_validate(r, &s->info, &diag) != DIT_OK) {
         dit_rpc_call_finish(call, GRPC_STATUS_INVALID_ARGUMENT, dit_diag_msg(&diag));
         goto done;
     }
+    if (!mesh_ok(s, call, r))
+        goto done;
     if (!size_ok(s, call, r->width, r->height) || !admit(s, call))
         goto done;
     job *j = new_job(s, JOB_WARMUP, r, call);
@@ -548,18 +574,22 @@ static void on_state(void *ctx, dit_mesh_state st)
     update_health(s);
 }
 
-static void on_progress(void *ctx, uint64_t job_id, int step, int total, double elapsed_ms)
+static void on_progress(void *ctx, uint64_t job_id, int step, int total, double elapsed_ms,
+                        const char *stage)
 {
     dit_server *s = ctx;
     job *j = s->running;
     if (!j || j->id != job_id || j->kind != JOB_GENERATE)
         return;
-    dit_metrics_step(s->metrics, (elapsed_ms - j->last_elapsed_ms) / 1e3);
-    j->last_elapsed_ms = elapsed_ms;
+    if (strcmp(stage, "denoising") == 0) { /* the other stages are not steps */
+        dit_metrics_step(s->metrics, (elapsed_ms - j->last_elapsed_ms) / 1e3);
+        j->last_elapsed_ms = elapsed_ms;
+    }
     Ditserve__V1__Progress p = DITSERVE__V1__PROGRESS__INIT;
     p.step = step;
     p.total_steps = total;
     p.elapsed_ms = elapsed_ms;
+    p.stage = (char *)stage;
     Ditserve__V1__GenerateEvent ev = DITSERVE__V1__GENERATE_EVENT__INIT;
     ev.event_case = DITSERVE__V1__GENERATE_EVENT__EVENT_PROGRESS;
     ev.progress = &p;
@@ -595,6 +625,11 @@ static void send_result(dit_server *s, job *j, const Ditserve__Ipc__JobDone *d)
     res.total_bytes = (int64_t)d->image.len;
     res.prompt_truncated = d->prompt_truncated;
     res.timings = &tm;
+    char *warnings[1] = {j->warning};
+    if (j->warning[0]) {
+        res.n_warnings = 1;
+        res.warnings = warnings;
+    }
     if (raw) {
         res.dtype = DITSERVE__V1__DTYPE__DTYPE_F32;
         res.n_shape = d->n_shape;
@@ -620,8 +655,12 @@ static void on_done(void *ctx, uint64_t job_id, dit_status st, const char *messa
     const double compute_ms = now_ms() - j->started_ms;
     const grpc_status_code code = grpc_code_of(st);
     char detail[1300];
-    if (st == DIT_OK)
+    if (st == DIT_OK && j->warning[0])
+        snprintf(detail, sizeof detail, "warning: %s", j->warning);
+    else if (st == DIT_OK)
         detail[0] = '\0';
+    else if (st == DIT_ERR_CANCELLED) /* the workers only know that they stopped */
+        snprintf(detail, sizeof detail, "%s", j->cancel_reason[0] ? j->cancel_reason : "cancelled");
     else if (code == GRPC_STATUS_UNAVAILABLE)
         snprintf(detail, sizeof detail, "the worker mesh failed: %s", message ? message : "");
     else
@@ -720,7 +759,12 @@ static void on_server_info(void *ctx, dit_rpc_call *call, const uint8_t *req, si
     info.queue_depth = s->queued;
     info.max_queue = s->cfg->max_queue;
     info.running = s->running ? 1 : 0;
-    info.mesh_state = s->draining ? "draining" : (char *)dit_mesh_state_name(dit_supervisor_state(s->sup));
+    const dit_mesh_state ms = dit_supervisor_state(s->sup);
+    /* Health says NOT_SERVING while the startup warm-up runs on a ready
+     * mesh; "ready" here would contradict it without saying why. */
+    info.mesh_state = s->draining                          ? "draining"
+                      : ms == DIT_MESH_READY && !s->warmed ? "warming_up"
+                                                           : (char *)dit_mesh_state_name(ms);
     info.comm = pc->world_size == 1 ? "none" : s->cfg->backend == DIT_BACKEND_CUDA ? "nccl" : "shm";
     info.worker_restarts = dit_supervisor_restarts(s->sup);
     send_packed(call, &info.base);
@@ -825,6 +869,7 @@ void dit_server_abort_pending(dit_server *s, const char *why)
     }
     if (s->running) {
         /* The client hears why now; the job stops at its next step. */
+        snprintf(s->running->cancel_reason, sizeof s->running->cancel_reason, "%s", why);
         fail_job(s->running, GRPC_STATUS_UNAVAILABLE, why);
         dit_supervisor_cancel(s->sup, s->running->id);
     }

@@ -480,7 +480,10 @@ static void handle(conn *c, Ditserve__Ipc__Envelope *env)
             uv_timer_again(&s->watchdog_timer);
             if (s->ev.job_progress)
                 s->ev.job_progress(s->ev.ctx, s->job_id, env->progress->step,
-                                   env->progress->total_steps, env->progress->elapsed_ms);
+                                   env->progress->total_steps, env->progress->elapsed_ms,
+                                   env->progress->stage && env->progress->stage[0]
+                                       ? env->progress->stage
+                                       : "denoising");
         }
         break;
     case DITSERVE__IPC__ENVELOPE__MSG_DONE: {

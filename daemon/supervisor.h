@@ -63,7 +63,9 @@ typedef struct dit_supervisor_config {
 typedef struct dit_supervisor_events {
     void *ctx;
     void (*state_changed)(void *ctx, dit_mesh_state state);
-    void (*job_progress)(void *ctx, uint64_t job_id, int step, int total, double elapsed_ms);
+    /* stage: "denoising" (step `step` done) or "decoding" (the VAE started). */
+    void (*job_progress)(void *ctx, uint64_t job_id, int step, int total, double elapsed_ms,
+                         const char *stage);
     /* A worker reported its memory (when ready and after every job). */
     void (*worker_memory)(void *ctx, int rank, const Ditserve__Ipc__WorkerMemory *mem);
     /* The job ended. status DIT_OK: `result` is rank 0's JobDone, owned by

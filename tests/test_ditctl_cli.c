@@ -490,6 +490,10 @@ static grpc_status_code fake_generate(fake_server *s, grpc_call *call,
         if (!srv_send(s, call, &ev.base))
             goto gone;
     }
+    /* The VAE starts, as ditd reports it. */
+    pr.stage = "decoding";
+    if (!srv_send(s, call, &ev.base))
+        goto gone;
 
     size_t size = raw ? (size_t)3 * h * w * 4 : FAKE_PNG_SIZE;
     uint8_t *data = malloc(size);
@@ -545,6 +549,11 @@ static grpc_status_code fake_generate(fake_server *s, grpc_call *call,
         res.shape = shape;
     }
     res.prompt_truncated = strcmp(p, "long") == 0;
+    char *warnings[1] = {"negative_prompt has no effect (fake)"};
+    if (strcmp(p, "warn") == 0) {
+        res.n_warnings = 1;
+        res.warnings = warnings;
+    }
     res.timings = &t;
     ev.event_case = DITSERVE__V1__GENERATE_EVENT__EVENT_RESULT;
     ev.result = &res;
@@ -987,11 +996,17 @@ START_TEST(test_fake_generate_errors)
     ck_assert_int_eq(rc, 1);
     HAS(out, "ditctl: DATA_LOSS: client: the stream ended OK without a Result\n");
     ck_assert_int_eq(access(png, F_OK), -1);
-    /* An output that cannot be written. */
+    /* An output that cannot be written: refused before the request is sent. */
+    const int calls = atomic_load(&fs.generate_calls);
     rc = ctl_run(out, NULL, "--target", fs.target, "generate", "--prompt", "p", "-o",
                  "/nonexistent/dir/x.png", NULL);
     ck_assert_int_eq(rc, 1);
-    HAS(out, "ditctl: cannot write /nonexistent/dir/x.png: No such file or directory\n");
+    HAS(out, "ditctl: cannot write /nonexistent/dir/x.png: the folder /nonexistent/dir does not "
+             "exist\n");
+    rc = ctl_run(out, NULL, "--target", fs.target, "generate", "--prompt", "p", "-o", "/tmp", NULL);
+    ck_assert_int_eq(rc, 1);
+    HAS(out, "ditctl: cannot write /tmp: it is a folder\n");
+    ck_assert_int_eq(atomic_load(&fs.generate_calls), calls);
     /* The deadline passes mid-stream. */
     double secs;
     rc = ctl_run(out, &secs, "--target", fs.target, "--timeout", "0.5", "generate", "--prompt",
@@ -1054,8 +1069,10 @@ START_TEST(test_fake_sigint)
     for (int i = 0; i < 100 && atomic_load(&fs.generate_calls) == 0; i++)
         sleep_ms(20);
     sleep_ms(300);
+    /* Ctrl-C, and a SIGTERM (e.g. from a supervisor), in turn. */
+    const int sig = _i == 0 ? SIGINT : SIGTERM;
     double t0 = now_s();
-    kill(pid, SIGINT);
+    kill(pid, sig);
     int status;
     waitpid(pid, &status, 0);
     double secs = now_s() - t0;
@@ -1065,7 +1082,9 @@ START_TEST(test_fake_sigint)
     out[n > 0 ? n : 0] = '\0';
     close(fd);
     unlink(path);
-    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 1, "status %d:\n%s", status, out);
+    /* 128 + the signal (130 for SIGINT): interrupted, as shells report it. */
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 128 + sig, "status %d:\n%s", status,
+                  out);
     HAS(out, "ditctl: CANCELLED: ");
     ck_assert_msg(secs < 1.5, "took %.2f s to stop", secs);
     for (int i = 0; i < 100 && atomic_load(&fs.client_gone) == 0; i++)
@@ -1420,6 +1439,132 @@ START_TEST(test_tls)
 }
 END_TEST
 
+/* ======================================================================== */
+/* first use: what a new user runs into */
+
+START_TEST(test_first_use_default_port)
+{
+    static const struct {
+        const char *in, *want;
+    } cases[] = {
+        {"localhost", "localhost:50051"},
+        {"localhost:7000", "localhost:7000"},
+        {"10.0.0.5", "10.0.0.5:50051"},
+        {"::1", "[::1]:50051"},
+        {"[::1]", "[::1]:50051"},
+        {"[::1]:7000", "[::1]:7000"},
+        {"dns:///svc.ns", "dns:///svc.ns:50051"},
+        {"dns://8.8.8.8/svc", "dns://8.8.8.8/svc:50051"},
+        {"dns:///svc:80", "dns:///svc:80"},
+        {"unix:/run/ditd.sock", "unix:/run/ditd.sock"},
+        {"ipv4:10.0.0.1:1,10.0.0.2:2", "ipv4:10.0.0.1:1,10.0.0.2:2"},
+    };
+    char buf[256];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        ck_assert(dit_client_target_with_port(cases[i].in, buf, sizeof buf));
+        ck_assert_str_eq(buf, cases[i].want);
+    }
+    ck_assert(!dit_client_target_with_port("localhost", buf, 8));
+    /* ditctl dials 50051, not gRPC's 443, for a host alone. */
+    char out[OUT_CAP];
+    int rc = ctl_run(out, NULL, "--target", "127.0.0.1", "--timeout", "3", "health", NULL);
+    if (rc != 0) { /* nobody serves ditd's port here, as expected */
+        HAS(out, "127.0.0.1:50051");
+        HASNT(out, ":443");
+    }
+    ck_assert_int_eq(ctl_run(out, NULL, "--help", NULL), 0);
+    HAS(out, "a HOST alone means HOST:50051");
+}
+END_TEST
+
+START_TEST(test_first_use_suggestions)
+{
+    static const struct {
+        const char *args[6];
+        const char *msg;
+    } cases[] = {
+        {{"generate", "--prompt", "p", "-o", "x.png", "--widht"},
+         "unknown option '--widht'; did you mean '--width'?"},
+        {{"generate", "--prompt", "p", "-o", "x.png", "--negativ-prompt"},
+         "did you mean '--negative-prompt'?"},
+        {{"health", "--sevrice", "x"}, "did you mean '--service'?"},
+        {{"--tagret", "x", "health"}, "unknown option '--tagret'; did you mean '--target'?"},
+        {{"info", "--timeuot=3"}, "did you mean '--timeout'?"},
+        {{"generat"}, "unknown command 'generat'; did you mean 'generate'?"},
+        {{"help", "modles"}, "did you mean 'models'?"},
+    };
+    char out[OUT_CAP];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *argv[10];
+        int n = 0;
+        argv[n++] = (char *)ditctl_path();
+        for (int j = 0; j < 6 && cases[i].args[j]; j++)
+            argv[n++] = (char *)cases[i].args[j];
+        argv[n] = NULL;
+        ck_assert_int_eq(test_run(argv, NULL, out, sizeof out, NULL), 2);
+        HAS(out, cases[i].msg);
+    }
+    /* Far from every option: no guess. */
+    ck_assert_int_eq(ctl_run(out, NULL, "info", "--frobnicate", NULL), 2);
+    HAS(out, "unknown option '--frobnicate'\n");
+}
+END_TEST
+
+START_TEST(test_first_use_cfg_warnings)
+{
+    char out[OUT_CAP], path[] = "/tmp/ditctl_warn_XXXXXX.png";
+    close(mkstemps(path, 4));
+    /* A negative prompt without --true-cfg above 1 does nothing. */
+    ck_assert_int_eq(ctl_run(out, NULL, "--target", fs.target, "generate", "--prompt", "p",
+                             "--negative-prompt", "blurry", "-o", path, NULL),
+                     0);
+    HAS(out, "ditctl: warning: --negative-prompt has no effect unless --true-cfg is above 1");
+    ck_assert_int_eq(ctl_run(out, NULL, "--target", fs.target, "generate", "--prompt", "p",
+                             "--negative-prompt", "blurry", "--true-cfg", "1", "-o", path, NULL),
+                     0);
+    HAS(out, "--negative-prompt has no effect");
+    /* Nor does --true-cfg without a negative prompt. */
+    ck_assert_int_eq(ctl_run(out, NULL, "--target", fs.target, "generate", "--prompt", "p",
+                             "--true-cfg", "4", "-o", path, NULL),
+                     0);
+    HAS(out, "ditctl: warning: --true-cfg 4 has no effect without --negative-prompt");
+    ck_assert_int_eq(ctl_run(out, NULL, "--target", fs.target, "bench", "-n", "1", "--prompt", "p",
+                             "--true-cfg", "4", NULL),
+                     0);
+    HAS(out, "--true-cfg 4 has no effect");
+    /* Both: true CFG runs, nothing to say. --quiet says nothing either way. */
+    ck_assert_int_eq(ctl_run(out, NULL, "--target", fs.target, "generate", "--prompt", "p",
+                             "--negative-prompt", "blurry", "--true-cfg", "4", "-o", path, NULL),
+                     0);
+    HASNT(out, "warning");
+    ck_assert_int_eq(ctl_run(out, NULL, "--target", fs.target, "generate", "--prompt", "p",
+                             "--true-cfg", "4", "-q", "-o", path, NULL),
+                     0);
+    ck_assert_str_eq(out, "");
+    /* The daemon's own warnings (Result.warnings) are shown. */
+    ck_assert_int_eq(
+        ctl_run(out, NULL, "--target", fs.target, "generate", "--prompt", "warn", "-o", path, NULL),
+        0);
+    HAS(out, "ditctl: warning from the daemon: negative_prompt has no effect (fake)\n");
+    unlink(path);
+}
+END_TEST
+
+START_TEST(test_first_use_progress_rate_and_decode)
+{
+    char out[OUT_CAP], path[] = "/tmp/ditctl_rate_XXXXXX.png";
+    close(mkstemps(path, 4));
+    /* The fake reports step i at 5 i ms: 200 steps/s. */
+    ck_assert_int_eq(ctl_run(out, NULL, "--target", fs.target, "generate", "--prompt", "p",
+                             "--steps", "10", "-o", path, NULL),
+                     0);
+    HAS(out, "step 5/10  0.0 s  200.00 steps/s, ETA 0.0 s\n");
+    HAS(out, "step 10/10  0.1 s  200.00 steps/s, ETA 0.0 s\n");
+    HAS(out, "decoding the image (VAE) after 0.1 s of denoising\n");
+    unlink(path);
+}
+END_TEST
+
 static Suite *ditctl_suite(void)
 {
     Suite *s = suite_create("ditctl");
@@ -1440,12 +1585,20 @@ static Suite *ditctl_suite(void)
     tcase_add_test(fake, test_fake_generate_png);
     tcase_add_test(fake, test_fake_generate_raw);
     tcase_add_test(fake, test_fake_generate_errors);
-    tcase_add_test(fake, test_fake_sigint);
+    tcase_add_loop_test(fake, test_fake_sigint, 0, 2);
     tcase_add_test(fake, test_fake_bench);
     tcase_add_test(fake, test_lib_events_in_order);
     tcase_add_test(fake, test_lib_cancel_flag);
     tcase_add_test(fake, test_lib_threads);
     suite_add_tcase(s, fake);
+
+    TCase *first = tcase_create("first_use");
+    tcase_add_checked_fixture(first, fake_setup, fake_teardown);
+    tcase_add_test(first, test_first_use_default_port);
+    tcase_add_test(first, test_first_use_suggestions);
+    tcase_add_test(first, test_first_use_cfg_warnings);
+    tcase_add_test(first, test_first_use_progress_rate_and_decode);
+    suite_add_tcase(s, first);
 
     TCase *tok = tcase_create("token");
     tcase_add_checked_fixture(tok, fake_setup_token, fake_teardown);

@@ -67,6 +67,49 @@ static dit_status read_vae_scale(const char *dir, int *scale, dit_diag *diag)
     return st;
 }
 
+static bool is_file(const char *path)
+{
+    struct stat sb;
+    return stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
+}
+
+/* No model_index.json in dir. The usual slip is to name one component of a
+ * pipeline (its transformer/, say) instead of the pipeline itself: say so,
+ * and name the folder that would work. */
+static dit_status not_a_pipeline(const char *dir, dit_diag *diag)
+{
+    char path[PIPE_PATH + 64], parent[PIPE_PATH];
+    snprintf(parent, sizeof parent, "%s", dir);
+    size_t n = strlen(parent);
+    while (n > 1 && parent[n - 1] == '/')
+        parent[--n] = '\0';
+    char *slash = strrchr(parent, '/');
+    if (slash)
+        *(slash == parent ? slash + 1 : slash) = '\0';
+    else
+        snprintf(parent, sizeof parent, ".");
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    const bool component = is_file(path);
+    snprintf(path, sizeof path, "%s/model_index.json", parent);
+    const bool parent_is_pipeline = is_file(path);
+    if (component && parent_is_pipeline)
+        return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
+                            "%s is one component of a pipeline, not the pipeline: point --model at "
+                            "the pipeline folder that holds model_index.json, here %s",
+                            dir, parent);
+    if (component)
+        return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
+                            "%s holds a config.json but no model_index.json: it is a model "
+                            "folder; point --model at the diffusers pipeline folder (with "
+                            "model_index.json, transformer/, vae/, ...)",
+                            dir);
+    snprintf(path, sizeof path, "%s/model_index.json", dir);
+    return dit_diag_set(diag, DIT_ERR_NOT_FOUND,
+                        "%s: no such file; --model wants a diffusers pipeline folder (with "
+                        "model_index.json, transformer/, vae/, ...)",
+                        path);
+}
+
 dit_status dit_pipeline_probe(const char *dir, dit_pipeline_info *out, dit_diag *diag)
 {
     char path[PIPE_PATH + 64];
@@ -74,6 +117,8 @@ dit_status dit_pipeline_probe(const char *dir, dit_pipeline_info *out, dit_diag 
     dit_pipeline_info info;
     memset(&info, 0, sizeof info);
     snprintf(path, sizeof path, "%s/model_index.json", dir);
+    if (!is_file(path))
+        return not_a_pipeline(dir, diag);
     dit_status st = dit_json_load_file(path, &index, diag);
     if (st != DIT_OK)
         return st;
@@ -325,6 +370,30 @@ void dit_flux_unpack_latents(const float *packed, int64_t C, int64_t h, int64_t 
                             packed[(i * w2 + j) * 4 * C + c * 4 + di * 2 + dj];
 }
 
+bool dit_gen_true_cfg(const dit_gen_params *gp)
+{
+    return gp->true_cfg_scale > 1.0f && (gp->negative_prompt || gp->negative_prompt_embeds);
+}
+
+bool dit_gen_true_cfg_warning(const dit_gen_params *gp, const char *neg_name, const char *cfg_name,
+                              char *buf, size_t cap)
+{
+    const bool neg = gp->negative_prompt || gp->negative_prompt_embeds;
+    if (neg && !(gp->true_cfg_scale > 1.0f)) {
+        snprintf(buf, cap,
+                 "%s has no effect: true classifier-free guidance needs %s above 1 "
+                 "(it is %g)",
+                 neg_name, cfg_name, (double)gp->true_cfg_scale);
+        return true;
+    }
+    if (!neg && gp->true_cfg_scale > 1.0f) {
+        snprintf(buf, cap, "%s %g has no effect: true classifier-free guidance needs a %s",
+                 cfg_name, (double)gp->true_cfg_scale, neg_name);
+        return true;
+    }
+    return false;
+}
+
 dit_status dit_pipeline_generate(dit_pipeline *p, dit_runner *runner, const dit_gen_params *gp,
                                  bool decode, dit_gen_progress_fn progress, void *progress_ctx,
                                  dit_gen_result *res, dit_diag *diag)
@@ -342,7 +411,7 @@ dit_status dit_pipeline_generate(dit_pipeline *p, dit_runner *runner, const dit_
     const int64_t h = 2 * (gp->height / (vs * 2)), w = 2 * (gp->width / (vs * 2));
     const int64_t tokens = (h / 2) * (w / 2), dim = 4 * C;
     const int max_len = gp->max_sequence_length ? gp->max_sequence_length : 512;
-    const bool cfg = gp->true_cfg_scale > 1.0f && (gp->negative_prompt || gp->negative_prompt_embeds);
+    const bool cfg = dit_gen_true_cfg(gp);
     const int64_t L = gp->prompt_embeds ? gp->prompt_embeds_len : max_len;
     const int64_t Cj = fc->joint_attention_dim, Cp = fc->pooled_projection_dim;
 

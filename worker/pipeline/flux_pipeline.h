@@ -90,6 +90,18 @@ typedef struct dit_gen_result {
  * (width and height multiples of 2 * vae_scale, steps, scales, embeddings). */
 dit_status dit_gen_check(const dit_pipeline_info *info, const dit_gen_params *gp, dit_diag *diag);
 
+/* Whether the generation runs true classifier-free guidance: a scale above
+ * 1 and a negative prompt (text or embeddings), as diffusers decides it. */
+bool dit_gen_true_cfg(const dit_gen_params *gp);
+
+/* When one of the two true-CFG inputs is given without the other (and so
+ * has no effect), writes a warning in diffusers' sense to buf and returns
+ * true. neg_name and cfg_name are what the caller's users call the two
+ * (request fields "negative_prompt", "true_cfg_scale"; flags "--negative-
+ * prompt", "--true-cfg"). */
+bool dit_gen_true_cfg_warning(const dit_gen_params *gp, const char *neg_name, const char *cfg_name,
+                              char *buf, size_t cap);
+
 dit_status dit_pipeline_generate(dit_pipeline *p, dit_runner *runner, const dit_gen_params *gp,
                                  bool decode, dit_gen_progress_fn progress, void *progress_ctx,
                                  dit_gen_result *res, dit_diag *diag);

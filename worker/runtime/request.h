@@ -42,6 +42,22 @@ dit_status dit_request_validate_mesh(const Ditserve__V1__GenerateRequest *req,
                                      const dit_pipeline_info *info, const dit_parallel_config *pc,
                                      dit_diag *diag);
 
+/* What the client can change when dit_request_validate_mesh refuses the
+ * request: for image tokens the mesh cannot split evenly, the nearest
+ * widths and heights that it can; for text tokens, the nearest
+ * max_sequence_length (or prompt_embeds length). Written to buf for the
+ * client, in terms of request fields; the operator's remedy (an "anything"
+ * mode) stays in dit_request_validate_mesh's message, for the log. Rules a
+ * request cannot change (heads per rank) get that message as it is. */
+void dit_request_mesh_advice(const Ditserve__V1__GenerateRequest *req,
+                             const dit_pipeline_info *info, const dit_parallel_config *pc,
+                             char *buf, size_t cap);
+
+/* A request field that has no effect (a negative prompt without
+ * true_cfg_scale above 1, or the reverse), as diffusers warns about it:
+ * true and the warning in buf, or false. */
+bool dit_request_warning(const Ditserve__V1__GenerateRequest *req, char *buf, size_t cap);
+
 /* Validates, then fills *out (tensors converted to f32). seed_fallback is
  * used when the request has no seed. */
 dit_status dit_request_resolve(const Ditserve__V1__GenerateRequest *req,

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "comm/shm/comm_shm.h"
+#include "core/cli_util.h"
 #include "tools/ditrun.h"
 
 #define PARALLEL_HELP                                                                          \
@@ -78,7 +79,8 @@ static const char *const generate_usage =
     "                       --max-sequence-length T5 tokens, as diffusers does\n"
     "  --prompt-2 TEXT      a different prompt for T5\n"
     "  --negative-prompt T  with --true-cfg above 1: true classifier-free guidance\n"
-    "                       (two transformer passes per step)\n"
+    "                       (two transformer passes per step; either one alone has no\n"
+    "                       effect, and ditrun warns)\n"
     "  --width W, --height H  pixels, multiples of 16 for FLUX's VAE (default 1024)\n"
     "  --steps N            denoising steps, 1 to 1000 (default 28)\n"
     "  --guidance G         distilled guidance scale for guidance-embedding models\n"
@@ -91,8 +93,9 @@ static const char *const generate_usage =
     "                       instead of noise from the seed\n"
     "  --output-latents F   also write the final latents (tensor 'latents')\n"
     "  --output FILE, -o    the PNG to write\n"
-    "  --backend, --threads, --quiet as for forward; a progress line per step is\n"
-    "                       printed when stderr is a terminal\n"
+    "  --backend, --threads, --quiet as for forward; a progress line per step (with\n"
+    "                       steps/s and the time left) and the VAE decode are shown\n"
+    "                       when stderr is a terminal\n"
     "\n" PARALLEL_HELP;
 
 static const char *const main_usage =
@@ -330,8 +333,16 @@ static int parse(ditrun_args *a, int argc, char **argv)
             break;
         case ':':
             return usage_error(usage, "option %s needs a value", argv[optind - 1]);
-        default:
-            return usage_error(usage, "unknown option '%s'", argv[optind - 1]);
+        default: {
+            const char *text = argv[optind - 1];
+            const char *near = strncmp(text, "--", 2) == 0 ? dit_suggest_option(text, opts) : NULL;
+            if (near) {
+                fprintf(stderr, "ditrun: unknown option '%s'; did you mean '--%s'?\n\n%s", text,
+                        near, usage);
+                return DITRUN_EXIT_USAGE;
+            }
+            return usage_error(usage, "unknown option '%s'", text);
+        }
         }
     }
     if (optind < argc)
@@ -371,6 +382,20 @@ static int run(ditrun_cmd cmd, int argc, char **argv)
     if (a.mesh_rank >= 0)
         return cmd == DITRUN_FORWARD ? ditrun_forward_rank(&a, a.mesh_rank)
                                      : ditrun_generate_rank(&a, a.mesh_rank);
+    /* A run can take minutes: learn first that its results can be written. */
+    const char *outs[2] = {a.output, a.output_latents};
+    for (int i = 0; i < 2; i++) {
+        char err[600];
+        if (outs[i] && dit_check_output_path(outs[i], err, sizeof err) != 0) {
+            fprintf(stderr, "ditrun %s: %s\n", cmd == DITRUN_FORWARD ? "forward" : "generate", err);
+            return 1;
+        }
+    }
+    char warning[200];
+    if (cmd == DITRUN_GENERATE && !a.quiet &&
+        dit_gen_true_cfg_warning(&a.gen, "--negative-prompt", "--true-cfg", warning,
+                                 sizeof warning))
+        fprintf(stderr, "ditrun generate: warning: %s\n", warning);
     rc = ditrun_validate(&a);
     if (rc != 0)
         return rc;

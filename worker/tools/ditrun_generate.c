@@ -18,9 +18,16 @@ static dit_status show_progress(void *ctx, int step, int total, double elapsed_m
 {
     const progress_state *ps = ctx;
     if (ps->show) {
-        fprintf(stderr, "\rstep %d/%d  %.1f s", step, total, elapsed_ms / 1e3);
+        const double rate = elapsed_ms > 0 ? step / (elapsed_ms / 1e3) : 0;
+        fprintf(stderr, "\r\033[Kstep %d/%d  %.1f s", step, total, elapsed_ms / 1e3);
+        /* Slow steps read better as seconds per step. */
+        if (rate >= 1.0)
+            fprintf(stderr, "  %.2f steps/s, ETA %.1f s", rate, (total - step) / rate);
+        else if (rate > 0)
+            fprintf(stderr, "  %.2f s/step, ETA %.1f s", 1.0 / rate, (total - step) / rate);
+        /* The pipeline decodes right after the last step's callback. */
         if (step == total)
-            fputc('\n', stderr);
+            fputs("\ndecoding the image (VAE)...\n", stderr);
         fflush(stderr);
     }
     return DIT_OK;

@@ -167,6 +167,7 @@ static dit_status on_step(void *ctx, int step, int total, double elapsed_ms)
         pr.step = step;
         pr.total_steps = total;
         pr.elapsed_ms = elapsed_ms;
+        pr.stage = "denoising";
         Ditserve__Ipc__Envelope env = DITSERVE__IPC__ENVELOPE__INIT;
         env.msg_case = DITSERVE__IPC__ENVELOPE__MSG_PROGRESS;
         env.progress = &pr;
@@ -199,7 +200,24 @@ static dit_status on_step(void *ctx, int step, int total, double elapsed_ms)
             return st;
         stop = f != 0.0f;
     }
-    return stop ? DIT_ERR_CANCELLED : DIT_OK;
+    if (stop)
+        return DIT_ERR_CANCELLED;
+    if (w->rank == 0 && step == total) {
+        /* Rank 0 decodes right after the last step: without this the client
+         * would see nothing happen for the whole VAE decode. */
+        Ditserve__Ipc__JobProgress pr = DITSERVE__IPC__JOB_PROGRESS__INIT;
+        pr.job_id = w->job_id;
+        pr.step = step;
+        pr.total_steps = total;
+        pr.elapsed_ms = elapsed_ms;
+        pr.stage = "decoding";
+        Ditserve__Ipc__Envelope env = DITSERVE__IPC__ENVELOPE__INIT;
+        env.msg_case = DITSERVE__IPC__ENVELOPE__MSG_PROGRESS;
+        env.progress = &pr;
+        if (send_env(w, &env) != 0)
+            return DIT_ERR_PEER;
+    }
+    return DIT_OK;
 }
 
 static bool mesh_fatal(dit_status st)
