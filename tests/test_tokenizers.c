@@ -22,8 +22,8 @@
 #include <cjson/cJSON.h>
 
 #include "loader/json_util.h"
-#include "text/clip_tokenizer.h"
-#include "text/t5_tokenizer.h"
+#include "encoders/clip_tokenizer.h"
+#include "encoders/t5_tokenizer.h"
 
 /* ---- fixtures and temp directories ------------------------------------------ */
 

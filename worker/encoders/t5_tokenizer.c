@@ -47,7 +47,7 @@
  * they differ only in rare clusters of newer Unicode versions (e.g. the
  * Unicode 15.1 Indic conjunct rule), where the cluster is 6 bytes or more
  * and so is looked up per code point either way. */
-#include "text/t5_tokenizer.h"
+#include "encoders/t5_tokenizer.h"
 
 #include <errno.h>
 #include <limits.h>

@@ -27,7 +27,7 @@
  * one tokenizers uses for every code point and canonical decomposition
  * except U+11935 U+11930 (Dives Akuru), which utf8proc composes and
  * tokenizers' older tables do not. */
-#include "text/clip_tokenizer.h"
+#include "encoders/clip_tokenizer.h"
 
 #include <errno.h>
 #include <limits.h>

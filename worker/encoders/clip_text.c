@@ -1,7 +1,7 @@
 /* CLIPTextModel on the backend interface. See clip_text.h for the forward
  * pass; the comments here explain where it has to follow transformers'
  * exact behaviour. */
-#include "text/clip_text.h"
+#include "encoders/clip_text.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -1,7 +1,7 @@
 /* T5EncoderModel on the backend interface. See t5_encoder.h for the forward
  * pass; the comments here explain where it has to follow transformers'
  * exact behaviour. */
-#include "text/t5_encoder.h"
+#include "encoders/t5_encoder.h"
 
 #include <math.h>
 #include <stdio.h>
