@@ -821,6 +821,70 @@ START_TEST(test_base_added)
 }
 END_TEST
 
+/* A normalizer that lowercases ASCII, and a model that gives one id per
+ * piece: 1000 + its length, or 2000 + its length for the piece that starts
+ * the text. */
+static dit_status lower_ascii(void *ctx, const char *s, size_t len, const char **out,
+                              size_t *out_len)
+{
+    dit_tok_buf *b = ctx;
+    b->n = 0;
+    for (size_t i = 0; i < len; i++) {
+        char c = s[i] >= 'A' && s[i] <= 'Z' ? (char)(s[i] - 'A' + 'a') : s[i];
+        if (!dit_tok_buf_put(b, &c, 1))
+            return DIT_ERR_NOMEM;
+    }
+    *out = b->p;
+    *out_len = b->n;
+    return DIT_OK;
+}
+
+static dit_status piece_len(void *ctx, const char *s, size_t len, bool first, dit_tok_ids *out)
+{
+    (void)ctx;
+    (void)s;
+    dit_tok_ids_push(out, (first ? 2000 : 1000) + (int32_t)len);
+    return DIT_OK;
+}
+
+/* Raw tokens are cut out before the normalizer, normalized ones after it;
+ * encoding stops at the cap; the post-processor frames and pads. */
+START_TEST(test_base_pipeline)
+{
+    dit_tok_map vocab = {0};
+    ck_assert(dit_tok_map_init(&vocab, 1, 1));
+    dit_tok_added_set set = {.is_word = ascii_word};
+    base_add(&set, &vocab, "<s>", 50, (dit_tok_flags){.special = true});
+    base_add(&set, &vocab, "ab", 60, (dit_tok_flags){.normalized = true});
+    dit_tok_buf nb = {0};
+    dit_tok_span_list outer = {0}, inner = {0};
+    int32_t ids[16];
+    dit_tok_ids out = {ids + 1, 0, 10, false};
+    const char *text = "zAB<s>xAb<S>";
+    ck_assert_int_eq(dit_tok_encode_text(&set, text, strlen(text), lower_ascii, piece_len, &nb,
+                                         &outer, &inner, &out),
+                     DIT_OK);
+    static const int32_t want[] = {2001, 60, 50, 1001, 60, 1003};
+    ck_assert_int_eq(out.n, 6);
+    ck_assert(!out.overflow);
+    ck_assert(memcmp(ids + 1, want, sizeof want) == 0);
+    const int32_t bos = 1, eos[2] = {2, 3};
+    ck_assert_int_eq(dit_tok_ids_finish(ids, 12, &bos, 1, out.n, eos, 2, 0), 9);
+    static const int32_t framed[12] = {1, 2001, 60, 50, 1001, 60, 1003, 2, 3, 0, 0, 0};
+    ck_assert(memcmp(ids, framed, sizeof framed) == 0);
+    out = (dit_tok_ids){ids, 0, 3, false};
+    ck_assert_int_eq(dit_tok_encode_text(&set, text, strlen(text), lower_ascii, piece_len, &nb,
+                                         &outer, &inner, &out),
+                     DIT_OK);
+    ck_assert(out.n == 3 && out.overflow && ids[2] == 50);
+    free(nb.p);
+    free(outer.v);
+    free(inner.v);
+    dit_tok_added_free(&set);
+    dit_tok_map_free(&vocab);
+}
+END_TEST
+
 /* Token ids as JSON numbers and as added_tokens_decoder keys; the optional
  * config file; model_max_length's defaults and bounds. */
 START_TEST(test_base_config)
@@ -1291,6 +1355,7 @@ static Suite *tokenizers_suite(void)
     tcase_add_test(base, test_base_buf);
     tcase_add_test(base, test_base_map);
     tcase_add_test(base, test_base_added);
+    tcase_add_test(base, test_base_pipeline);
     tcase_add_test(base, test_base_config);
     suite_add_tcase(s, base);
 

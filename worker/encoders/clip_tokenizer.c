@@ -455,7 +455,9 @@ typedef struct merge_ent {
     int32_t new_id;
 } merge_ent;
 
+/* One encode call's working memory. */
 typedef struct scratch {
+    const dit_clip_tokenizer *t;
     sym *syms;
     merge_ent *heap;
     size_t sym_cap, heap_cap;
@@ -1056,35 +1058,24 @@ int32_t dit_clip_tokenizer_pad_id(const dit_clip_tokenizer *t)
 
 /* ---- encoding ---------------------------------------------------------------- */
 
-static dit_status encode_text(const dit_clip_tokenizer *t, scratch *sc, const char *s, size_t len,
-                              dit_tok_ids *out)
+/* The pipeline's normalizer and model (dit_tok_encode_text); ctx is the
+ * scratch. */
+static dit_status normalize_piece(void *ctx, const char *s, size_t len, const char **out,
+                                  size_t *out_len)
 {
-    dit_status st = DIT_OK;
-    sc->outer.n = 0;
-    if (!dit_tok_added_split(&t->added, false, s, len, true, &sc->outer))
-        return DIT_ERR_NOMEM;
-    for (size_t i = 0; i < sc->outer.n && !out->overflow; i++) {
-        dit_tok_span g = sc->outer.v[i];
-        if (g.id >= 0) {
-            dit_tok_ids_push(out, g.id);
-            continue;
-        }
-        st = clip_normalize(s + g.off, g.len, &sc->norm);
-        if (st != DIT_OK)
-            return st;
-        const char *ns = sc->norm.p ? sc->norm.p : "";
-        sc->inner.n = 0;
-        if (!dit_tok_added_split(&t->added, true, ns, sc->norm.n, g.first, &sc->inner))
-            return DIT_ERR_NOMEM;
-        for (size_t j = 0; j < sc->inner.n && !out->overflow; j++) {
-            dit_tok_span h = sc->inner.v[j];
-            if (h.id >= 0)
-                dit_tok_ids_push(out, h.id);
-            else if ((st = pre_tokenize(t, sc, ns + h.off, h.len, out)) != DIT_OK)
-                return st;
-        }
-    }
-    return DIT_OK;
+    scratch *sc = ctx;
+    dit_status st = clip_normalize(s, len, &sc->norm);
+    *out = sc->norm.p ? sc->norm.p : "";
+    *out_len = sc->norm.n;
+    return st;
+}
+
+static dit_status tokenize_piece(void *ctx, const char *s, size_t len, bool first,
+                                 dit_tok_ids *out)
+{
+    (void)first; /* CLIP's pre-tokenizer does not look at the position */
+    scratch *sc = ctx;
+    return pre_tokenize(sc->t, sc, s, len, out);
 }
 
 dit_status dit_clip_tokenizer_encode(const dit_clip_tokenizer *t, const char *utf8, int32_t *ids,
@@ -1101,9 +1092,10 @@ dit_status dit_clip_tokenizer_encode(const dit_clip_tokenizer *t, const char *ut
         return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
                             "clip tokenizer: prompt is not valid UTF-8 (byte %zu of %zu)", bad,
                             len);
-    scratch sc = {0};
+    scratch sc = {.t = t};
     dit_tok_ids out = {ids + 1, 0, max_length - 2, false};
-    dit_status st = encode_text(t, &sc, utf8, len, &out);
+    dit_status st = dit_tok_encode_text(&t->added, utf8, len, normalize_piece, tokenize_piece, &sc,
+                                        &sc.outer, &sc.inner, &out);
     free(sc.syms);
     free(sc.heap);
     free(sc.norm.p);
@@ -1112,12 +1104,9 @@ dit_status dit_clip_tokenizer_encode(const dit_clip_tokenizer *t, const char *ut
     if (st != DIT_OK)
         return dit_diag_set(diag, st, "clip tokenizer (%s): %s while encoding", t->dir,
                             st == DIT_ERR_NOMEM ? "out of memory" : dit_status_str(st));
-    ids[0] = t->bos_id;
-    ids[out.n + 1] = t->eos_id;
-    for (int i = out.n + 2; i < max_length; i++)
-        ids[i] = t->pad_id;
+    int n = dit_tok_ids_finish(ids, max_length, &t->bos_id, 1, out.n, &t->eos_id, 1, t->pad_id);
     if (n_tokens)
-        *n_tokens = out.n + 2;
+        *n_tokens = n;
     if (truncated)
         *truncated = out.overflow;
     return DIT_OK;

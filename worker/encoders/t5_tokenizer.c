@@ -1129,7 +1129,9 @@ typedef struct node {
     int32_t id;
 } node;
 
+/* One encode call's working memory. */
 typedef struct scratch {
+    const dit_t5_tokenizer *t;
     dit_tok_buf raw_norm[2];
     dit_tok_buf pre[2];
     dit_tok_span_list outer, inner, pl[2];
@@ -1217,56 +1219,49 @@ static dit_status unigram(const dit_t5_tokenizer *t, scratch *sc, const char *s,
 
 /* ---- encoding ------------------------------------------------------------------------------ */
 
-static dit_status encode_text(const dit_t5_tokenizer *t, scratch *sc, const char *s, size_t len,
-                              dit_tok_ids *out)
+/* The pipeline's normalizer and model (dit_tok_encode_text); ctx is the
+ * scratch. */
+static dit_status normalize_piece(void *ctx, const char *s, size_t len, const char **out,
+                                  size_t *out_len)
 {
-    dit_status st = DIT_OK;
-    sc->outer.n = 0;
-    if (!dit_tok_added_split(&t->added, false, s, len, true, &sc->outer))
+    scratch *sc = ctx;
+    dit_tok_buf *norm = NULL;
+    dit_status st = normalize(sc->t, s, len, &sc->raw_norm[0], &sc->raw_norm[1], &norm);
+    if (st != DIT_OK)
+        return st;
+    *out = norm->p;
+    *out_len = norm->n;
+    return DIT_OK;
+}
+
+/* The pre-tokenizers in turn (pl[0] over pre[0] <- the piece, then back and
+ * forth), then Unigram on each resulting piece. */
+static dit_status tokenize_piece(void *ctx, const char *s, size_t len, bool first,
+                                 dit_tok_ids *out)
+{
+    scratch *sc = ctx;
+    const dit_t5_tokenizer *t = sc->t;
+    dit_tok_buf *src = &sc->pre[0], *dst = &sc->pre[1];
+    dit_tok_span_list *pin = &sc->pl[0], *pout = &sc->pl[1];
+    src->n = 0;
+    pin->n = 0;
+    if (!dit_tok_buf_put(src, s, len) || !dit_tok_span_push(pin, 0, len, -1, first))
         return DIT_ERR_NOMEM;
-    for (size_t i = 0; i < sc->outer.n && !out->overflow; i++) {
-        dit_tok_span g = sc->outer.v[i];
-        if (g.id >= 0) {
-            dit_tok_ids_push(out, g.id);
-            continue;
-        }
-        dit_tok_buf *norm = NULL;
-        st = normalize(t, s + g.off, g.len, &sc->raw_norm[0], &sc->raw_norm[1], &norm);
+    for (int k = 0; k < t->n_pre; k++) {
+        dit_status st = pre_apply(&t->pre[k], src, pin, dst, pout);
         if (st != DIT_OK)
             return st;
-        sc->inner.n = 0;
-        if (!dit_tok_added_split(&t->added, true, norm->p, norm->n, g.first, &sc->inner))
-            return DIT_ERR_NOMEM;
-        for (size_t j = 0; j < sc->inner.n && !out->overflow; j++) {
-            dit_tok_span h = sc->inner.v[j];
-            if (h.id >= 0) {
-                dit_tok_ids_push(out, h.id);
-                continue;
-            }
-            /* Pre-tokenize this piece: pl[0] over pre[0] <- the piece. */
-            dit_tok_buf *src = &sc->pre[0], *dst = &sc->pre[1];
-            dit_tok_span_list *pin = &sc->pl[0], *pout = &sc->pl[1];
-            src->n = 0;
-            pin->n = 0;
-            if (!dit_tok_buf_put(src, norm->p + h.off, h.len) || !dit_tok_span_push(pin, 0, h.len, -1, h.first))
-                return DIT_ERR_NOMEM;
-            for (int k = 0; k < t->n_pre; k++) {
-                st = pre_apply(&t->pre[k], src, pin, dst, pout);
-                if (st != DIT_OK)
-                    return st;
-                dit_tok_buf *tb = src;
-                src = dst;
-                dst = tb;
-                dit_tok_span_list *tl = pin;
-                pin = pout;
-                pout = tl;
-            }
-            for (size_t w = 0; w < pin->n && !out->overflow; w++) {
-                st = unigram(t, sc, src->p + pin->v[w].off, pin->v[w].len, out);
-                if (st != DIT_OK)
-                    return st;
-            }
-        }
+        dit_tok_buf *tb = src;
+        src = dst;
+        dst = tb;
+        dit_tok_span_list *tl = pin;
+        pin = pout;
+        pout = tl;
+    }
+    for (size_t w = 0; w < pin->n && !out->overflow; w++) {
+        dit_status st = unigram(t, sc, src->p + pin->v[w].off, pin->v[w].len, out);
+        if (st != DIT_OK)
+            return st;
     }
     return DIT_OK;
 }
@@ -1285,9 +1280,10 @@ dit_status dit_t5_tokenizer_encode(const dit_t5_tokenizer *t, const char *utf8, 
     if (!dit_tok_utf8_valid(utf8, len, &bad))
         return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
                             "t5 tokenizer: prompt is not valid UTF-8 (byte %zu of %zu)", bad, len);
-    scratch sc = {0};
+    scratch sc = {.t = t};
     dit_tok_ids out = {ids + t->n_prefix, 0, max_length - n_special, false};
-    dit_status st = encode_text(t, &sc, utf8, len, &out);
+    dit_status st = dit_tok_encode_text(&t->added, utf8, len, normalize_piece, tokenize_piece, &sc,
+                                        &sc.outer, &sc.inner, &out);
     for (int i = 0; i < 2; i++) {
         free(sc.raw_norm[i].p);
         free(sc.pre[i].p);
@@ -1302,13 +1298,8 @@ dit_status dit_t5_tokenizer_encode(const dit_t5_tokenizer *t, const char *utf8, 
                             st == DIT_ERR_NOMEM    ? "out of memory"
                             : st == DIT_ERR_FORMAT ? "the precompiled_charsmap is corrupt"
                                                    : dit_status_str(st));
-    for (int i = 0; i < t->n_prefix; i++)
-        ids[i] = t->prefix_ids[i];
-    int n = t->n_prefix + out.n;
-    for (int i = 0; i < t->n_suffix; i++)
-        ids[n++] = t->suffix_ids[i];
-    for (int i = n; i < max_length; i++)
-        ids[i] = t->pad_id;
+    int n = dit_tok_ids_finish(ids, max_length, t->prefix_ids, t->n_prefix, out.n, t->suffix_ids,
+                               t->n_suffix, t->pad_id);
     if (n_tokens)
         *n_tokens = n;
     if (truncated)

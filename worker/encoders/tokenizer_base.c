@@ -183,6 +183,21 @@ bool dit_tok_span_push(dit_tok_span_list *l, size_t off, size_t len, int32_t id,
     return true;
 }
 
+/* ---- output ids --------------------------------------------------------------------------- */
+
+int dit_tok_ids_finish(int32_t *ids, int max_length, const int32_t *prefix, int n_prefix,
+                       int n_text, const int32_t *suffix, int n_suffix, int32_t pad_id)
+{
+    for (int i = 0; i < n_prefix; i++)
+        ids[i] = prefix[i];
+    int n = n_prefix + n_text;
+    for (int i = 0; i < n_suffix; i++)
+        ids[n++] = suffix[i];
+    for (int i = n; i < max_length; i++)
+        ids[i] = pad_id;
+    return n;
+}
+
 /* ---- added tokens ------------------------------------------------------------------------- */
 
 dit_tok_added *dit_tok_added_find(const dit_tok_added_set *set, const char *content)
@@ -310,6 +325,42 @@ void dit_tok_added_free(dit_tok_added_set *set)
     set->v = NULL;
     set->n = 0;
     memset(set->first_byte, 0, sizeof set->first_byte);
+}
+
+/* ---- the encoding pipeline ----------------------------------------------------------------- */
+
+dit_status dit_tok_encode_text(const dit_tok_added_set *set, const char *s, size_t len,
+                               dit_tok_normalize_fn normalize, dit_tok_model_fn model, void *ctx,
+                               dit_tok_span_list *outer, dit_tok_span_list *inner,
+                               dit_tok_ids *out)
+{
+    dit_status st = DIT_OK;
+    outer->n = 0;
+    if (!dit_tok_added_split(set, false, s, len, true, outer))
+        return DIT_ERR_NOMEM;
+    for (size_t i = 0; i < outer->n && !out->overflow; i++) {
+        const dit_tok_span g = outer->v[i];
+        if (g.id >= 0) {
+            dit_tok_ids_push(out, g.id);
+            continue;
+        }
+        const char *ns = NULL;
+        size_t nn = 0;
+        st = normalize(ctx, s + g.off, g.len, &ns, &nn);
+        if (st != DIT_OK)
+            return st;
+        inner->n = 0;
+        if (!dit_tok_added_split(set, true, ns, nn, g.first, inner))
+            return DIT_ERR_NOMEM;
+        for (size_t j = 0; j < inner->n && !out->overflow; j++) {
+            const dit_tok_span h = inner->v[j];
+            if (h.id >= 0)
+                dit_tok_ids_push(out, h.id);
+            else if ((st = model(ctx, ns + h.off, h.len, h.first, out)) != DIT_OK)
+                return st;
+        }
+    }
+    return DIT_OK;
 }
 
 /* ---- configuration files -------------------------------------------------------------- */

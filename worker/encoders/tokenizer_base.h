@@ -165,6 +165,13 @@ static inline void dit_tok_ids_push(dit_tok_ids *c, int32_t id)
         c->overflow = true;
 }
 
+/* The post-processor and padding: with the text's n_text ids already at
+ * ids[n_prefix..), writes prefix before them, suffix after them and pad_id
+ * up to max_length (which must hold them all). Returns the count before
+ * padding. */
+int dit_tok_ids_finish(int32_t *ids, int max_length, const int32_t *prefix, int n_prefix,
+                       int n_text, const int32_t *suffix, int n_suffix, int32_t pad_id);
+
 /* ---- added tokens ------------------------------------------------------------------------- */
 
 /* AddedToken's flags. */
@@ -217,6 +224,29 @@ bool dit_tok_added_split(const dit_tok_added_set *set, bool normalized, const ch
 
 /* NULL-safe; leaves the set empty (is_word kept). */
 void dit_tok_added_free(dit_tok_added_set *set);
+
+/* ---- the encoding pipeline ----------------------------------------------------------------- */
+
+/* The normalizer: s[0..len) -> *out[0..*out_len), a buffer of the caller's
+ * that stays valid until the next call. */
+typedef dit_status (*dit_tok_normalize_fn)(void *ctx, const char *s, size_t len, const char **out,
+                                           size_t *out_len);
+
+/* The pre-tokenizer and model over one piece of normalized text; `first`:
+ * the piece starts the original text. Appends ids to `out`. */
+typedef dit_status (*dit_tok_model_fn)(void *ctx, const char *s, size_t len, bool first,
+                                       dit_tok_ids *out);
+
+/* tokenizers' encode of one text around its added tokens: the
+ * non-normalized tokens are cut out of the raw text; each piece between them
+ * is normalized; the normalized tokens are cut out of that; each remaining
+ * piece goes to `model`. Stops once `out` overflows. `outer` and `inner`
+ * are scratch lists (reused across calls; free their v). DIT_ERR_NOMEM or
+ * the callbacks' status. */
+dit_status dit_tok_encode_text(const dit_tok_added_set *set, const char *s, size_t len,
+                               dit_tok_normalize_fn normalize, dit_tok_model_fn model, void *ctx,
+                               dit_tok_span_list *outer, dit_tok_span_list *inner,
+                               dit_tok_ids *out);
 
 /* ---- configuration files -------------------------------------------------------------- */
 
