@@ -10,13 +10,15 @@
  *   - the added-token table and tokenizers' AddedVocabulary::find_matches
  *     (leftmost-longest matching with single_word / lstrip / rstrip, tokens
  *     matched in the raw text or, when `normalized`, in the normalized text);
+ *   - the encode order around added tokens (raw tokens, normalizer,
+ *     normalized tokens, model) and the post-processor's framing and
+ *     padding of the ids;
  *   - small tokenizer.json / tokenizer_config.json readers.
  *
  * What differs between the two tokenizers stays with them and is passed in:
  * the definition of a word character for single_word (CLIP's includes the
  * letters newer Unicode added; T5's is utf8proc's categories alone), the
- * normalizer that makes a normalized token's match string, and the wording
- * of load errors.
+ * normalizer, the pre-tokenizer and model, and the wording of load errors.
  *
  * Allocation failures are reported as `false` (or DIT_ERR_NOMEM); the
  * caller names the file in its message. Text arguments are byte ranges, not
