@@ -14,8 +14,8 @@
 #include "backend/backend.h"
 #include "core/arena.h"
 #include "loader/safetensors.h"
-#include "text/clip_text.h"
-#include "text/t5_encoder.h"
+#include "encoders/clip_text.h"
+#include "encoders/t5_encoder.h"
 
 /* max|ours - transformers| / max|transformers|: f32 implementations of the
  * same graph differ by summation order only. */

@@ -1,4 +1,6 @@
-/* Tests for the CLIP and T5 tokenizers against ids produced by transformers.
+/* Tests for the CLIP and T5 tokenizers against ids produced by transformers,
+ * and for their shared base (tokenizer_base.h) where it has behaviour of its
+ * own.
  *
  * tests/data/tokenizers/ holds a small trained CLIP BPE (clip/) and T5
  * unigram (t5/) tokenizer and cases.json with the ids transformers'
@@ -22,8 +24,9 @@
 #include <cjson/cJSON.h>
 
 #include "loader/json_util.h"
-#include "text/clip_tokenizer.h"
-#include "text/t5_tokenizer.h"
+#include "encoders/clip_tokenizer.h"
+#include "encoders/t5_tokenizer.h"
+#include "encoders/tokenizer_base.h"
 
 /* ---- fixtures and temp directories ------------------------------------------ */
 
@@ -650,6 +653,302 @@ START_TEST(test_long_prompt)
 }
 END_TEST
 
+/* ---- the shared base ---------------------------------------------------------------- */
+
+/* Validation names the first byte of the first bad sequence; iteration over
+ * bad bytes yields U+FFFD one byte at a time; stepping back lands on the
+ * start of the previous code point. */
+START_TEST(test_base_utf8)
+{
+    static const struct {
+        const char *s;
+        size_t bad_at;
+    } bad[] = {
+        {"ab\xff", 2},               {"abc\xc3", 3},        {"\xe2\x82", 0},
+        {"ok \xc0\xaf", 3},          {"\xed\xa0\x80x", 0},  {"abc\xf4\x90\x80\x80", 3},
+        {"\xc3\xa9\xe4\xb8\xad\x80", 5},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        size_t at = 999;
+        ck_assert(!dit_tok_utf8_valid(bad[i].s, strlen(bad[i].s), &at));
+        ck_assert_uint_eq(at, bad[i].bad_at);
+    }
+    /* "é中🙂" and the empty string are valid; *bad_at is left alone. */
+    const char *ok = "\xc3\xa9\xe4\xb8\xad\xf0\x9f\x99\x82";
+    size_t at = 7, n = strlen(ok);
+    ck_assert(dit_tok_utf8_valid(ok, n, &at) && at == 7);
+    ck_assert(dit_tok_utf8_valid("", 0, &at) && at == 7);
+    size_t i = 0;
+    ck_assert_int_eq(dit_tok_utf8_next(ok, n, &i), 0xE9);
+    ck_assert_int_eq(dit_tok_utf8_next(ok, n, &i), 0x4E2D);
+    ck_assert_int_eq(dit_tok_utf8_next(ok, n, &i), 0x1F642);
+    ck_assert_uint_eq(i, n);
+    ck_assert_uint_eq(dit_tok_utf8_back(ok, n), 5);
+    ck_assert_int_eq(dit_tok_utf8_prev(ok, 5), 0x4E2D);
+    ck_assert_int_eq(dit_tok_utf8_prev(ok, 2), 0xE9);
+    i = 0;
+    ck_assert_int_eq(dit_tok_utf8_next("\xff" "a", 2, &i), 0xFFFD);
+    ck_assert_uint_eq(i, 1);
+    ck_assert(dit_tok_is_ws(0x3000) && dit_tok_is_ws('\n') && dit_tok_is_ws(0x85));
+    ck_assert(!dit_tok_is_ws(0x200B) && !dit_tok_is_ws('_'));
+}
+END_TEST
+
+/* The buffer stays NUL-terminated and takes empty appends, even from NULL. */
+START_TEST(test_base_buf)
+{
+    dit_tok_buf b = {0};
+    ck_assert(dit_tok_buf_put(&b, NULL, 0));
+    ck_assert(b.p != NULL && b.n == 0 && b.p[0] == '\0');
+    ck_assert(dit_tok_buf_put(&b, "ab", 2));
+    ck_assert(dit_tok_buf_put_cp(&b, 0x1F642));
+    for (int k = 0; k < 100; k++)
+        ck_assert(dit_tok_buf_put(&b, "x", 1));
+    ck_assert_uint_eq(b.n, 106);
+    ck_assert(memcmp(b.p, "ab\xf0\x9f\x99\x82xx", 8) == 0 && b.p[b.n] == '\0');
+    free(b.p);
+}
+END_TEST
+
+/* A later insertion of a key overwrites the earlier value (a Rust HashMap
+ * built from the same sequence); keys are bytes with lengths, copied. */
+START_TEST(test_base_map)
+{
+    dit_tok_map m = {0};
+    ck_assert(dit_tok_map_init(&m, 4, 32));
+    char key[4] = "ab";
+    dit_tok_map_put(&m, key, 2, 1);
+    key[0] = 'z'; /* the map holds its own copy */
+    dit_tok_map_put(&m, "a", 1, 2);
+    dit_tok_map_put(&m, "ab", 2, 3);
+    dit_tok_map_put(&m, "", 0, 4);
+    int32_t v = -1;
+    ck_assert(dit_tok_map_get(&m, "ab", 2, &v) && v == 3);
+    ck_assert(dit_tok_map_get(&m, "abc", 1, &v) && v == 2);
+    ck_assert(dit_tok_map_get(&m, "", 0, &v) && v == 4);
+    ck_assert(!dit_tok_map_get(&m, "zb", 2, &v));
+    ck_assert(!dit_tok_map_get(&m, "b", 1, &v));
+    /* The incremental hash is the whole-key hash. */
+    uint64_t h = DIT_TOK_HASH_INIT;
+    h = dit_tok_hash_step(h, 'a');
+    h = dit_tok_hash_step(h, 'b');
+    ck_assert(dit_tok_hash_final(h) == dit_tok_hash_bytes("ab", 2));
+    ck_assert(dit_tok_map_get_hashed(&m, "ab", 2, dit_tok_hash_final(h), &v) && v == 3);
+    dit_tok_map_free(&m);
+    ck_assert(m.slots == NULL && m.pool == NULL);
+    dit_tok_map_free(NULL);
+}
+END_TEST
+
+static bool ascii_word(int32_t c)
+{
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
+}
+
+/* Builds an added token whose match is its content. */
+static void base_add(dit_tok_added_set *set, const dit_tok_map *vocab, const char *content,
+                     int64_t id, dit_tok_flags flags)
+{
+    dit_tok_added *a = NULL;
+    ck_assert_int_eq(dit_tok_added_add(set, vocab, content, id, &a), DIT_OK);
+    a->flags = flags;
+    ck_assert(dit_tok_added_set_match(set, (int)(a - set->v), content, strlen(content)));
+}
+
+/* Splits `text` and compares with `want`: text pieces in [brackets], tokens
+ * as <id>. */
+static void expect_split(const dit_tok_added_set *set, bool normalized, const char *text,
+                         const char *want)
+{
+    dit_tok_span_list l = {0};
+    ck_assert(dit_tok_added_split(set, normalized, text, strlen(text), true, &l));
+    char got[256] = "";
+    size_t n = 0;
+    for (size_t i = 0; i < l.n; i++) {
+        const dit_tok_span *sp = &l.v[i];
+        if (sp->id >= 0)
+            n += (size_t)snprintf(got + n, sizeof got - n, "<%d>", sp->id);
+        else
+            n += (size_t)snprintf(got + n, sizeof got - n, "[%.*s]", (int)sp->len,
+                                  text + sp->off);
+        ck_assert(sp->first == (sp->id < 0 && sp->off == 0));
+    }
+    ck_assert_msg(strcmp(got, want) == 0, "split of \"%s\": got %s, want %s", text, got, want);
+    free(l.v);
+}
+
+/* AddedVocabulary::find_matches: leftmost-longest, single_word, lstrip and
+ * rstrip (never across an earlier match), raw versus normalized tokens, and
+ * add_tokens' id rules. */
+START_TEST(test_base_added)
+{
+    dit_tok_map vocab = {0};
+    ck_assert(dit_tok_map_init(&vocab, 1, 8));
+    dit_tok_map_put(&vocab, "ab", 2, 7);
+    dit_tok_added_set set = {.is_word = ascii_word};
+    base_add(&set, &vocab, "ab", 100, (dit_tok_flags){0}); /* the vocabulary's id wins */
+    base_add(&set, &vocab, "abc", 101, (dit_tok_flags){0});
+    base_add(&set, &vocab, "cat", 102, (dit_tok_flags){.single_word = true});
+    base_add(&set, &vocab, "L", 103, (dit_tok_flags){.lstrip = true});
+    base_add(&set, &vocab, "R", 104, (dit_tok_flags){.rstrip = true});
+    base_add(&set, &vocab, "nn", 105, (dit_tok_flags){.normalized = true});
+    ck_assert_int_eq(set.v[0].id, 7);
+
+    expect_split(&set, false, "", "");
+    expect_split(&set, false, "xabcd ab", "[x]<101>[d ]<7>");
+    expect_split(&set, false, "cat concat cat.", "<102>[ concat ]<102>[.]");
+    /* A discarded single_word match still moves the scan past it. */
+    expect_split(&set, false, "xcat", "[xcat]");
+    expect_split(&set, false, "a \t L b", "[a]<103>[ b]");
+    expect_split(&set, false, "R  L", "<104><103>");
+    expect_split(&set, false, "aR \n b", "[a]<104>[b]");
+    expect_split(&set, false, "nn", "[nn]");
+    expect_split(&set, true, "a nn b ab", "[a ]<105>[ b ab]");
+
+    /* Adding a known content returns the same entry; a new one needs an id. */
+    dit_tok_added *a = NULL;
+    ck_assert_int_eq(dit_tok_added_add(&set, &vocab, "cat", 5, &a), DIT_OK);
+    ck_assert(a == &set.v[2] && a->id == 102);
+    ck_assert_int_eq(dit_tok_added_add(&set, &vocab, "dog", -1, &a), DIT_ERR_NOT_FOUND);
+    ck_assert_int_eq(dit_tok_added_add(&set, &vocab, "dog", (int64_t)1 << 31, &a),
+                     DIT_ERR_NOT_FOUND);
+    ck_assert_int_eq(set.n, 6);
+    ck_assert(dit_tok_added_find(&set, "abc") == &set.v[1]);
+    ck_assert(dit_tok_added_find(&set, "ca") == NULL);
+    dit_tok_added_free(&set);
+    ck_assert(set.n == 0 && set.v == NULL);
+    dit_tok_map_free(&vocab);
+}
+END_TEST
+
+/* A normalizer that lowercases ASCII, and a model that gives one id per
+ * piece: 1000 + its length, or 2000 + its length for the piece that starts
+ * the text. */
+static dit_status lower_ascii(void *ctx, const char *s, size_t len, const char **out,
+                              size_t *out_len)
+{
+    dit_tok_buf *b = ctx;
+    b->n = 0;
+    for (size_t i = 0; i < len; i++) {
+        char c = s[i] >= 'A' && s[i] <= 'Z' ? (char)(s[i] - 'A' + 'a') : s[i];
+        if (!dit_tok_buf_put(b, &c, 1))
+            return DIT_ERR_NOMEM;
+    }
+    *out = b->p;
+    *out_len = b->n;
+    return DIT_OK;
+}
+
+static dit_status piece_len(void *ctx, const char *s, size_t len, bool first, dit_tok_ids *out)
+{
+    (void)ctx;
+    (void)s;
+    dit_tok_ids_push(out, (first ? 2000 : 1000) + (int32_t)len);
+    return DIT_OK;
+}
+
+/* Raw tokens are cut out before the normalizer, normalized ones after it;
+ * encoding stops at the cap; the post-processor frames and pads. */
+START_TEST(test_base_pipeline)
+{
+    dit_tok_map vocab = {0};
+    ck_assert(dit_tok_map_init(&vocab, 1, 1));
+    dit_tok_added_set set = {.is_word = ascii_word};
+    base_add(&set, &vocab, "<s>", 50, (dit_tok_flags){.special = true});
+    base_add(&set, &vocab, "ab", 60, (dit_tok_flags){.normalized = true});
+    dit_tok_buf nb = {0};
+    dit_tok_span_list outer = {0}, inner = {0};
+    int32_t ids[16];
+    dit_tok_ids out = {ids + 1, 0, 10, false};
+    const char *text = "zAB<s>xAb<S>";
+    ck_assert_int_eq(dit_tok_encode_text(&set, text, strlen(text), lower_ascii, piece_len, &nb,
+                                         &outer, &inner, &out),
+                     DIT_OK);
+    static const int32_t want[] = {2001, 60, 50, 1001, 60, 1003};
+    ck_assert_int_eq(out.n, 6);
+    ck_assert(!out.overflow);
+    ck_assert(memcmp(ids + 1, want, sizeof want) == 0);
+    const int32_t bos = 1, eos[2] = {2, 3};
+    ck_assert_int_eq(dit_tok_ids_finish(ids, 12, &bos, 1, out.n, eos, 2, 0), 9);
+    static const int32_t framed[12] = {1, 2001, 60, 50, 1001, 60, 1003, 2, 3, 0, 0, 0};
+    ck_assert(memcmp(ids, framed, sizeof framed) == 0);
+    out = (dit_tok_ids){ids, 0, 3, false};
+    ck_assert_int_eq(dit_tok_encode_text(&set, text, strlen(text), lower_ascii, piece_len, &nb,
+                                         &outer, &inner, &out),
+                     DIT_OK);
+    ck_assert(out.n == 3 && out.overflow && ids[2] == 50);
+    free(nb.p);
+    free(outer.v);
+    free(inner.v);
+    dit_tok_added_free(&set);
+    dit_tok_map_free(&vocab);
+}
+END_TEST
+
+/* Token ids as JSON numbers and as added_tokens_decoder keys; the optional
+ * config file; model_max_length's defaults and bounds. */
+START_TEST(test_base_config)
+{
+    cJSON *j = cJSON_Parse("{\"a\": 3, \"b\": 3.5, \"c\": -1, \"d\": 2147483648, \"e\": \"3\","
+                           " \"t\": true, \"n\": null, \"s\": \"yes\"}");
+    ck_assert(j != NULL);
+    int64_t id = -1;
+    ck_assert(dit_tok_json_id(cJSON_GetObjectItem(j, "a"), &id) && id == 3);
+    ck_assert(!dit_tok_json_id(cJSON_GetObjectItem(j, "b"), &id));
+    ck_assert(!dit_tok_json_id(cJSON_GetObjectItem(j, "c"), &id));
+    ck_assert(!dit_tok_json_id(cJSON_GetObjectItem(j, "d"), &id));
+    ck_assert(!dit_tok_json_id(cJSON_GetObjectItem(j, "e"), &id));
+    ck_assert(!dit_tok_json_id(NULL, &id));
+    ck_assert(dit_tok_key_id("2147483647", &id) && id == INT32_MAX);
+    ck_assert(!dit_tok_key_id("2147483648", &id));
+    ck_assert(!dit_tok_key_id("-1", &id));
+    ck_assert(!dit_tok_key_id("1x", &id));
+    ck_assert(!dit_tok_key_id("", &id));
+    bool f = false;
+    ck_assert(dit_tok_json_flag(j, "t", false, &f) && f);
+    ck_assert(dit_tok_json_flag(j, "n", true, &f) && f);
+    ck_assert(dit_tok_json_flag(j, "missing", false, &f) && !f);
+    ck_assert(!dit_tok_json_flag(j, "s", false, &f));
+    cJSON_Delete(j);
+
+    dit_diag d = {0};
+    cJSON *cfg = (cJSON *)&d; /* must be reset to NULL */
+    ck_assert_int_eq(dit_tok_json_load_optional("/nonexistent/tokenizer_config.json", &cfg, &d),
+                     DIT_OK);
+    ck_assert(cfg == NULL && dit_diag_msg(&d)[0] != '\0' && d.msg[0] == '\0');
+
+    static const struct {
+        const char *json;
+        int min, want;
+        dit_status st;
+    } ml[] = {
+        {"{}", 2, 77, DIT_OK},
+        {"{\"model_max_length\": null}", 2, 77, DIT_OK},
+        {"{\"model_max_length\": 64}", 2, 64, DIT_OK},
+        {"{\"model_max_length\": 1e30}", 1, 77, DIT_OK},
+        {"{\"model_max_length\": 64.5}", 1, 77, DIT_OK},
+        {"{\"model_max_length\": 1}", 2, 77, DIT_ERR_FORMAT},
+        {"{\"model_max_length\": \"64\"}", 1, 77, DIT_ERR_FORMAT},
+    };
+    for (size_t i = 0; i < sizeof ml / sizeof ml[0]; i++) {
+        cJSON *c = cJSON_Parse(ml[i].json);
+        ck_assert(c != NULL);
+        int out = -1;
+        dit_diag_clear(&d);
+        ck_assert_int_eq(dit_tok_config_max_length(c, "cfg.json", ml[i].min, 77, &out, &d),
+                         ml[i].st);
+        ck_assert_int_eq(out, ml[i].want);
+        if (ml[i].st != DIT_OK)
+            ck_assert_msg(strstr(dit_diag_msg(&d), "cfg.json: \"model_max_length\" must be"),
+                          "%s", dit_diag_msg(&d));
+        cJSON_Delete(c);
+    }
+    int out = -1;
+    ck_assert_int_eq(dit_tok_config_max_length(NULL, "cfg.json", 1, 512, &out, &d), DIT_OK);
+    ck_assert_int_eq(out, 512);
+}
+END_TEST
+
 /* ---- malformed folders: CLIP ------------------------------------------------------------ */
 
 #define TEST_DIR(var)                                                                              \
@@ -1050,6 +1349,15 @@ static Suite *tokenizers_suite(void)
     tcase_add_test(api, test_random_text);
     tcase_add_test(api, test_long_prompt);
     suite_add_tcase(s, api);
+
+    TCase *base = tcase_create("base");
+    tcase_add_test(base, test_base_utf8);
+    tcase_add_test(base, test_base_buf);
+    tcase_add_test(base, test_base_map);
+    tcase_add_test(base, test_base_added);
+    tcase_add_test(base, test_base_pipeline);
+    tcase_add_test(base, test_base_config);
+    suite_add_tcase(s, base);
 
     TCase *bad = tcase_create("malformed");
     tcase_add_unchecked_fixture(bad, tmp_setup, tmp_teardown);

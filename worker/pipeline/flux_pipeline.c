@@ -11,10 +11,10 @@
 #include "loader/json_util.h"
 #include "pipeline/scheduler.h"
 #include "pipeline/torch_rng.h"
-#include "text/clip_text.h"
-#include "text/clip_tokenizer.h"
-#include "text/t5_encoder.h"
-#include "text/t5_tokenizer.h"
+#include "encoders/clip_text.h"
+#include "encoders/clip_tokenizer.h"
+#include "encoders/t5_encoder.h"
+#include "encoders/t5_tokenizer.h"
 #include "vae/vae_decoder.h"
 
 #define PIPE_PATH 4096

@@ -28,8 +28,8 @@
  *
  * Owner: the caller; a loaded tokenizer is immutable, so encode may run from
  * several threads at once. */
-#ifndef DIT_TEXT_CLIP_TOKENIZER_H
-#define DIT_TEXT_CLIP_TOKENIZER_H
+#ifndef DIT_ENCODERS_CLIP_TOKENIZER_H
+#define DIT_ENCODERS_CLIP_TOKENIZER_H
 
 #include <stdbool.h>
 #include <stdint.h>

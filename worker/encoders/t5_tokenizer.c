@@ -47,7 +47,7 @@
  * they differ only in rare clusters of newer Unicode versions (e.g. the
  * Unicode 15.1 Indic conjunct rule), where the cluster is 6 bytes or more
  * and so is looked up per code point either way. */
-#include "text/t5_tokenizer.h"
+#include "encoders/t5_tokenizer.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -59,25 +59,17 @@
 #include <cjson/cJSON.h>
 #include <utf8proc.h>
 
+#include "encoders/tokenizer_base.h"
 #include "loader/json_util.h"
 
 #define T5_DEFAULT_MAX_LENGTH 512
-#define T5_MAX_LENGTH_CAP (1 << 20)
 /* tokenizers' K_UNK_PENALTY. */
 #define T5_UNK_PENALTY 10.0
 /* Graphemes shorter than this many bytes are looked up whole. */
 #define T5_GRAPHEME_WHOLE 6
 #define T5_MAX_STEPS 16
 
-/* ---- UTF-8 and Unicode ---------------------------------------------------------- */
-
-/* Unicode White_Space (Rust's char::is_whitespace). */
-static bool is_ws(int32_t c)
-{
-    return (c >= 0x09 && c <= 0x0D) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 ||
-           (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F ||
-           c == 0x205F || c == 0x3000;
-}
+/* ---- Unicode ---------------------------------------------------------------------- */
 
 /* Rust's regex \w (used only for single_word added tokens), approximated
  * by letters, marks, decimal digits, letter numbers, connector punctuation
@@ -89,176 +81,6 @@ static bool is_word_char(int32_t c)
     utf8proc_category_t cat = utf8proc_category(c);
     return (cat >= UTF8PROC_CATEGORY_LU && cat <= UTF8PROC_CATEGORY_ND) ||
            cat == UTF8PROC_CATEGORY_NL || cat == UTF8PROC_CATEGORY_PC;
-}
-
-static int32_t next_cp(const char *s, size_t len, size_t *i)
-{
-    utf8proc_int32_t cp = 0;
-    utf8proc_ssize_t n =
-        utf8proc_iterate((const utf8proc_uint8_t *)s + *i, (utf8proc_ssize_t)(len - *i), &cp);
-    *i += n > 0 ? (size_t)n : 1;
-    return n > 0 ? cp : 0xFFFD;
-}
-
-/* The code point that ends just before s[i] (i > 0, a boundary). */
-static int32_t last_cp_before(const char *s, size_t i)
-{
-    size_t j = i - 1;
-    while (j > 0 && ((unsigned char)s[j] & 0xC0) == 0x80)
-        j--;
-    size_t k = j;
-    return next_cp(s, i, &k);
-}
-
-static bool utf8_valid(const char *s, size_t len, size_t *bad_at)
-{
-    size_t i = 0;
-    while (i < len) {
-        utf8proc_int32_t cp;
-        utf8proc_ssize_t n =
-            utf8proc_iterate((const utf8proc_uint8_t *)s + i, (utf8proc_ssize_t)(len - i), &cp);
-        if (n <= 0) {
-            *bad_at = i;
-            return false;
-        }
-        i += (size_t)n;
-    }
-    return true;
-}
-
-/* ---- growable buffers ------------------------------------------------------------ */
-
-typedef struct buf {
-    char *p;
-    size_t n, cap;
-} buf;
-
-static bool buf_reserve(buf *b, size_t extra)
-{
-    if (b->n + extra + 1 <= b->cap)
-        return true;
-    size_t cap = b->cap ? b->cap : 64;
-    while (cap < b->n + extra + 1)
-        cap *= 2;
-    char *p = realloc(b->p, cap);
-    if (!p)
-        return false;
-    b->p = p;
-    b->cap = cap;
-    return true;
-}
-
-static bool buf_put(buf *b, const void *s, size_t n)
-{
-    if (!buf_reserve(b, n))
-        return false;
-    if (n)
-        memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = '\0';
-    return true;
-}
-
-/* A list of pieces of text: byte ranges of one buffer, each with whether it
- * starts the original text (for Metaspace's "first" scheme). */
-typedef struct piece {
-    size_t off, len;
-    int32_t id; /* added token id, or -1 for text */
-    bool first;
-} piece;
-
-typedef struct piece_list {
-    piece *v;
-    size_t n, cap;
-} piece_list;
-
-static bool piece_push(piece_list *l, size_t off, size_t len, int32_t id, bool first)
-{
-    if (l->n == l->cap) {
-        size_t cap = l->cap ? l->cap * 2 : 16;
-        piece *v = realloc(l->v, cap * sizeof *v);
-        if (!v)
-            return false;
-        l->v = v;
-        l->cap = cap;
-    }
-    l->v[l->n++] = (piece){off, len, id, first};
-    return true;
-}
-
-/* ---- string -> id map ------------------------------------------------------------- */
-
-#define FNV_INIT 0xcbf29ce484222325ull
-
-static uint64_t fnv_step(uint64_t h, unsigned char c)
-{
-    return (h ^ c) * 0x100000001b3ull;
-}
-
-static uint64_t fnv_final(uint64_t h)
-{
-    return h ^ (h >> 29);
-}
-
-static uint64_t hash_bytes(const void *p, size_t n)
-{
-    const unsigned char *s = p;
-    uint64_t h = FNV_INIT;
-    for (size_t i = 0; i < n; i++)
-        h = fnv_step(h, s[i]);
-    return fnv_final(h);
-}
-
-typedef struct smap_slot {
-    const char *key;
-    size_t len;
-    int32_t val;
-} smap_slot;
-
-typedef struct smap {
-    smap_slot *slots;
-    size_t cap;
-} smap;
-
-static bool smap_init(smap *m, size_t entries)
-{
-    m->cap = 16;
-    while (m->cap < entries * 2 + 1)
-        m->cap *= 2;
-    m->slots = calloc(m->cap, sizeof *m->slots);
-    return m->slots != NULL;
-}
-
-/* A later key overwrites an earlier one (tokenizers' token_to_ids). */
-static void smap_put(smap *m, const char *key, size_t len, int32_t val)
-{
-    size_t i = hash_bytes(key, len) & (m->cap - 1);
-    while (m->slots[i].key) {
-        if (m->slots[i].len == len && memcmp(m->slots[i].key, key, len) == 0)
-            break;
-        i = (i + 1) & (m->cap - 1);
-    }
-    m->slots[i].key = key;
-    m->slots[i].len = len;
-    m->slots[i].val = val;
-}
-
-static bool smap_get_h(const smap *m, const char *key, size_t len, uint64_t h, int32_t *val)
-{
-    size_t i = h & (m->cap - 1);
-    while (m->slots[i].key) {
-        if (m->slots[i].len == len && memcmp(m->slots[i].key, key, len) == 0) {
-            *val = m->slots[i].val;
-            return true;
-        }
-        i = (i + 1) & (m->cap - 1);
-    }
-    return false;
-}
-
-static bool smap_get(const smap *m, const char *key, size_t len, int32_t *val)
-{
-    return smap_get_h(m, key, len, hash_bytes(key, len), val);
 }
 
 /* ---- pipeline components ------------------------------------------------------------ */
@@ -296,14 +118,6 @@ typedef struct pre_step {
     bool split;
 } pre_step;
 
-typedef struct t5_added {
-    char *content;
-    char *match; /* content, or for normalized tokens the normalized content */
-    size_t len;  /* of match */
-    int32_t id;
-    bool lstrip, rstrip, single_word, normalized;
-} t5_added;
-
 struct dit_t5_tokenizer {
     char *dir;
     char *json_path;
@@ -311,16 +125,13 @@ struct dit_t5_tokenizer {
     int n_norm;
     pre_step pre[T5_MAX_STEPS];
     int n_pre;
-    char *pool; /* piece strings */
-    smap vocab;
+    dit_tok_map vocab;
     double *scores; /* by id */
     int32_t n_pieces;
     size_t max_piece_len;
     double min_score;
     int32_t unk_id;
-    t5_added *added;
-    int n_added;
-    bool first_byte[2][256];          /* see clip_tokenizer.c */
+    dit_tok_added_set added;
     int32_t *prefix_ids, *suffix_ids; /* template specials around $A */
     int n_prefix, n_suffix;
     int32_t pad_id;
@@ -431,7 +242,7 @@ static dit_status parse_precompiled(const char *path, const cJSON *j, norm_step 
         while (e < ns->blob_len && ns->blob[e])
             e++;
         size_t bad;
-        if (!utf8_valid(ns->blob + i, e - i, &bad)) {
+        if (!dit_tok_utf8_valid(ns->blob + i, e - i, &bad)) {
             st = dit_diag_set(diag, DIT_ERR_FORMAT,
                               "%s: precompiled_charsmap strings are not valid UTF-8", path);
             goto cleanup;
@@ -464,7 +275,7 @@ static bool parse_mini_regex(const char *re, norm_step *ns)
         if (strchr(".+*?()[]{}|^$", re[0]))
             return false;
         size_t k = 0;
-        ns->atom = next_cp(re, len, &k);
+        ns->atom = dit_tok_utf8_next(re, len, &k);
         i = k;
     }
     if (i == len) {
@@ -557,8 +368,8 @@ static dit_status parse_normalizer(dit_t5_tokenizer *t, const cJSON *j, int dept
                                 path);
         size_t bad;
         const char *ps = cJSON_IsString(lit) ? lit->valuestring : re->valuestring;
-        if (!utf8_valid(content->valuestring, strlen(content->valuestring), &bad) ||
-            !utf8_valid(ps, strlen(ps), &bad))
+        if (!dit_tok_utf8_valid(content->valuestring, strlen(content->valuestring), &bad) ||
+            !dit_tok_utf8_valid(ps, strlen(ps), &bad))
             return dit_diag_set(diag, DIT_ERR_FORMAT, "%s: Replace strings are not valid UTF-8",
                                 path);
         ns->kind = N_REPLACE;
@@ -626,8 +437,8 @@ static dit_status parse_pre_tokenizer(dit_t5_tokenizer *t, const cJSON *j, int d
         size_t k = 0;
         size_t bad;
         if (!cJSON_IsString(rep) || !rep->valuestring[0] ||
-            !utf8_valid(rep->valuestring, strlen(rep->valuestring), &bad) ||
-            (next_cp(rep->valuestring, strlen(rep->valuestring), &k),
+            !dit_tok_utf8_valid(rep->valuestring, strlen(rep->valuestring), &bad) ||
+            (dit_tok_utf8_next(rep->valuestring, strlen(rep->valuestring), &k),
              k != strlen(rep->valuestring)))
             return dit_diag_set(diag, DIT_ERR_FORMAT,
                                 "%s: Metaspace \"replacement\" must be one character", path);
@@ -700,25 +511,21 @@ static dit_status parse_model(dit_t5_tokenizer *t, const cJSON *m, dit_diag *dia
             return dit_diag_set(diag, DIT_ERR_FORMAT,
                                 "%s: Unigram vocab entry %d is not [piece, score]", path, k);
         size_t len = strlen(p->valuestring), bad;
-        if (!utf8_valid(p->valuestring, len, &bad))
+        if (!dit_tok_utf8_valid(p->valuestring, len, &bad))
             return dit_diag_set(diag, DIT_ERR_FORMAT,
                                 "%s: Unigram vocab entry %d is not valid UTF-8", path, k);
         bytes += len + 1;
     }
-    t->pool = malloc(bytes);
     t->scores = malloc(sizeof *t->scores * (size_t)n);
-    if (!t->pool || !t->scores || !smap_init(&t->vocab, (size_t)n))
+    if (!t->scores || !dit_tok_map_init(&t->vocab, (size_t)n, bytes))
         return dit_diag_set(diag, DIT_ERR_NOMEM, "%s: out of memory", path);
-    char *dst = t->pool;
     t->min_score = INFINITY;
     k = 0;
     for (const cJSON *it = vocab->child; it; it = it->next, k++) {
         const char *ps = cJSON_GetArrayItem(it, 0)->valuestring;
         double sc = cJSON_GetArrayItem(it, 1)->valuedouble;
         size_t len = strlen(ps);
-        memcpy(dst, ps, len + 1);
-        smap_put(&t->vocab, dst, len, k);
-        dst += len + 1;
+        dit_tok_map_put(&t->vocab, ps, len, k);
         t->scores[k] = sc;
         if (sc < t->min_score)
             t->min_score = sc;
@@ -726,27 +533,20 @@ static dit_status parse_model(dit_t5_tokenizer *t, const cJSON *m, dit_diag *dia
             t->max_piece_len = len;
     }
     t->n_pieces = n;
-    const cJSON *unk = cJSON_GetObjectItemCaseSensitive(m, "unk_id");
-    if (!cJSON_IsNumber(unk) || unk->valuedouble < 0 || unk->valuedouble >= n ||
-        unk->valuedouble != (int32_t)unk->valuedouble)
+    int64_t unk;
+    if (!dit_tok_json_id(cJSON_GetObjectItemCaseSensitive(m, "unk_id"), &unk) || unk >= n)
         return dit_diag_set(diag, DIT_ERR_FORMAT,
                             "%s: Unigram \"unk_id\" must be an id of the vocabulary", path);
-    t->unk_id = (int32_t)unk->valuedouble;
+    t->unk_id = (int32_t)unk;
     return DIT_OK;
 }
 
 static dit_status json_flag(const cJSON *obj, const char *key, bool def, bool *out,
                             const char *path, dit_diag *diag)
 {
-    const cJSON *it = cJSON_GetObjectItemCaseSensitive(obj, key);
-    if (!it || cJSON_IsNull(it)) {
-        *out = def;
-        return DIT_OK;
-    }
-    if (!cJSON_IsBool(it))
+    if (!dit_tok_json_flag(obj, key, def, out))
         return dit_diag_set(diag, DIT_ERR_FORMAT, "%s: added token flag \"%s\" is not a boolean",
                             path, key);
-    *out = cJSON_IsTrue(it);
     return DIT_OK;
 }
 
@@ -762,42 +562,23 @@ static dit_status add_token(dit_t5_tokenizer *t, const cJSON *obj, int64_t id, c
         return dit_diag_set(diag, DIT_ERR_FORMAT, "%s: added token %lld has no \"content\"", path,
                             (long long)id);
     size_t len = strlen(c->valuestring), bad;
-    if (!utf8_valid(c->valuestring, len, &bad))
+    if (!dit_tok_utf8_valid(c->valuestring, len, &bad))
         return dit_diag_set(diag, DIT_ERR_FORMAT, "%s: added token %lld is not valid UTF-8", path,
                             (long long)id);
-    bool special = false, lstrip = false, rstrip = false, single_word = false, normalized = false;
-    DIT_CHECK(json_flag(obj, "special", false, &special, path, diag));
-    DIT_CHECK(json_flag(obj, "lstrip", false, &lstrip, path, diag));
-    DIT_CHECK(json_flag(obj, "rstrip", false, &rstrip, path, diag));
-    DIT_CHECK(json_flag(obj, "single_word", false, &single_word, path, diag));
-    DIT_CHECK(json_flag(obj, "normalized", !special, &normalized, path, diag));
-    t5_added *a = NULL;
-    for (int k = 0; k < t->n_added; k++)
-        if (strcmp(t->added[k].content, c->valuestring) == 0)
-            a = &t->added[k];
-    if (!a) {
-        int32_t vid;
-        if (smap_get(&t->vocab, c->valuestring, len, &vid))
-            id = vid;
-        if (id < 0 || id > INT32_MAX)
-            return dit_diag_set(diag, DIT_ERR_FORMAT, "%s: added token \"%.64s\" has no id", path,
-                                c->valuestring);
-        t5_added *v = realloc(t->added, (size_t)(t->n_added + 1) * sizeof *v);
-        if (!v)
-            return dit_diag_set(diag, DIT_ERR_NOMEM, "%s: out of memory", path);
-        t->added = v;
-        a = &t->added[t->n_added];
-        memset(a, 0, sizeof *a);
-        a->content = strdup(c->valuestring);
-        if (!a->content)
-            return dit_diag_set(diag, DIT_ERR_NOMEM, "%s: out of memory", path);
-        t->n_added++;
-        a->id = (int32_t)id;
-    }
-    a->lstrip = lstrip;
-    a->rstrip = rstrip;
-    a->single_word = single_word;
-    a->normalized = normalized;
+    dit_tok_flags f = {0};
+    DIT_CHECK(json_flag(obj, "special", false, &f.special, path, diag));
+    DIT_CHECK(json_flag(obj, "lstrip", false, &f.lstrip, path, diag));
+    DIT_CHECK(json_flag(obj, "rstrip", false, &f.rstrip, path, diag));
+    DIT_CHECK(json_flag(obj, "single_word", false, &f.single_word, path, diag));
+    DIT_CHECK(json_flag(obj, "normalized", !f.special, &f.normalized, path, diag));
+    dit_tok_added *a = NULL;
+    st = dit_tok_added_add(&t->added, &t->vocab, c->valuestring, id, &a);
+    if (st == DIT_ERR_NOT_FOUND)
+        return dit_diag_set(diag, DIT_ERR_FORMAT, "%s: added token \"%.64s\" has no id", path,
+                            c->valuestring);
+    if (st != DIT_OK)
+        return dit_diag_set(diag, DIT_ERR_NOMEM, "%s: out of memory", path);
+    a->flags = f;
 cleanup:
     return st;
 }
@@ -826,10 +607,8 @@ static dit_status load_added(dit_t5_tokenizer *t, const cJSON *tok_json, const c
         if (!ids)
             return dit_diag_set(diag, DIT_ERR_NOMEM, "out of memory");
         for (const cJSON *it = atd->child; it; it = it->next) {
-            char *end = NULL;
-            errno = 0;
-            long long id = strtoll(it->string, &end, 10);
-            if (errno || !*it->string || *end || id < 0 || id > INT32_MAX) {
+            int64_t id;
+            if (!dit_tok_key_id(it->string, &id)) {
                 st = dit_diag_set(diag, DIT_ERR_FORMAT,
                                   "%s: \"added_tokens_decoder\" key \"%.32s\" is not a token id",
                                   cfg_path, it->string);
@@ -850,14 +629,13 @@ static dit_status load_added(dit_t5_tokenizer *t, const cJSON *tok_json, const c
             return dit_diag_set(diag, DIT_ERR_FORMAT, "%s: \"added_tokens\" is not a list",
                                 t->json_path);
         for (const cJSON *it = list ? list->child : NULL; it; it = it->next) {
-            const cJSON *id = cJSON_GetObjectItemCaseSensitive(it, "id");
-            if (!cJSON_IsNumber(id) || id->valuedouble < 0 || id->valuedouble > INT32_MAX ||
-                id->valuedouble != (int32_t)id->valuedouble) {
+            int64_t id;
+            if (!dit_tok_json_id(cJSON_GetObjectItemCaseSensitive(it, "id"), &id)) {
                 st = dit_diag_set(diag, DIT_ERR_FORMAT, "%s: an added token has no valid \"id\"",
                                   t->json_path);
                 goto cleanup;
             }
-            DIT_CHECK(add_token(t, it, (int64_t)id->valuedouble, t->json_path, diag));
+            DIT_CHECK(add_token(t, it, id, t->json_path, diag));
         }
     }
 cleanup:
@@ -867,26 +645,26 @@ cleanup:
 
 static bool token_id(const dit_t5_tokenizer *t, const char *s, int32_t *id)
 {
-    for (int k = 0; k < t->n_added; k++)
-        if (strcmp(t->added[k].content, s) == 0) {
-            *id = t->added[k].id;
-            return true;
-        }
-    return smap_get(&t->vocab, s, strlen(s), id);
+    const dit_tok_added *a = dit_tok_added_find(&t->added, s);
+    if (a) {
+        *id = a->id;
+        return true;
+    }
+    return dit_tok_map_get(&t->vocab, s, strlen(s), id);
 }
 
 static dit_status push_ids(int32_t **v, int *n, const cJSON *ids, const char *path, dit_diag *diag)
 {
     for (const cJSON *it = ids->child; it; it = it->next) {
-        if (!cJSON_IsNumber(it) || it->valuedouble < 0 || it->valuedouble > INT32_MAX ||
-            it->valuedouble != (int32_t)it->valuedouble)
+        int64_t id;
+        if (!dit_tok_json_id(it, &id))
             return dit_diag_set(diag, DIT_ERR_FORMAT,
                                 "%s: TemplateProcessing special token ids must be integers", path);
         int32_t *nv = realloc(*v, sizeof **v * (size_t)(*n + 1));
         if (!nv)
             return dit_diag_set(diag, DIT_ERR_NOMEM, "%s: out of memory", path);
         *v = nv;
-        (*v)[(*n)++] = (int32_t)it->valuedouble;
+        (*v)[(*n)++] = (int32_t)id;
     }
     return DIT_OK;
 }
@@ -949,15 +727,6 @@ static dit_status parse_post(dit_t5_tokenizer *t, const cJSON *pp, const char *e
     return DIT_OK;
 }
 
-static char *path_join(const char *dir, const char *name)
-{
-    size_t n = strlen(dir) + strlen(name) + 2;
-    char *p = malloc(n);
-    if (p)
-        snprintf(p, n, "%s/%s", dir, name);
-    return p;
-}
-
 static const char *token_content(const cJSON *v)
 {
     if (cJSON_IsString(v))
@@ -966,20 +735,20 @@ static const char *token_content(const cJSON *v)
     return cJSON_IsString(c) ? c->valuestring : NULL;
 }
 
-static dit_status normalize(const dit_t5_tokenizer *t, const char *s, size_t len, buf *a, buf *b,
-                            buf **res);
+static dit_status normalize(const dit_t5_tokenizer *t, const char *s, size_t len, dit_tok_buf *a, dit_tok_buf *b,
+                            dit_tok_buf **res);
 
 /* tokenizers matches a normalized added token by its normalized content. */
 static dit_status prepare_added(dit_t5_tokenizer *t, dit_diag *diag)
 {
-    buf a = {0}, b = {0};
+    dit_tok_buf a = {0}, b = {0};
     dit_status st = DIT_OK;
-    for (int k = 0; k < t->n_added && st == DIT_OK; k++) {
-        t5_added *ad = &t->added[k];
+    for (int k = 0; k < t->added.n && st == DIT_OK; k++) {
+        const dit_tok_added *ad = &t->added.v[k];
         const char *src = ad->content;
         size_t len = strlen(src);
-        buf *res = NULL;
-        if (ad->normalized) {
+        dit_tok_buf *res = NULL;
+        if (ad->flags.normalized) {
             st = normalize(t, src, len, &a, &b, &res);
             if (st != DIT_OK) {
                 st = dit_diag_set(diag, st, "%s: cannot normalize added token \"%.64s\"",
@@ -989,16 +758,10 @@ static dit_status prepare_added(dit_t5_tokenizer *t, dit_diag *diag)
             src = res->p;
             len = res->n;
         }
-        ad->match = malloc(len + 1);
-        if (!ad->match) {
+        if (!dit_tok_added_set_match(&t->added, k, src, len)) {
             st = dit_diag_set(diag, DIT_ERR_NOMEM, "%s: out of memory", t->json_path);
             break;
         }
-        memcpy(ad->match, src, len);
-        ad->match[len] = '\0';
-        ad->len = len;
-        if (len > 0)
-            t->first_byte[ad->normalized][(unsigned char)ad->match[0]] = true;
     }
     free(a.p);
     free(b.p);
@@ -1010,28 +773,22 @@ dit_status dit_t5_tokenizer_load(const char *dir, dit_t5_tokenizer **out, dit_di
     dit_status st = DIT_OK;
     cJSON *tj = NULL, *cfg = NULL;
     char *cfg_path = NULL;
-    dit_diag sub = {0};
     if (!dir || !out)
         return dit_diag_set(diag, DIT_ERR_INVALID_ARG, "t5 tokenizer: NULL argument");
     *out = NULL;
     dit_t5_tokenizer *t = calloc(1, sizeof *t);
     if (!t)
         return dit_diag_set(diag, DIT_ERR_NOMEM, "out of memory");
+    t->added.is_word = is_word_char;
     t->dir = strdup(dir);
-    t->json_path = path_join(dir, "tokenizer.json");
-    cfg_path = path_join(dir, "tokenizer_config.json");
+    t->json_path = dit_tok_path_join(dir, "tokenizer.json");
+    cfg_path = dit_tok_path_join(dir, "tokenizer_config.json");
     if (!t->dir || !t->json_path || !cfg_path) {
         st = dit_diag_set(diag, DIT_ERR_NOMEM, "out of memory");
         goto cleanup;
     }
     DIT_CHECK(dit_json_load_file(t->json_path, &tj, diag));
-    st = dit_json_load_file(cfg_path, &cfg, &sub);
-    if (st == DIT_ERR_NOT_FOUND) {
-        st = DIT_OK;
-    } else if (st != DIT_OK) {
-        st = dit_diag_set(diag, st, "%s", dit_diag_msg(&sub));
-        goto cleanup;
-    }
+    DIT_CHECK(dit_tok_json_load_optional(cfg_path, &cfg, diag));
 
     DIT_CHECK(parse_model(t, cJSON_GetObjectItemCaseSensitive(tj, "model"), diag));
     DIT_CHECK(parse_normalizer(t, cJSON_GetObjectItemCaseSensitive(tj, "normalizer"), 0, diag));
@@ -1056,17 +813,8 @@ dit_status dit_t5_tokenizer_load(const char *dir, dit_t5_tokenizer **out, dit_di
     }
     DIT_CHECK(parse_post(t, cJSON_GetObjectItemCaseSensitive(tj, "post_processor"), eos, diag));
 
-    t->max_length = T5_DEFAULT_MAX_LENGTH;
-    const cJSON *ml = cfg ? cJSON_GetObjectItemCaseSensitive(cfg, "model_max_length") : NULL;
-    if (ml && !cJSON_IsNull(ml)) {
-        if (!cJSON_IsNumber(ml) || ml->valuedouble < 1) {
-            st = dit_diag_set(diag, DIT_ERR_FORMAT,
-                              "%s: \"model_max_length\" must be a positive number", cfg_path);
-            goto cleanup;
-        }
-        if (ml->valuedouble <= T5_MAX_LENGTH_CAP && ml->valuedouble == (int)ml->valuedouble)
-            t->max_length = (int)ml->valuedouble;
-    }
+    DIT_CHECK(dit_tok_config_max_length(cfg, cfg_path, 1, T5_DEFAULT_MAX_LENGTH, &t->max_length,
+                                        diag));
     *out = t;
     t = NULL;
 cleanup:
@@ -1087,14 +835,9 @@ void dit_t5_tokenizer_free(dit_t5_tokenizer *t)
         free(t->norm[i].literal);
         free(t->norm[i].content);
     }
-    for (int k = 0; k < t->n_added; k++) {
-        free(t->added[k].content);
-        free(t->added[k].match);
-    }
-    free(t->added);
-    free(t->vocab.slots);
+    dit_tok_added_free(&t->added);
+    dit_tok_map_free(&t->vocab);
     free(t->scores);
-    free(t->pool);
     free(t->prefix_ids);
     free(t->suffix_ids);
     free(t->json_path);
@@ -1156,19 +899,19 @@ static dit_status charsmap_lookup(const norm_step *ns, const unsigned char *s, s
     return DIT_OK;
 }
 
-static dit_status norm_precompiled(const norm_step *ns, const char *s, size_t len, buf *out)
+static dit_status norm_precompiled(const norm_step *ns, const char *s, size_t len, dit_tok_buf *out)
 {
     out->n = 0;
-    if (!buf_reserve(out, len))
+    if (!dit_tok_buf_reserve(out, len))
         return DIT_ERR_NOMEM;
     utf8proc_int32_t state = 0;
     size_t i = 0;
     while (i < len) {
         size_t g = i;
-        int32_t c1 = next_cp(s, len, &i);
+        int32_t c1 = dit_tok_utf8_next(s, len, &i);
         while (i < len) {
             size_t k = i;
-            int32_t c2 = next_cp(s, len, &k);
+            int32_t c2 = dit_tok_utf8_next(s, len, &k);
             if (utf8proc_grapheme_break_stateful(c1, c2, &state))
                 break;
             c1 = c2;
@@ -1182,18 +925,18 @@ static dit_status norm_precompiled(const norm_step *ns, const char *s, size_t le
             if (st != DIT_OK)
                 return st;
             if (rep) {
-                if (!buf_put(out, rep, rep_len))
+                if (!dit_tok_buf_put(out, rep, rep_len))
                     return DIT_ERR_NOMEM;
                 continue;
             }
         }
         for (size_t j = g; j < i;) {
             size_t k = j;
-            next_cp(s, len, &k);
+            dit_tok_utf8_next(s, len, &k);
             st = charsmap_lookup(ns, (const unsigned char *)s + j, k - j, &rep, &rep_len);
             if (st != DIT_OK)
                 return st;
-            if (!(rep ? buf_put(out, rep, rep_len) : buf_put(out, s + j, k - j)))
+            if (!(rep ? dit_tok_buf_put(out, rep, rep_len) : dit_tok_buf_put(out, s + j, k - j)))
                 return DIT_ERR_NOMEM;
             j = k;
         }
@@ -1211,8 +954,8 @@ static size_t replace_match(const norm_step *ns, const char *s, size_t len, size
     size_t k = i, reps = 0;
     while (k < len && reps < ns->max_rep) {
         size_t k2 = k;
-        int32_t c = next_cp(s, len, &k2);
-        if (ns->atom < 0 ? !is_ws(c) : c != ns->atom)
+        int32_t c = dit_tok_utf8_next(s, len, &k2);
+        if (ns->atom < 0 ? !dit_tok_is_ws(c) : c != ns->atom)
             break;
         k = k2;
         reps++;
@@ -1220,22 +963,22 @@ static size_t replace_match(const norm_step *ns, const char *s, size_t len, size
     return reps >= ns->min_rep ? k - i : 0;
 }
 
-static dit_status norm_replace(const norm_step *ns, const char *s, size_t len, buf *out)
+static dit_status norm_replace(const norm_step *ns, const char *s, size_t len, dit_tok_buf *out)
 {
     out->n = 0;
-    if (!buf_reserve(out, len))
+    if (!dit_tok_buf_reserve(out, len))
         return DIT_ERR_NOMEM;
     size_t i = 0;
     while (i < len) {
         size_t m = replace_match(ns, s, len, i);
         bool ok;
         if (m) {
-            ok = buf_put(out, ns->content, ns->content_len);
+            ok = dit_tok_buf_put(out, ns->content, ns->content_len);
             i += m;
         } else {
             size_t k = i;
-            next_cp(s, len, &k);
-            ok = buf_put(out, s + i, k - i);
+            dit_tok_utf8_next(s, len, &k);
+            ok = dit_tok_buf_put(out, s + i, k - i);
             i = k;
         }
         if (!ok)
@@ -1244,13 +987,13 @@ static dit_status norm_replace(const norm_step *ns, const char *s, size_t len, b
     return DIT_OK;
 }
 
-static dit_status norm_strip(const norm_step *ns, const char *s, size_t len, buf *out)
+static dit_status norm_strip(const norm_step *ns, const char *s, size_t len, dit_tok_buf *out)
 {
     size_t b = 0, e = len;
     if (ns->left)
         while (b < e) {
             size_t k = b;
-            if (!is_ws(next_cp(s, len, &k)))
+            if (!dit_tok_is_ws(dit_tok_utf8_next(s, len, &k)))
                 break;
             b = k;
         }
@@ -1260,23 +1003,23 @@ static dit_status norm_strip(const norm_step *ns, const char *s, size_t len, buf
             while (j > b && ((unsigned char)s[j] & 0xC0) == 0x80)
                 j--;
             size_t k = j;
-            if (!is_ws(next_cp(s, len, &k)))
+            if (!dit_tok_is_ws(dit_tok_utf8_next(s, len, &k)))
                 break;
             e = j;
         }
     out->n = 0;
-    return buf_put(out, s + b, e - b) ? DIT_OK : DIT_ERR_NOMEM;
+    return dit_tok_buf_put(out, s + b, e - b) ? DIT_OK : DIT_ERR_NOMEM;
 }
 
 /* Runs the normalizer chain over s[0..len); the result is in *res (one of
  * the two buffers). */
-static dit_status normalize(const dit_t5_tokenizer *t, const char *s, size_t len, buf *a, buf *b,
-                            buf **res)
+static dit_status normalize(const dit_t5_tokenizer *t, const char *s, size_t len, dit_tok_buf *a, dit_tok_buf *b,
+                            dit_tok_buf **res)
 {
     a->n = 0;
-    if (!buf_put(a, s, len))
+    if (!dit_tok_buf_put(a, s, len))
         return DIT_ERR_NOMEM;
-    buf *cur = a, *nxt = b;
+    dit_tok_buf *cur = a, *nxt = b;
     for (int i = 0; i < t->n_norm; i++) {
         const norm_step *ns = &t->norm[i];
         dit_status st;
@@ -1293,7 +1036,7 @@ static dit_status normalize(const dit_t5_tokenizer *t, const char *s, size_t len
         }
         if (st != DIT_OK)
             return st;
-        buf *tmp = cur;
+        dit_tok_buf *tmp = cur;
         cur = nxt;
         nxt = tmp;
     }
@@ -1301,81 +1044,13 @@ static dit_status normalize(const dit_t5_tokenizer *t, const char *s, size_t len
     return DIT_OK;
 }
 
-/* ---- added tokens ------------------------------------------------------------------------ */
-
-static const t5_added *added_at(const dit_t5_tokenizer *t, bool normalized, const char *s,
-                                size_t len, size_t i)
-{
-    const t5_added *best = NULL;
-    if (!t->first_byte[normalized][(unsigned char)s[i]])
-        return NULL;
-    for (int k = 0; k < t->n_added; k++) {
-        const t5_added *a = &t->added[k];
-        if (a->normalized != normalized || a->len > len - i)
-            continue;
-        if (a->len > 0 && (!best || a->len > best->len) && memcmp(s + i, a->match, a->len) == 0)
-            best = a;
-    }
-    return best;
-}
-
-/* tokenizers' AddedVocabulary::find_matches over s[0..len) (see
- * clip_tokenizer.c); appends pieces with offsets relative to `base`. */
-static bool split_added(const dit_t5_tokenizer *t, bool normalized, const char *s, size_t len,
-                        size_t base, bool first, piece_list *out)
-{
-    size_t start_offset = 0, i = 0;
-    while (i < len) {
-        const t5_added *a = added_at(t, normalized, s, len, i);
-        if (!a) {
-            i++;
-            continue;
-        }
-        size_t start = i, stop = i + a->len;
-        i = stop;
-        if (a->single_word) {
-            bool start_ok = start == 0 || !is_word_char(last_cp_before(s, start));
-            size_t k = stop;
-            bool stop_ok = stop == len || !is_word_char(next_cp(s, len, &k));
-            if (!start_ok || !stop_ok)
-                continue;
-        }
-        if (a->lstrip)
-            while (start > start_offset && is_ws(last_cp_before(s, start))) {
-                size_t j = start - 1;
-                while (j > 0 && ((unsigned char)s[j] & 0xC0) == 0x80)
-                    j--;
-                start = j;
-            }
-        if (a->rstrip) {
-            while (stop < len) {
-                size_t k = stop;
-                if (!is_ws(next_cp(s, len, &k)))
-                    break;
-                stop = k;
-            }
-            i = stop;
-        }
-        if (start_offset < start && !piece_push(out, base + start_offset, start - start_offset, -1,
-                                                first && start_offset == 0))
-            return false;
-        if (!piece_push(out, base + start, stop - start, a->id, false))
-            return false;
-        start_offset = stop;
-    }
-    if (start_offset < len &&
-        !piece_push(out, base + start_offset, len - start_offset, -1, first && start_offset == 0))
-        return false;
-    return true;
-}
-
 /* ---- pre-tokenizers ---------------------------------------------------------------------- */
 
 /* Applies one pre-tokenizer to every text piece of `in` (strings in
  * `src`), writing the resulting pieces' strings to `dst` and the pieces to
  * `out`. Empty pieces are dropped, as tokenizers does. */
-static dit_status pre_apply(const pre_step *ps, const buf *src, const piece_list *in, buf *dst,
-                            piece_list *out)
+static dit_status pre_apply(const pre_step *ps, const dit_tok_buf *src, const dit_tok_span_list *in, dit_tok_buf *dst,
+                            dit_tok_span_list *out)
 {
     dst->n = 0;
     out->n = 0;
@@ -1387,20 +1062,20 @@ static dit_status pre_apply(const pre_step *ps, const buf *src, const piece_list
             size_t i = 0;
             while (i < len) {
                 size_t k = i;
-                if (is_ws(next_cp(s, len, &k))) {
+                if (dit_tok_is_ws(dit_tok_utf8_next(s, len, &k))) {
                     i = k;
                     continue;
                 }
                 size_t b = i;
                 while (i < len) {
                     k = i;
-                    if (is_ws(next_cp(s, len, &k)))
+                    if (dit_tok_is_ws(dit_tok_utf8_next(s, len, &k)))
                         break;
                     i = k;
                 }
                 size_t off = dst->n;
-                if (!buf_put(dst, s + b, i - b) ||
-                    !piece_push(out, off, i - b, -1, first && b == 0))
+                if (!dit_tok_buf_put(dst, s + b, i - b) ||
+                    !dit_tok_span_push(out, off, i - b, -1, first && b == 0))
                     return DIT_ERR_NOMEM;
             }
             continue;
@@ -1414,16 +1089,16 @@ static dit_status pre_apply(const pre_step *ps, const buf *src, const piece_list
         bool prepend = ps->prepend == PREPEND_ALWAYS  ? !starts
                        : ps->prepend == PREPEND_FIRST ? !starts && first
                                                       : false;
-        if (prepend && !buf_put(dst, ps->repl, ps->repl_len))
+        if (prepend && !dit_tok_buf_put(dst, ps->repl, ps->repl_len))
             return DIT_ERR_NOMEM;
         for (size_t i = 0; i < len; i++) {
-            bool ok = s[i] == ' ' ? buf_put(dst, ps->repl, ps->repl_len) : buf_put(dst, s + i, 1);
+            bool ok = s[i] == ' ' ? dit_tok_buf_put(dst, ps->repl, ps->repl_len) : dit_tok_buf_put(dst, s + i, 1);
             if (!ok)
                 return DIT_ERR_NOMEM;
         }
         size_t end = dst->n;
         if (!ps->split) {
-            if (end > off && !piece_push(out, off, end - off, -1, first))
+            if (end > off && !dit_tok_span_push(out, off, end - off, -1, first))
                 return DIT_ERR_NOMEM;
             continue;
         }
@@ -1432,7 +1107,7 @@ static dit_status pre_apply(const pre_step *ps, const buf *src, const piece_list
         size_t b = off, i = off;
         while (i < end) {
             if (end - i >= ps->repl_len && memcmp(dst->p + i, ps->repl, ps->repl_len) == 0) {
-                if (i > b && !piece_push(out, b, i - b, -1, first && b == off))
+                if (i > b && !dit_tok_span_push(out, b, i - b, -1, first && b == off))
                     return DIT_ERR_NOMEM;
                 b = i;
                 i += ps->repl_len;
@@ -1440,7 +1115,7 @@ static dit_status pre_apply(const pre_step *ps, const buf *src, const piece_list
                 i++;
             }
         }
-        if (end > b && !piece_push(out, b, end - b, -1, first && b == off))
+        if (end > b && !dit_tok_span_push(out, b, end - b, -1, first && b == off))
             return DIT_ERR_NOMEM;
     }
     return DIT_OK;
@@ -1454,24 +1129,12 @@ typedef struct node {
     int32_t id;
 } node;
 
-typedef struct collector {
-    int32_t *ids;
-    int n, cap;
-    bool overflow;
-} collector;
-
-static void emit(collector *c, int32_t id)
-{
-    if (c->n < c->cap)
-        c->ids[c->n++] = id;
-    else
-        c->overflow = true;
-}
-
+/* One encode call's working memory. */
 typedef struct scratch {
-    buf raw_norm[2];
-    buf pre[2];
-    piece_list outer, inner, pl[2];
+    const dit_t5_tokenizer *t;
+    dit_tok_buf raw_norm[2];
+    dit_tok_buf pre[2];
+    dit_tok_span_list outer, inner, pl[2];
     node *lattice;
     size_t lattice_cap;
     int32_t *rev;
@@ -1479,7 +1142,7 @@ typedef struct scratch {
 } scratch;
 
 static dit_status unigram(const dit_t5_tokenizer *t, scratch *sc, const char *s, size_t n,
-                          collector *out)
+                          dit_tok_ids *out)
 {
     if (n == 0)
         return DIT_OK;
@@ -1502,18 +1165,18 @@ static dit_status unigram(const dit_t5_tokenizer *t, scratch *sc, const char *s,
     while (s0 < n) {
         const double base = best[s0].score;
         size_t k = s0;
-        next_cp(s, n, &k);
+        dit_tok_utf8_next(s, n, &k);
         const size_t mblen = k - s0;
         bool has_single = false;
-        uint64_t h = FNV_INIT;
+        uint64_t h = DIT_TOK_HASH_INIT;
         size_t lim = n - s0 < t->max_piece_len ? n - s0 : t->max_piece_len;
         for (size_t l = 1; l <= lim; l++) {
-            h = fnv_step(h, (unsigned char)s[s0 + l - 1]);
+            h = dit_tok_hash_step(h, (unsigned char)s[s0 + l - 1]);
             /* Pieces are whole characters: skip lengths ending mid-character. */
             if (s0 + l < n && ((unsigned char)s[s0 + l] & 0xC0) == 0x80)
                 continue;
             int32_t id;
-            if (!smap_get_h(&t->vocab, s + s0, l, fnv_final(h), &id))
+            if (!dit_tok_map_get_hashed(&t->vocab, s + s0, l, dit_tok_hash_final(h), &id))
                 continue;
             double cand = t->scores[id] + base;
             node *tn = &best[s0 + l];
@@ -1541,7 +1204,7 @@ static dit_status unigram(const dit_t5_tokenizer *t, scratch *sc, const char *s,
                 b = (size_t)best[b].start;
             /* tokenizers maps the fused string back through the vocabulary. */
             int32_t id;
-            if (!smap_get(&t->vocab, s + b, ue - b, &id))
+            if (!dit_tok_map_get(&t->vocab, s + b, ue - b, &id))
                 id = t->unk_id;
             sc->rev[nr++] = id;
         } else {
@@ -1550,62 +1213,55 @@ static dit_status unigram(const dit_t5_tokenizer *t, scratch *sc, const char *s,
         e = b;
     }
     while (nr > 0)
-        emit(out, sc->rev[--nr]);
+        dit_tok_ids_push(out, sc->rev[--nr]);
     return DIT_OK;
 }
 
 /* ---- encoding ------------------------------------------------------------------------------ */
 
-static dit_status encode_text(const dit_t5_tokenizer *t, scratch *sc, const char *s, size_t len,
-                              collector *out)
+/* The pipeline's normalizer and model (dit_tok_encode_text); ctx is the
+ * scratch. */
+static dit_status normalize_piece(void *ctx, const char *s, size_t len, const char **out,
+                                  size_t *out_len)
 {
-    dit_status st = DIT_OK;
-    sc->outer.n = 0;
-    if (len > 0 && !split_added(t, false, s, len, 0, true, &sc->outer))
+    scratch *sc = ctx;
+    dit_tok_buf *norm = NULL;
+    dit_status st = normalize(sc->t, s, len, &sc->raw_norm[0], &sc->raw_norm[1], &norm);
+    if (st != DIT_OK)
+        return st;
+    *out = norm->p;
+    *out_len = norm->n;
+    return DIT_OK;
+}
+
+/* The pre-tokenizers in turn (pl[0] over pre[0] <- the piece, then back and
+ * forth), then Unigram on each resulting piece. */
+static dit_status tokenize_piece(void *ctx, const char *s, size_t len, bool first,
+                                 dit_tok_ids *out)
+{
+    scratch *sc = ctx;
+    const dit_t5_tokenizer *t = sc->t;
+    dit_tok_buf *src = &sc->pre[0], *dst = &sc->pre[1];
+    dit_tok_span_list *pin = &sc->pl[0], *pout = &sc->pl[1];
+    src->n = 0;
+    pin->n = 0;
+    if (!dit_tok_buf_put(src, s, len) || !dit_tok_span_push(pin, 0, len, -1, first))
         return DIT_ERR_NOMEM;
-    for (size_t i = 0; i < sc->outer.n && !out->overflow; i++) {
-        piece g = sc->outer.v[i];
-        if (g.id >= 0) {
-            emit(out, g.id);
-            continue;
-        }
-        buf *norm = NULL;
-        st = normalize(t, s + g.off, g.len, &sc->raw_norm[0], &sc->raw_norm[1], &norm);
+    for (int k = 0; k < t->n_pre; k++) {
+        dit_status st = pre_apply(&t->pre[k], src, pin, dst, pout);
         if (st != DIT_OK)
             return st;
-        sc->inner.n = 0;
-        if (norm->n > 0 && !split_added(t, true, norm->p, norm->n, 0, g.first, &sc->inner))
-            return DIT_ERR_NOMEM;
-        for (size_t j = 0; j < sc->inner.n && !out->overflow; j++) {
-            piece h = sc->inner.v[j];
-            if (h.id >= 0) {
-                emit(out, h.id);
-                continue;
-            }
-            /* Pre-tokenize this piece: pl[0] over pre[0] <- the piece. */
-            buf *src = &sc->pre[0], *dst = &sc->pre[1];
-            piece_list *pin = &sc->pl[0], *pout = &sc->pl[1];
-            src->n = 0;
-            pin->n = 0;
-            if (!buf_put(src, norm->p + h.off, h.len) || !piece_push(pin, 0, h.len, -1, h.first))
-                return DIT_ERR_NOMEM;
-            for (int k = 0; k < t->n_pre; k++) {
-                st = pre_apply(&t->pre[k], src, pin, dst, pout);
-                if (st != DIT_OK)
-                    return st;
-                buf *tb = src;
-                src = dst;
-                dst = tb;
-                piece_list *tl = pin;
-                pin = pout;
-                pout = tl;
-            }
-            for (size_t w = 0; w < pin->n && !out->overflow; w++) {
-                st = unigram(t, sc, src->p + pin->v[w].off, pin->v[w].len, out);
-                if (st != DIT_OK)
-                    return st;
-            }
-        }
+        dit_tok_buf *tb = src;
+        src = dst;
+        dst = tb;
+        dit_tok_span_list *tl = pin;
+        pin = pout;
+        pout = tl;
+    }
+    for (size_t w = 0; w < pin->n && !out->overflow; w++) {
+        dit_status st = unigram(t, sc, src->p + pin->v[w].off, pin->v[w].len, out);
+        if (st != DIT_OK)
+            return st;
     }
     return DIT_OK;
 }
@@ -1621,12 +1277,13 @@ dit_status dit_t5_tokenizer_encode(const dit_t5_tokenizer *t, const char *utf8, 
                             "t5 tokenizer: max_length %d leaves no room for %d special tokens",
                             max_length, n_special);
     size_t len = strlen(utf8), bad = 0;
-    if (!utf8_valid(utf8, len, &bad))
+    if (!dit_tok_utf8_valid(utf8, len, &bad))
         return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
                             "t5 tokenizer: prompt is not valid UTF-8 (byte %zu of %zu)", bad, len);
-    scratch sc = {0};
-    collector out = {ids + t->n_prefix, 0, max_length - n_special, false};
-    dit_status st = encode_text(t, &sc, utf8, len, &out);
+    scratch sc = {.t = t};
+    dit_tok_ids out = {ids + t->n_prefix, 0, max_length - n_special, false};
+    dit_status st = dit_tok_encode_text(&t->added, utf8, len, normalize_piece, tokenize_piece, &sc,
+                                        &sc.outer, &sc.inner, &out);
     for (int i = 0; i < 2; i++) {
         free(sc.raw_norm[i].p);
         free(sc.pre[i].p);
@@ -1641,13 +1298,8 @@ dit_status dit_t5_tokenizer_encode(const dit_t5_tokenizer *t, const char *utf8, 
                             st == DIT_ERR_NOMEM    ? "out of memory"
                             : st == DIT_ERR_FORMAT ? "the precompiled_charsmap is corrupt"
                                                    : dit_status_str(st));
-    for (int i = 0; i < t->n_prefix; i++)
-        ids[i] = t->prefix_ids[i];
-    int n = t->n_prefix + out.n;
-    for (int i = 0; i < t->n_suffix; i++)
-        ids[n++] = t->suffix_ids[i];
-    for (int i = n; i < max_length; i++)
-        ids[i] = t->pad_id;
+    int n = dit_tok_ids_finish(ids, max_length, t->prefix_ids, t->n_prefix, out.n, t->suffix_ids,
+                               t->n_suffix, t->pad_id);
     if (n_tokens)
         *n_tokens = n;
     if (truncated)

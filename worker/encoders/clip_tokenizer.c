@@ -27,7 +27,7 @@
  * one tokenizers uses for every code point and canonical decomposition
  * except U+11935 U+11930 (Dives Akuru), which utf8proc composes and
  * tokenizers' older tables do not. */
-#include "text/clip_tokenizer.h"
+#include "encoders/clip_tokenizer.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -39,12 +39,10 @@
 #include <cjson/cJSON.h>
 #include <utf8proc.h>
 
+#include "encoders/tokenizer_base.h"
 #include "loader/json_util.h"
 
 #define CLIP_DEFAULT_MAX_LENGTH 77
-/* model_max_length values above this (transformers writes 1e30 for "no
- * limit") are not a length anyone can encode; such configs get the default. */
-#define CLIP_MAX_LENGTH_CAP (1 << 20)
 /* The real merges.txt is ~500 kB. */
 #define CLIP_MAX_MERGES_BYTES ((long)64 << 20)
 #define CLIP_EOW "</w>"
@@ -89,14 +87,6 @@ static bool in_ranges(int32_t c, const cp_range *r, size_t n)
     return false;
 }
 
-/* Unicode White_Space: Oniguruma's \s and Rust's char::is_whitespace. */
-static bool is_ws(int32_t c)
-{
-    return (c >= 0x09 && c <= 0x0D) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 ||
-           (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F ||
-           c == 0x205F || c == 0x3000;
-}
-
 static bool is_letter(int32_t c)
 {
     if (c < 0x80)
@@ -137,83 +127,7 @@ static int32_t lower_cp(int32_t c)
     return utf8proc_tolower(c);
 }
 
-/* Decodes one code point of valid UTF-8 at s[*i] (the text was validated). */
-static int32_t next_cp(const char *s, size_t len, size_t *i)
-{
-    utf8proc_int32_t cp = 0;
-    utf8proc_ssize_t n =
-        utf8proc_iterate((const utf8proc_uint8_t *)s + *i, (utf8proc_ssize_t)(len - *i), &cp);
-    *i += n > 0 ? (size_t)n : 1;
-    return n > 0 ? cp : 0xFFFD;
-}
-
-static bool utf8_valid(const char *s, size_t len, size_t *bad_at)
-{
-    size_t i = 0;
-    while (i < len) {
-        utf8proc_int32_t cp;
-        utf8proc_ssize_t n =
-            utf8proc_iterate((const utf8proc_uint8_t *)s + i, (utf8proc_ssize_t)(len - i), &cp);
-        if (n <= 0) {
-            *bad_at = i;
-            return false;
-        }
-        i += (size_t)n;
-    }
-    return true;
-}
-
-/* ---- growable byte buffer --------------------------------------------------- */
-
-typedef struct buf {
-    char *p;
-    size_t n, cap;
-} buf;
-
-static bool buf_reserve(buf *b, size_t extra)
-{
-    if (b->n + extra + 1 <= b->cap)
-        return true;
-    size_t cap = b->cap ? b->cap : 64;
-    while (cap < b->n + extra + 1)
-        cap *= 2;
-    char *p = realloc(b->p, cap);
-    if (!p)
-        return false;
-    b->p = p;
-    b->cap = cap;
-    return true;
-}
-
-static bool buf_put(buf *b, const void *s, size_t n)
-{
-    if (!buf_reserve(b, n))
-        return false;
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = '\0';
-    return true;
-}
-
-static bool buf_put_cp(buf *b, int32_t cp)
-{
-    utf8proc_uint8_t tmp[4];
-    utf8proc_ssize_t n = utf8proc_encode_char(cp, tmp);
-    return buf_put(b, tmp, (size_t)n);
-}
-
-/* ---- hash maps --------------------------------------------------------------- */
-
-static uint64_t hash_bytes(const void *p, size_t n)
-{
-    const unsigned char *s = p;
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < n; i++) {
-        h ^= s[i];
-        h *= 0x100000001b3ull;
-    }
-    return h ^ (h >> 29);
-}
+/* ---- merge map ---------------------------------------------------------------- */
 
 static uint64_t hash_u64(uint64_t z)
 {
@@ -228,53 +142,6 @@ static size_t pow2_at_least(size_t n)
     while (c < n)
         c *= 2;
     return c;
-}
-
-/* string -> id; keys are borrowed (they live in the tokenizer's pool). */
-typedef struct smap_slot {
-    const char *key;
-    size_t len;
-    int32_t val;
-} smap_slot;
-
-typedef struct smap {
-    smap_slot *slots;
-    size_t cap; /* power of two, at least twice the entries */
-} smap;
-
-static bool smap_init(smap *m, size_t entries)
-{
-    m->cap = pow2_at_least(entries * 2 + 1);
-    m->slots = calloc(m->cap, sizeof *m->slots);
-    return m->slots != NULL;
-}
-
-/* Later insertions of a key overwrite earlier ones, as a Rust HashMap built
- * from the same sequence does. */
-static void smap_put(smap *m, const char *key, size_t len, int32_t val)
-{
-    size_t i = hash_bytes(key, len) & (m->cap - 1);
-    while (m->slots[i].key) {
-        if (m->slots[i].len == len && memcmp(m->slots[i].key, key, len) == 0)
-            break;
-        i = (i + 1) & (m->cap - 1);
-    }
-    m->slots[i].key = key;
-    m->slots[i].len = len;
-    m->slots[i].val = val;
-}
-
-static bool smap_get(const smap *m, const char *key, size_t len, int32_t *val)
-{
-    size_t i = hash_bytes(key, len) & (m->cap - 1);
-    while (m->slots[i].key) {
-        if (m->slots[i].len == len && memcmp(m->slots[i].key, key, len) == 0) {
-            *val = m->slots[i].val;
-            return true;
-        }
-        i = (i + 1) & (m->cap - 1);
-    }
-    return false;
 }
 
 /* (left id, right id) -> (rank, merged id). */
@@ -331,31 +198,18 @@ static const pmap_slot *pmap_get(const pmap *m, int32_t a, int32_t b)
 
 /* ---- the tokenizer ------------------------------------------------------------ */
 
-/* One of transformers' added tokens: matched in the text before the
- * normalizer (normalized = false) or in the normalized text (true). */
-typedef struct clip_added {
-    char *content;
-    char *match; /* content, or content run through the normalizer */
-    size_t match_len;
-    int32_t id;
-    bool lstrip, rstrip, single_word, normalized, special;
-} clip_added;
-
 struct dit_clip_tokenizer {
     char *dir;
-    char *pool; /* vocab strings, NUL-separated */
-    smap vocab;
+    dit_tok_map vocab;
     pmap merges;
     int32_t byte_id[256];     /* vocab id of the byte's symbol, or -1 */
     int32_t byte_eow_id[256]; /* ... of the symbol + "</w>", or -1 */
     int32_t unk_id;           /* -1: the unk token is not in the vocabulary */
     int32_t bos_id, eos_id, pad_id;
     int max_length;
-    clip_added *added;
-    int n_added;
-    /* Whether some added token of the kind [normalized] starts with a byte:
-     * lets the scan skip most positions at once. */
-    bool first_byte[2][256];
+    /* transformers' added tokens: matched in the text before the normalizer
+     * (normalized = false) or in the normalized text (true). */
+    dit_tok_added_set added;
 };
 
 /* GPT-2's byte -> printable character table. */
@@ -366,15 +220,6 @@ static void bytes_to_unicode(int32_t map[256])
         bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
         map[b] = printable ? b : 256 + n++;
     }
-}
-
-static char *path_join(const char *dir, const char *name)
-{
-    size_t n = strlen(dir) + strlen(name) + 2;
-    char *p = malloc(n);
-    if (p)
-        snprintf(p, n, "%s/%s", dir, name);
-    return p;
 }
 
 static dit_status read_text_file(const char *path, long max_bytes, char **out, size_t *out_len,
@@ -424,8 +269,8 @@ static dit_status load_vocab(dit_clip_tokenizer *t, const cJSON *obj, const char
         return dit_diag_set(diag, DIT_ERR_FORMAT, "%s: the vocabulary is not a JSON object", path);
     size_t n = 0, bytes = 0;
     for (const cJSON *it = obj->child; it; it = it->next) {
-        if (!cJSON_IsNumber(it) || it->valuedouble < 0 || it->valuedouble > INT32_MAX ||
-            it->valuedouble != (double)(int32_t)it->valuedouble)
+        int64_t id;
+        if (!dit_tok_json_id(it, &id))
             return dit_diag_set(diag, DIT_ERR_FORMAT,
                                 "%s: the id of token \"%.64s\" is not an integer in [0, 2^31)",
                                 path, it->string ? it->string : "");
@@ -434,16 +279,10 @@ static dit_status load_vocab(dit_clip_tokenizer *t, const cJSON *obj, const char
     }
     if (n == 0)
         return dit_diag_set(diag, DIT_ERR_FORMAT, "%s: the vocabulary is empty", path);
-    t->pool = malloc(bytes);
-    if (!t->pool || !smap_init(&t->vocab, n))
+    if (!dit_tok_map_init(&t->vocab, n, bytes))
         return dit_diag_set(diag, DIT_ERR_NOMEM, "%s: out of memory", path);
-    char *p = t->pool;
-    for (const cJSON *it = obj->child; it; it = it->next) {
-        size_t len = strlen(it->string);
-        memcpy(p, it->string, len + 1);
-        smap_put(&t->vocab, p, len, (int32_t)it->valuedouble);
-        p += len + 1;
-    }
+    for (const cJSON *it = obj->child; it; it = it->next)
+        dit_tok_map_put(&t->vocab, it->string, strlen(it->string), (int32_t)it->valuedouble);
     return DIT_OK;
 }
 
@@ -451,19 +290,19 @@ static dit_status load_vocab(dit_clip_tokenizer *t, const cJSON *obj, const char
  * concatenation must be in the vocabulary, as tokenizers' BPE builder
  * requires. A later duplicate pair overwrites an earlier one (HashMap). */
 static dit_status add_merge(dit_clip_tokenizer *t, const char *a, size_t la, const char *b,
-                            size_t lb, uint32_t rank, buf *cat, const char *path, const char *where,
+                            size_t lb, uint32_t rank, dit_tok_buf *cat, const char *path, const char *where,
                             size_t index, dit_diag *diag)
 {
     int32_t ia, ib, m;
-    bool has_a = smap_get(&t->vocab, a, la, &ia);
-    if (!has_a || !smap_get(&t->vocab, b, lb, &ib))
+    bool has_a = dit_tok_map_get(&t->vocab, a, la, &ia);
+    if (!has_a || !dit_tok_map_get(&t->vocab, b, lb, &ib))
         return dit_diag_set(diag, DIT_ERR_FORMAT,
                             "%s: %s %zu: token \"%.*s\" is not in the vocabulary", path, where,
                             index, (int)(has_a ? lb : la), has_a ? b : a);
     cat->n = 0;
-    if (!buf_put(cat, a, la) || !buf_put(cat, b, lb))
+    if (!dit_tok_buf_put(cat, a, la) || !dit_tok_buf_put(cat, b, lb))
         return dit_diag_set(diag, DIT_ERR_NOMEM, "%s: out of memory", path);
-    if (!smap_get(&t->vocab, cat->p, cat->n, &m))
+    if (!dit_tok_map_get(&t->vocab, cat->p, cat->n, &m))
         return dit_diag_set(diag, DIT_ERR_FORMAT,
                             "%s: %s %zu: merged token \"%.*s\" is not in the vocabulary", path,
                             where, index, (int)cat->n, cat->p);
@@ -479,7 +318,7 @@ static dit_status load_merges_txt(dit_clip_tokenizer *t, const char *path, dit_d
     dit_status st = DIT_OK;
     char *data = NULL;
     size_t len = 0;
-    buf cat = {0};
+    dit_tok_buf cat = {0};
     DIT_CHECK(read_text_file(path, CLIP_MAX_MERGES_BYTES, &data, &len, diag));
 
     size_t lines = 1;
@@ -524,7 +363,7 @@ static dit_status load_merges_json(dit_clip_tokenizer *t, const cJSON *list, con
                                    dit_diag *diag)
 {
     dit_status st = DIT_OK;
-    buf cat = {0};
+    dit_tok_buf cat = {0};
     int n = cJSON_IsArray(list) ? cJSON_GetArraySize(list) : -1;
     if (n < 0)
         return dit_diag_set(diag, DIT_ERR_FORMAT, "%s: model.merges is not a list", path);
@@ -565,10 +404,10 @@ cleanup:
 
 /* NFC, every run of White_Space -> " ", lowercase (full mapping: U+0130
  * becomes "i" + U+0307; everything else maps to one code point). */
-static dit_status clip_normalize(const char *s, size_t len, buf *out)
+static dit_status clip_normalize(const char *s, size_t len, dit_tok_buf *out)
 {
     out->n = 0;
-    if (!buf_reserve(out, len))
+    if (!dit_tok_buf_reserve(out, len))
         return DIT_ERR_NOMEM;
     if (len == 0)
         return DIT_OK;
@@ -581,17 +420,17 @@ static dit_status clip_normalize(const char *s, size_t len, buf *out)
     size_t i = 0;
     bool in_ws = false;
     while (i < (size_t)n) {
-        int32_t c = next_cp(p, (size_t)n, &i);
+        int32_t c = dit_tok_utf8_next(p, (size_t)n, &i);
         bool ok;
-        if (is_ws(c)) {
-            ok = in_ws || buf_put(out, " ", 1);
+        if (dit_tok_is_ws(c)) {
+            ok = in_ws || dit_tok_buf_put(out, " ", 1);
             in_ws = true;
         } else if (c == 0x130) {
             in_ws = false;
-            ok = buf_put(out, "i\xCC\x87", 3);
+            ok = dit_tok_buf_put(out, "i\xCC\x87", 3);
         } else {
             in_ws = false;
-            ok = buf_put_cp(out, lower_cp(c));
+            ok = dit_tok_buf_put_cp(out, lower_cp(c));
         }
         if (!ok) {
             free(nfc);
@@ -600,115 +439,6 @@ static dit_status clip_normalize(const char *s, size_t len, buf *out)
     }
     free(nfc);
     return DIT_OK;
-}
-
-/* ---- added tokens ----------------------------------------------------------- */
-
-/* Longest added token of the given kind matching at s[i]; NULL if none. */
-static const clip_added *added_at(const dit_clip_tokenizer *t, bool normalized, const char *s,
-                                  size_t len, size_t i)
-{
-    const clip_added *best = NULL;
-    if (!t->first_byte[normalized][(unsigned char)s[i]])
-        return NULL;
-    for (int k = 0; k < t->n_added; k++) {
-        const clip_added *a = &t->added[k];
-        if (a->normalized != normalized || a->match_len == 0 || a->match_len > len - i)
-            continue;
-        if ((!best || a->match_len > best->match_len) && memcmp(s + i, a->match, a->match_len) == 0)
-            best = a;
-    }
-    return best;
-}
-
-/* The code point that ends just before s[i] (i > 0, a boundary). */
-static int32_t last_cp_before(const char *s, size_t i)
-{
-    size_t j = i - 1;
-    while (j > 0 && ((unsigned char)s[j] & 0xC0) == 0x80)
-        j--;
-    size_t k = j;
-    return next_cp(s, i, &k);
-}
-
-/* One piece of a split: text [start, end) of the string, or an added token. */
-typedef struct seg {
-    size_t start, end;
-    int32_t id; /* -1: text */
-} seg;
-
-typedef struct seg_list {
-    seg *v;
-    size_t n, cap;
-} seg_list;
-
-static bool seg_push(seg_list *l, size_t start, size_t end, int32_t id)
-{
-    if (l->n == l->cap) {
-        size_t cap = l->cap ? l->cap * 2 : 16;
-        seg *v = realloc(l->v, cap * sizeof *v);
-        if (!v)
-            return false;
-        l->v = v;
-        l->cap = cap;
-    }
-    l->v[l->n++] = (seg){start, end, id};
-    return true;
-}
-
-/* tokenizers' AddedVocabulary::find_matches: leftmost-longest matches (the
- * scan resumes after a match even when single_word discards it), lstrip /
- * rstrip widening the token over neighbouring whitespace. */
-static bool split_added(const dit_clip_tokenizer *t, bool normalized, const char *s, size_t len,
-                        seg_list *out)
-{
-    out->n = 0;
-    size_t start_offset = 0, i = 0;
-    while (i < len) {
-        const clip_added *a = added_at(t, normalized, s, len, i);
-        if (!a) {
-            i++;
-            continue;
-        }
-        size_t start = i, stop = i + a->match_len;
-        i = stop;
-        if (a->single_word) {
-            bool start_ok = start == 0 || !is_word_char(last_cp_before(s, start));
-            size_t k = stop;
-            bool stop_ok = stop == len || !is_word_char(next_cp(s, len, &k));
-            if (!start_ok || !stop_ok)
-                continue;
-        }
-        if (a->lstrip) {
-            size_t ns = start;
-            while (ns > start_offset && is_ws(last_cp_before(s, ns))) {
-                size_t j = ns - 1;
-                while (j > 0 && ((unsigned char)s[j] & 0xC0) == 0x80)
-                    j--;
-                ns = j;
-            }
-            start = ns;
-        }
-        if (a->rstrip) {
-            size_t k = stop;
-            while (k < len) {
-                size_t k2 = k;
-                if (!is_ws(next_cp(s, len, &k2)))
-                    break;
-                k = k2;
-            }
-            stop = k;
-            i = stop;
-        }
-        if (start_offset < start && !seg_push(out, start_offset, start, -1))
-            return false;
-        if (!seg_push(out, start, stop, a->id))
-            return false;
-        start_offset = stop;
-    }
-    if (start_offset < len && !seg_push(out, start_offset, len, -1))
-        return false;
-    return true;
 }
 
 /* ---- BPE -------------------------------------------------------------------- */
@@ -725,28 +455,14 @@ typedef struct merge_ent {
     int32_t new_id;
 } merge_ent;
 
-/* Output ids of the text (no special tokens); stops storing at `cap` and
- * notes that more came. */
-typedef struct collector {
-    int32_t *ids;
-    int n, cap;
-    bool overflow;
-} collector;
-
-static void emit(collector *c, int32_t id)
-{
-    if (c->n < c->cap)
-        c->ids[c->n++] = id;
-    else
-        c->overflow = true;
-}
-
+/* One encode call's working memory. */
 typedef struct scratch {
+    const dit_clip_tokenizer *t;
     sym *syms;
     merge_ent *heap;
     size_t sym_cap, heap_cap;
-    buf norm;
-    seg_list outer, inner;
+    dit_tok_buf norm;
+    dit_tok_span_list outer, inner;
 } scratch;
 
 static bool ent_less(const merge_ent *a, const merge_ent *b)
@@ -804,7 +520,7 @@ static void push_pair(const dit_clip_tokenizer *t, scratch *sc, size_t *hn, int3
  * the last one with "</w>"; merges are applied lowest rank first, leftmost
  * first among equal ranks (tokenizers' Word::merge_all). */
 static dit_status bpe_word(const dit_clip_tokenizer *t, scratch *sc, const unsigned char *w,
-                           size_t n, collector *out)
+                           size_t n, dit_tok_ids *out)
 {
     if (n == 0)
         return DIT_OK;
@@ -864,7 +580,7 @@ static dit_status bpe_word(const dit_clip_tokenizer *t, scratch *sc, const unsig
         push_pair(t, sc, &hn, (int32_t)top.pos);
     }
     for (int32_t i = 0; i >= 0; i = sc->syms[i].next)
-        emit(out, sc->syms[i].id);
+        dit_tok_ids_push(out, sc->syms[i].id);
     return DIT_OK;
 }
 
@@ -888,7 +604,7 @@ enum { CLS_WS, CLS_L, CLS_N, CLS_OTHER };
 
 static int cp_class(int32_t c)
 {
-    if (is_ws(c))
+    if (dit_tok_is_ws(c))
         return CLS_WS;
     if (is_letter(c))
         return CLS_L;
@@ -902,7 +618,7 @@ static size_t run_end(const char *s, size_t len, size_t i, int cls)
 {
     while (i < len) {
         size_t k = i;
-        if (cp_class(next_cp(s, len, &k)) != cls)
+        if (cp_class(dit_tok_utf8_next(s, len, &k)) != cls)
             break;
         i = k;
     }
@@ -914,14 +630,14 @@ static size_t run_end(const char *s, size_t len, size_t i, int cls)
  * changes anything for "<|startoftext|>"/"<|endoftext|>" pieces, which
  * become "<|", the word, "|>". */
 static dit_status gpt2_split(const dit_clip_tokenizer *t, scratch *sc, const char *p, size_t len,
-                             collector *out)
+                             dit_tok_ids *out)
 {
     size_t q = 0;
     while (q < len && !out->overflow) {
         size_t e = q + contraction_len(p + q, len - q);
         if (e == q) {
             size_t k = q;
-            int cls = cp_class(next_cp(p, len, &k));
+            int cls = cp_class(dit_tok_utf8_next(p, len, &k));
             e = run_end(p, len, k, cls);
         }
         dit_status st = bpe_word(t, sc, (const unsigned char *)p + q, e - q, out);
@@ -935,13 +651,13 @@ static dit_status gpt2_split(const dit_clip_tokenizer *t, scratch *sc, const cha
 /* CLIP's split (matches kept, whitespace between them dropped):
  * <\|startoftext\|>|<\|endoftext\|>|'s|'t|'re|'ve|'m|'ll|'d|[\p{L}]+|[\p{N}]|[^\s\p{L}\p{N}]+ */
 static dit_status pre_tokenize(const dit_clip_tokenizer *t, scratch *sc, const char *s, size_t len,
-                               collector *out)
+                               dit_tok_ids *out)
 {
     static const char sot[] = "<|startoftext|>", eot[] = "<|endoftext|>";
     size_t i = 0;
     while (i < len && !out->overflow) {
         size_t k = i;
-        int cls = cp_class(next_cp(s, len, &k));
+        int cls = cp_class(dit_tok_utf8_next(s, len, &k));
         if (cls == CLS_WS) {
             i = k;
             continue;
@@ -971,21 +687,15 @@ static dit_status pre_tokenize(const dit_clip_tokenizer *t, scratch *sc, const c
 typedef struct tok_spec {
     const char *content; /* NULL: absent */
     bool is_obj;
-    bool lstrip, rstrip, single_word, normalized, special;
+    dit_tok_flags flags;
 } tok_spec;
 
 static dit_status json_flag(const cJSON *obj, const char *key, bool def, bool *out,
                             const char *path, dit_diag *diag)
 {
-    const cJSON *it = cJSON_GetObjectItemCaseSensitive(obj, key);
-    if (!it || cJSON_IsNull(it)) {
-        *out = def;
-        return DIT_OK;
-    }
-    if (!cJSON_IsBool(it))
+    if (!dit_tok_json_flag(obj, key, def, out))
         return dit_diag_set(diag, DIT_ERR_FORMAT, "%s: \"%s\" of an added token is not a boolean",
                             path, key);
-    *out = cJSON_IsTrue(it);
     return DIT_OK;
 }
 
@@ -1011,13 +721,13 @@ static dit_status parse_tok_spec(const cJSON *v, bool from_map, const char *path
     out->content = c->valuestring;
     out->is_obj = true;
     if (from_map)
-        out->special = true;
+        out->flags.special = true;
     else
-        DIT_CHECK(json_flag(v, "special", false, &out->special, path, diag));
-    DIT_CHECK(json_flag(v, "lstrip", false, &out->lstrip, path, diag));
-    DIT_CHECK(json_flag(v, "rstrip", false, &out->rstrip, path, diag));
-    DIT_CHECK(json_flag(v, "single_word", false, &out->single_word, path, diag));
-    DIT_CHECK(json_flag(v, "normalized", !out->special, &out->normalized, path, diag));
+        DIT_CHECK(json_flag(v, "special", false, &out->flags.special, path, diag));
+    DIT_CHECK(json_flag(v, "lstrip", false, &out->flags.lstrip, path, diag));
+    DIT_CHECK(json_flag(v, "rstrip", false, &out->flags.rstrip, path, diag));
+    DIT_CHECK(json_flag(v, "single_word", false, &out->flags.single_word, path, diag));
+    DIT_CHECK(json_flag(v, "normalized", !out->flags.special, &out->flags.normalized, path, diag));
 cleanup:
     return st;
 }
@@ -1026,9 +736,10 @@ static bool tok_spec_equal(const tok_spec *a, const tok_spec *b)
 {
     if (a->is_obj != b->is_obj || strcmp(a->content, b->content) != 0)
         return false;
+    const dit_tok_flags *x = &a->flags, *y = &b->flags;
     return !a->is_obj ||
-           (a->lstrip == b->lstrip && a->rstrip == b->rstrip && a->single_word == b->single_word &&
-            a->normalized == b->normalized && a->special == b->special);
+           (x->lstrip == y->lstrip && x->rstrip == y->rstrip && x->single_word == y->single_word &&
+            x->normalized == y->normalized && x->special == y->special);
 }
 
 /* Adds (or, for a content already present, re-flags) an added token, as
@@ -1037,41 +748,20 @@ static bool tok_spec_equal(const tok_spec *a, const tok_spec *b)
 static dit_status add_token(dit_clip_tokenizer *t, const tok_spec *s, int64_t id_hint,
                             const char *path, dit_diag *diag)
 {
-    clip_added *a = NULL;
-    for (int k = 0; k < t->n_added; k++)
-        if (strcmp(t->added[k].content, s->content) == 0)
-            a = &t->added[k];
-    if (!a) {
-        int32_t id;
-        if (!smap_get(&t->vocab, s->content, strlen(s->content), &id)) {
-            if (id_hint < 0 || id_hint > INT32_MAX)
-                return dit_diag_set(diag, DIT_ERR_FORMAT,
-                                    "%s: special token \"%.64s\" is not in vocab.json and has "
-                                    "no id in \"added_tokens_decoder\"",
-                                    path, s->content);
-            id = (int32_t)id_hint;
-        }
-        clip_added *v = realloc(t->added, (size_t)(t->n_added + 1) * sizeof *v);
-        if (!v)
-            return dit_diag_set(diag, DIT_ERR_NOMEM, "%s: out of memory", path);
-        t->added = v;
-        a = &t->added[t->n_added++];
-        memset(a, 0, sizeof *a);
-        a->id = id;
-        a->content = strdup(s->content);
-        if (!a->content)
-            return dit_diag_set(diag, DIT_ERR_NOMEM, "%s: out of memory", path);
-    }
+    dit_tok_added *a = NULL;
+    dit_status st = dit_tok_added_add(&t->added, &t->vocab, s->content, id_hint, &a);
+    if (st == DIT_ERR_NOT_FOUND)
+        return dit_diag_set(diag, DIT_ERR_FORMAT,
+                            "%s: special token \"%.64s\" is not in vocab.json and has "
+                            "no id in \"added_tokens_decoder\"",
+                            path, s->content);
+    if (st != DIT_OK)
+        return dit_diag_set(diag, DIT_ERR_NOMEM, "%s: out of memory", path);
     if (s->is_obj) {
-        a->lstrip = s->lstrip;
-        a->rstrip = s->rstrip;
-        a->single_word = s->single_word;
-        a->normalized = s->normalized;
-        a->special = s->special;
+        a->flags = s->flags;
     } else {
         /* A plain string becomes AddedToken(content, special=True). */
-        a->lstrip = a->rstrip = a->single_word = a->normalized = false;
-        a->special = true;
+        a->flags = (dit_tok_flags){.special = true};
     }
     return DIT_OK;
 }
@@ -1103,20 +793,10 @@ static dit_status add_listed_tokens(dit_clip_tokenizer *t, const cJSON *list, bo
     if (!items)
         return dit_diag_set(diag, DIT_ERR_NOMEM, "%s: out of memory", path);
     for (const cJSON *it = list->child; it; it = it->next) {
-        long long id = -1;
-        if (is_array) {
-            const cJSON *jid = cJSON_GetObjectItemCaseSensitive(it, "id");
-            if (cJSON_IsNumber(jid) && jid->valuedouble >= 0 && jid->valuedouble <= INT32_MAX &&
-                jid->valuedouble == (double)(int32_t)jid->valuedouble)
-                id = (long long)jid->valuedouble;
-        } else {
-            char *end = NULL;
-            errno = 0;
-            id = strtoll(it->string, &end, 10);
-            if (errno || !*it->string || *end || id > INT32_MAX)
-                id = -1;
-        }
-        if (id < 0) {
+        int64_t id = -1;
+        bool ok = is_array ? dit_tok_json_id(cJSON_GetObjectItemCaseSensitive(it, "id"), &id)
+                           : dit_tok_key_id(it->string, &id);
+        if (!ok) {
             st = dit_diag_set(diag, DIT_ERR_FORMAT, "%s: added token \"%.32s\" has no valid id",
                               path, is_array ? "" : it->string);
             goto cleanup;
@@ -1154,33 +834,16 @@ static dit_status load_specials(dit_clip_tokenizer *t, const cJSON *json_added,
 {
     dit_status st = DIT_OK;
     cJSON *cfg = NULL, *map = NULL;
-    char *cfg_path = path_join(t->dir, "tokenizer_config.json");
-    char *map_path = path_join(t->dir, "special_tokens_map.json");
-    dit_diag sub = {0};
+    char *cfg_path = dit_tok_path_join(t->dir, "tokenizer_config.json");
+    char *map_path = dit_tok_path_join(t->dir, "special_tokens_map.json");
     tok_spec spec[K_COUNT], queue[K_COUNT];
     if (!cfg_path || !map_path) {
         st = dit_diag_set(diag, DIT_ERR_NOMEM, "out of memory");
         goto cleanup;
     }
-    st = dit_json_load_file(cfg_path, &cfg, &sub);
-    if (st == DIT_ERR_NOT_FOUND) {
-        st = DIT_OK;
-    } else if (st != DIT_OK) {
-        st = dit_diag_set(diag, st, "%s", dit_diag_msg(&sub));
-        goto cleanup;
-    }
-
-    t->max_length = CLIP_DEFAULT_MAX_LENGTH;
-    const cJSON *ml = cfg ? cJSON_GetObjectItemCaseSensitive(cfg, "model_max_length") : NULL;
-    if (ml && !cJSON_IsNull(ml)) {
-        if (!cJSON_IsNumber(ml) || ml->valuedouble < 2) {
-            st = dit_diag_set(diag, DIT_ERR_FORMAT,
-                              "%s: \"model_max_length\" must be a number of at least 2", cfg_path);
-            goto cleanup;
-        }
-        if (ml->valuedouble <= CLIP_MAX_LENGTH_CAP && ml->valuedouble == (int)ml->valuedouble)
-            t->max_length = (int)ml->valuedouble;
-    }
+    DIT_CHECK(dit_tok_json_load_optional(cfg_path, &cfg, diag));
+    DIT_CHECK(dit_tok_config_max_length(cfg, cfg_path, 2, CLIP_DEFAULT_MAX_LENGTH, &t->max_length,
+                                        diag));
 
     static const char *const defaults[K_COUNT] = {
         "<|startoftext|>", "<|endoftext|>", "<|endoftext|>", NULL, "<|endoftext|>", NULL, NULL};
@@ -1200,14 +863,7 @@ static dit_status load_specials(dit_clip_tokenizer *t, const cJSON *json_added,
         }
         DIT_CHECK(add_listed_tokens(t, atd, false, cfg_path, diag));
     } else {
-        dit_diag_clear(&sub);
-        st = dit_json_load_file(map_path, &map, &sub);
-        if (st == DIT_ERR_NOT_FOUND) {
-            st = DIT_OK;
-        } else if (st != DIT_OK) {
-            st = dit_diag_set(diag, st, "%s", dit_diag_msg(&sub));
-            goto cleanup;
-        }
+        DIT_CHECK(dit_tok_json_load_optional(map_path, &map, diag));
         for (int k = 0; map && k < K_COUNT; k++) {
             const cJSON *v = cJSON_GetObjectItemCaseSensitive(map, special_keys[k]);
             tok_spec s;
@@ -1232,9 +888,7 @@ static dit_status load_specials(dit_clip_tokenizer *t, const cJSON *json_added,
     for (int k = 0; k < K_COUNT; k++) {
         if (!spec[k].content)
             continue;
-        bool skip = false;
-        for (int j = 0; j < t->n_added && !skip; j++)
-            skip = strcmp(t->added[j].content, spec[k].content) == 0;
+        bool skip = dit_tok_added_find(&t->added, spec[k].content) != NULL;
         for (int j = 0; j < nq && !skip; j++)
             skip = tok_spec_equal(&queue[j], &spec[k]);
         if (!skip)
@@ -1247,14 +901,12 @@ static dit_status load_specials(dit_clip_tokenizer *t, const cJSON *json_added,
     for (int k = 0; k < K_COUNT; k++) {
         if (!dst[k])
             continue;
-        *dst[k] = -1;
-        for (int j = 0; j < t->n_added; j++)
-            if (strcmp(t->added[j].content, spec[k].content) == 0)
-                *dst[k] = t->added[j].id;
+        const dit_tok_added *a = dit_tok_added_find(&t->added, spec[k].content);
+        *dst[k] = a ? a->id : -1;
     }
     t->unk_id = -1;
     if (spec[K_UNK].content)
-        smap_get(&t->vocab, spec[K_UNK].content, strlen(spec[K_UNK].content), &t->unk_id);
+        dit_tok_map_get(&t->vocab, spec[K_UNK].content, strlen(spec[K_UNK].content), &t->unk_id);
 cleanup:
     cJSON_Delete(cfg);
     cJSON_Delete(map);
@@ -1266,38 +918,34 @@ cleanup:
 /* Normalized added tokens are searched for in their normalized form. */
 static dit_status prepare_added(dit_clip_tokenizer *t, dit_diag *diag)
 {
-    buf nb = {0};
-    for (int k = 0; k < t->n_added; k++) {
-        clip_added *a = &t->added[k];
+    dit_tok_buf nb = {0};
+    dit_status st = DIT_OK;
+    for (int k = 0; k < t->added.n; k++) {
+        const dit_tok_added *a = &t->added.v[k];
         const char *src = a->content;
         size_t len = strlen(src), bad;
-        if (!utf8_valid(src, len, &bad)) {
-            free(nb.p);
-            return dit_diag_set(diag, DIT_ERR_FORMAT, "%s: added token %d is not valid UTF-8",
-                                t->dir, a->id);
+        if (!dit_tok_utf8_valid(src, len, &bad)) {
+            st = dit_diag_set(diag, DIT_ERR_FORMAT, "%s: added token %d is not valid UTF-8", t->dir,
+                              a->id);
+            goto cleanup;
         }
-        if (a->normalized) {
-            dit_status st = clip_normalize(src, len, &nb);
+        if (a->flags.normalized) {
+            st = clip_normalize(src, len, &nb);
             if (st != DIT_OK) {
-                free(nb.p);
-                return dit_diag_set(diag, st, "%s: cannot normalize added token %d", t->dir, a->id);
+                st = dit_diag_set(diag, st, "%s: cannot normalize added token %d", t->dir, a->id);
+                goto cleanup;
             }
-            src = nb.p ? nb.p : "";
+            src = nb.p;
             len = nb.n;
         }
-        a->match = malloc(len + 1);
-        if (!a->match) {
-            free(nb.p);
-            return dit_diag_set(diag, DIT_ERR_NOMEM, "out of memory");
+        if (!dit_tok_added_set_match(&t->added, k, src, len)) {
+            st = dit_diag_set(diag, DIT_ERR_NOMEM, "out of memory");
+            goto cleanup;
         }
-        memcpy(a->match, src, len);
-        a->match[len] = '\0';
-        a->match_len = len;
-        if (len > 0)
-            t->first_byte[a->normalized][(unsigned char)a->match[0]] = true;
     }
+cleanup:
     free(nb.p);
-    return DIT_OK;
+    return st;
 }
 
 /* transformers prefers tokenizer.json (what its save_pretrained writes) and
@@ -1316,10 +964,11 @@ dit_status dit_clip_tokenizer_load(const char *dir, dit_clip_tokenizer **out, di
     dit_clip_tokenizer *t = calloc(1, sizeof *t);
     if (!t)
         return dit_diag_set(diag, DIT_ERR_NOMEM, "out of memory");
+    t->added.is_word = is_word_char;
     t->dir = strdup(dir);
-    vocab_path = path_join(dir, "vocab.json");
-    merges_path = path_join(dir, "merges.txt");
-    json_path = path_join(dir, "tokenizer.json");
+    vocab_path = dit_tok_path_join(dir, "vocab.json");
+    merges_path = dit_tok_path_join(dir, "merges.txt");
+    json_path = dit_tok_path_join(dir, "tokenizer.json");
     if (!t->dir || !vocab_path || !merges_path || !json_path) {
         st = dit_diag_set(diag, DIT_ERR_NOMEM, "out of memory");
         goto cleanup;
@@ -1351,9 +1000,9 @@ dit_status dit_clip_tokenizer_load(const char *dir, dit_clip_tokenizer **out, di
         char s[16];
         utf8proc_ssize_t n = utf8proc_encode_char(map[b], (utf8proc_uint8_t *)s);
         memcpy(s + n, CLIP_EOW, sizeof CLIP_EOW);
-        if (!smap_get(&t->vocab, s, (size_t)n, &t->byte_id[b]))
+        if (!dit_tok_map_get(&t->vocab, s, (size_t)n, &t->byte_id[b]))
             t->byte_id[b] = -1;
-        if (!smap_get(&t->vocab, s, (size_t)n + sizeof CLIP_EOW - 1, &t->byte_eow_id[b]))
+        if (!dit_tok_map_get(&t->vocab, s, (size_t)n + sizeof CLIP_EOW - 1, &t->byte_eow_id[b]))
             t->byte_eow_id[b] = -1;
     }
 
@@ -1380,14 +1029,9 @@ void dit_clip_tokenizer_free(dit_clip_tokenizer *t)
 {
     if (!t)
         return;
-    for (int k = 0; k < t->n_added; k++) {
-        free(t->added[k].content);
-        free(t->added[k].match);
-    }
-    free(t->added);
-    free(t->vocab.slots);
+    dit_tok_added_free(&t->added);
+    dit_tok_map_free(&t->vocab);
     free(t->merges.slots);
-    free(t->pool);
     free(t->dir);
     free(t);
 }
@@ -1414,33 +1058,24 @@ int32_t dit_clip_tokenizer_pad_id(const dit_clip_tokenizer *t)
 
 /* ---- encoding ---------------------------------------------------------------- */
 
-static dit_status encode_text(const dit_clip_tokenizer *t, scratch *sc, const char *s, size_t len,
-                              collector *out)
+/* The pipeline's normalizer and model (dit_tok_encode_text); ctx is the
+ * scratch. */
+static dit_status normalize_piece(void *ctx, const char *s, size_t len, const char **out,
+                                  size_t *out_len)
 {
-    dit_status st = DIT_OK;
-    if (!split_added(t, false, s, len, &sc->outer))
-        return DIT_ERR_NOMEM;
-    for (size_t i = 0; i < sc->outer.n && !out->overflow; i++) {
-        seg g = sc->outer.v[i];
-        if (g.id >= 0) {
-            emit(out, g.id);
-            continue;
-        }
-        st = clip_normalize(s + g.start, g.end - g.start, &sc->norm);
-        if (st != DIT_OK)
-            return st;
-        const char *ns = sc->norm.p ? sc->norm.p : "";
-        if (!split_added(t, true, ns, sc->norm.n, &sc->inner))
-            return DIT_ERR_NOMEM;
-        for (size_t j = 0; j < sc->inner.n && !out->overflow; j++) {
-            seg h = sc->inner.v[j];
-            if (h.id >= 0)
-                emit(out, h.id);
-            else if ((st = pre_tokenize(t, sc, ns + h.start, h.end - h.start, out)) != DIT_OK)
-                return st;
-        }
-    }
-    return DIT_OK;
+    scratch *sc = ctx;
+    dit_status st = clip_normalize(s, len, &sc->norm);
+    *out = sc->norm.p ? sc->norm.p : "";
+    *out_len = sc->norm.n;
+    return st;
+}
+
+static dit_status tokenize_piece(void *ctx, const char *s, size_t len, bool first,
+                                 dit_tok_ids *out)
+{
+    (void)first; /* CLIP's pre-tokenizer does not look at the position */
+    scratch *sc = ctx;
+    return pre_tokenize(sc->t, sc, s, len, out);
 }
 
 dit_status dit_clip_tokenizer_encode(const dit_clip_tokenizer *t, const char *utf8, int32_t *ids,
@@ -1453,13 +1088,14 @@ dit_status dit_clip_tokenizer_encode(const dit_clip_tokenizer *t, const char *ut
                             "clip tokenizer: max_length %d leaves no room for BOS and EOS",
                             max_length);
     size_t len = strlen(utf8), bad = 0;
-    if (!utf8_valid(utf8, len, &bad))
+    if (!dit_tok_utf8_valid(utf8, len, &bad))
         return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
                             "clip tokenizer: prompt is not valid UTF-8 (byte %zu of %zu)", bad,
                             len);
-    scratch sc = {0};
-    collector out = {ids + 1, 0, max_length - 2, false};
-    dit_status st = encode_text(t, &sc, utf8, len, &out);
+    scratch sc = {.t = t};
+    dit_tok_ids out = {ids + 1, 0, max_length - 2, false};
+    dit_status st = dit_tok_encode_text(&t->added, utf8, len, normalize_piece, tokenize_piece, &sc,
+                                        &sc.outer, &sc.inner, &out);
     free(sc.syms);
     free(sc.heap);
     free(sc.norm.p);
@@ -1468,12 +1104,9 @@ dit_status dit_clip_tokenizer_encode(const dit_clip_tokenizer *t, const char *ut
     if (st != DIT_OK)
         return dit_diag_set(diag, st, "clip tokenizer (%s): %s while encoding", t->dir,
                             st == DIT_ERR_NOMEM ? "out of memory" : dit_status_str(st));
-    ids[0] = t->bos_id;
-    ids[out.n + 1] = t->eos_id;
-    for (int i = out.n + 2; i < max_length; i++)
-        ids[i] = t->pad_id;
+    int n = dit_tok_ids_finish(ids, max_length, &t->bos_id, 1, out.n, &t->eos_id, 1, t->pad_id);
     if (n_tokens)
-        *n_tokens = out.n + 2;
+        *n_tokens = n;
     if (truncated)
         *truncated = out.overflow;
     return DIT_OK;

@@ -18,8 +18,8 @@
  *
  * Owner: the caller; a loaded tokenizer is immutable, so encode may run from
  * several threads at once. */
-#ifndef DIT_TEXT_T5_TOKENIZER_H
-#define DIT_TEXT_T5_TOKENIZER_H
+#ifndef DIT_ENCODERS_T5_TOKENIZER_H
+#define DIT_ENCODERS_T5_TOKENIZER_H
 
 #include <stdbool.h>
 #include <stdint.h>

@@ -1,13 +1,14 @@
 /* CLIPTextModel on the backend interface. See clip_text.h for the forward
  * pass; the comments here explain where it has to follow transformers'
  * exact behaviour. */
-#include "text/clip_text.h"
+#include "encoders/clip_text.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "encoders/encoder_common.h"
 #include "loader/json_util.h"
 #include "loader/safetensors.h"
 #include "loader/weights.h"
@@ -38,42 +39,6 @@ struct dit_clip_text {
     dit_tensor final_w, final_b;
     clip_layer *layers;
 };
-
-/* transformers' ACT2FN names the backend can run. The tanh-form GELUs
- * (gelu_new, gelu_pytorch_tanh, gelu_fast, gelu_accurate) are the same
- * function written with different constants; they agree to f32 rounding.
- * ReLU has no backend activation, so it runs on the host. */
-static bool parse_act(const char *name, dit_act *act, bool *relu)
-{
-    static const struct {
-        const char *name;
-        dit_act act;
-    } map[] = {
-        {"quick_gelu", DIT_ACT_QUICK_GELU},
-        {"gelu", DIT_ACT_GELU_ERF},
-        {"gelu_python", DIT_ACT_GELU_ERF},
-        {"gelu_new", DIT_ACT_GELU_TANH},
-        {"gelu_pytorch_tanh", DIT_ACT_GELU_TANH},
-        {"gelu_python_tanh", DIT_ACT_GELU_TANH},
-        {"gelu_fast", DIT_ACT_GELU_TANH},
-        {"gelu_accurate", DIT_ACT_GELU_TANH},
-        {"silu", DIT_ACT_SILU},
-        {"swish", DIT_ACT_SILU},
-    };
-    *relu = false;
-    for (size_t i = 0; i < sizeof map / sizeof map[0]; i++) {
-        if (strcmp(name, map[i].name) == 0) {
-            *act = map[i].act;
-            return true;
-        }
-    }
-    if (strcmp(name, "relu") == 0) {
-        *act = DIT_ACT_NONE;
-        *relu = true;
-        return true;
-    }
-    return false;
-}
 
 static dit_status clip_config_load(const char *path, dit_clip_text *m, dit_diag *diag)
 {
@@ -123,7 +88,7 @@ static dit_status clip_config_load(const char *path, dit_clip_text *m, dit_diag 
     }
     if (!act)
         act = "quick_gelu";
-    if (!parse_act(act, &m->act, &m->act_relu)) {
+    if (!dit_encoder_parse_act(act, &m->act, &m->act_relu)) {
         st = dit_diag_set(diag, DIT_ERR_UNSUPPORTED,
                           "%s: hidden_act \"%s\" is not supported (quick_gelu, gelu, gelu_new, "
                           "gelu_pytorch_tanh, silu, relu are)",
@@ -177,28 +142,6 @@ static void clip_weight_list(dit_clip_text *m, const char *pre, dit_weight_list 
     dit_weight_list_add(l, &m->final_b, false, 1, sh_c, "%sfinal_layer_norm.bias", pre);
 }
 
-/* Every checkpoint tensor must be a parameter of the model (a checkpoint for
- * another config would otherwise half-load). `ignored` names a tensor that
- * may be present and is not a parameter: the position_ids buffer older
- * transformers versions saved. */
-static dit_status check_unexpected(const dit_st_set *set, const dit_weight_list *l,
-                                   const char *ignored, dit_diag *diag)
-{
-    const size_t n = dit_st_set_count(set);
-    for (size_t i = 0; i < n; i++) {
-        const dit_st_entry *e = dit_st_set_at(set, i);
-        bool known = ignored && strcmp(e->name, ignored) == 0;
-        for (size_t k = 0; !known && k < l->n; k++)
-            known = strcmp(e->name, l->items[k].name) == 0;
-        if (!known)
-            return dit_diag_set(diag, DIT_ERR_FORMAT,
-                                "%s: unexpected tensor '%s' (not a parameter of CLIPTextModel "
-                                "with this config.json)",
-                                e->file, e->name);
-    }
-    return DIT_OK;
-}
-
 static dit_status check_backend(const dit_backend *be, dit_diag *diag)
 {
     const dit_backend_ops *o = be->ops;
@@ -247,9 +190,13 @@ dit_status dit_clip_text_load(dit_backend *be, const char *dir, dit_clip_text **
     clip_weight_list(m, pre, &list);
     DIT_CHECK(dit_weights_load(be, set, &list, false, dir, &m->weights, &m->weight_bytes, diag));
     {
+        /* The position_ids buffer older transformers versions saved is not
+         * a parameter. */
         char ignored[64];
         snprintf(ignored, sizeof ignored, "%sembeddings.position_ids", pre);
-        DIT_CHECK(check_unexpected(set, &list, ignored, diag));
+        const char *const extra[1] = {ignored};
+        DIT_CHECK(
+            dit_encoder_check_unexpected(set, &list, NULL, extra, 1, "CLIPTextModel", diag));
     }
     *out = m;
     m = NULL;
@@ -340,25 +287,6 @@ static dit_status check_out(const dit_tensor *t, int ndim, const int64_t *want, 
                         name, got, (long long)want[0], (long long)want[1], (long long)want[2]);
 }
 
-/* In-place ReLU through the host, for the activation the backend lacks. t is
- * a contiguous arena tensor. */
-static dit_status host_relu(dit_backend *be, const dit_tensor *t)
-{
-    const size_t n = (size_t)dit_tensor_numel(t);
-    float *h = malloc(n * sizeof *h + 1);
-    if (!h)
-        return DIT_ERR_NOMEM;
-    dit_tensor ht = dit_tensor_make(h, DIT_F32, t->ndim, t->ne);
-    dit_status st = be->ops->download(be, &ht, t);
-    if (st == DIT_OK) {
-        for (size_t i = 0; i < n; i++)
-            h[i] = h[i] < 0.0f ? 0.0f : h[i]; /* NaN stays NaN, as in torch.relu */
-        st = be->ops->upload(be, t, &ht);
-    }
-    free(h);
-    return st;
-}
-
 dit_status dit_clip_text_forward(dit_clip_text *m, dit_arena *arena, const int32_t *ids, int64_t B,
                                  int64_t S, const dit_tensor *pooled, const dit_tensor *hidden,
                                  dit_diag *diag)
@@ -384,13 +312,9 @@ dit_status dit_clip_text_forward(dit_clip_text *m, dit_arena *arena, const int32
         if (st != DIT_OK)
             return st;
     }
-    for (int64_t i = 0; i < B * S; i++)
-        if (ids[i] < 0 || ids[i] >= m->vocab)
-            return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
-                                "clip text forward: token id %d at [%lld, %lld] is outside the "
-                                "vocabulary [0, %lld)",
-                                ids[i], (long long)(i / S), (long long)(i % S),
-                                (long long)m->vocab);
+    st = dit_encoder_check_ids(ids, B, S, m->vocab, "clip text forward", diag);
+    if (st != DIT_OK)
+        return st;
 
     const dit_arena_mark mark = dit_arena_get_mark(arena);
     pos_ids = malloc(sizeof *pos_ids * (size_t)(B * S));
@@ -459,7 +383,7 @@ dit_status dit_clip_text_forward(dit_clip_text *m, dit_arena *arena, const int32
         BE(be->ops->layer_norm(be, &n, &x, &L->ln2_w, &L->ln2_b, m->eps));
         BE(be->ops->linear(be, &h, &n, &L->fc1_w, &L->fc1_b, m->act, 0.0f));
         if (m->act_relu)
-            BE(host_relu(be, &h));
+            BE(dit_encoder_relu_on_host(be, &h));
         BE(be->ops->linear(be, &o, &h, &L->fc2_w, &L->fc2_b, DIT_ACT_NONE, 0.0f));
         BE(be->ops->gated_add(be, &x, &o, NULL));
     }

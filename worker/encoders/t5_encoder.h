@@ -23,8 +23,8 @@
  * T5EncoderModel ignores them.
  *
  * Owner: the thread that owns the backend; not thread-safe. */
-#ifndef DIT_TEXT_T5_ENCODER_H
-#define DIT_TEXT_T5_ENCODER_H
+#ifndef DIT_ENCODERS_T5_ENCODER_H
+#define DIT_ENCODERS_T5_ENCODER_H
 
 #include <stdint.h>
 

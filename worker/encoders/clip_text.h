@@ -20,8 +20,8 @@
  * or not (transformers 5); both load.
  *
  * Owner: the thread that owns the backend; not thread-safe. */
-#ifndef DIT_TEXT_CLIP_TEXT_H
-#define DIT_TEXT_CLIP_TEXT_H
+#ifndef DIT_ENCODERS_CLIP_TEXT_H
+#define DIT_ENCODERS_CLIP_TEXT_H
 
 #include <stdint.h>
 

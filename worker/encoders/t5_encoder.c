@@ -1,13 +1,14 @@
 /* T5EncoderModel on the backend interface. See t5_encoder.h for the forward
  * pass; the comments here explain where it has to follow transformers'
  * exact behaviour. */
-#include "text/t5_encoder.h"
+#include "encoders/t5_encoder.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "encoders/encoder_common.h"
 #include "loader/json_util.h"
 #include "loader/safetensors.h"
 #include "loader/weights.h"
@@ -43,42 +44,6 @@ struct dit_t5_encoder {
      * host from it for each sequence length. */
     float *rel_bias;
 };
-
-/* transformers' ACT2FN names the backend can run. The tanh-form GELUs
- * (gelu_new, gelu_pytorch_tanh, gelu_fast, gelu_accurate) are the same
- * function written with different constants; they agree to f32 rounding.
- * ReLU has no backend activation, so it runs on the host. */
-static bool parse_act(const char *name, dit_act *act, bool *relu)
-{
-    static const struct {
-        const char *name;
-        dit_act act;
-    } map[] = {
-        {"quick_gelu", DIT_ACT_QUICK_GELU},
-        {"gelu", DIT_ACT_GELU_ERF},
-        {"gelu_python", DIT_ACT_GELU_ERF},
-        {"gelu_new", DIT_ACT_GELU_TANH},
-        {"gelu_pytorch_tanh", DIT_ACT_GELU_TANH},
-        {"gelu_python_tanh", DIT_ACT_GELU_TANH},
-        {"gelu_fast", DIT_ACT_GELU_TANH},
-        {"gelu_accurate", DIT_ACT_GELU_TANH},
-        {"silu", DIT_ACT_SILU},
-        {"swish", DIT_ACT_SILU},
-    };
-    *relu = false;
-    for (size_t i = 0; i < sizeof map / sizeof map[0]; i++) {
-        if (strcmp(name, map[i].name) == 0) {
-            *act = map[i].act;
-            return true;
-        }
-    }
-    if (strcmp(name, "relu") == 0) {
-        *act = DIT_ACT_NONE;
-        *relu = true;
-        return true;
-    }
-    return false;
-}
 
 static dit_status t5_config_load(const char *path, dit_t5_encoder *m, dit_diag *diag)
 {
@@ -164,7 +129,7 @@ static dit_status t5_config_load(const char *path, dit_t5_encoder *m, dit_diag *
             dit_json_get_bool(root, "is_gated_act", path, false, m->gated, &gated_override, diag));
         m->gated = gated_override;
     }
-    if (!parse_act(act, &m->act, &m->act_relu)) {
+    if (!dit_encoder_parse_act(act, &m->act, &m->act_relu)) {
         st = dit_diag_set(diag, DIT_ERR_UNSUPPORTED,
                           "%s: dense activation \"%s\" is not supported (gelu_new, gelu, "
                           "gelu_pytorch_tanh, silu, quick_gelu, relu are)",
@@ -234,30 +199,6 @@ static dit_status check_host_tensor(const dit_st_set *set, const char *dir, cons
                             name, got, want);
     }
     *out = e;
-    return DIT_OK;
-}
-
-/* Every checkpoint tensor must be a parameter (a checkpoint for another
- * config would otherwise half-load), except the decoder of a full T5
- * checkpoint, which T5EncoderModel ignores too. `extra` lists names consumed
- * outside the weight list. */
-static dit_status check_unexpected(const dit_st_set *set, const dit_weight_list *l,
-                                   const char *const *extra, size_t n_extra, dit_diag *diag)
-{
-    const size_t n = dit_st_set_count(set);
-    for (size_t i = 0; i < n; i++) {
-        const dit_st_entry *e = dit_st_set_at(set, i);
-        bool known = strncmp(e->name, "decoder.", 8) == 0;
-        for (size_t k = 0; !known && k < n_extra; k++)
-            known = extra[k] && strcmp(e->name, extra[k]) == 0;
-        for (size_t k = 0; !known && k < l->n; k++)
-            known = strcmp(e->name, l->items[k].name) == 0;
-        if (!known)
-            return dit_diag_set(diag, DIT_ERR_FORMAT,
-                                "%s: unexpected tensor '%s' (not a parameter of T5EncoderModel "
-                                "with this config.json)",
-                                e->file, e->name);
-    }
     return DIT_OK;
 }
 
@@ -332,7 +273,10 @@ dit_status dit_t5_encoder_load(dit_backend *be, const char *dir, dit_t5_encoder 
                            (size_t)(m->n_buckets * m->n_heads));
         extra[1] = REL_BIAS_NAME;
     }
-    DIT_CHECK(check_unexpected(set, &list, extra, 2, diag));
+    /* The decoder of a full T5 checkpoint is ignored, as T5EncoderModel
+     * ignores it. */
+    DIT_CHECK(
+        dit_encoder_check_unexpected(set, &list, "decoder.", extra, 2, "T5EncoderModel", diag));
     *out = m;
     m = NULL;
 cleanup:
@@ -393,25 +337,6 @@ int dit_t5_relative_bucket(int64_t rel, int num_buckets, int max_distance)
         }                                                                                          \
     } while (0)
 
-/* In-place ReLU through the host, for the activation the backend lacks. t is
- * a contiguous arena tensor. */
-static dit_status host_relu(dit_backend *be, const dit_tensor *t)
-{
-    const size_t n = (size_t)dit_tensor_numel(t);
-    float *h = malloc(n * sizeof *h + 1);
-    if (!h)
-        return DIT_ERR_NOMEM;
-    dit_tensor ht = dit_tensor_make(h, DIT_F32, t->ndim, t->ne);
-    dit_status st = be->ops->download(be, &ht, t);
-    if (st == DIT_OK) {
-        for (size_t i = 0; i < n; i++)
-            h[i] = h[i] < 0.0f ? 0.0f : h[i]; /* NaN stays NaN, as in torch.relu */
-        st = be->ops->upload(be, t, &ht);
-    }
-    free(h);
-    return st;
-}
-
 /* bias (H, S, S) on the host: bias[h][i][j] = rel_bias[bucket(j - i)][h]. */
 static void position_bias(const dit_t5_encoder *m, int64_t S, int32_t *buckets, float *bias)
 {
@@ -452,13 +377,9 @@ dit_status dit_t5_encoder_forward(dit_t5_encoder *m, dit_arena *arena, const int
                             "with dense rows",
                             got, (long long)B, (long long)S, (long long)Dm);
     }
-    for (int64_t i = 0; i < B * S; i++)
-        if (ids[i] < 0 || ids[i] >= m->vocab)
-            return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
-                                "t5 encoder forward: token id %d at [%lld, %lld] is outside the "
-                                "vocabulary [0, %lld)",
-                                ids[i], (long long)(i / S), (long long)(i % S),
-                                (long long)m->vocab);
+    st = dit_encoder_check_ids(ids, B, S, m->vocab, "t5 encoder forward", diag);
+    if (st != DIT_OK)
+        return st;
 
     const dit_arena_mark mark = dit_arena_get_mark(arena);
 
@@ -526,7 +447,7 @@ dit_status dit_t5_encoder_forward(dit_t5_encoder *m, dit_arena *arena, const int
         if (m->gated) {
             BE(be->ops->linear(be, &h0, &n, &b->wi0, NULL, m->act, 0.0f));
             if (m->act_relu)
-                BE(host_relu(be, &h0));
+                BE(dit_encoder_relu_on_host(be, &h0));
             BE(be->ops->linear(be, &h1, &n, &b->wi1, NULL, DIT_ACT_NONE, 0.0f));
             /* prod = h0 * h1 elementwise, with the ops at hand: gated_add
              * computes res += gate * x with one gate row per batch entry, so
@@ -541,7 +462,7 @@ dit_status dit_t5_encoder_forward(dit_t5_encoder *m, dit_arena *arena, const int
         } else {
             BE(be->ops->linear(be, &h0, &n, &b->wi, NULL, m->act, 0.0f));
             if (m->act_relu)
-                BE(host_relu(be, &h0));
+                BE(dit_encoder_relu_on_host(be, &h0));
         }
         BE(be->ops->linear(be, &o, ffn_out, &b->wo, NULL, DIT_ACT_NONE, 0.0f));
         BE(be->ops->gated_add(be, &x, &o, NULL));
