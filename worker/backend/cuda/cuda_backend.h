@@ -16,6 +16,12 @@ extern "C" {
  * CUDA runtime reports a missing driver as an error, which means "none"). */
 int dit_cuda_device_count(void);
 
+/* Like dit_cuda_device_count, and when it is 0 writes why into `why`:
+ * cudaGetDeviceCount's error name and message ("cudaErrorNoDevice: no
+ * CUDA-capable device is detected", "cudaErrorInsufficientDriver: ...") or
+ * that the count was 0. */
+int dit_cuda_device_probe(char *why, size_t why_size);
+
 /* NCCL's version as major*10000 + minor*100 + patch, proving NCCL is linked. */
 int dit_cuda_nccl_version(void);
 
