@@ -269,7 +269,8 @@ __global__ void k_rows_from_dense(cuda_view dst, int64_t row0, int64_t nrows, co
     const size_t se = st == DIT_F32 ? 4 : 2;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t r = i / cols, c = i % cols;
+        int64_t r, c;
+        cuda_divmod(i, cols, r, c);
         cuda_store(cuda_view_at(dst, row0 + r, c), dst.dtype, cuda_load(src + i * se, st));
     }
 }
@@ -283,7 +284,8 @@ __global__ void k_rows_to_dense(char *dst, int dt, const cuda_view src, int64_t 
     const size_t de = dt == DIT_F32 ? 4 : 2;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t r = i / cols, c = i % cols;
+        int64_t r, c;
+        cuda_divmod(i, cols, r, c);
         cuda_store(dst + i * de, dt, cuda_load(cuda_view_at(src, row0 + r, c), src.dtype));
     }
 }
@@ -294,7 +296,8 @@ __global__ void k_copy_view(cuda_view dst, const cuda_view src)
     const int64_t n = cuda_view_rows(dst) * cols;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t r = i / cols, c = i % cols;
+        int64_t r, c;
+        cuda_divmod(i, cols, r, c);
         cuda_store(cuda_view_at(dst, r, c), dst.dtype,
                    cuda_load(cuda_view_at(src, r, c), src.dtype));
     }
@@ -305,8 +308,11 @@ __global__ void k_fill_view(cuda_view dst, float value)
     const int64_t cols = dst.ne[3];
     const int64_t n = cuda_view_rows(dst) * cols;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-         i += (int64_t)gridDim.x * blockDim.x)
-        cuda_store(cuda_view_at(dst, i / cols, i % cols), dst.dtype, value);
+         i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t r, c;
+        cuda_divmod(i, cols, r, c);
+        cuda_store(cuda_view_at(dst, r, c), dst.dtype, value);
+    }
 }
 
 dit_status dit_cuda_rows_from_dense(dit_cuda_backend *cb, const cuda_view &dst, int64_t row0,
@@ -550,7 +556,8 @@ __global__ void k_init_uniform(cuda_view dst, uint64_t base, int64_t row0, int64
     const int64_t n = cuda_view_rows(dst) * cols;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t r = i / cols, c = i % cols;
+        int64_t r, c;
+        cuda_divmod(i, cols, r, c);
         const uint64_t s = base + (uint64_t)(row0 + r) * 0x2545f4914f6cdd1dull +
                            (uint64_t)(col0 + c + 1) * 0x9e3779b97f4a7c15ull;
         const double u = (double)(mix64(s) >> 11) * 0x1.0p-53;
@@ -574,6 +581,7 @@ static dit_status cuda_init_uniform(dit_backend *be, const dit_tensor *dst, uint
         v.nb[2] = dst->nb[0];
         v.ne[3] = 1;
         v.nb[3] = (int64_t)dit_dtype_size(dst->dtype);
+        cuda_view_strides(v);
     }
     k_init_uniform<<<cuda_blocks(n, 256), 256, 0, cb->stream>>>(v, base, row0, col0, a);
     CUDA_LAUNCHED(cb, "init_uniform");

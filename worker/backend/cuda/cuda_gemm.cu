@@ -46,7 +46,8 @@ __global__ void k_bias_act(float *y, int64_t rows, int64_t N, int64_t ldy, const
     const int64_t n = rows * N;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t r = i / N, c = i % N;
+        int64_t r, c;
+        cuda_divmod(i, N, r, c);
         float *p = y + r * ldy + c;
         float v = *p;
         if (bias)
@@ -60,7 +61,9 @@ __global__ void k_scale_rows(float *y, int64_t rows, int64_t N, int64_t ldy, flo
     const int64_t n = rows * N;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
-        float *p = y + (i / N) * ldy + i % N;
+        int64_t r, c;
+        cuda_divmod(i, N, r, c);
+        float *p = y + r * ldy + c;
         *p = beta == 0.0f ? 0.0f : beta * *p;
     }
 }

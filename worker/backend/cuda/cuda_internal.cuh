@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 
 #include <cublasLt.h>
 #include <cuda_bf16.h>
@@ -119,13 +120,40 @@ dit_status dit_cuda_scratch(dit_cuda_backend *cb, int slot, size_t bytes, void *
 
 /* ---- strided views for kernels ---------------------------------------- */
 
-/* A view padded to 4 dims with leading size-1 dims; strides in bytes. */
+/* A view padded to 4 dims with leading size-1 dims; strides in bytes.
+ *
+ * Row r (the flattened index over dims 0..2) starts at
+ *  - p + r * rs when rs >= 0: the rows are evenly spaced (contiguous
+ *    tensors and column slices of them, dit_tensor_row_stride), so no
+ *    division is needed;
+ *  - p + (r / ne[2]) * nb[1] + (r % ne[2]) * nb[2] when ts >= 0: dims 0
+ *    and 1 are evenly spaced (the (B, S, H, D) head views of a fused
+ *    (B, S, 3 H D) projection), one division;
+ *  - otherwise through all three dims, two divisions. */
 struct cuda_view {
     char *p;
     int64_t ne[4];
     int64_t nb[4];
-    int dtype; /* dit_dtype */
+    int64_t rs; /* uniform row stride in bytes, or -1 */
+    int64_t ts; /* nb[1] when dims 0 and 1 flatten evenly, or -1 */
+    int dtype;  /* dit_dtype */
 };
+
+/* Fills rs and ts from ne and nb (after any change to them). */
+static inline void cuda_view_strides(cuda_view &v)
+{
+    /* dit_tensor_row_stride on the padded 4-D view. */
+    dit_tensor t;
+    memset(&t, 0, sizeof t);
+    t.ndim = 4;
+    for (int i = 0; i < 4; i++) {
+        t.ne[i] = v.ne[i];
+        t.nb[i] = v.nb[i];
+    }
+    t.dtype = (dit_dtype)v.dtype;
+    v.rs = dit_tensor_row_stride(&t);
+    v.ts = (v.ne[0] == 1 || v.nb[0] == v.ne[1] * v.nb[1]) ? v.nb[1] : -1;
+}
 
 static inline cuda_view cuda_view_of(const dit_tensor *t)
 {
@@ -141,6 +169,7 @@ static inline cuda_view cuda_view_of(const dit_tensor *t)
         v.ne[off + i] = t->ne[i];
         v.nb[off + i] = t->nb[i];
     }
+    cuda_view_strides(v);
     return v;
 }
 
@@ -149,14 +178,40 @@ __host__ __device__ static inline int64_t cuda_view_rows(const cuda_view &v)
     return v.ne[0] * v.ne[1] * v.ne[2];
 }
 
+/* q = a / b, r = a % b for non-negative a, b > 0, in 32 bits when both fit
+ * (a 64-bit division is a long software sequence on the GPU; element
+ * indices of all but the largest tensors fit in 32 bits). */
+__device__ __forceinline__ void cuda_divmod(int64_t a, int64_t b, int64_t &q, int64_t &r)
+{
+    if (((uint64_t)a | (uint64_t)b) <= 0xffffffffull) {
+        const uint32_t a32 = (uint32_t)a, b32 = (uint32_t)b;
+        const uint32_t q32 = a32 / b32;
+        q = q32;
+        r = a32 - q32 * b32;
+    } else {
+        q = a / b;
+        r = a - q * b;
+    }
+}
+
+/* Pointer to the start of row r (flattened outer index). */
+__device__ __forceinline__ char *cuda_view_row(const cuda_view &v, int64_t r)
+{
+    if (v.rs >= 0)
+        return v.p + r * v.rs;
+    int64_t t, i2;
+    cuda_divmod(r, v.ne[2], t, i2);
+    if (v.ts >= 0)
+        return v.p + t * v.ts + i2 * v.nb[2];
+    int64_t i0, i1;
+    cuda_divmod(t, v.ne[1], i0, i1);
+    return v.p + i0 * v.nb[0] + i1 * v.nb[1] + i2 * v.nb[2];
+}
+
 /* Pointer to (row r = flattened outer index, column c). */
 __device__ __forceinline__ char *cuda_view_at(const cuda_view &v, int64_t r, int64_t c)
 {
-    const int64_t i2 = r % v.ne[2];
-    const int64_t t = r / v.ne[2];
-    const int64_t i1 = t % v.ne[1];
-    const int64_t i0 = t / v.ne[1];
-    return v.p + i0 * v.nb[0] + i1 * v.nb[1] + i2 * v.nb[2] + c * v.nb[3];
+    return cuda_view_row(v, r) + c * v.nb[3];
 }
 
 __device__ __forceinline__ float cuda_load(const char *p, int dt)

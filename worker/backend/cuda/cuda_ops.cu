@@ -47,7 +47,8 @@ __global__ void k_activate(cuda_view y, const cuda_view x, int act)
     const int64_t n = cuda_view_rows(x) * cols;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t r = i / cols, c = i % cols;
+        int64_t r, c;
+        cuda_divmod(i, cols, r, c);
         const float v = *(const float *)cuda_view_at(x, r, c);
         *(float *)cuda_view_at(y, r, c) = cuda_act(v, act);
     }
@@ -269,7 +270,8 @@ __global__ void k_gated_add(cuda_view res, const cuda_view x, int64_t S, const f
     const int64_t n = cuda_view_rows(res) * C;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t r = i / C, c = i % C;
+        int64_t r, c;
+        cuda_divmod(i, C, r, c);
         float *rp = (float *)cuda_view_at(res, r, c);
         const float xv = *(const float *)cuda_view_at(x, r, c);
         *rp += gate ? gate[(r / S) * gate_ld + c] * xv : xv;
@@ -303,7 +305,8 @@ __global__ void k_embedding(cuda_view y, const char *table, int tdt, int64_t C,
     const int64_t total = n * C;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
          i += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t r = i / C, c = i % C;
+        int64_t r, c;
+        cuda_divmod(i, C, r, c);
         const float v = cuda_load(table + ((int64_t)ids[r] * C + c) * (int64_t)te, tdt);
         *(float *)cuda_view_at(y, r, c) = v;
     }
