@@ -134,10 +134,20 @@ static const lin_case lin_cases[] = {
     {3, 17, 48, 40, false}, {2, 33, 96, 72, true},  {1, 5, 7, 3, false},
 };
 
+enum { N_LIN = sizeof lin_cases / sizeof lin_cases[0] };
+
+/* Each case in the three GEMM modes (cuda_backend.h): as planned, forced
+ * without fused epilogues (what a heuristic miss on the epilogue runs), and
+ * forced onto the fallback kernel (what a miss on the shape runs). */
 START_TEST(linear_matches_cpu)
 {
-    const lin_case *lc = &lin_cases[_i];
-    test_rng r = {200 + (uint64_t)_i};
+    const lin_case *lc = &lin_cases[_i % N_LIN];
+    const dit_cuda_gemm_force force = (dit_cuda_gemm_force)(_i / N_LIN);
+    GPU_OK(GPU, dit_cuda_backend_force_gemm(GPU, force));
+    dit_cuda_stats st0, st1;
+    dit_cuda_backend_stats(GPU, &st0);
+    uint64_t calls = 0, epilogue_calls = 0;
+    test_rng r = {200 + (uint64_t)(_i % N_LIN)};
     const int64_t B = lc->B, M = lc->M, K = lc->K, N = lc->N;
     const int64_t pad = lc->strided ? 24 : 0; /* extra columns around the views */
     const int64_t xs[3] = {B, M, K + pad}, ys[3] = {B, M, N + pad}, ws[2] = {N, K};
@@ -177,11 +187,17 @@ START_TEST(linear_matches_cpu)
                                                  acts[ai], beta));
                     GPU_OK(GPU, GPU->ops->linear(GPU, &yg, &xg, &w.g, with_bias ? &bias.g : NULL,
                                                  acts[ai], beta));
-                    char what[128];
+                    if (K > 0) {
+                        const int64_t gemms = B > 1 && !(yg.nb[0] == M * yg.nb[1]) ? B : 1;
+                        calls += (uint64_t)gemms;
+                        if (with_bias || (fused && acts[ai] == DIT_ACT_GELU_TANH))
+                            epilogue_calls += (uint64_t)gemms;
+                    }
+                    char what[160];
                     snprintf(what, sizeof what, "linear B%lld M%lld K%lld N%lld act %d bias %d "
-                                                "beta %g lt_gelu %d",
+                                                "beta %g lt_gelu %d gemm mode %d",
                              (long long)B, (long long)M, (long long)K, (long long)N, (int)acts[ai],
-                             with_bias, beta, fused);
+                             with_bias, beta, fused, (int)force);
                     const double atol = fused && acts[ai] == DIT_ACT_GELU_TANH ? 2e-3 : 1e-4;
                     /* The whole buffer: the columns outside the view must be untouched. */
                     ck_assert_int_eq(gpu_compare_views(what, CPU, &y.c, GPU, &y.g, atol, 1e-4), 0);
@@ -191,6 +207,24 @@ START_TEST(linear_matches_cpu)
         }
     }
     dit_cuda_backend_set_lt_gelu(GPU, true);
+    dit_cuda_backend_stats(GPU, &st1);
+    printf("linear B%lld M%lld K%lld N%lld mode %d: %llu GEMMs, %llu unfused, %llu fallback\n",
+           (long long)B, (long long)M, (long long)K, (long long)N, (int)force,
+           (unsigned long long)(st1.gemm_calls - st0.gemm_calls),
+           (unsigned long long)(st1.gemm_unfused_calls - st0.gemm_unfused_calls),
+           (unsigned long long)(st1.gemm_fallback_calls - st0.gemm_fallback_calls));
+    ck_assert_uint_eq(st1.gemm_calls - st0.gemm_calls, calls);
+    if (force == DIT_CUDA_GEMM_FALLBACK)
+        ck_assert_uint_eq(st1.gemm_fallback_calls - st0.gemm_fallback_calls, calls);
+    if (force == DIT_CUDA_GEMM_NO_EPILOGUE) {
+        /* Every call with an epilogue ran unfused, unless its shape has no
+         * cuBLASLt algorithm at all (then it fell back, as in AUTO). */
+        const uint64_t unf = st1.gemm_unfused_calls - st0.gemm_unfused_calls;
+        const uint64_t fb = st1.gemm_fallback_calls - st0.gemm_fallback_calls;
+        ck_assert_uint_le(unf, epilogue_calls);
+        ck_assert_uint_ge(unf + fb, epilogue_calls);
+    }
+    GPU_OK(GPU, dit_cuda_backend_force_gemm(GPU, DIT_CUDA_GEMM_AUTO));
     gpu_pair_free(CPU, GPU, &x);
     gpu_pair_free(CPU, GPU, &w);
     gpu_pair_free(CPU, GPU, &bias);
@@ -600,7 +634,7 @@ int main(void)
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, upload_download_copy_fill_roundtrip);
     tcase_add_test(tc, init_uniform_matches_host_generator);
-    tcase_add_loop_test(tc, linear_matches_cpu, 0, (int)(sizeof lin_cases / sizeof lin_cases[0]));
+    tcase_add_loop_test(tc, linear_matches_cpu, 0, 3 * N_LIN);
     tcase_add_test(tc, activate_matches_cpu);
     tcase_add_test(tc, norms_match_cpu);
     tcase_add_loop_test(tc, rms_norm_rope_matches_cpu, 0, 3);

@@ -5,6 +5,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "backend/backend.h"
 
@@ -50,6 +51,33 @@ dit_status dit_cuda_backend_memory(dit_backend *be, dit_cuda_memory *out);
 /* Whether linear with DIT_ACT_GELU_TANH uses cuBLASLt's fused GELU_BIAS
  * epilogue (default) or its own tanh-GELU kernel after the GEMM. */
 void dit_cuda_backend_set_lt_gelu(dit_backend *be, bool on);
+
+/* Counters since creation (or the last reset), for benchmarks and tests.
+ * GEMM calls are counted when issued from the host: a call captured into a
+ * CUDA graph counts once, at capture, however often the graph replays. */
+typedef struct dit_cuda_stats {
+    uint64_t gemm_calls;          /* GEMMs issued (linear, conv2d bands) */
+    uint64_t gemm_unfused_calls;  /* of which ran on cuBLASLt without the fused
+                                     bias/GELU epilogue (no algorithm had it) */
+    uint64_t gemm_fallback_calls; /* of which ran on the CUDA-core fallback */
+    uint32_t gemm_shapes;         /* distinct GEMM plans made */
+    uint32_t gemm_unfused_shapes;
+    uint32_t gemm_fallback_shapes;
+} dit_cuda_stats;
+
+void dit_cuda_backend_stats(dit_backend *be, dit_cuda_stats *out);
+void dit_cuda_backend_reset_stats(dit_backend *be);
+
+/* Forces every GEMM planned from now on into a slower mode, so that tests
+ * can check the paths a cuBLASLt heuristic miss takes; clears the plan
+ * cache. Not during graph capture. */
+typedef enum dit_cuda_gemm_force {
+    DIT_CUDA_GEMM_AUTO = 0,     /* cuBLASLt, fused epilogues where it has them */
+    DIT_CUDA_GEMM_NO_EPILOGUE,  /* cuBLASLt without fused epilogues */
+    DIT_CUDA_GEMM_FALLBACK,     /* the CUDA-core fallback kernel only */
+} dit_cuda_gemm_force;
+
+dit_status dit_cuda_backend_force_gemm(dit_backend *be, dit_cuda_gemm_force force);
 
 #ifdef __cplusplus
 }

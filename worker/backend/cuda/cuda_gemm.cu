@@ -165,40 +165,12 @@ static bool key_eq(const cuda_gemm_entry *e, const cuda_gemm_entry *k)
            e->bias_align == k->bias_align;
 }
 
-/* Builds descriptors and asks the heuristic once for this key. */
-static dit_status gemm_plan(dit_cuda_backend *cb, cuda_gemm_entry *e, const float *bias,
-                            const char *op)
+/* Asks the heuristic for e's descriptors as they are now; true when it
+ * offers an algorithm (stored in e->algo). */
+static dit_status gemm_query(dit_cuda_backend *cb, cuda_gemm_entry *e, bool *found_out,
+                             const char *op)
 {
-    const cublasOperation_t ta = e->transa ? CUBLAS_OP_T : CUBLAS_OP_N;
-    const cublasOperation_t tb = e->transb ? CUBLAS_OP_T : CUBLAS_OP_N;
-    const cublasLtEpilogue_t epi = (cublasLtEpilogue_t)e->epilogue;
-    const cudaDataType_t bias_type = CUDA_R_32F;
-    LT_TRY(cb, op, cublasLtMatmulDescCreate(&e->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    LT_TRY(cb, op,
-           cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
-    LT_TRY(cb, op,
-           cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
-    LT_TRY(cb, op,
-           cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
-    if (e->epilogue & CUBLASLT_EPILOGUE_BIAS)
-        LT_TRY(cb, op,
-               cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
-                                              &bias_type, sizeof bias_type));
-    /* Stored shapes: A is (k x m) when transposed, B (n x k) when transposed. */
-    LT_TRY(cb, op,
-           cublasLtMatrixLayoutCreate(&e->a, CUDA_R_16BF, e->transa ? e->k : e->m,
-                                      e->transa ? e->m : e->k, e->lda));
-    LT_TRY(cb, op,
-           cublasLtMatrixLayoutCreate(&e->b, CUDA_R_16BF, e->transb ? e->n : e->k,
-                                      e->transb ? e->k : e->n, e->ldb));
-    LT_TRY(cb, op, cublasLtMatrixLayoutCreate(&e->c, CUDA_R_32F, e->m, e->n, e->ldc));
-
-    /* The heuristic reads the bias pointer's alignment (cublasLt.h), so it
-     * sees the real one; bias_align in the key keeps it valid for reuse. */
-    if (bias)
-        LT_TRY(cb, op,
-               cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
-                                              sizeof bias));
+    *found_out = false;
     cublasLtMatmulPreference_t pref = NULL;
     LT_TRY(cb, op, cublasLtMatmulPreferenceCreate(&pref));
     const uint64_t ws = cb->lt_ws_bytes;
@@ -228,10 +200,116 @@ static dit_status gemm_plan(dit_cuda_backend *cb, cuda_gemm_entry *e, const floa
                                        &found);
     cublasLtMatmulPreferenceDestroy(pref);
     /* No algorithm (NOT_SUPPORTED or zero results) is not an error: the
-     * fallback kernel takes the shape. */
-    e->algo_ok = s == CUBLAS_STATUS_SUCCESS && found > 0 && res.state == CUBLAS_STATUS_SUCCESS;
-    if (e->algo_ok)
+     * caller tries the next mode. */
+    if (s == CUBLAS_STATUS_SUCCESS && found > 0 && res.state == CUBLAS_STATUS_SUCCESS) {
         e->algo = res.algo;
+        *found_out = true;
+    }
+    return DIT_OK;
+}
+
+static const char *mode_words(int mode)
+{
+    return mode == CUDA_GEMM_PLAIN ? "cuBLASLt without its fused epilogue (bias/activation in "
+                                     "a separate pass)"
+                                   : "the CUDA-core fallback kernel (much slower)";
+}
+
+/* Once per shape: a GEMM that runs slower than it should says so, because
+ * nothing else would show it. Forced modes (tests) are deliberate. */
+static void gemm_warn(dit_cuda_backend *cb, const cuda_gemm_entry *e, const char *op,
+                      const char *why)
+{
+    if (cb->gemm_force != DIT_CUDA_GEMM_AUTO)
+        return;
+    fprintf(stderr,
+            "cuda backend: warning: %s: GEMM m %lld n %lld k %lld (lda %lld ldb %lld ldc %lld, "
+            "epilogue %d, alignment %d, beta %d) %s; it runs on %s from now on\n",
+            op, (long long)e->m, (long long)e->n, (long long)e->k, (long long)e->lda,
+            (long long)e->ldb, (long long)e->ldc, e->epilogue, e->align, (int)e->has_beta, why,
+            mode_words(e->mode));
+}
+
+/* Moves e to the next slower mode that has an algorithm: FUSED -> PLAIN
+ * (the same descriptor with the default epilogue) -> FALLBACK. */
+static dit_status gemm_demote(dit_cuda_backend *cb, cuda_gemm_entry *e, const char *op)
+{
+    if (e->mode == CUDA_GEMM_FUSED && e->epilogue != CUBLASLT_EPILOGUE_DEFAULT &&
+        cb->gemm_force != DIT_CUDA_GEMM_FALLBACK) {
+        const cublasLtEpilogue_t plain = CUBLASLT_EPILOGUE_DEFAULT;
+        LT_TRY(cb, op,
+               cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &plain,
+                                              sizeof plain));
+        bool found = false;
+        dit_status st = gemm_query(cb, e, &found, op);
+        if (st != DIT_OK)
+            return st;
+        if (found) {
+            e->mode = CUDA_GEMM_PLAIN;
+            return DIT_OK;
+        }
+    }
+    e->mode = CUDA_GEMM_FALLBACK;
+    return DIT_OK;
+}
+
+/* Builds descriptors and asks the heuristic once for this key, stepping
+ * down a mode when it has nothing. */
+static dit_status gemm_plan(dit_cuda_backend *cb, cuda_gemm_entry *e, const float *bias,
+                            const char *op)
+{
+    const cublasOperation_t ta = e->transa ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cublasOperation_t tb = e->transb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cublasLtEpilogue_t epi = cb->gemm_force == DIT_CUDA_GEMM_AUTO
+                                       ? (cublasLtEpilogue_t)e->epilogue
+                                       : CUBLASLT_EPILOGUE_DEFAULT;
+    const cudaDataType_t bias_type = CUDA_R_32F;
+    LT_TRY(cb, op, cublasLtMatmulDescCreate(&e->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    LT_TRY(cb, op,
+           cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    LT_TRY(cb, op,
+           cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    LT_TRY(cb, op,
+           cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+    if (epi & CUBLASLT_EPILOGUE_BIAS)
+        LT_TRY(cb, op,
+               cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                                              &bias_type, sizeof bias_type));
+    /* Stored shapes: A is (k x m) when transposed, B (n x k) when transposed. */
+    LT_TRY(cb, op,
+           cublasLtMatrixLayoutCreate(&e->a, CUDA_R_16BF, e->transa ? e->k : e->m,
+                                      e->transa ? e->m : e->k, e->lda));
+    LT_TRY(cb, op,
+           cublasLtMatrixLayoutCreate(&e->b, CUDA_R_16BF, e->transb ? e->n : e->k,
+                                      e->transb ? e->k : e->n, e->ldb));
+    LT_TRY(cb, op, cublasLtMatrixLayoutCreate(&e->c, CUDA_R_32F, e->m, e->n, e->ldc));
+
+    /* The heuristic reads the bias pointer's alignment (cublasLt.h), so it
+     * sees the real one; bias_align in the key keeps it valid for reuse. */
+    if (bias && (epi & CUBLASLT_EPILOGUE_BIAS))
+        LT_TRY(cb, op,
+               cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                              sizeof bias));
+    e->mode = epi == (cublasLtEpilogue_t)e->epilogue ? CUDA_GEMM_FUSED : CUDA_GEMM_PLAIN;
+    if (cb->gemm_force == DIT_CUDA_GEMM_FALLBACK) {
+        e->mode = CUDA_GEMM_FALLBACK;
+    } else {
+        bool found = false;
+        dit_status st = gemm_query(cb, e, &found, op);
+        if (st != DIT_OK)
+            return st;
+        if (!found) {
+            st = gemm_demote(cb, e, op);
+            if (st != DIT_OK)
+                return st;
+            gemm_warn(cb, e, op, "has no cuBLASLt algorithm");
+        }
+    }
+    cb->stats.gemm_shapes++;
+    if (e->mode == CUDA_GEMM_PLAIN && e->epilogue != CUBLASLT_EPILOGUE_DEFAULT)
+        cb->stats.gemm_unfused_shapes++;
+    if (e->mode == CUDA_GEMM_FALLBACK)
+        cb->stats.gemm_fallback_shapes++;
     return DIT_OK;
 }
 
@@ -256,7 +334,7 @@ static dit_status gemm_lookup(dit_cuda_backend *cb, const cuda_gemm_entry *key,
     *e = *key;
     e->op = NULL;
     e->a = e->b = e->c = NULL;
-    e->algo_ok = false;
+    e->mode = CUDA_GEMM_FALLBACK;
     dit_status st = gemm_plan(cb, e, bias, op);
     if (st != DIT_OK) {
         if (e->op)
@@ -310,9 +388,9 @@ dit_status dit_cuda_gemm(dit_cuda_backend *cb, bool transa, bool transb, int64_t
     dit_status st = gemm_lookup(cb, &key, bias, &e, op);
     if (st != DIT_OK)
         return st;
-    dit_act post = fuse_gelu ? DIT_ACT_NONE : act;
-    if (e->algo_ok) {
-        if (bias)
+    cb->stats.gemm_calls++;
+    while (e->mode != CUDA_GEMM_FALLBACK) {
+        if (bias && e->mode == CUDA_GEMM_FUSED)
             LT_TRY(cb, op,
                    cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
                                                   sizeof bias));
@@ -320,24 +398,67 @@ dit_status dit_cuda_gemm(dit_cuda_backend *cb, bool transa, bool transb, int64_t
         const cublasStatus_t ms =
             cublasLtMatmul(cb->lt, e->op, &alpha, A, e->a, B, e->b, &beta, D, e->c, D, e->c,
                            &e->algo, cb->lt_ws, cb->lt_ws_bytes, cb->stream);
-        /* An algorithm the heuristic offered but the run refuses (e.g.
-         * NOT_SUPPORTED): the fallback kernel takes this shape from now on.
-         * Nothing was enqueued, so running it now is safe. */
-        if (ms == CUBLAS_STATUS_NOT_SUPPORTED || ms == CUBLAS_STATUS_INVALID_VALUE)
-            e->algo_ok = false;
-        else if (ms != CUBLAS_STATUS_SUCCESS)
+        if (ms == CUBLAS_STATUS_SUCCESS)
+            break;
+        /* An algorithm the heuristic offered but the run refuses: nothing
+         * was enqueued, so the next mode may run it now. */
+        if (ms != CUBLAS_STATUS_NOT_SUPPORTED && ms != CUBLAS_STATUS_INVALID_VALUE)
             return dit_cuda_fail_lt(cb, ms, op, "cublasLtMatmul");
+        const int was = e->mode;
+        st = gemm_demote(cb, e, op);
+        if (st != DIT_OK)
+            return st;
+        if (was == CUDA_GEMM_FUSED && e->mode == CUDA_GEMM_PLAIN &&
+            e->epilogue != CUBLASLT_EPILOGUE_DEFAULT)
+            cb->stats.gemm_unfused_shapes++;
+        if (e->mode == CUDA_GEMM_FALLBACK)
+            cb->stats.gemm_fallback_shapes++;
+        gemm_warn(cb, e, op, "was refused by cublasLtMatmul");
     }
-    if (!e->algo_ok) {
+    /* What the GEMM itself did not apply runs as one pass over D. */
+    const float *post_bias = NULL;
+    dit_act post = act;
+    if (e->mode == CUDA_GEMM_FUSED) {
+        if (fuse_gelu)
+            post = DIT_ACT_NONE;
+    } else if (e->mode == CUDA_GEMM_PLAIN) {
+        post_bias = bias;
+        if (e->epilogue != CUBLASLT_EPILOGUE_DEFAULT)
+            cb->stats.gemm_unfused_calls++;
+    } else {
         dim3 grid((unsigned)((n + FB_T - 1) / FB_T), (unsigned)((m + FB_T - 1) / FB_T));
         k_gemm_fallback<<<grid, dim3(FB_T, FB_T), 0, cb->stream>>>(transa, transb, m, n, k, A,
                                                                      lda, B, ldb, D, ldc, bias,
                                                                      beta);
         CUDA_LAUNCHED(cb, op);
-        if (fuse_gelu)
-            post = DIT_ACT_GELU_TANH;
+        cb->stats.gemm_fallback_calls++;
     }
-    return dit_cuda_bias_act(cb, D, n, m, ldc, NULL, post, op);
+    return dit_cuda_bias_act(cb, D, n, m, ldc, post_bias, post, op);
+}
+
+extern "C" dit_status dit_cuda_backend_force_gemm(dit_backend *be, dit_cuda_gemm_force force)
+{
+    if (!dit_backend_is_cuda(be))
+        return DIT_ERR_INVALID_ARG;
+    dit_cuda_backend *cb = cuda_of(be);
+    if (cb->capturing)
+        return dit_cuda_bad(cb, DIT_ERR_UNSUPPORTED, "force_gemm", "during graph capture");
+    cb->gemm_force = (int)force;
+    dit_cuda_gemm_cache_clear(cb);
+    return DIT_OK;
+}
+
+extern "C" void dit_cuda_backend_stats(dit_backend *be, dit_cuda_stats *out)
+{
+    memset(out, 0, sizeof *out);
+    if (dit_backend_is_cuda(be))
+        *out = cuda_of(be)->stats;
+}
+
+extern "C" void dit_cuda_backend_reset_stats(dit_backend *be)
+{
+    if (dit_backend_is_cuda(be))
+        memset(&cuda_of(be)->stats, 0, sizeof cuda_of(be)->stats);
 }
 
 /* ------------------------------------------------------------------------ */

@@ -34,7 +34,19 @@ struct cuda_gemm_entry {
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t a, b, c;
     cublasLtMatmulAlgo_t algo;
-    bool algo_ok; /* false: no cuBLASLt algorithm, use the fallback kernel */
+    int mode; /* cuda_gemm_mode: how this shape runs */
+};
+
+/* How a GEMM shape runs. The heuristic may have no algorithm for a fused
+ * epilogue (bias, GELU) at some shape or alignment while it has one for the
+ * plain product; then the product runs on cuBLASLt and bias and activation
+ * in a separate pass, which costs one memory pass instead of a 10-100x
+ * slower GEMM. Only a shape cuBLASLt refuses outright runs on the 16 x 16
+ * CUDA-core fallback kernel. */
+enum cuda_gemm_mode {
+    CUDA_GEMM_FUSED = 0, /* cuBLASLt with the epilogue asked for */
+    CUDA_GEMM_PLAIN,     /* cuBLASLt without epilogue; bias and act after */
+    CUDA_GEMM_FALLBACK,  /* k_gemm_fallback; act after */
 };
 
 enum { CUDA_SCRATCH_X = 0, CUDA_SCRATCH_W, CUDA_SCRATCH_COL, CUDA_SCRATCH_MISC, CUDA_SCRATCH_N };
@@ -75,6 +87,8 @@ typedef struct dit_cuda_backend {
     void **retired;
     size_t n_retired, cap_retired;
     bool lt_gelu; /* use cuBLASLt's GELU_BIAS epilogue for DIT_ACT_GELU_TANH */
+    int gemm_force; /* dit_cuda_gemm_force: tests force the slower modes */
+    dit_cuda_stats stats;
     char err[512];
 } dit_cuda_backend;
 
