@@ -6,7 +6,10 @@
 #include <cstdarg>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <new>
+
+#include <sched.h>
 
 #include "backend/cuda/cuda_internal.cuh"
 
@@ -99,6 +102,51 @@ dit_status dit_cuda_bad(dit_cuda_backend *cb, dit_status st, const char *op, con
         vsnprintf(cb->err + n, sizeof cb->err - (size_t)n, fmt, ap);
     va_end(ap);
     return st;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Host waits on the stream                                                  */
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+dit_status dit_cuda_stream_wait(dit_cuda_backend *cb, const char *op)
+{
+    if (!cb->wait_fn) {
+        CUDA_TRY(cb, op, cudaStreamSynchronize(cb->stream));
+        return DIT_OK;
+    }
+    /* The stream carries NCCL work: cudaStreamSynchronize would wait forever
+     * behind a kernel stuck on a dead peer. Poll it, and ask the comm group
+     * between polls whether to go on (its timeout, NCCL's async errors);
+     * when it says stop it has aborted its communicators, whose kernels
+     * then exit. Yield for the first polls (most waits are short), then
+     * sleep 1 us doubling to 128 us, which bounds the added latency. */
+    const double t0 = now_s();
+    for (unsigned iter = 0;; ++iter) {
+        const cudaError_t e = cudaStreamQuery(cb->stream);
+        if (e == cudaSuccess)
+            return DIT_OK;
+        if (e != cudaErrorNotReady)
+            return dit_cuda_fail(cb, e, op, "cudaStreamQuery");
+        dit_diag d;
+        dit_diag_clear(&d);
+        const dit_status st = cb->wait_fn(cb->wait_ctx, now_s() - t0, &d);
+        if (st != DIT_OK)
+            return dit_cuda_bad(cb, st, op, "waiting for the compute stream: %s",
+                                dit_diag_msg(&d));
+        if (iter < 64) {
+            sched_yield();
+        } else {
+            const unsigned shift = iter - 64 < 7 ? iter - 64 : 7;
+            struct timespec ts = {0, (long)(1000u << shift)};
+            nanosleep(&ts, NULL);
+        }
+    }
 }
 
 static const char *cuda_last_error(dit_backend *be)
@@ -201,7 +249,10 @@ static void free_retired(dit_cuda_backend *cb)
 {
     if (cb->n_retired == 0)
         return;
-    cudaStreamSynchronize(cb->stream);
+    /* A wait cut short (a dead NCCL peer) leaves kernels that may still
+     * read these: keep them; the backend is about to be destroyed. */
+    if (dit_cuda_stream_wait(cb, "free") != DIT_OK)
+        return;
     for (size_t i = 0; i < cb->n_retired; i++)
         dev_free(cb, cb->retired[i]);
     cb->n_retired = 0;
@@ -221,8 +272,10 @@ static void cuda_free(dit_backend *be, void *ptr)
         return;
     }
     /* Work issued earlier may still read the buffer; cudaFree itself does
-     * not order against our non-blocking stream. */
-    cudaStreamSynchronize(cb->stream);
+     * not order against our non-blocking stream. A wait cut short (a dead
+     * NCCL peer) leaks the buffer rather than free it under a kernel. */
+    if (dit_cuda_stream_wait(cb, "free") != DIT_OK)
+        return;
     retire(cb, ptr);
 }
 
@@ -238,7 +291,7 @@ dit_status dit_cuda_scratch(dit_cuda_backend *cb, int slot, size_t bytes, void *
                             "scratch buffer must grow to %zu bytes during graph capture "
                             "(run the same shape eagerly before capturing)",
                             bytes);
-    CUDA_TRY(cb, op, cudaStreamSynchronize(cb->stream));
+    DIT_CHECK_RET(dit_cuda_stream_wait(cb, op));
     /* Graphs captured earlier keep the old buffer's address. */
     retire(cb, cb->scratch[slot]);
     cb->scratch[slot] = NULL;
@@ -382,7 +435,7 @@ static dit_status stage_rows(dit_cuda_backend *cb, int64_t row_bytes, int64_t *r
         /* One row bigger than the staging buffers: grow both. */
         if (cb->capturing)
             return dit_cuda_bad(cb, DIT_ERR_UNSUPPORTED, op, "staging during graph capture");
-        CUDA_TRY(cb, op, cudaStreamSynchronize(cb->stream));
+        DIT_CHECK_RET(dit_cuda_stream_wait(cb, op));
         size_t want = (size_t)row_bytes;
         void *p = NULL, *h = NULL;
         dit_status st = dev_malloc(cb, want, &p, op);
@@ -447,7 +500,7 @@ static dit_status cuda_upload(dit_backend *be, const dit_tensor *dst, const dit_
     for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
         const int64_t nr = rows - r0 < chunk ? rows - r0 : chunk;
         /* The pinned buffer may still feed the previous chunk's copy. */
-        CUDA_TRY(cb, op, cudaStreamSynchronize(cb->stream));
+        DIT_CHECK_RET(dit_cuda_stream_wait(cb, op));
         host_pack_rows((char *)cb->pinned, s, r0, nr);
         CUDA_TRY(cb, op,
                  cudaMemcpyAsync(cb->stage, cb->pinned, (size_t)(nr * cols) * se,
@@ -457,7 +510,7 @@ static dit_status cuda_upload(dit_backend *be, const dit_tensor *dst, const dit_
             return st;
     }
     /* The staging buffers are reused by the next transfer. */
-    CUDA_TRY(cb, op, cudaStreamSynchronize(cb->stream));
+    DIT_CHECK_RET(dit_cuda_stream_wait(cb, op));
     return DIT_OK;
 }
 
@@ -472,7 +525,7 @@ static dit_status cuda_download(dit_backend *be, const dit_tensor *dst, const di
         return dit_cuda_bad(cb, DIT_ERR_UNSUPPORTED, op, "host transfer during graph capture");
     const int64_t n = dit_tensor_numel(dst);
     if (n == 0) {
-        CUDA_TRY(cb, op, cudaStreamSynchronize(cb->stream));
+        DIT_CHECK_RET(dit_cuda_stream_wait(cb, op));
         return DIT_OK;
     }
     if (dst->dtype == src->dtype && dit_tensor_is_contiguous(dst) &&
@@ -480,7 +533,7 @@ static dit_status cuda_download(dit_backend *be, const dit_tensor *dst, const di
         CUDA_TRY(cb, op,
                  cudaMemcpyAsync(dst->data, src->data, dit_tensor_nbytes(dst),
                                  cudaMemcpyDeviceToHost, cb->stream));
-        CUDA_TRY(cb, op, cudaStreamSynchronize(cb->stream));
+        DIT_CHECK_RET(dit_cuda_stream_wait(cb, op));
         return DIT_OK;
     }
     const cuda_view d = cuda_view_of(dst), s = cuda_view_of(src);
@@ -498,7 +551,7 @@ static dit_status cuda_download(dit_backend *be, const dit_tensor *dst, const di
         CUDA_TRY(cb, op,
                  cudaMemcpyAsync(cb->pinned, cb->stage, (size_t)(nr * cols) * de,
                                  cudaMemcpyDeviceToHost, cb->stream));
-        CUDA_TRY(cb, op, cudaStreamSynchronize(cb->stream));
+        DIT_CHECK_RET(dit_cuda_stream_wait(cb, op));
         host_unpack_rows(d, r0, nr, (const char *)cb->pinned);
     }
     return DIT_OK;
@@ -593,7 +646,7 @@ static dit_status cuda_sync(dit_backend *be)
     dit_cuda_backend *cb = cuda_of(be);
     if (cb->capturing)
         return dit_cuda_bad(cb, DIT_ERR_UNSUPPORTED, "sync", "sync during graph capture");
-    CUDA_TRY(cb, "sync", cudaStreamSynchronize(cb->stream));
+    DIT_CHECK_RET(dit_cuda_stream_wait(cb, "sync"));
     return DIT_OK;
 }
 
@@ -670,7 +723,7 @@ static void cuda_graph_destroy(dit_backend *be, dit_backend_graph *g)
     dit_cuda_backend *cb = cuda_of(be);
     if (!g)
         return;
-    cudaStreamSynchronize(cb->stream); /* a replay may still run */
+    (void)dit_cuda_stream_wait(cb, "graph_destroy"); /* a replay may still run */
     cudaGraphExecDestroy(g->exec);
     free(g);
     if (--cb->live_graphs == 0 && !cb->capturing)
@@ -826,6 +879,15 @@ extern "C" dit_status dit_cuda_backend_memory(dit_backend *be, dit_cuda_memory *
     out->device_total_bytes = tot;
     out->device_used_bytes = tot - fr;
     return DIT_OK;
+}
+
+extern "C" void dit_cuda_backend_set_wait_check(dit_backend *be, dit_cuda_wait_check fn,
+                                                void *ctx)
+{
+    if (!dit_backend_is_cuda(be))
+        return;
+    cuda_of(be)->wait_fn = fn;
+    cuda_of(be)->wait_ctx = fn ? ctx : NULL;
 }
 
 extern "C" void dit_cuda_backend_set_lt_gelu(dit_backend *be, bool on)

@@ -52,6 +52,17 @@ dit_status dit_cuda_backend_memory(dit_backend *be, dit_cuda_memory *out);
  * epilogue (default) or its own tanh-GELU kernel after the GEMM. */
 void dit_cuda_backend_set_lt_gelu(dit_backend *be, bool on);
 
+/* Host waits on the compute stream (download, sync, frees, staging) while
+ * an NCCL group enqueues on it: instead of cudaStreamSynchronize, which
+ * never returns when a kernel waits on a dead peer, the backend polls the
+ * stream and calls fn(ctx, seconds waited so far, diag) between polls; a
+ * non-OK status ends the wait with that status and fn's message (fn is
+ * expected to have aborted its communicators). dit_nccl_wait_check is the
+ * fn for an NCCL group. NULL fn: plain synchronisation again (set it so
+ * before the group is destroyed). */
+typedef dit_status (*dit_cuda_wait_check)(void *ctx, double waited_s, dit_diag *diag);
+void dit_cuda_backend_set_wait_check(dit_backend *be, dit_cuda_wait_check fn, void *ctx);
+
 /* Counters since creation (or the last reset), for benchmarks and tests.
  * GEMM calls are counted when issued from the host: a call captured into a
  * CUDA graph counts once, at capture, however often the graph replays. */

@@ -88,6 +88,8 @@ typedef struct dit_cuda_backend {
     size_t n_retired, cap_retired;
     bool lt_gelu; /* use cuBLASLt's GELU_BIAS epilogue for DIT_ACT_GELU_TANH */
     int gemm_force; /* dit_cuda_gemm_force: tests force the slower modes */
+    dit_cuda_wait_check wait_fn; /* set while a comm group enqueues on stream */
+    void *wait_ctx;
     dit_cuda_stats stats;
     char err[512];
 } dit_cuda_backend;
@@ -104,6 +106,20 @@ dit_status dit_cuda_fail_lt(dit_cuda_backend *cb, cublasStatus_t s, const char *
 /* Records an argument error for op and returns DIT_ERR_INVALID_ARG (or st). */
 dit_status dit_cuda_bad(dit_cuda_backend *cb, dit_status st, const char *op, const char *fmt,
                         ...) __attribute__((format(printf, 4, 5)));
+
+/* Waits on the host for everything issued on cb->stream: a plain
+ * cudaStreamSynchronize, or, while a comm group enqueues on the stream
+ * (dit_cuda_backend_set_wait_check), a poll that the group can cut short
+ * when a peer is dead or the wait passes its timeout. */
+dit_status dit_cuda_stream_wait(dit_cuda_backend *cb, const char *op);
+
+/* Returns the status of a dit_status expression when it is not DIT_OK. */
+#define DIT_CHECK_RET(call)                                                                    \
+    do {                                                                                       \
+        const dit_status s_ = (call);                                                          \
+        if (s_ != DIT_OK)                                                                      \
+            return s_;                                                                         \
+    } while (0)
 
 /* Checks the launch of the kernel just issued. */
 #define CUDA_LAUNCHED(cb, op)                                                                  \
