@@ -8,8 +8,8 @@
  *  - graph_replay_equals_eager: the per-step forward captured as a CUDA graph
  *    and replayed gives the eager result bit for bit (same kernels, same
  *    cached GEMM algorithms), also after the step's timestep and the input
- *    contents change between replays. Uneven token counts, head dim 64
- *    (tensor-core attention) and 16 (generic attention). */
+ *    contents change between replays. Uneven token counts, head dims 64
+ *    and 128 (tensor-core attention) and 16 (generic attention). */
 #include <check.h>
 #include <math.h>
 #include <stdlib.h>
@@ -109,7 +109,7 @@ static float *run_forward(dit_backend *be, dit_flux *m, dit_arena *a, fx_dev *d)
     return out;
 }
 
-static const int64_t fwd_head_dims[] = {64, 16};
+static const int64_t fwd_head_dims[] = {64, 16, 128};
 
 START_TEST(random_model_matches_cpu)
 {
@@ -247,8 +247,8 @@ int main(void)
     Suite *s = suite_create("cuda_forward");
     TCase *tc = tcase_create("model");
     tcase_set_timeout(tc, 300);
-    tcase_add_loop_test(tc, random_model_matches_cpu, 0, 2);
-    tcase_add_loop_test(tc, graph_replay_equals_eager, 0, 2);
+    tcase_add_loop_test(tc, random_model_matches_cpu, 0, 3);
+    tcase_add_loop_test(tc, graph_replay_equals_eager, 0, 3);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_set_fork_status(sr, CK_NOFORK);

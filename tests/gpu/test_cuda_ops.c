@@ -459,6 +459,108 @@ START_TEST(attention_matches_cpu)
 }
 END_TEST
 
+/* FLUX.1-dev's attention at 1024 x 1024: B 1, S 4096 + 512, H 24, D 128,
+ * q/k/v as head views of the fused (S, 3 H D) projection. Too large for
+ * the cpu backend here, so the tensor-core kernel is compared with the f32
+ * CUDA-core kernel on the same device (bf16-exact inputs: the difference is
+ * P's rounding to bf16, as in attention_matches_cpu), and 48 (query, head)
+ * rows of both with a float64 host reference. */
+START_TEST(flux_size_attention_matches_f32_kernel)
+{
+    const int64_t B = 1, S = 4608, H = 24, D = 128;
+    test_rng r = {4608};
+    const int64_t shp[3] = {B, S, 3 * H * D}, sho[3] = {B, S, H * D}, shl[3] = {B, H, S};
+    const size_t np = (size_t)(B * S * 3 * H * D), no = (size_t)(B * S * H * D);
+    /* q scaled up a little: scores of a few units, a softmax that is
+     * neither flat nor one-hot, like normalised q/k after RMSNorm. */
+    float *hp = gpu_rand(&r, np, -1, 1, true);
+    for (int64_t t = 0; t < S; t++)
+        for (int64_t c = 0; c < H * D; c++)
+            hp[t * 3 * H * D + c] = dit_bf16_to_f32(dit_f32_to_bf16(3.0f * hp[t * 3 * H * D + c]));
+    void *pbuf = NULL, *obuf[2] = {NULL, NULL}, *lbuf[2] = {NULL, NULL};
+    GPU_OK(GPU, dit_backend_alloc(GPU, np * 4, &pbuf));
+    dit_tensor proj = dit_tensor_make(pbuf, DIT_F32, 3, shp);
+    dit_tensor hproj = dit_tensor_make(hp, DIT_F32, 3, shp);
+    GPU_OK(GPU, GPU->ops->upload(GPU, &proj, &hproj));
+    dit_tensor fq = dit_tensor_narrow(&proj, 2, 0, H * D), fk = dit_tensor_narrow(&proj, 2, H * D, H * D);
+    dit_tensor fv = dit_tensor_narrow(&proj, 2, 2 * H * D, H * D);
+    dit_tensor q = dit_tensor_split_last(&fq, D), k = dit_tensor_split_last(&fk, D);
+    dit_tensor v = dit_tensor_split_last(&fv, D);
+    dit_tensor out[2], lse[2];
+    float *ho[2], *hl[2];
+    for (int f32 = 0; f32 < 2; f32++) {
+        GPU_OK(GPU, dit_backend_alloc(GPU, no * 4, &obuf[f32]));
+        GPU_OK(GPU, dit_backend_alloc(GPU, (size_t)(B * H * S) * 4, &lbuf[f32]));
+        dit_tensor o3 = dit_tensor_make(obuf[f32], DIT_F32, 3, sho);
+        out[f32] = dit_tensor_split_last(&o3, D);
+        lse[f32] = dit_tensor_make(lbuf[f32], DIT_F32, 3, shl);
+        dit_cuda_backend_set_attention_f32(GPU, f32 == 1);
+        GPU_OK(GPU, GPU->ops->attention(GPU, &out[f32], &lse[f32], &q, &k, &v,
+                                        1.0f / sqrtf((float)D)));
+        dit_cuda_backend_set_attention_f32(GPU, false);
+        ho[f32] = gpu_fetch(GPU, &o3);
+        hl[f32] = gpu_fetch(GPU, &lse[f32]);
+    }
+    double eo = 0, ref = 0, el = 0;
+    for (size_t i = 0; i < no; i++) {
+        const double d = fabs((double)ho[0][i] - ho[1][i]);
+        eo = isnan(d) ? INFINITY : fmax(eo, d);
+        ref = fmax(ref, fabs(ho[1][i]));
+    }
+    for (size_t i = 0; i < (size_t)(B * H * S); i++) {
+        const double d = fabs((double)hl[0][i] - hl[1][i]);
+        el = isnan(d) ? INFINITY : fmax(el, d);
+    }
+    /* float64 reference rows. */
+    double e64[2] = {0, 0};
+    double *p = malloc((size_t)S * sizeof *p);
+    ck_assert_ptr_nonnull(p);
+    for (int t = 0; t < 48; t++) {
+        const int64_t i = (int64_t)(test_rng_next(&r) % (uint64_t)S);
+        const int64_t h = (int64_t)(test_rng_next(&r) % (uint64_t)H);
+        const float *qi = hp + i * 3 * H * D + h * D;
+        double mx = -INFINITY;
+        for (int64_t j = 0; j < S; j++) {
+            const float *kj = hp + j * 3 * H * D + H * D + h * D;
+            double acc = 0;
+            for (int64_t d = 0; d < D; d++)
+                acc += (double)qi[d] * kj[d];
+            p[j] = acc / sqrt((double)D);
+            mx = fmax(mx, p[j]);
+        }
+        double sum = 0;
+        for (int64_t j = 0; j < S; j++) {
+            p[j] = exp(p[j] - mx);
+            sum += p[j];
+        }
+        for (int64_t d = 0; d < D; d++) {
+            double o = 0;
+            for (int64_t j = 0; j < S; j++)
+                o += p[j] * hp[j * 3 * H * D + 2 * H * D + h * D + d];
+            o /= sum;
+            for (int f32 = 0; f32 < 2; f32++)
+                e64[f32] = fmax(e64[f32], fabs(o - ho[f32][(i * H + h) * D + d]));
+        }
+    }
+    free(p);
+    printf("flux-size attention (S %lld, H %lld, D %lld): tensor-core vs f32 kernel max abs %.3g "
+           "(max|out| %.3g), lse max abs %.3g; vs float64 rows: tensor-core %.3g, f32 %.3g\n",
+           (long long)S, (long long)H, (long long)D, eo, ref, el, e64[0], e64[1]);
+    ck_assert_msg(eo <= 4e-3, "tensor-core vs f32 kernel: %.3g", eo);
+    ck_assert_msg(el <= 1e-3, "lse: %.3g", el);
+    ck_assert_msg(e64[1] <= 1e-4, "f32 kernel vs float64: %.3g", e64[1]);
+    ck_assert_msg(e64[0] <= 4e-3, "tensor-core kernel vs float64: %.3g", e64[0]);
+    for (int f32 = 0; f32 < 2; f32++) {
+        free(ho[f32]);
+        free(hl[f32]);
+        dit_backend_free(GPU, obuf[f32]);
+        dit_backend_free(GPU, lbuf[f32]);
+    }
+    dit_backend_free(GPU, pbuf);
+    free(hp);
+}
+END_TEST
+
 START_TEST(attention_masked_matches_cpu)
 {
     test_rng r = {900 + (uint64_t)_i};
@@ -642,6 +744,7 @@ int main(void)
     tcase_add_test(tc, embedding_matches_cpu);
     tcase_add_loop_test(tc, attention_matches_cpu, 0,
                         (int)(sizeof attn_cases / sizeof attn_cases[0]));
+    tcase_add_test(tc, flux_size_attention_matches_f32_kernel);
     tcase_add_loop_test(tc, attention_masked_matches_cpu, 0, 2);
     tcase_add_test(tc, lse_merge_matches_cpu);
     tcase_add_loop_test(tc, conv2d_matches_cpu, 0, (int)(sizeof conv_cases / sizeof conv_cases[0]));

@@ -408,7 +408,7 @@ static dit_status attention_core(dit_cuda_backend *cb, const char *op, const dit
     a.scale = scale;
     a.causal = causal;
 
-    const bool fast = !bias && !causal && (D == 64 || D == 128) && aligned16(q) &&
+    const bool fast = !cb->attn_f32 && !bias && !causal && (D == 64 || D == 128) && aligned16(q) &&
                       aligned16(k) && aligned16(v) && ((uintptr_t)out->data & 7) == 0 &&
                       out->nb[0] % 8 == 0 && out->nb[1] % 8 == 0 && out->nb[2] % 8 == 0;
     if (fast) {
@@ -502,4 +502,10 @@ extern "C" dit_status dit_cuda_lse_merge(dit_backend *be, const dit_tensor *out,
         S, H, rows);
     CUDA_LAUNCHED(cb, op);
     return DIT_OK;
+}
+
+extern "C" void dit_cuda_backend_set_attention_f32(dit_backend *be, bool on)
+{
+    if (dit_backend_is_cuda(be))
+        cuda_of(be)->attn_f32 = on;
 }

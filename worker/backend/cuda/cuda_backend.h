@@ -52,6 +52,11 @@ dit_status dit_cuda_backend_memory(dit_backend *be, dit_cuda_memory *out);
  * epilogue (default) or its own tanh-GELU kernel after the GEMM. */
 void dit_cuda_backend_set_lt_gelu(dit_backend *be, bool on);
 
+/* Routes every attention call to the f32 CUDA-core kernel, even at head
+ * dims 64 and 128 (tests compare the tensor-core kernel against it at
+ * sizes the cpu backend is too slow for). */
+void dit_cuda_backend_set_attention_f32(dit_backend *be, bool on);
+
 /* Host waits on the compute stream (download, sync, frees, staging) while
  * an NCCL group enqueues on it: instead of cudaStreamSynchronize, which
  * never returns when a kernel waits on a dead peer, the backend polls the

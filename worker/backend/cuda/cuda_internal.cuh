@@ -88,6 +88,7 @@ typedef struct dit_cuda_backend {
     size_t n_retired, cap_retired;
     bool lt_gelu; /* use cuBLASLt's GELU_BIAS epilogue for DIT_ACT_GELU_TANH */
     int gemm_force; /* dit_cuda_gemm_force: tests force the slower modes */
+    bool attn_f32;  /* tests: every attention on the f32 kernel */
     dit_cuda_wait_check wait_fn; /* set while a comm group enqueues on stream */
     void *wait_ctx;
     dit_cuda_stats stats;
