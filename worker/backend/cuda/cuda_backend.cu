@@ -733,6 +733,8 @@ static void cuda_graph_destroy(dit_backend *be, dit_backend_graph *g)
 /* ------------------------------------------------------------------------ */
 /* Life cycle                                                                */
 
+static void prof_free(dit_cuda_backend *cb);
+
 static void cuda_destroy(dit_backend *be)
 {
     dit_cuda_backend *cb = cuda_of(be);
@@ -741,6 +743,7 @@ static void cuda_destroy(dit_backend *be)
     if (cb->stream)
         cudaStreamSynchronize(cb->stream);
     dit_cuda_gemm_cache_clear(cb);
+    prof_free(cb);
     if (cb->lt)
         cublasLtDestroy(cb->lt);
     for (int i = 0; i < CUDA_SCRATCH_N; i++)
@@ -758,6 +761,190 @@ static void cuda_destroy(dit_backend *be)
     free(cb);
 }
 
+/* ------------------------------------------------------------------------ */
+/* Profiler                                                                  */
+
+int dit_cuda_prof_begin(dit_cuda_backend *cb, int cat)
+{
+    cuda_prof *p = &cb->prof;
+    if (!p->on || cb->capturing)
+        return -1;
+    if (p->n >= p->cap) {
+        p->overflow = true;
+        return -1;
+    }
+    const int i = p->n++;
+    p->cat[i] = (unsigned char)cat;
+    cudaEventRecord(p->ev[2 * i], cb->stream);
+    return i;
+}
+
+void dit_cuda_prof_end(dit_cuda_backend *cb, int slot)
+{
+    if (slot >= 0)
+        cudaEventRecord(cb->prof.ev[2 * slot + 1], cb->stream);
+}
+
+static void prof_free(dit_cuda_backend *cb)
+{
+    cuda_prof *p = &cb->prof;
+    for (int i = 0; p->ev && i < 2 * p->cap; i++)
+        if (p->ev[i])
+            cudaEventDestroy(p->ev[i]);
+    free(p->ev);
+    free(p->cat);
+    memset(p, 0, sizeof *p);
+}
+
+extern "C" dit_status dit_cuda_backend_profile_start(dit_backend *be, int max_ops)
+{
+    if (!dit_backend_is_cuda(be) || max_ops < 1)
+        return DIT_ERR_INVALID_ARG;
+    dit_cuda_backend *cb = cuda_of(be);
+    if (cb->capturing)
+        return dit_cuda_bad(cb, DIT_ERR_UNSUPPORTED, "profile", "during graph capture");
+    prof_free(cb);
+    cuda_prof *p = &cb->prof;
+    p->ev = (cudaEvent_t *)calloc(2 * (size_t)max_ops, sizeof *p->ev);
+    p->cat = (unsigned char *)calloc((size_t)max_ops, 1);
+    if (!p->ev || !p->cat) {
+        prof_free(cb);
+        return dit_cuda_bad(cb, DIT_ERR_NOMEM, "profile", "out of memory");
+    }
+    p->cap = max_ops;
+    for (int i = 0; i < 2 * max_ops; i++) {
+        const cudaError_t e = cudaEventCreate(&p->ev[i]);
+        if (e != cudaSuccess) {
+            p->ev[i] = NULL;
+            prof_free(cb);
+            return dit_cuda_fail(cb, e, "profile", "cudaEventCreate");
+        }
+    }
+    p->on = true;
+    return DIT_OK;
+}
+
+extern "C" dit_status dit_cuda_backend_profile_take(dit_backend *be, dit_cuda_profile *out)
+{
+    memset(out, 0, sizeof *out);
+    if (!dit_backend_is_cuda(be))
+        return DIT_ERR_INVALID_ARG;
+    dit_cuda_backend *cb = cuda_of(be);
+    cuda_prof *p = &cb->prof;
+    if (!p->on)
+        return dit_cuda_bad(cb, DIT_ERR_INVALID_ARG, "profile", "not profiling");
+    const int n = p->n;
+    out->ops = n;
+    out->overflow = p->overflow;
+    p->n = 0;
+    p->overflow = false;
+    if (n == 0)
+        return DIT_OK;
+    DIT_CHECK_RET(dit_cuda_stream_wait(cb, "profile"));
+    double sum[CUDA_PROF_N] = {0, 0, 0, 0};
+    for (int i = 0; i < n; i++) {
+        float ms = 0.0f;
+        CUDA_TRY(cb, "profile", cudaEventElapsedTime(&ms, p->ev[2 * i], p->ev[2 * i + 1]));
+        sum[p->cat[i]] += ms;
+    }
+    float span = 0.0f;
+    CUDA_TRY(cb, "profile", cudaEventElapsedTime(&span, p->ev[0], p->ev[2 * n - 1]));
+    out->gemm_ms = sum[CUDA_PROF_GEMM];
+    out->attention_ms = sum[CUDA_PROF_ATTN];
+    out->elementwise_ms = sum[CUDA_PROF_ELEM];
+    out->cast_ms = sum[CUDA_PROF_CAST];
+    out->span_ms = span;
+    return DIT_OK;
+}
+
+extern "C" void dit_cuda_backend_profile_stop(dit_backend *be)
+{
+    if (dit_backend_is_cuda(be)) {
+        dit_cuda_backend *cb = cuda_of(be);
+        if (cb->prof.n > 0)
+            (void)dit_cuda_stream_wait(cb, "profile");
+        prof_free(cb);
+    }
+}
+
+/* Every op but linear (which marks its cast and GEMM parts itself) goes
+ * through one of these, so that profiling sees it. */
+#define PROF_OP(name, cat, params, ...)                                                        \
+    static dit_status prof_##name params                                                       \
+    {                                                                                          \
+        dit_cuda_backend *cb = cuda_of(be);                                                    \
+        const int slot_ = dit_cuda_prof_begin(cb, cat);                                        \
+        const dit_status st_ = dit_cuda_##name(be, __VA_ARGS__);                               \
+        dit_cuda_prof_end(cb, slot_);                                                          \
+        return st_;                                                                            \
+    }
+
+PROF_OP(activate, CUDA_PROF_ELEM,
+        (dit_backend * be, const dit_tensor *y, const dit_tensor *x, dit_act act), y, x, act)
+PROF_OP(layer_norm_mod, CUDA_PROF_ELEM,
+        (dit_backend * be, const dit_tensor *y, const dit_tensor *x, const dit_tensor *shift,
+         const dit_tensor *scale, float eps),
+        y, x, shift, scale, eps)
+PROF_OP(layer_norm, CUDA_PROF_ELEM,
+        (dit_backend * be, const dit_tensor *y, const dit_tensor *x, const dit_tensor *w,
+         const dit_tensor *b, float eps),
+        y, x, w, b, eps)
+PROF_OP(rms_norm, CUDA_PROF_ELEM,
+        (dit_backend * be, const dit_tensor *y, const dit_tensor *x, const dit_tensor *w,
+         float eps),
+        y, x, w, eps)
+PROF_OP(conv2d, CUDA_PROF_GEMM,
+        (dit_backend * be, const dit_tensor *y, const dit_tensor *x, const dit_tensor *w,
+         const dit_tensor *b, int stride, int pad),
+        y, x, w, b, stride, pad)
+PROF_OP(rms_norm_rope, CUDA_PROF_ELEM,
+        (dit_backend * be, const dit_tensor *x, const dit_tensor *w, float eps,
+         const dit_tensor *cos, const dit_tensor *sin),
+        x, w, eps, cos, sin)
+PROF_OP(gated_add, CUDA_PROF_ELEM,
+        (dit_backend * be, const dit_tensor *res, const dit_tensor *x, const dit_tensor *gate),
+        res, x, gate)
+PROF_OP(attention, CUDA_PROF_ATTN,
+        (dit_backend * be, const dit_tensor *out, const dit_tensor *lse, const dit_tensor *q,
+         const dit_tensor *k, const dit_tensor *v, float scale),
+        out, lse, q, k, v, scale)
+PROF_OP(attention_masked, CUDA_PROF_ATTN,
+        (dit_backend * be, const dit_tensor *out, const dit_tensor *q, const dit_tensor *k,
+         const dit_tensor *v, float scale, const dit_tensor *bias, bool causal),
+        out, q, k, v, scale, bias, causal)
+PROF_OP(lse_merge, CUDA_PROF_ATTN,
+        (dit_backend * be, const dit_tensor *out, const dit_tensor *lse, const dit_tensor *ob,
+         const dit_tensor *lb),
+        out, lse, ob, lb)
+
+static dit_status prof_copy(dit_backend *be, const dit_tensor *dst, const dit_tensor *src)
+{
+    dit_cuda_backend *cb = cuda_of(be);
+    const int slot = dit_cuda_prof_begin(cb, CUDA_PROF_ELEM);
+    const dit_status st = cuda_copy(be, dst, src);
+    dit_cuda_prof_end(cb, slot);
+    return st;
+}
+
+static dit_status prof_fill(dit_backend *be, const dit_tensor *dst, float value)
+{
+    dit_cuda_backend *cb = cuda_of(be);
+    const int slot = dit_cuda_prof_begin(cb, CUDA_PROF_ELEM);
+    const dit_status st = cuda_fill(be, dst, value);
+    dit_cuda_prof_end(cb, slot);
+    return st;
+}
+
+PROF_OP(rms_norm_rope_to, CUDA_PROF_ELEM,
+        (dit_backend * be, const dit_tensor *y, const dit_tensor *x, const dit_tensor *w,
+         float eps, const dit_tensor *cos, const dit_tensor *sin),
+        y, x, w, eps, cos, sin)
+
+static dit_dtype cuda_operand_dtype(dit_backend *be)
+{
+    return cuda_of(be)->path == DIT_CUDA_PATH_FAST ? DIT_BF16 : DIT_F32;
+}
+
 static const dit_backend_ops cuda_ops = {
     /* .name = */ "cuda",
     /* .destroy = */ cuda_destroy,
@@ -766,22 +953,22 @@ static const dit_backend_ops cuda_ops = {
     /* .weight_dtype = */ DIT_BF16,
     /* .upload = */ cuda_upload,
     /* .download = */ cuda_download,
-    /* .copy = */ cuda_copy,
-    /* .fill = */ cuda_fill,
+    /* .copy = */ prof_copy,
+    /* .fill = */ prof_fill,
     /* .linear = */ dit_cuda_linear,
-    /* .activate = */ dit_cuda_activate,
-    /* .layer_norm_mod = */ dit_cuda_layer_norm_mod,
-    /* .layer_norm = */ dit_cuda_layer_norm,
-    /* .rms_norm = */ dit_cuda_rms_norm,
+    /* .activate = */ prof_activate,
+    /* .layer_norm_mod = */ prof_layer_norm_mod,
+    /* .layer_norm = */ prof_layer_norm,
+    /* .rms_norm = */ prof_rms_norm,
     /* .embedding = */ dit_cuda_embedding,
-    /* .conv2d = */ dit_cuda_conv2d,
+    /* .conv2d = */ prof_conv2d,
     /* .group_norm = */ dit_cuda_group_norm,
     /* .upsample2x = */ dit_cuda_upsample2x,
-    /* .rms_norm_rope = */ dit_cuda_rms_norm_rope,
-    /* .gated_add = */ dit_cuda_gated_add,
-    /* .attention = */ dit_cuda_attention,
-    /* .attention_masked = */ dit_cuda_attention_masked,
-    /* .lse_merge = */ dit_cuda_lse_merge,
+    /* .rms_norm_rope = */ prof_rms_norm_rope,
+    /* .gated_add = */ prof_gated_add,
+    /* .attention = */ prof_attention,
+    /* .attention_masked = */ prof_attention_masked,
+    /* .lse_merge = */ prof_lse_merge,
     /* .sync = */ cuda_sync,
     /* .graph_begin = */ cuda_graph_begin,
     /* .graph_end = */ cuda_graph_end,
@@ -789,6 +976,8 @@ static const dit_backend_ops cuda_ops = {
     /* .graph_destroy = */ cuda_graph_destroy,
     /* .init_uniform = */ cuda_init_uniform,
     /* .last_error = */ cuda_last_error,
+    /* .operand_dtype = */ cuda_operand_dtype,
+    /* .rms_norm_rope_to = */ prof_rms_norm_rope_to,
 };
 
 extern "C" dit_status dit_cuda_backend_create(int device, dit_backend **out, dit_diag *diag)
@@ -807,6 +996,16 @@ extern "C" dit_status dit_cuda_backend_create(int device, dit_backend **out, dit
     cb->device = device;
     cb->lt_gelu = true;
     dit_status st = DIT_OK;
+    {
+        const char *pe = getenv("DIT_CUDA_PATH");
+        dit_cuda_path path = DIT_CUDA_PATH_LEGACY;
+        if (pe && pe[0] && dit_cuda_path_parse(pe, &path) != DIT_OK) {
+            free(cb);
+            return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
+                                "cuda backend: DIT_CUDA_PATH is '%s'; it takes legacy or fast", pe);
+        }
+        cb->path = (int)path;
+    }
     cudaError_t e;
     cublasStatus_t ls;
     cudaDeviceProp prop;
@@ -894,4 +1093,33 @@ extern "C" void dit_cuda_backend_set_lt_gelu(dit_backend *be, bool on)
 {
     if (dit_backend_is_cuda(be))
         cuda_of(be)->lt_gelu = on;
+}
+
+extern "C" dit_status dit_cuda_path_parse(const char *s, dit_cuda_path *out)
+{
+    if (s && strcmp(s, "legacy") == 0) {
+        *out = DIT_CUDA_PATH_LEGACY;
+        return DIT_OK;
+    }
+    if (s && strcmp(s, "fast") == 0) {
+        *out = DIT_CUDA_PATH_FAST;
+        return DIT_OK;
+    }
+    return DIT_ERR_INVALID_ARG;
+}
+
+extern "C" const char *dit_cuda_path_name(dit_cuda_path p)
+{
+    return p == DIT_CUDA_PATH_FAST ? "fast" : "legacy";
+}
+
+extern "C" void dit_cuda_backend_set_path(dit_backend *be, dit_cuda_path p)
+{
+    if (dit_backend_is_cuda(be))
+        cuda_of(be)->path = (int)p;
+}
+
+extern "C" dit_cuda_path dit_cuda_backend_path(dit_backend *be)
+{
+    return dit_backend_is_cuda(be) ? (dit_cuda_path)cuda_of(be)->path : DIT_CUDA_PATH_LEGACY;
 }

@@ -48,9 +48,51 @@ typedef struct dit_cuda_memory {
 
 dit_status dit_cuda_backend_memory(dit_backend *be, dit_cuda_memory *out);
 
+/* Which kernels run the transformer: `legacy`, activations in f32
+ * everywhere (every GEMM rounds its input to bf16 in a pass of its own,
+ * attention converts f32 K/V tile by tile), or `fast`: Q/K/V written once in
+ * bf16 by the RMSNorm + RoPE kernel (V by its GEMM), GEMMs that feed other
+ * GEMMs or attention writing bf16 (GELU fused as their epilogue), LayerNorm
+ * writing bf16 GEMM inputs (operand_dtype in backend.h). The backend starts
+ * with the path named by the environment variable DIT_CUDA_PATH (legacy or
+ * fast; unset: legacy), read once at creation; set_path switches later
+ * (benchmarks and parity tests run both). */
+typedef enum dit_cuda_path {
+    DIT_CUDA_PATH_LEGACY = 0,
+    DIT_CUDA_PATH_FAST,
+} dit_cuda_path;
+
+/* "legacy" / "fast"; DIT_ERR_INVALID_ARG otherwise. */
+dit_status dit_cuda_path_parse(const char *s, dit_cuda_path *out);
+const char *dit_cuda_path_name(dit_cuda_path p);
+void dit_cuda_backend_set_path(dit_backend *be, dit_cuda_path p);
+dit_cuda_path dit_cuda_backend_path(dit_backend *be);
+
 /* Whether linear with DIT_ACT_GELU_TANH uses cuBLASLt's fused GELU_BIAS
  * epilogue (default) or its own tanh-GELU kernel after the GEMM. */
 void dit_cuda_backend_set_lt_gelu(dit_backend *be, bool on);
+
+/* Device time per kind of op, from CUDA events recorded around every op
+ * while profiling is on (benchmarks: one block of the forward at a time).
+ * gemm: linear's GEMMs with their bias/activation passes, conv2d;
+ * attention: attention, attention_masked, lse_merge; cast: linear's
+ * conversion of its activation operand to bf16; elementwise: every other
+ * op (norms, RoPE, gated adds, activations, copies). span: from the first
+ * op's start to the last op's end, so span minus the sum is time the GPU
+ * sat idle between ops (launch overhead, host-bound stretches). */
+typedef struct dit_cuda_profile {
+    double gemm_ms, attention_ms, elementwise_ms, cast_ms;
+    double span_ms;
+    int ops;
+    bool overflow; /* more ops than the event pool holds: sums are partial */
+} dit_cuda_profile;
+
+/* Starts recording (up to max_ops ops between takes). Not while capturing. */
+dit_status dit_cuda_backend_profile_start(dit_backend *be, int max_ops);
+/* Waits for the recorded ops, sums them into *out and starts a new
+ * interval. */
+dit_status dit_cuda_backend_profile_take(dit_backend *be, dit_cuda_profile *out);
+void dit_cuda_backend_profile_stop(dit_backend *be);
 
 /* Routes every attention call to the f32 CUDA-core kernel, even at head
  * dims 64 and 128 (tests compare the tensor-core kernel against it at

@@ -30,6 +30,7 @@ struct cuda_gemm_entry {
     int align; /* smallest pointer alignment (bytes, <= 16) of A, B, C, D */
     int bias_align; /* the bias pointer's, 0 without one */
     bool has_beta;
+    bool d_bf16; /* D (and C) bf16 instead of f32 */
     /* value */
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t a, b, c;
@@ -50,6 +51,19 @@ enum cuda_gemm_mode {
 };
 
 enum { CUDA_SCRATCH_X = 0, CUDA_SCRATCH_W, CUDA_SCRATCH_COL, CUDA_SCRATCH_MISC, CUDA_SCRATCH_N };
+
+/* Op categories of the profiler (dit_cuda_backend_profile_*). */
+enum { CUDA_PROF_GEMM = 0, CUDA_PROF_ATTN, CUDA_PROF_ELEM, CUDA_PROF_CAST, CUDA_PROF_N };
+
+/* Timing events around every op while profiling: pair i is ev[2i] (before
+ * the op's first kernel) and ev[2i + 1] (after its last), category cat[i]. */
+struct cuda_prof {
+    bool on;
+    cudaEvent_t *ev;
+    unsigned char *cat;
+    int cap, n;
+    bool overflow;
+};
 
 struct cuda_alloc_rec {
     void *p;
@@ -89,6 +103,8 @@ typedef struct dit_cuda_backend {
     bool lt_gelu; /* use cuBLASLt's GELU_BIAS epilogue for DIT_ACT_GELU_TANH */
     int gemm_force; /* dit_cuda_gemm_force: tests force the slower modes */
     bool attn_f32;  /* tests: every attention on the f32 kernel */
+    int path;       /* dit_cuda_path */
+    cuda_prof prof;
     dit_cuda_wait_check wait_fn; /* set while a comm group enqueues on stream */
     void *wait_ctx;
     dit_cuda_stats stats;
@@ -113,6 +129,11 @@ dit_status dit_cuda_bad(dit_cuda_backend *cb, dit_status st, const char *op, con
  * (dit_cuda_backend_set_wait_check), a poll that the group can cut short
  * when a peer is dead or the wait passes its timeout. */
 dit_status dit_cuda_stream_wait(dit_cuda_backend *cb, const char *op);
+
+/* Profiler marks around an op (no-ops unless profiling, and never while
+ * capturing a graph): begin returns a slot for end, or -1. */
+int dit_cuda_prof_begin(dit_cuda_backend *cb, int cat);
+void dit_cuda_prof_end(dit_cuda_backend *cb, int slot);
 
 /* Returns the status of a dit_status expression when it is not DIT_OK. */
 #define DIT_CHECK_RET(call)                                                                    \
@@ -292,6 +313,15 @@ dit_status dit_cuda_gemm(dit_cuda_backend *cb, bool transa, bool transb, int64_t
                          const __nv_bfloat16 *B, int64_t ldb, float *D, int64_t ldc,
                          const float *bias, dit_act act, float beta, const char *op);
 
+/* The same with D of dtype dt (f32, or bf16: rounded once, after bias and
+ * activation when cuBLASLt fuses them; beta must be 0 for bf16 unless D's
+ * old values are meant to be read back in bf16). */
+dit_status dit_cuda_gemm_t(dit_cuda_backend *cb, bool transa, bool transb, int64_t m, int64_t n,
+                           int64_t k, const __nv_bfloat16 *A, int64_t lda,
+                           const __nv_bfloat16 *B, int64_t ldb, void *D, dit_dtype dt,
+                           int64_t ldc, const float *bias, dit_act act, float beta,
+                           const char *op);
+
 void dit_cuda_gemm_cache_clear(dit_cuda_backend *cb);
 
 /* Sets the dynamic shared memory limits of the attention kernels (once, at
@@ -321,6 +351,9 @@ dit_status dit_cuda_group_norm(dit_backend *be, const dit_tensor *y, const dit_t
 dit_status dit_cuda_upsample2x(dit_backend *be, const dit_tensor *y, const dit_tensor *x);
 dit_status dit_cuda_rms_norm_rope(dit_backend *be, const dit_tensor *x, const dit_tensor *weight,
                                   float eps, const dit_tensor *cos, const dit_tensor *sin);
+dit_status dit_cuda_rms_norm_rope_to(dit_backend *be, const dit_tensor *y, const dit_tensor *x,
+                                     const dit_tensor *weight, float eps, const dit_tensor *cos,
+                                     const dit_tensor *sin);
 dit_status dit_cuda_gated_add(dit_backend *be, const dit_tensor *res, const dit_tensor *x,
                               const dit_tensor *gate);
 dit_status dit_cuda_attention(dit_backend *be, const dit_tensor *out, const dit_tensor *lse,
