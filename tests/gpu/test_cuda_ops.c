@@ -235,6 +235,167 @@ START_TEST(linear_matches_cpu)
 }
 END_TEST
 
+/* ---- the fast path's bf16 operands ------------------------------------- */
+
+/* What DIT_CUDA_PATH=fast runs (backend.h, operand_dtype): linear reading
+ * bf16 x in place (column slices, batches that fold and that do not) and
+ * writing bf16 y with bias and fused GELU; layer_norm_mod and
+ * rms_norm_rope_to writing bf16; attention on bf16 q, k, v writing f32 or
+ * bf16. The cpu backend computes the same in f32 from the same (bf16-exact)
+ * inputs; a bf16 result adds its own rounding, 2^-9 relative: rtol 4e-3
+ * more than the f32 form's tolerance. */
+START_TEST(bf16_operands_match_cpu)
+{
+    test_rng r = {1300};
+    /* linear */
+    for (int v = 0; v < 4; v++) {
+        const int64_t B = 2, M = 21, K = 64, N = 48, pad = 16;
+        const bool y_bf16 = v & 1, fold = v & 2;
+        const int64_t xs[3] = {B, M, K + pad}, ys[3] = {B, M, N}, ws[2] = {N, K};
+        float *hx = gpu_rand(&r, (size_t)(B * M * (K + pad)), -1, 1, true);
+        float *hw = gpu_rand(&r, (size_t)(N * K), -0.25f, 0.25f, true);
+        float *hb = gpu_rand(&r, (size_t)N, -0.5f, 0.5f, false);
+        gpu_pair x = gpu_pair_make(CPU, GPU, DIT_BF16, 3, xs, hx);
+        gpu_pair w = gpu_pair_make(CPU, GPU, GPU->ops->weight_dtype, 2, ws, hw);
+        gpu_pair bias = gpu_pair_make(CPU, GPU, DIT_F32, 1, &N, hb);
+        gpu_pair y = gpu_pair_make(CPU, GPU, y_bf16 ? DIT_BF16 : DIT_F32, 3, ys, NULL);
+        /* fold: x's rows evenly spaced over the batch (all K + pad columns
+         * but the view's K); otherwise a batch stride of its own. */
+        dit_tensor xc = dit_tensor_narrow(&x.c, 2, pad / 2, K), xg = dit_tensor_narrow(&x.g, 2, pad / 2, K);
+        if (!fold) {
+            xc = dit_tensor_narrow(&xc, 1, 1, M - 1);
+            xg = dit_tensor_narrow(&xg, 1, 1, M - 1);
+        }
+        dit_tensor yc = y.c, yg = y.g;
+        if (!fold) {
+            yc = dit_tensor_narrow(&yc, 1, 0, M - 1);
+            yg = dit_tensor_narrow(&yg, 1, 0, M - 1);
+        }
+        for (int act = 0; act < 2; act++) {
+            const dit_act a = act ? DIT_ACT_GELU_TANH : DIT_ACT_NONE;
+            GPU_OK(CPU, CPU->ops->linear(CPU, &yc, &xc, &w.c, &bias.c, a, 0.0f));
+            GPU_OK(GPU, GPU->ops->linear(GPU, &yg, &xg, &w.g, &bias.g, a, 0.0f));
+            char what[96];
+            snprintf(what, sizeof what, "linear bf16 x, %s y, fold %d, act %d",
+                     y_bf16 ? "bf16" : "f32", (int)fold, act);
+            ck_assert_int_eq(gpu_compare_views(what, CPU, &yc, GPU, &yg, act ? 2e-3 : 1e-4,
+                                               (y_bf16 ? 4e-3 : 0) + 1e-4),
+                             0);
+        }
+        if (y_bf16) /* beta needs an f32 y */
+            ck_assert_int_eq(GPU->ops->linear(GPU, &yg, &xg, &w.g, NULL, DIT_ACT_NONE, 1.0f),
+                             DIT_ERR_INVALID_ARG);
+        gpu_pair_free(CPU, GPU, &x);
+        gpu_pair_free(CPU, GPU, &w);
+        gpu_pair_free(CPU, GPU, &bias);
+        gpu_pair_free(CPU, GPU, &y);
+        free(hx);
+        free(hw);
+        free(hb);
+    }
+    /* layer_norm_mod into bf16 */
+    {
+        const int64_t B = 2, S = 17, C = 96, sh[3] = {B, S, C}, shv[2] = {B, C};
+        float *hx = gpu_rand(&r, (size_t)(B * S * C), -2, 2, false);
+        float *hs = gpu_rand(&r, (size_t)(B * C), -1, 1, false);
+        float *hc = gpu_rand(&r, (size_t)(B * C), -1, 1, false);
+        gpu_pair x = gpu_pair_make(CPU, GPU, DIT_F32, 3, sh, hx);
+        gpu_pair shift = gpu_pair_make(CPU, GPU, DIT_F32, 2, shv, hs);
+        gpu_pair scale = gpu_pair_make(CPU, GPU, DIT_F32, 2, shv, hc);
+        gpu_pair y = gpu_pair_make(CPU, GPU, DIT_BF16, 3, sh, NULL);
+        GPU_OK(CPU, CPU->ops->layer_norm_mod(CPU, &y.c, &x.c, &shift.c, &scale.c, 1e-6f));
+        GPU_OK(GPU, GPU->ops->layer_norm_mod(GPU, &y.g, &x.g, &shift.g, &scale.g, 1e-6f));
+        ck_assert_int_eq(gpu_compare_views("layer_norm_mod -> bf16", CPU, &y.c, GPU, &y.g, 2e-5,
+                                           4e-3),
+                         0);
+        gpu_pair_free(CPU, GPU, &x);
+        gpu_pair_free(CPU, GPU, &shift);
+        gpu_pair_free(CPU, GPU, &scale);
+        gpu_pair_free(CPU, GPU, &y);
+        free(hx);
+        free(hs);
+        free(hc);
+    }
+    /* rms_norm_rope_to, f32 and bf16 outputs, from a fused projection's
+     * head view into another's (the fast path's y -> qkvb). */
+    {
+        const int64_t B = 1, S = 19, H = 3, D = 64;
+        const int64_t shx[3] = {B, S, 2 * H * D}, shy[3] = {B, S, 3 * H * D}, shc[2] = {S, D};
+        float *hx = gpu_rand(&r, (size_t)(B * S * 2 * H * D), -2, 2, false);
+        float *hw = gpu_rand(&r, (size_t)D, 0.5f, 1.5f, false);
+        float *hcos = gpu_rand(&r, (size_t)(S * D), -1, 1, false);
+        float *hsin = gpu_rand(&r, (size_t)(S * D), -1, 1, false);
+        gpu_pair w = gpu_pair_make(CPU, GPU, DIT_F32, 1, &D, hw);
+        gpu_pair cs = gpu_pair_make(CPU, GPU, DIT_F32, 2, shc, hcos);
+        gpu_pair sn = gpu_pair_make(CPU, GPU, DIT_F32, 2, shc, hsin);
+        for (int ybf = 0; ybf < 2; ybf++) {
+            gpu_pair x = gpu_pair_make(CPU, GPU, DIT_F32, 3, shx, hx);
+            gpu_pair y = gpu_pair_make(CPU, GPU, ybf ? DIT_BF16 : DIT_F32, 3, shy, NULL);
+            dit_tensor fx = dit_tensor_narrow(&x.c, 2, H * D, H * D);
+            dit_tensor kc = dit_tensor_split_last(&fx, D);
+            fx = dit_tensor_narrow(&x.g, 2, H * D, H * D);
+            dit_tensor kg = dit_tensor_split_last(&fx, D);
+            dit_tensor fy = dit_tensor_narrow(&y.g, 2, H * D, H * D);
+            dit_tensor og = dit_tensor_split_last(&fy, D);
+            GPU_OK(CPU, CPU->ops->rms_norm_rope(CPU, &kc, &w.c, 1e-6f, &cs.c, &sn.c));
+            GPU_OK(GPU, GPU->ops->rms_norm_rope_to(GPU, &og, &kg, &w.g, 1e-6f, &cs.g, &sn.g));
+            ck_assert_int_eq(gpu_compare_views(ybf ? "rms_norm_rope_to bf16" : "rms_norm_rope_to f32",
+                                               CPU, &kc, GPU, &og, 2e-5, ybf ? 4e-3 : 2e-5),
+                             0);
+            /* x itself is left alone. */
+            float *xin = gpu_fetch(GPU, &x.g);
+            ck_assert(memcmp(xin, hx, sizeof(float) * (size_t)(B * S * 2 * H * D)) == 0);
+            free(xin);
+            gpu_pair_free(CPU, GPU, &x);
+            gpu_pair_free(CPU, GPU, &y);
+        }
+        gpu_pair_free(CPU, GPU, &w);
+        gpu_pair_free(CPU, GPU, &cs);
+        gpu_pair_free(CPU, GPU, &sn);
+        free(hx);
+        free(hw);
+        free(hcos);
+        free(hsin);
+    }
+    /* attention on bf16 q, k, v (views of a fused bf16 projection), out f32
+     * and bf16, at head dims 128 (tensor cores) and 16 (f32 kernel). */
+    for (int v = 0; v < 4; v++) {
+        const int64_t B = 1, Sq = 97, H = 2, D = v & 2 ? 16 : 128;
+        const bool out_bf16 = v & 1;
+        const int64_t shp[3] = {B, Sq, 3 * H * D}, sho[3] = {B, Sq, H * D}, shl[3] = {B, H, Sq};
+        float *hp = gpu_rand(&r, (size_t)(B * Sq * 3 * H * D), -2, 2, true);
+        gpu_pair p = gpu_pair_make(CPU, GPU, DIT_BF16, 3, shp, hp);
+        gpu_pair o = gpu_pair_make(CPU, GPU, out_bf16 ? DIT_BF16 : DIT_F32, 3, sho, NULL);
+        gpu_pair l = gpu_pair_make(CPU, GPU, DIT_F32, 3, shl, NULL);
+        dit_tensor q[2], k[2], vv[2], out[2];
+        const dit_tensor *pb[2] = {&p.c, &p.g}, *ob[2] = {&o.c, &o.g};
+        for (int s = 0; s < 2; s++) {
+            dit_tensor f = dit_tensor_narrow(pb[s], 2, 0, H * D);
+            q[s] = dit_tensor_split_last(&f, D);
+            f = dit_tensor_narrow(pb[s], 2, H * D, H * D);
+            k[s] = dit_tensor_split_last(&f, D);
+            f = dit_tensor_narrow(pb[s], 2, 2 * H * D, H * D);
+            vv[s] = dit_tensor_split_last(&f, D);
+            out[s] = dit_tensor_split_last(ob[s], D);
+        }
+        const float scale = 1.0f / sqrtf((float)D);
+        GPU_OK(CPU, CPU->ops->attention(CPU, &out[0], &l.c, &q[0], &k[0], &vv[0], scale));
+        GPU_OK(GPU, GPU->ops->attention(GPU, &out[1], &l.g, &q[1], &k[1], &vv[1], scale));
+        char what[96];
+        snprintf(what, sizeof what, "attention bf16 q/k/v D%lld -> %s", (long long)D,
+                 out_bf16 ? "bf16" : "f32");
+        const double tol = (D == 128 ? 4e-3 : 1e-4) + (out_bf16 ? 4e-3 : 0);
+        ck_assert_int_eq(gpu_compare_views(what, CPU, &o.c, GPU, &o.g, tol, tol), 0);
+        ck_assert_int_eq(gpu_compare_views("lse (bf16 q/k/v)", CPU, &l.c, GPU, &l.g, 1e-4, 1e-5),
+                         0);
+        gpu_pair_free(CPU, GPU, &p);
+        gpu_pair_free(CPU, GPU, &o);
+        gpu_pair_free(CPU, GPU, &l);
+        free(hp);
+    }
+}
+END_TEST
+
 /* ---- row ops ------------------------------------------------------------- */
 
 START_TEST(activate_matches_cpu)
@@ -737,6 +898,7 @@ int main(void)
     tcase_add_test(tc, upload_download_copy_fill_roundtrip);
     tcase_add_test(tc, init_uniform_matches_host_generator);
     tcase_add_loop_test(tc, linear_matches_cpu, 0, 3 * N_LIN);
+    tcase_add_test(tc, bf16_operands_match_cpu);
     tcase_add_test(tc, activate_matches_cpu);
     tcase_add_test(tc, norms_match_cpu);
     tcase_add_loop_test(tc, rms_norm_rope_matches_cpu, 0, 3);
