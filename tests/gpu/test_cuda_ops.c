@@ -906,13 +906,18 @@ int main(void)
     tcase_add_test(tc, embedding_matches_cpu);
     tcase_add_loop_test(tc, attention_matches_cpu, 0,
                         (int)(sizeof attn_cases / sizeof attn_cases[0]));
-    tcase_add_test(tc, flux_size_attention_matches_f32_kernel);
     tcase_add_loop_test(tc, attention_masked_matches_cpu, 0, 2);
     tcase_add_test(tc, lse_merge_matches_cpu);
     tcase_add_loop_test(tc, conv2d_matches_cpu, 0, (int)(sizeof conv_cases / sizeof conv_cases[0]));
     tcase_add_test(tc, group_norm_and_upsample_match_cpu);
     tcase_add_test(tc, bad_arguments_are_errors_with_messages);
     suite_add_tcase(s, tc);
+    /* Its own case, so that a slow run (compute-sanitizer) can leave it
+     * out with CK_RUN_CASE=parity. */
+    TCase *tl = tcase_create("large");
+    tcase_set_timeout(tl, 300);
+    tcase_add_test(tl, flux_size_attention_matches_f32_kernel);
+    suite_add_tcase(s, tl);
     SRunner *sr = srunner_create(s);
     srunner_set_fork_status(sr, CK_NOFORK);
     srunner_run_all(sr, CK_NORMAL);
