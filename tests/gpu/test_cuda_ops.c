@@ -66,6 +66,39 @@ START_TEST(upload_download_copy_fill_roundtrip)
     GPU_OK(GPU, GPU->ops->fill(GPU, &gf, 0.25f));
     GPU_OK(CPU, CPU->ops->fill(CPU, &cf, 0.25f));
     ck_assert_int_eq(gpu_compare_views("fill", CPU, &a.c, GPU, &a.g, 0, 0), 0);
+    /* The three ways kernels find a row (cuda_internal.cuh): evenly spaced
+     * rows (above), one division (head views of one batch entry's tokens),
+     * and two (head views of a token slice of several batch entries). */
+    {
+        const int64_t H = 2, D = 8, shp[3] = {3, 9, 3 * H * D};
+        float *hp = gpu_rand(&r, (size_t)(3 * 9 * 3 * H * D), -2, 2, false);
+        gpu_pair p = gpu_pair_make(CPU, GPU, DIT_F32, 3, shp, hp);
+        for (int v = 0; v < 2; v++) {
+            dit_tensor vc = dit_tensor_narrow(&p.c, 2, H * D, H * D);
+            dit_tensor vg = dit_tensor_narrow(&p.g, 2, H * D, H * D);
+            vc = dit_tensor_split_last(&vc, D);
+            vg = dit_tensor_split_last(&vg, D);
+            if (v == 1) { /* tokens 2..6 of every batch entry: two divisions */
+                vc = dit_tensor_narrow(&vc, 1, 2, 5);
+                vg = dit_tensor_narrow(&vg, 1, 2, 5);
+            }
+            gpu_pair e = gpu_pair_make(CPU, GPU, DIT_F32, 4,
+                                       (int64_t[]){3, v ? 5 : 9, H, D}, NULL);
+            GPU_OK(GPU, GPU->ops->copy(GPU, &e.g, &vg));
+            GPU_OK(CPU, CPU->ops->copy(CPU, &e.c, &vc));
+            ck_assert_int_eq(gpu_compare_views(v ? "copy, two-division rows"
+                                                 : "copy, one-division rows",
+                                               CPU, &e.c, GPU, &e.g, 0, 0),
+                             0);
+            GPU_OK(GPU, GPU->ops->fill(GPU, &vg, 1.5f));
+            GPU_OK(CPU, CPU->ops->fill(CPU, &vc, 1.5f));
+            ck_assert_int_eq(gpu_compare_views("fill of a head view", CPU, &p.c, GPU, &p.g, 0, 0),
+                             0);
+            gpu_pair_free(CPU, GPU, &e);
+        }
+        gpu_pair_free(CPU, GPU, &p);
+        free(hp);
+    }
     gpu_pair_free(CPU, GPU, &a);
     gpu_pair_free(CPU, GPU, &b);
     gpu_pair_free(CPU, GPU, &c);

@@ -2,8 +2,10 @@
  *
  * Fast path (head dims 64 and 128): FlashAttention-2 style. A block of 4
  * warps owns 64 queries of one (batch, head); each warp owns 16 query rows.
- * Per tile of 64 keys: the block converts the f32 K tile (and V, stored
- * transposed) to bf16 in shared memory, every warp computes its 16 x 64
+ * Per tile of 64 keys: the block stages the K tile (and V, stored
+ * transposed) in shared memory as bf16 (f32 inputs are rounded there, tile
+ * by tile; the fast path's bf16 inputs are copied as they are, half the
+ * bytes), every warp computes its 16 x 64
  * score tile with bf16 mma.sync (m16n8k16, f32 accumulation), keeps a
  * running row max m and denominator l in registers (online softmax, base-2
  * exponentials of scale*log2(e)-scaled scores), rescales its 16 x D output
