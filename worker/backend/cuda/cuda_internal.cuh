@@ -313,9 +313,9 @@ dit_status dit_cuda_gemm(dit_cuda_backend *cb, bool transa, bool transb, int64_t
                          const __nv_bfloat16 *B, int64_t ldb, float *D, int64_t ldc,
                          const float *bias, dit_act act, float beta, const char *op);
 
-/* The same with D of dtype dt (f32, or bf16: rounded once, after bias and
- * activation when cuBLASLt fuses them; beta must be 0 for bf16 unless D's
- * old values are meant to be read back in bf16). */
+/* The same with D of dtype dt: f32, or bf16 (the fast path's GEMMs whose
+ * output only feeds another GEMM or attention), rounded once after bias and
+ * activation when cuBLASLt fuses them; beta reads D's old values in dt. */
 dit_status dit_cuda_gemm_t(dit_cuda_backend *cb, bool transa, bool transb, int64_t m, int64_t n,
                            int64_t k, const __nv_bfloat16 *A, int64_t lda,
                            const __nv_bfloat16 *B, int64_t ldb, void *D, dit_dtype dt,
