@@ -182,7 +182,7 @@ static int profile_blocks(bench_ctx *b)
     prof_hook h = {.b = b,
                    .d_end = c->num_layers >= 2 ? 1 : 0,
                    .s_end = c->num_layers + (c->num_single_layers >= 2 ? 1 : 0)};
-    if (dit_cuda_backend_profile_start(b->be, 1 << 14) != DIT_OK)
+    if (dit_cuda_backend_profile_start(b->be, 4096) != DIT_OK)
         return -1;
     dit_flux_hooks hooks = {.ctx = &h, .block_done = prof_block_done};
     dit_flux_set_hooks(b->m, &hooks);
