@@ -44,14 +44,14 @@ static dit_comm *make_group(void)
     return c;
 }
 
-#define COMM_OK(call)                                                                         \
-    do {                                                                                      \
-        dit_diag d_;                                                                          \
-        dit_diag_clear(&d_);                                                                  \
-        dit_diag *diag_ = &d_;                                                                \
-        (void)diag_;                                                                          \
-        dit_status st_ = (call);                                                              \
-        ck_assert_msg(st_ == DIT_OK, "%s: %s", #call, dit_diag_msg(&d_));                     \
+#define COMM_OK(call)                                                                              \
+    do {                                                                                           \
+        dit_diag d_;                                                                               \
+        dit_diag_clear(&d_);                                                                       \
+        dit_diag *diag_ = &d_;                                                                     \
+        (void)diag_;                                                                               \
+        dit_status st_ = (call);                                                                   \
+        ck_assert_msg(st_ == DIT_OK, "%s: %s", #call, dit_diag_msg(&d_));                          \
     } while (0)
 
 /* Overwrites a result buffer so that a copy that did not happen shows. */
@@ -107,7 +107,8 @@ START_TEST(every_op_on_a_group_of_one)
         float *hb = gpu_rand(&r, n, -3, 3, true);
         void *pb = NULL;
         GPU_OK(g_gpu, dit_backend_alloc(g_gpu, n * 2, &pb));
-        dit_tensor hd = dit_tensor_1d(hb, DIT_F32, (int64_t)n), dd = dit_tensor_1d(pb, DIT_BF16, (int64_t)n);
+        dit_tensor hd = dit_tensor_1d(hb, DIT_F32, (int64_t)n),
+                   dd = dit_tensor_1d(pb, DIT_BF16, (int64_t)n);
         GPU_OK(g_gpu, g_gpu->ops->upload(g_gpu, &dd, &hd));
         COMM_OK(c->ops->all_reduce_sum(c, pb, n, DIT_BF16, diag_));
         float *got = gpu_fetch(g_gpu, &dd);
