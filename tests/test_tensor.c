@@ -72,6 +72,38 @@ START_TEST(views_narrow_and_split)
 }
 END_TEST
 
+START_TEST(row_stride_only_for_evenly_spaced_rows)
+{
+    float buf[2 * 3 * 24];
+    dit_tensor t = dit_tensor_3d(buf, DIT_F32, 2, 3, 24);
+    ck_assert_int_eq(dit_tensor_row_stride(&t), 24 * 4);
+    /* A column slice keeps the parent's row spacing. */
+    dit_tensor cols = dit_tensor_narrow(&t, 2, 8, 8);
+    ck_assert_int_eq(dit_tensor_row_stride(&cols), 24 * 4);
+    /* Heads of a fused projection: (2, 3, 2, 4) from columns [8, 16) of
+     * rows of 24 — rows (b, s, h) step by 16 bytes within a token, 96
+     * between tokens: not evenly spaced. */
+    dit_tensor heads = dit_tensor_split_last(&cols, 4);
+    ck_assert_int_eq(dit_tensor_row_stride(&heads), -1);
+    /* The same split of a whole contiguous tensor is evenly spaced. */
+    dit_tensor all_heads = dit_tensor_split_last(&t, 4);
+    ck_assert_int_eq(dit_tensor_row_stride(&all_heads), 16);
+    /* A sequence slice of one batch entry, and of two. */
+    dit_tensor one = dit_tensor_narrow(&t, 0, 1, 1);
+    one = dit_tensor_narrow(&one, 1, 1, 2);
+    ck_assert_int_eq(dit_tensor_row_stride(&one), 24 * 4);
+    dit_tensor two = dit_tensor_narrow(&t, 1, 1, 2);
+    ck_assert_int_eq(dit_tensor_row_stride(&two), -1);
+    /* One row, and size-1 dims anywhere. */
+    dit_tensor row = dit_tensor_narrow(&one, 1, 0, 1);
+    ck_assert_int_eq(dit_tensor_row_stride(&row), 0);
+    dit_tensor v = dit_tensor_1d(buf, DIT_F32, 7);
+    ck_assert_int_eq(dit_tensor_row_stride(&v), 0);
+    dit_tensor s1 = dit_tensor_narrow(&t, 1, 2, 1); /* (2, 1, 24) */
+    ck_assert_int_eq(dit_tensor_row_stride(&s1), 3 * 24 * 4);
+}
+END_TEST
+
 START_TEST(arena_reuses_addresses_after_reset)
 {
     dit_backend *be;
@@ -129,6 +161,7 @@ int main(void)
     tcase_add_test(tc, bf16_rounds_to_nearest_even);
     tcase_add_test(tc, f16_round_trips_and_rounds);
     tcase_add_test(tc, views_narrow_and_split);
+    tcase_add_test(tc, row_stride_only_for_evenly_spaced_rows);
     tcase_add_test(tc, arena_reuses_addresses_after_reset);
     tcase_add_test(tc, diag_keeps_first_cause_and_prefixes);
     suite_add_tcase(s, tc);

@@ -4,7 +4,7 @@
  *                      [--img-tokens 1024] [--txt-tokens 128] [--batch 1]
  *                      [--threads N] [--warmup 1] [--iters 5] [--backend cpu|cuda]
  *                      [--flux-dev] [--graph both|on|off] [--flop-per-step F]
- *                      [--summary FILE]
+ *                      [--summary FILE] [--cuda-path legacy|fast|both]
  *
  * Defaults are the mid-size config that tests/bench/bench_diffusers_forward.py
  * times in PyTorch, so the two print comparable lines.
@@ -14,13 +14,30 @@
  * or both (cuda backend; graph passes need two warm-up passes: eager, then
  * capture). --flop-per-step: the FLOP count TFLOP/s is computed from
  * (default: dit_flux_forward_flops). --summary: append "key: value" lines
- * (ms per step, TFLOP/s, memory) to FILE. */
+ * (ms per step, TFLOP/s, memory) to FILE.
+ *
+ * On the cuda backend it also reports, per cuda path (DIT_CUDA_PATH; with
+ * --cuda-path both, legacy then fast, keys prefixed "legacy_" / "fast_";
+ * the unprefixed keys are those of the path the backend started with):
+ *  - device time per kind of op for one double and one single block (the
+ *    second of each, so that nothing before the blocks is counted), from
+ *    CUDA events around every op: GEMMs, attention, elementwise, the bf16
+ *    casts of GEMM inputs, the span from first start to last end, and the
+ *    host's time to issue the block's ops (keys double_block_*_ms,
+ *    single_block_*_ms);
+ *  - GEMM calls of one eager forward and how many ran without their fused
+ *    epilogue or on the CUDA-core fallback kernel (gemm_*);
+ *  - graph-vs-eager agreement of the output (graph_vs_eager_max_abs and the
+ *    number of values that differ in any bit) and NaN/Inf counts of the
+ *    eager and graph outputs (nan_count_eager, nan_count_graph). */
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#include <stdbool.h>
 
 #include "backend/backend.h"
 #ifdef DIT_HAVE_CUDA
@@ -42,6 +59,290 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+/* What one cuda path (or the one path of another backend) measured. */
+typedef struct bench_result {
+    bool have_eager, have_graph, graph_fallback;
+    double eager_med, eager_min, graph_med, graph_min;
+    bool have_prof;
+    double prof[2][6]; /* [double, single][gemm, attention, elementwise, cast, span, host] */
+    bool have_stats;
+    unsigned long long gemm_calls, gemm_unfused, gemm_fallback, fb_shapes, unf_shapes;
+    bool have_agree;
+    double agree_max_abs;
+    size_t agree_differ;
+    long long nan_eager, nan_graph;
+} bench_result;
+
+typedef struct bench_ctx {
+    dit_backend *be;
+    dit_flux *m;
+    dit_arena *arena;
+    const dit_flux_inputs *in;
+    const dit_tensor *out;
+    dit_diag *diag;
+    double flop;
+    long warmup, iters;
+    double *times;
+    bool want_graph, want_eager;
+    FILE *sum;
+    size_t n_out;
+    bench_result r;
+} bench_ctx;
+
+static int run_once(bench_ctx *b)
+{
+    dit_backend *be = b->be;
+    if (dit_flux_forward(b->m, b->arena, b->in, b->out, b->diag) != DIT_OK ||
+        be->ops->sync(be) != DIT_OK) {
+        if (be->ops->last_error && b->diag->status == DIT_OK)
+            dit_diag_set(b->diag, DIT_ERR_DEVICE, "%s", be->ops->last_error(be));
+        return -1;
+    }
+    dit_arena_reset(b->arena);
+    return 0;
+}
+
+/* Host copy of the output (caller frees), NULL on failure. */
+static float *fetch_out(bench_ctx *b)
+{
+    float *h = malloc((b->n_out ? b->n_out : 1) * sizeof *h);
+    if (!h)
+        return NULL;
+    dit_tensor ht = dit_tensor_3d(h, DIT_F32, b->out->ne[0], b->out->ne[1], b->out->ne[2]);
+    if (b->be->ops->download(b->be, &ht, b->out) != DIT_OK) {
+        free(h);
+        return NULL;
+    }
+    return h;
+}
+
+static long long count_nonfinite(const float *p, size_t n)
+{
+    long long k = 0;
+    for (size_t i = 0; i < n; i++)
+        k += !isfinite(p[i]);
+    return k;
+}
+
+#ifdef DIT_HAVE_CUDA
+/* Profiles the second double and the second single block (the first of
+ * each when there is only one; then the ops before it count too). */
+typedef struct prof_hook {
+    bench_ctx *b;
+    int d_end, s_end; /* block indices whose end closes an interval */
+    double t_host;
+    int failed;
+} prof_hook;
+
+static void prof_close(prof_hook *h, int which)
+{
+    double host = now_ms() - h->t_host;
+    dit_cuda_profile p;
+    if (dit_cuda_backend_profile_take(h->b->be, &p) != DIT_OK) {
+        h->failed = 1;
+        return;
+    }
+    double *o = h->b->r.prof[which];
+    o[0] = p.gemm_ms;
+    o[1] = p.attention_ms;
+    o[2] = p.elementwise_ms;
+    o[3] = p.cast_ms;
+    o[4] = p.span_ms;
+    o[5] = host;
+    if (p.overflow)
+        h->failed = 1;
+}
+
+static void prof_open(prof_hook *h)
+{
+    dit_cuda_profile p;
+    if (dit_cuda_backend_profile_take(h->b->be, &p) != DIT_OK)
+        h->failed = 1;
+    h->t_host = now_ms();
+}
+
+static dit_status prof_block_done(void *ctx, int index, dit_diag *diag)
+{
+    (void)diag;
+    prof_hook *h = ctx;
+    if (index == h->d_end)
+        prof_close(h, 0);
+    if (index == h->s_end)
+        prof_close(h, 1);
+    if (index == h->d_end - 1 || index == h->s_end - 1)
+        prof_open(h);
+    return DIT_OK;
+}
+
+static int profile_blocks(bench_ctx *b)
+{
+    const dit_flux_config *c = dit_flux_config_of(b->m);
+    if (c->num_layers < 1 || c->num_single_layers < 1)
+        return 0;
+    prof_hook h = {.b = b,
+                   .d_end = c->num_layers >= 2 ? 1 : 0,
+                   .s_end = c->num_layers + (c->num_single_layers >= 2 ? 1 : 0)};
+    if (dit_cuda_backend_profile_start(b->be, 4096) != DIT_OK)
+        return -1;
+    dit_flux_hooks hooks = {.ctx = &h, .block_done = prof_block_done};
+    dit_flux_set_hooks(b->m, &hooks);
+    prof_open(&h); /* intervals that start with the forward */
+    const int rc = run_once(b);
+    dit_flux_set_hooks(b->m, NULL);
+    dit_cuda_backend_profile_stop(b->be);
+    if (rc != 0 || h.failed)
+        return -1;
+    b->r.have_prof = true;
+    const char *names[2] = {"double", "single"};
+    for (int w = 0; w < 2; w++) {
+        const double *o = b->r.prof[w];
+        printf("%s block (one, eager, profiled): gemm %.3f ms, attention %.3f ms, elementwise "
+               "%.3f ms, cast %.3f ms; device span %.3f ms, host issue %.3f ms\n",
+               names[w], o[0], o[1], o[2], o[3], o[4], o[5]);
+    }
+    return 0;
+}
+#endif
+
+/* Everything measured for the backend's current path. */
+static int measure(bench_ctx *b)
+{
+    dit_backend *be = b->be;
+    memset(&b->r, 0, sizeof b->r);
+    float *out_eager = NULL, *out_graph = NULL;
+    int rc = -1;
+    for (int mode = 0; mode < 2; mode++) {
+        const bool graph = mode == 1;
+        if ((graph && !b->want_graph) || (!graph && !b->want_eager))
+            continue;
+        dit_flux_set_graphs(b->m, graph);
+        /* Graph replay starts at the third pass: eager, capture, replay. */
+        const long wu = graph && b->warmup < 2 ? 2 : b->warmup;
+        for (long i = 0; i < wu + b->iters; i++) {
+            double t1 = now_ms();
+            if (run_once(b) != 0)
+                goto done;
+            double dt = now_ms() - t1;
+            if (i >= wu)
+                b->times[i - wu] = dt;
+        }
+        const char *label = graph ? "graph" : "eager";
+        if (graph && !dit_flux_graph_captured(b->m)) {
+            printf("graph: no graph was captured (backend %s has no graph support or capture "
+                   "failed); the numbers below are eager\n", be->ops->name);
+            label = "graph_fallback_eager";
+            b->r.graph_fallback = true;
+        }
+        qsort(b->times, (size_t)b->iters, sizeof *b->times, cmp_double);
+        const double med = b->times[b->iters / 2];
+        printf("%s forward: median %.2f ms, min %.2f ms, %.1f TFLOP/s (%.2f TFLOP per step), "
+               "backend %s\n",
+               label, med, b->times[0], b->flop / (med / 1e3) / 1e12, b->flop / 1e12,
+               be->ops->name);
+        if (graph) {
+            b->r.have_graph = true;
+            b->r.graph_med = med;
+            b->r.graph_min = b->times[0];
+            if (!(out_graph = fetch_out(b)))
+                goto done;
+        } else {
+            b->r.have_eager = true;
+            b->r.eager_med = med;
+            b->r.eager_min = b->times[0];
+            if (!(out_eager = fetch_out(b)))
+                goto done;
+        }
+    }
+    dit_flux_set_graphs(b->m, false);
+    if (out_eager)
+        b->r.nan_eager = count_nonfinite(out_eager, b->n_out);
+    if (out_graph)
+        b->r.nan_graph = count_nonfinite(out_graph, b->n_out);
+    if (out_eager && out_graph) {
+        b->r.have_agree = true;
+        for (size_t i = 0; i < b->n_out; i++) {
+            if (memcmp(&out_eager[i], &out_graph[i], sizeof(float)) != 0)
+                b->r.agree_differ++;
+            const double d = fabs((double)out_eager[i] - out_graph[i]);
+            b->r.agree_max_abs = isnan(d) ? INFINITY : fmax(b->r.agree_max_abs, d);
+        }
+        printf("graph vs eager: max abs %.3g, %zu of %zu values differ\n", b->r.agree_max_abs,
+               b->r.agree_differ, b->n_out);
+    }
+    if (out_eager || out_graph)
+        printf("non-finite outputs: eager %lld, graph %lld\n", b->r.nan_eager, b->r.nan_graph);
+#ifdef DIT_HAVE_CUDA
+    if (dit_backend_is_cuda(be)) {
+        /* GEMM modes over one eager forward (a fresh plan cache is not
+         * needed: plans keep their mode, calls are counted as issued). */
+        dit_cuda_stats st;
+        dit_cuda_backend_reset_stats(be);
+        if (run_once(b) != 0)
+            goto done;
+        dit_cuda_backend_stats(be, &st);
+        b->r.have_stats = true;
+        b->r.gemm_calls = st.gemm_calls;
+        b->r.gemm_unfused = st.gemm_unfused_calls;
+        b->r.gemm_fallback = st.gemm_fallback_calls;
+        /* Shapes count since creation: plans made by any pass so far. */
+        b->r.fb_shapes = st.gemm_fallback_shapes;
+        b->r.unf_shapes = st.gemm_unfused_shapes;
+        printf("gemms per eager forward: %llu, of which %llu without their fused epilogue and "
+               "%llu on the CUDA-core fallback\n",
+               b->r.gemm_calls, b->r.gemm_unfused, b->r.gemm_fallback);
+        if (profile_blocks(b) != 0) {
+            fprintf(stderr, "bench_flux_forward: block profile failed: %s\n",
+                    be->ops->last_error ? be->ops->last_error(be) : "");
+            goto done;
+        }
+    }
+#endif
+    rc = 0;
+done:
+    free(out_eager);
+    free(out_graph);
+    return rc;
+}
+
+/* The keys of the last measure(), each prefixed. */
+static void write_keys(bench_ctx *b, const char *px)
+{
+    FILE *f = b->sum;
+    const bench_result *r = &b->r;
+    if (r->have_eager)
+        fprintf(f, "%seager_ms_median: %.3f\n%seager_ms_min: %.3f\n%seager_tflops: %.2f\n"
+                   "%seager_iters: %ld\n",
+                px, r->eager_med, px, r->eager_min, px, b->flop / (r->eager_med / 1e3) / 1e12,
+                px, b->iters);
+    if (r->have_graph) {
+        const char *g = r->graph_fallback ? "graph_fallback_eager" : "graph";
+        fprintf(f, "%s%s_ms_median: %.3f\n%s%s_ms_min: %.3f\n%s%s_tflops: %.2f\n"
+                   "%s%s_iters: %ld\n",
+                px, g, r->graph_med, px, g, r->graph_min, px, g,
+                b->flop / (r->graph_med / 1e3) / 1e12, px, g, b->iters);
+    }
+    if (r->have_agree)
+        fprintf(f, "%sgraph_vs_eager_max_abs: %.6g\n%sgraph_vs_eager_differing: %zu\n", px,
+                r->agree_max_abs, px, r->agree_differ);
+    if (r->have_eager)
+        fprintf(f, "%snan_count_eager: %lld\n", px, r->nan_eager);
+    if (r->have_graph)
+        fprintf(f, "%snan_count_graph: %lld\n", px, r->nan_graph);
+    if (r->have_stats)
+        fprintf(f, "%sgemm_calls: %llu\n%sgemm_unfused_calls: %llu\n%sgemm_fallback_calls: %llu\n"
+                   "%sgemm_unfused_shapes: %llu\n%sgemm_fallback_shapes: %llu\n",
+                px, r->gemm_calls, px, r->gemm_unfused, px, r->gemm_fallback, px, r->unf_shapes,
+                px, r->fb_shapes);
+    if (r->have_prof) {
+        static const char *blk[2] = {"double_block", "single_block"};
+        static const char *part[6] = {"gemm", "attention", "elementwise", "cast", "span", "host"};
+        for (int w = 0; w < 2; w++)
+            for (int k = 0; k < 6; k++)
+                fprintf(f, "%s%s_%s_ms: %.4f\n", px, blk[w], part[k], r->prof[w][k]);
+    }
+    fflush(f);
+}
+
 int main(int argc, char **argv)
 {
     dit_flux_config cfg = dit_flux_config_flux1_dev();
@@ -49,7 +350,7 @@ int main(int argc, char **argv)
     cfg.num_layers = 4;
     cfg.num_single_layers = 8;
     long img = 1024, txt = 128, batch = 1, threads = 0, warmup = 1, iters = 5;
-    const char *graph_mode = "off", *summary_path = NULL;
+    const char *graph_mode = "off", *summary_path = NULL, *cuda_path = NULL;
     double flop_override = 0.0;
     dit_backend_kind kind = DIT_BACKEND_CPU;
     static const struct option opts[] = {
@@ -61,6 +362,7 @@ int main(int argc, char **argv)
         {"backend", required_argument, NULL, 'B'},    {"flux-dev", no_argument, NULL, 'F'},
         {"graph", required_argument, NULL, 'G'},      {"summary", required_argument, NULL, 'S'},
         {"flop-per-step", required_argument, NULL, 'P'},
+        {"cuda-path", required_argument, NULL, 'C'},
         {"help", no_argument, NULL, 'h'},             {NULL, 0, NULL, 0},
     };
     int c;
@@ -117,6 +419,9 @@ int main(int argc, char **argv)
         case 'P':
             flop_override = strtod(optarg, NULL);
             break;
+        case 'C':
+            cuda_path = optarg;
+            break;
         default:
             fprintf(stderr, "usage: see the comment at the top of bench_flux_forward.c\n");
             return c == 'h' ? 0 : 2;
@@ -130,6 +435,11 @@ int main(int argc, char **argv)
     if (strcmp(graph_mode, "off") != 0 && strcmp(graph_mode, "on") != 0 &&
         strcmp(graph_mode, "both") != 0) {
         fprintf(stderr, "--graph takes off, on or both\n");
+        return 2;
+    }
+    if (cuda_path && strcmp(cuda_path, "legacy") != 0 && strcmp(cuda_path, "fast") != 0 &&
+        strcmp(cuda_path, "both") != 0) {
+        fprintf(stderr, "--cuda-path takes legacy, fast or both\n");
         return 2;
     }
     if (iters < 1 || img < 1 || txt < 0 || batch < 1) {
@@ -219,44 +529,56 @@ int main(int argc, char **argv)
                 be->ops->name, cfg.num_layers, cfg.num_single_layers, cfg.num_attention_heads,
                 cfg.attention_head_dim, batch, img, txt, flop,
                 (double)dit_flux_weight_bytes(m) / 1048576.0, t_init);
-    /* Modes to time: eager and/or graph replay. */
-    const bool want_graph = strcmp(graph_mode, "off") != 0;
-    const bool want_eager = strcmp(graph_mode, "on") != 0;
-    for (int mode = 0; mode < 2; mode++) {
-        const bool graph = mode == 1;
-        if ((graph && !want_graph) || (!graph && !want_eager))
-            continue;
-        dit_flux_set_graphs(m, graph);
-        /* Graph replay starts at the third pass: eager, capture, replay. */
-        const long wu = graph && warmup < 2 ? 2 : warmup;
-        for (long i = 0; i < wu + iters; i++) {
-            double t1 = now_ms();
-            if (dit_flux_forward(m, arena, &in, &out, &diag) != DIT_OK ||
-                be->ops->sync(be) != DIT_OK) {
-                if (be->ops->last_error && diag.status == DIT_OK)
-                    dit_diag_set(&diag, DIT_ERR_DEVICE, "%s", be->ops->last_error(be));
-                goto cleanup;
-            }
-            double dt = now_ms() - t1;
-            if (i >= wu)
-                times[i - wu] = dt;
-            dit_arena_reset(arena);
+    /* The cuda paths to measure: the one the backend started with, or what
+     * --cuda-path asks for. */
+    int paths[2] = {-1, -1}, n_paths = 1;
+    int start_path = -1;
+#ifdef DIT_HAVE_CUDA
+    if (dit_backend_is_cuda(be)) {
+        start_path = (int)dit_cuda_backend_path(be);
+        paths[0] = start_path;
+        if (cuda_path && strcmp(cuda_path, "both") == 0) {
+            paths[0] = DIT_CUDA_PATH_LEGACY;
+            paths[1] = DIT_CUDA_PATH_FAST;
+            n_paths = 2;
+        } else if (cuda_path) {
+            dit_cuda_path p;
+            dit_cuda_path_parse(cuda_path, &p);
+            paths[0] = (int)p;
         }
-        const char *label = graph ? "graph" : "eager";
-        if (graph && !dit_flux_graph_captured(m)) {
-            printf("graph: no graph was captured (backend %s has no graph support or capture "
-                   "failed); the numbers below are eager\n", be->ops->name);
-            label = "graph_fallback_eager";
-        }
-        qsort(times, (size_t)iters, sizeof *times, cmp_double);
-        const double med = times[iters / 2];
-        printf("%s forward: median %.2f ms, min %.2f ms, %.1f TFLOP/s (%.2f TFLOP per step), "
-               "backend %s\n",
-               label, med, times[0], flop / (med / 1e3) / 1e12, flop / 1e12, be->ops->name);
-        if (sum)
-            fprintf(sum, "%s_ms_median: %.3f\n%s_ms_min: %.3f\n%s_tflops: %.2f\n%s_iters: %ld\n",
-                    label, med, label, times[0], label, flop / (med / 1e3) / 1e12, label, iters);
     }
+#else
+    if (cuda_path)
+        fprintf(stderr, "--cuda-path: this build has no cuda backend; ignored\n");
+#endif
+    bench_ctx bc = {.be = be, .m = m, .arena = arena, .in = &in, .out = &out, .diag = &diag,
+                    .flop = flop, .warmup = warmup, .iters = iters, .times = times,
+                    .want_graph = strcmp(graph_mode, "off") != 0,
+                    .want_eager = strcmp(graph_mode, "on") != 0, .sum = sum,
+                    .n_out = (size_t)dit_tensor_numel(&out)};
+    for (int pi = 0; pi < n_paths; pi++) {
+        char prefix[16] = "";
+#ifdef DIT_HAVE_CUDA
+        if (paths[pi] >= 0) {
+            dit_cuda_backend_set_path(be, (dit_cuda_path)paths[pi]);
+            printf("cuda path: %s\n", dit_cuda_path_name((dit_cuda_path)paths[pi]));
+            if (cuda_path)
+                snprintf(prefix, sizeof prefix, "%s_", dit_cuda_path_name((dit_cuda_path)paths[pi]));
+        }
+#endif
+        if (measure(&bc) != 0)
+            goto cleanup;
+        /* Unprefixed keys: the path the backend started with, or the only
+         * one measured. */
+        if (sum && prefix[0] && (n_paths == 1 || paths[pi] == start_path))
+            write_keys(&bc, "");
+        if (sum)
+            write_keys(&bc, prefix);
+    }
+#ifdef DIT_HAVE_CUDA
+    if (start_path >= 0)
+        dit_cuda_backend_set_path(be, (dit_cuda_path)start_path);
+#endif
     dit_flux_set_graphs(m, false);
     printf("weights: %.1f MiB (random, made in %.0f ms); activations: %.1f MiB\n",
            (double)dit_flux_weight_bytes(m) / 1048576.0, t_init,

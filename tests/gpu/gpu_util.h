@@ -8,6 +8,7 @@
 #define DIT_TESTS_GPU_UTIL_H
 
 #include <check.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,17 +19,34 @@
 
 #define GPU_SKIP 77
 
-/* Exits 77 with a message when this machine has no usable CUDA device. */
+/* Whether DIT_GPU_REQUIRED=1 is set: a machine that is meant to have a GPU
+ * (tests/gpu/run.sh) must not pass by skipping. */
+static inline bool gpu_required(void)
+{
+    const char *v = getenv("DIT_GPU_REQUIRED");
+    return v && strcmp(v, "1") == 0;
+}
+
+/* Exits 77 with a message when this machine has no usable CUDA device, or
+ * 1 when DIT_GPU_REQUIRED=1 says it must have one. Either way the CUDA
+ * runtime's own error (name and message) is printed: "no device" and "the
+ * driver failed to initialise" look the same to a skip otherwise. */
 static inline void gpu_require_device(const char *suite)
 {
-    int n = dit_cuda_device_count();
-    if (n == 0) {
-        printf("%s: SKIP: no CUDA device is visible (no GPU or no driver); the cuda backend "
-               "cannot run here\n",
-               suite);
+    char why[256];
+    int n = dit_cuda_device_probe(why, sizeof why);
+    if (n > 0)
+        return;
+    if (gpu_required()) {
+        printf("%s: FAIL: DIT_GPU_REQUIRED=1 but no CUDA device can be used: %s\n", suite, why);
         fflush(stdout);
-        exit(GPU_SKIP);
+        exit(1);
     }
+    printf("%s: SKIP: no CUDA device can be used here (%s); set DIT_GPU_REQUIRED=1 to make this "
+           "a failure\n",
+           suite, why);
+    fflush(stdout);
+    exit(GPU_SKIP);
 }
 
 /* A tensor with the same contents on the cpu backend (f32) and the cuda

@@ -8,8 +8,10 @@
  *  - graph_replay_equals_eager: the per-step forward captured as a CUDA graph
  *    and replayed gives the eager result bit for bit (same kernels, same
  *    cached GEMM algorithms), also after the step's timestep and the input
- *    contents change between replays. Uneven token counts, head dim 64
- *    (tensor-core attention) and 16 (generic attention). */
+ *    contents change between replays. Uneven token counts, head dims 64
+ *    and 128 (tensor-core attention) and 16 (generic attention).
+ * Every case runs on both cuda paths (DIT_CUDA_PATH legacy and fast), and
+ * the fast path is also compared with the legacy one. */
 #include <check.h>
 #include <math.h>
 #include <stdlib.h>
@@ -109,12 +111,26 @@ static float *run_forward(dit_backend *be, dit_flux *m, dit_arena *a, fx_dev *d)
     return out;
 }
 
-static const int64_t fwd_head_dims[] = {64, 16};
+static const int64_t fwd_head_dims[] = {64, 16, 128};
+enum { N_DIMS = sizeof fwd_head_dims / sizeof fwd_head_dims[0] };
+
+/* Loop index -> head dim and cuda path: every head dim on both paths. */
+static int64_t case_dim(int i)
+{
+    return fwd_head_dims[i % N_DIMS];
+}
+
+static dit_cuda_path case_path(int i)
+{
+    return i / N_DIMS ? DIT_CUDA_PATH_FAST : DIT_CUDA_PATH_LEGACY;
+}
 
 START_TEST(random_model_matches_cpu)
 {
     fx f;
-    fx_init(&f, fwd_head_dims[_i], 3, 2, 2, 19, 77);
+    const dit_cuda_path path = case_path(_i);
+    dit_cuda_backend_set_path(g_gpu, path);
+    fx_init(&f, case_dim(_i), 3, 2, 2, 19, 77);
     dit_diag diag;
     dit_diag_clear(&diag);
     dit_flux *mc = NULL, *mg = NULL;
@@ -136,9 +152,28 @@ START_TEST(random_model_matches_cpu)
         double d = fabs((double)got[i] - want[i]);
         max_abs = isnan(d) ? INFINITY : fmax(max_abs, d);
     }
-    printf("random model D=%lld: cuda vs cpu max abs %.3g, max|cpu| %.3g, rel %.3g\n",
-           (long long)fwd_head_dims[_i], max_abs, max_ref, max_abs / max_ref);
+    printf("random model D=%lld path %s: cuda vs cpu max abs %.3g, max|cpu| %.3g, rel %.3g\n",
+           (long long)case_dim(_i), dit_cuda_path_name(path), max_abs, max_ref,
+           max_abs / max_ref);
     ck_assert_msg(max_abs <= 2e-2 * max_ref, "relative error %.3g above 2e-2", max_abs / max_ref);
+    if (path == DIT_CUDA_PATH_FAST) {
+        /* The fast path rounds to bf16 where the legacy path's GEMM and
+         * attention inputs were rounded anyway: the two agree far more
+         * closely than either agrees with the cpu. */
+        dit_cuda_backend_set_path(g_gpu, DIT_CUDA_PATH_LEGACY);
+        float *legacy = run_forward(g_gpu, mg, ag, &dg);
+        double d_max = 0;
+        for (size_t i = 0; i < n; i++) {
+            double d = fabs((double)got[i] - legacy[i]);
+            d_max = isnan(d) ? INFINITY : fmax(d_max, d);
+        }
+        printf("random model D=%lld: fast vs legacy path max abs %.3g, rel %.3g\n",
+               (long long)case_dim(_i), d_max, d_max / max_ref);
+        ck_assert_msg(d_max <= 5e-3 * max_ref, "fast vs legacy: relative %.3g above 5e-3",
+                      d_max / max_ref);
+        free(legacy);
+    }
+    dit_cuda_backend_set_path(g_gpu, DIT_CUDA_PATH_LEGACY);
     free(want);
     free(got);
     dit_backend_free(g_cpu, dc.buf);
@@ -167,7 +202,10 @@ static void assert_same(const char *what, const float *a, const float *b, size_t
 START_TEST(graph_replay_equals_eager)
 {
     fx f;
-    fx_init(&f, fwd_head_dims[_i], 4, 2, 3, 23, 96);
+    const dit_cuda_path path = case_path(_i);
+    dit_cuda_backend_set_path(g_gpu, path);
+    printf("graph replay: D=%lld path %s\n", (long long)case_dim(_i), dit_cuda_path_name(path));
+    fx_init(&f, case_dim(_i), 4, 2, 3, 23, 96);
     dit_diag diag;
     dit_diag_clear(&diag);
     dit_flux *m = NULL;
@@ -229,6 +267,7 @@ START_TEST(graph_replay_equals_eager)
     dit_arena_destroy(a);
     dit_flux_destroy(m);
     fx_free(&f);
+    dit_cuda_backend_set_path(g_gpu, DIT_CUDA_PATH_LEGACY);
 }
 END_TEST
 
@@ -247,8 +286,8 @@ int main(void)
     Suite *s = suite_create("cuda_forward");
     TCase *tc = tcase_create("model");
     tcase_set_timeout(tc, 300);
-    tcase_add_loop_test(tc, random_model_matches_cpu, 0, 2);
-    tcase_add_loop_test(tc, graph_replay_equals_eager, 0, 2);
+    tcase_add_loop_test(tc, random_model_matches_cpu, 0, 2 * N_DIMS);
+    tcase_add_loop_test(tc, graph_replay_equals_eager, 0, 2 * N_DIMS);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_set_fork_status(sr, CK_NOFORK);

@@ -23,6 +23,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "loader/safetensors.h"
 #include "../test_proc.h"
+#include "gpu_util.h"
 
 #define GOLDEN_CUDA_REL_TOL 2e-2
 #define GENERATE_CUDA_REL_TOL 5e-2
@@ -87,10 +88,7 @@ static int cmp_str(const void *a, const void *b)
 
 int main(void)
 {
-    if (dit_cuda_device_count() == 0) {
-        printf("test_cuda_golden: SKIP: no CUDA device is visible (no GPU or no driver)\n");
-        return 77;
-    }
+    gpu_require_device("test_cuda_golden");
     char root[600];
     snprintf(root, sizeof root, "%s/tests/data/golden", test_env("DIT_SOURCE_ROOT"));
     DIR *d = opendir(root);

@@ -66,6 +66,39 @@ START_TEST(upload_download_copy_fill_roundtrip)
     GPU_OK(GPU, GPU->ops->fill(GPU, &gf, 0.25f));
     GPU_OK(CPU, CPU->ops->fill(CPU, &cf, 0.25f));
     ck_assert_int_eq(gpu_compare_views("fill", CPU, &a.c, GPU, &a.g, 0, 0), 0);
+    /* The three ways kernels find a row (cuda_internal.cuh): evenly spaced
+     * rows (above), one division (head views of one batch entry's tokens),
+     * and two (head views of a token slice of several batch entries). */
+    {
+        const int64_t H = 2, D = 8, shp[3] = {3, 9, 3 * H * D};
+        float *hp = gpu_rand(&r, (size_t)(3 * 9 * 3 * H * D), -2, 2, false);
+        gpu_pair p = gpu_pair_make(CPU, GPU, DIT_F32, 3, shp, hp);
+        for (int v = 0; v < 2; v++) {
+            dit_tensor vc = dit_tensor_narrow(&p.c, 2, H * D, H * D);
+            dit_tensor vg = dit_tensor_narrow(&p.g, 2, H * D, H * D);
+            vc = dit_tensor_split_last(&vc, D);
+            vg = dit_tensor_split_last(&vg, D);
+            if (v == 1) { /* tokens 2..6 of every batch entry: two divisions */
+                vc = dit_tensor_narrow(&vc, 1, 2, 5);
+                vg = dit_tensor_narrow(&vg, 1, 2, 5);
+            }
+            gpu_pair e = gpu_pair_make(CPU, GPU, DIT_F32, 4,
+                                       (int64_t[]){3, v ? 5 : 9, H, D}, NULL);
+            GPU_OK(GPU, GPU->ops->copy(GPU, &e.g, &vg));
+            GPU_OK(CPU, CPU->ops->copy(CPU, &e.c, &vc));
+            ck_assert_int_eq(gpu_compare_views(v ? "copy, two-division rows"
+                                                 : "copy, one-division rows",
+                                               CPU, &e.c, GPU, &e.g, 0, 0),
+                             0);
+            GPU_OK(GPU, GPU->ops->fill(GPU, &vg, 1.5f));
+            GPU_OK(CPU, CPU->ops->fill(CPU, &vc, 1.5f));
+            ck_assert_int_eq(gpu_compare_views("fill of a head view", CPU, &p.c, GPU, &p.g, 0, 0),
+                             0);
+            gpu_pair_free(CPU, GPU, &e);
+        }
+        gpu_pair_free(CPU, GPU, &p);
+        free(hp);
+    }
     gpu_pair_free(CPU, GPU, &a);
     gpu_pair_free(CPU, GPU, &b);
     gpu_pair_free(CPU, GPU, &c);
@@ -134,10 +167,20 @@ static const lin_case lin_cases[] = {
     {3, 17, 48, 40, false}, {2, 33, 96, 72, true},  {1, 5, 7, 3, false},
 };
 
+enum { N_LIN = sizeof lin_cases / sizeof lin_cases[0] };
+
+/* Each case in the three GEMM modes (cuda_backend.h): as planned, forced
+ * without fused epilogues (what a heuristic miss on the epilogue runs), and
+ * forced onto the fallback kernel (what a miss on the shape runs). */
 START_TEST(linear_matches_cpu)
 {
-    const lin_case *lc = &lin_cases[_i];
-    test_rng r = {200 + (uint64_t)_i};
+    const lin_case *lc = &lin_cases[_i % N_LIN];
+    const dit_cuda_gemm_force force = (dit_cuda_gemm_force)(_i / N_LIN);
+    GPU_OK(GPU, dit_cuda_backend_force_gemm(GPU, force));
+    dit_cuda_stats st0, st1;
+    dit_cuda_backend_stats(GPU, &st0);
+    uint64_t calls = 0, epilogue_calls = 0;
+    test_rng r = {200 + (uint64_t)(_i % N_LIN)};
     const int64_t B = lc->B, M = lc->M, K = lc->K, N = lc->N;
     const int64_t pad = lc->strided ? 24 : 0; /* extra columns around the views */
     const int64_t xs[3] = {B, M, K + pad}, ys[3] = {B, M, N + pad}, ws[2] = {N, K};
@@ -177,11 +220,17 @@ START_TEST(linear_matches_cpu)
                                                  acts[ai], beta));
                     GPU_OK(GPU, GPU->ops->linear(GPU, &yg, &xg, &w.g, with_bias ? &bias.g : NULL,
                                                  acts[ai], beta));
-                    char what[128];
+                    if (K > 0) {
+                        const int64_t gemms = B > 1 && !(yg.nb[0] == M * yg.nb[1]) ? B : 1;
+                        calls += (uint64_t)gemms;
+                        if (with_bias || (fused && acts[ai] == DIT_ACT_GELU_TANH))
+                            epilogue_calls += (uint64_t)gemms;
+                    }
+                    char what[160];
                     snprintf(what, sizeof what, "linear B%lld M%lld K%lld N%lld act %d bias %d "
-                                                "beta %g lt_gelu %d",
+                                                "beta %g lt_gelu %d gemm mode %d",
                              (long long)B, (long long)M, (long long)K, (long long)N, (int)acts[ai],
-                             with_bias, beta, fused);
+                             with_bias, beta, fused, (int)force);
                     const double atol = fused && acts[ai] == DIT_ACT_GELU_TANH ? 2e-3 : 1e-4;
                     /* The whole buffer: the columns outside the view must be untouched. */
                     ck_assert_int_eq(gpu_compare_views(what, CPU, &y.c, GPU, &y.g, atol, 1e-4), 0);
@@ -191,6 +240,24 @@ START_TEST(linear_matches_cpu)
         }
     }
     dit_cuda_backend_set_lt_gelu(GPU, true);
+    dit_cuda_backend_stats(GPU, &st1);
+    printf("linear B%lld M%lld K%lld N%lld mode %d: %llu GEMMs, %llu unfused, %llu fallback\n",
+           (long long)B, (long long)M, (long long)K, (long long)N, (int)force,
+           (unsigned long long)(st1.gemm_calls - st0.gemm_calls),
+           (unsigned long long)(st1.gemm_unfused_calls - st0.gemm_unfused_calls),
+           (unsigned long long)(st1.gemm_fallback_calls - st0.gemm_fallback_calls));
+    ck_assert_uint_eq(st1.gemm_calls - st0.gemm_calls, calls);
+    if (force == DIT_CUDA_GEMM_FALLBACK)
+        ck_assert_uint_eq(st1.gemm_fallback_calls - st0.gemm_fallback_calls, calls);
+    if (force == DIT_CUDA_GEMM_NO_EPILOGUE) {
+        /* Every call with an epilogue ran unfused, unless its shape has no
+         * cuBLASLt algorithm at all (then it fell back, as in AUTO). */
+        const uint64_t unf = st1.gemm_unfused_calls - st0.gemm_unfused_calls;
+        const uint64_t fb = st1.gemm_fallback_calls - st0.gemm_fallback_calls;
+        ck_assert_uint_le(unf, epilogue_calls);
+        ck_assert_uint_ge(unf + fb, epilogue_calls);
+    }
+    GPU_OK(GPU, dit_cuda_backend_force_gemm(GPU, DIT_CUDA_GEMM_AUTO));
     gpu_pair_free(CPU, GPU, &x);
     gpu_pair_free(CPU, GPU, &w);
     gpu_pair_free(CPU, GPU, &bias);
@@ -198,6 +265,167 @@ START_TEST(linear_matches_cpu)
     free(hw);
     free(hb);
     free(hy);
+}
+END_TEST
+
+/* ---- the fast path's bf16 operands ------------------------------------- */
+
+/* What DIT_CUDA_PATH=fast runs (backend.h, operand_dtype): linear reading
+ * bf16 x in place (column slices, batches that fold and that do not) and
+ * writing bf16 y with bias and fused GELU; layer_norm_mod and
+ * rms_norm_rope_to writing bf16; attention on bf16 q, k, v writing f32 or
+ * bf16. The cpu backend computes the same in f32 from the same (bf16-exact)
+ * inputs; a bf16 result adds its own rounding, 2^-9 relative: rtol 4e-3
+ * more than the f32 form's tolerance. */
+START_TEST(bf16_operands_match_cpu)
+{
+    test_rng r = {1300};
+    /* linear */
+    for (int v = 0; v < 4; v++) {
+        const int64_t B = 2, M = 21, K = 64, N = 48, pad = 16;
+        const bool y_bf16 = v & 1, fold = v & 2;
+        const int64_t xs[3] = {B, M, K + pad}, ys[3] = {B, M, N}, ws[2] = {N, K};
+        float *hx = gpu_rand(&r, (size_t)(B * M * (K + pad)), -1, 1, true);
+        float *hw = gpu_rand(&r, (size_t)(N * K), -0.25f, 0.25f, true);
+        float *hb = gpu_rand(&r, (size_t)N, -0.5f, 0.5f, false);
+        gpu_pair x = gpu_pair_make(CPU, GPU, DIT_BF16, 3, xs, hx);
+        gpu_pair w = gpu_pair_make(CPU, GPU, GPU->ops->weight_dtype, 2, ws, hw);
+        gpu_pair bias = gpu_pair_make(CPU, GPU, DIT_F32, 1, &N, hb);
+        gpu_pair y = gpu_pair_make(CPU, GPU, y_bf16 ? DIT_BF16 : DIT_F32, 3, ys, NULL);
+        /* fold: x's rows evenly spaced over the batch (all K + pad columns
+         * but the view's K); otherwise a batch stride of its own. */
+        dit_tensor xc = dit_tensor_narrow(&x.c, 2, pad / 2, K), xg = dit_tensor_narrow(&x.g, 2, pad / 2, K);
+        if (!fold) {
+            xc = dit_tensor_narrow(&xc, 1, 1, M - 1);
+            xg = dit_tensor_narrow(&xg, 1, 1, M - 1);
+        }
+        dit_tensor yc = y.c, yg = y.g;
+        if (!fold) {
+            yc = dit_tensor_narrow(&yc, 1, 0, M - 1);
+            yg = dit_tensor_narrow(&yg, 1, 0, M - 1);
+        }
+        for (int act = 0; act < 2; act++) {
+            const dit_act a = act ? DIT_ACT_GELU_TANH : DIT_ACT_NONE;
+            GPU_OK(CPU, CPU->ops->linear(CPU, &yc, &xc, &w.c, &bias.c, a, 0.0f));
+            GPU_OK(GPU, GPU->ops->linear(GPU, &yg, &xg, &w.g, &bias.g, a, 0.0f));
+            char what[96];
+            snprintf(what, sizeof what, "linear bf16 x, %s y, fold %d, act %d",
+                     y_bf16 ? "bf16" : "f32", (int)fold, act);
+            ck_assert_int_eq(gpu_compare_views(what, CPU, &yc, GPU, &yg, act ? 2e-3 : 1e-4,
+                                               (y_bf16 ? 4e-3 : 0) + 1e-4),
+                             0);
+        }
+        if (y_bf16) /* beta needs an f32 y */
+            ck_assert_int_eq(GPU->ops->linear(GPU, &yg, &xg, &w.g, NULL, DIT_ACT_NONE, 1.0f),
+                             DIT_ERR_INVALID_ARG);
+        gpu_pair_free(CPU, GPU, &x);
+        gpu_pair_free(CPU, GPU, &w);
+        gpu_pair_free(CPU, GPU, &bias);
+        gpu_pair_free(CPU, GPU, &y);
+        free(hx);
+        free(hw);
+        free(hb);
+    }
+    /* layer_norm_mod into bf16 */
+    {
+        const int64_t B = 2, S = 17, C = 96, sh[3] = {B, S, C}, shv[2] = {B, C};
+        float *hx = gpu_rand(&r, (size_t)(B * S * C), -2, 2, false);
+        float *hs = gpu_rand(&r, (size_t)(B * C), -1, 1, false);
+        float *hc = gpu_rand(&r, (size_t)(B * C), -1, 1, false);
+        gpu_pair x = gpu_pair_make(CPU, GPU, DIT_F32, 3, sh, hx);
+        gpu_pair shift = gpu_pair_make(CPU, GPU, DIT_F32, 2, shv, hs);
+        gpu_pair scale = gpu_pair_make(CPU, GPU, DIT_F32, 2, shv, hc);
+        gpu_pair y = gpu_pair_make(CPU, GPU, DIT_BF16, 3, sh, NULL);
+        GPU_OK(CPU, CPU->ops->layer_norm_mod(CPU, &y.c, &x.c, &shift.c, &scale.c, 1e-6f));
+        GPU_OK(GPU, GPU->ops->layer_norm_mod(GPU, &y.g, &x.g, &shift.g, &scale.g, 1e-6f));
+        ck_assert_int_eq(gpu_compare_views("layer_norm_mod -> bf16", CPU, &y.c, GPU, &y.g, 2e-5,
+                                           4e-3),
+                         0);
+        gpu_pair_free(CPU, GPU, &x);
+        gpu_pair_free(CPU, GPU, &shift);
+        gpu_pair_free(CPU, GPU, &scale);
+        gpu_pair_free(CPU, GPU, &y);
+        free(hx);
+        free(hs);
+        free(hc);
+    }
+    /* rms_norm_rope_to, f32 and bf16 outputs, from a fused projection's
+     * head view into another's (the fast path's y -> qkvb). */
+    {
+        const int64_t B = 1, S = 19, H = 3, D = 64;
+        const int64_t shx[3] = {B, S, 2 * H * D}, shy[3] = {B, S, 3 * H * D}, shc[2] = {S, D};
+        float *hx = gpu_rand(&r, (size_t)(B * S * 2 * H * D), -2, 2, false);
+        float *hw = gpu_rand(&r, (size_t)D, 0.5f, 1.5f, false);
+        float *hcos = gpu_rand(&r, (size_t)(S * D), -1, 1, false);
+        float *hsin = gpu_rand(&r, (size_t)(S * D), -1, 1, false);
+        gpu_pair w = gpu_pair_make(CPU, GPU, DIT_F32, 1, &D, hw);
+        gpu_pair cs = gpu_pair_make(CPU, GPU, DIT_F32, 2, shc, hcos);
+        gpu_pair sn = gpu_pair_make(CPU, GPU, DIT_F32, 2, shc, hsin);
+        for (int ybf = 0; ybf < 2; ybf++) {
+            gpu_pair x = gpu_pair_make(CPU, GPU, DIT_F32, 3, shx, hx);
+            gpu_pair y = gpu_pair_make(CPU, GPU, ybf ? DIT_BF16 : DIT_F32, 3, shy, NULL);
+            dit_tensor fx = dit_tensor_narrow(&x.c, 2, H * D, H * D);
+            dit_tensor kc = dit_tensor_split_last(&fx, D);
+            fx = dit_tensor_narrow(&x.g, 2, H * D, H * D);
+            dit_tensor kg = dit_tensor_split_last(&fx, D);
+            dit_tensor fy = dit_tensor_narrow(&y.g, 2, H * D, H * D);
+            dit_tensor og = dit_tensor_split_last(&fy, D);
+            GPU_OK(CPU, CPU->ops->rms_norm_rope(CPU, &kc, &w.c, 1e-6f, &cs.c, &sn.c));
+            GPU_OK(GPU, GPU->ops->rms_norm_rope_to(GPU, &og, &kg, &w.g, 1e-6f, &cs.g, &sn.g));
+            ck_assert_int_eq(gpu_compare_views(ybf ? "rms_norm_rope_to bf16" : "rms_norm_rope_to f32",
+                                               CPU, &kc, GPU, &og, 2e-5, ybf ? 4e-3 : 2e-5),
+                             0);
+            /* x itself is left alone. */
+            float *xin = gpu_fetch(GPU, &x.g);
+            ck_assert(memcmp(xin, hx, sizeof(float) * (size_t)(B * S * 2 * H * D)) == 0);
+            free(xin);
+            gpu_pair_free(CPU, GPU, &x);
+            gpu_pair_free(CPU, GPU, &y);
+        }
+        gpu_pair_free(CPU, GPU, &w);
+        gpu_pair_free(CPU, GPU, &cs);
+        gpu_pair_free(CPU, GPU, &sn);
+        free(hx);
+        free(hw);
+        free(hcos);
+        free(hsin);
+    }
+    /* attention on bf16 q, k, v (views of a fused bf16 projection), out f32
+     * and bf16, at head dims 128 (tensor cores) and 16 (f32 kernel). */
+    for (int v = 0; v < 4; v++) {
+        const int64_t B = 1, Sq = 97, H = 2, D = v & 2 ? 16 : 128;
+        const bool out_bf16 = v & 1;
+        const int64_t shp[3] = {B, Sq, 3 * H * D}, sho[3] = {B, Sq, H * D}, shl[3] = {B, H, Sq};
+        float *hp = gpu_rand(&r, (size_t)(B * Sq * 3 * H * D), -2, 2, true);
+        gpu_pair p = gpu_pair_make(CPU, GPU, DIT_BF16, 3, shp, hp);
+        gpu_pair o = gpu_pair_make(CPU, GPU, out_bf16 ? DIT_BF16 : DIT_F32, 3, sho, NULL);
+        gpu_pair l = gpu_pair_make(CPU, GPU, DIT_F32, 3, shl, NULL);
+        dit_tensor q[2], k[2], vv[2], out[2];
+        const dit_tensor *pb[2] = {&p.c, &p.g}, *ob[2] = {&o.c, &o.g};
+        for (int s = 0; s < 2; s++) {
+            dit_tensor f = dit_tensor_narrow(pb[s], 2, 0, H * D);
+            q[s] = dit_tensor_split_last(&f, D);
+            f = dit_tensor_narrow(pb[s], 2, H * D, H * D);
+            k[s] = dit_tensor_split_last(&f, D);
+            f = dit_tensor_narrow(pb[s], 2, 2 * H * D, H * D);
+            vv[s] = dit_tensor_split_last(&f, D);
+            out[s] = dit_tensor_split_last(ob[s], D);
+        }
+        const float scale = 1.0f / sqrtf((float)D);
+        GPU_OK(CPU, CPU->ops->attention(CPU, &out[0], &l.c, &q[0], &k[0], &vv[0], scale));
+        GPU_OK(GPU, GPU->ops->attention(GPU, &out[1], &l.g, &q[1], &k[1], &vv[1], scale));
+        char what[96];
+        snprintf(what, sizeof what, "attention bf16 q/k/v D%lld -> %s", (long long)D,
+                 out_bf16 ? "bf16" : "f32");
+        const double tol = (D == 128 ? 4e-3 : 1e-4) + (out_bf16 ? 4e-3 : 0);
+        ck_assert_int_eq(gpu_compare_views(what, CPU, &o.c, GPU, &o.g, tol, tol), 0);
+        ck_assert_int_eq(gpu_compare_views("lse (bf16 q/k/v)", CPU, &l.c, GPU, &l.g, 1e-4, 1e-5),
+                         0);
+        gpu_pair_free(CPU, GPU, &p);
+        gpu_pair_free(CPU, GPU, &o);
+        gpu_pair_free(CPU, GPU, &l);
+        free(hp);
+    }
 }
 END_TEST
 
@@ -425,6 +653,108 @@ START_TEST(attention_matches_cpu)
 }
 END_TEST
 
+/* FLUX.1-dev's attention at 1024 x 1024: B 1, S 4096 + 512, H 24, D 128,
+ * q/k/v as head views of the fused (S, 3 H D) projection. Too large for
+ * the cpu backend here, so the tensor-core kernel is compared with the f32
+ * CUDA-core kernel on the same device (bf16-exact inputs: the difference is
+ * P's rounding to bf16, as in attention_matches_cpu), and 48 (query, head)
+ * rows of both with a float64 host reference. */
+START_TEST(flux_size_attention_matches_f32_kernel)
+{
+    const int64_t B = 1, S = 4608, H = 24, D = 128;
+    test_rng r = {4608};
+    const int64_t shp[3] = {B, S, 3 * H * D}, sho[3] = {B, S, H * D}, shl[3] = {B, H, S};
+    const size_t np = (size_t)(B * S * 3 * H * D), no = (size_t)(B * S * H * D);
+    /* q scaled up a little: scores of a few units, a softmax that is
+     * neither flat nor one-hot, like normalised q/k after RMSNorm. */
+    float *hp = gpu_rand(&r, np, -1, 1, true);
+    for (int64_t t = 0; t < S; t++)
+        for (int64_t c = 0; c < H * D; c++)
+            hp[t * 3 * H * D + c] = dit_bf16_to_f32(dit_f32_to_bf16(3.0f * hp[t * 3 * H * D + c]));
+    void *pbuf = NULL, *obuf[2] = {NULL, NULL}, *lbuf[2] = {NULL, NULL};
+    GPU_OK(GPU, dit_backend_alloc(GPU, np * 4, &pbuf));
+    dit_tensor proj = dit_tensor_make(pbuf, DIT_F32, 3, shp);
+    dit_tensor hproj = dit_tensor_make(hp, DIT_F32, 3, shp);
+    GPU_OK(GPU, GPU->ops->upload(GPU, &proj, &hproj));
+    dit_tensor fq = dit_tensor_narrow(&proj, 2, 0, H * D), fk = dit_tensor_narrow(&proj, 2, H * D, H * D);
+    dit_tensor fv = dit_tensor_narrow(&proj, 2, 2 * H * D, H * D);
+    dit_tensor q = dit_tensor_split_last(&fq, D), k = dit_tensor_split_last(&fk, D);
+    dit_tensor v = dit_tensor_split_last(&fv, D);
+    dit_tensor out[2], lse[2];
+    float *ho[2], *hl[2];
+    for (int f32 = 0; f32 < 2; f32++) {
+        GPU_OK(GPU, dit_backend_alloc(GPU, no * 4, &obuf[f32]));
+        GPU_OK(GPU, dit_backend_alloc(GPU, (size_t)(B * H * S) * 4, &lbuf[f32]));
+        dit_tensor o3 = dit_tensor_make(obuf[f32], DIT_F32, 3, sho);
+        out[f32] = dit_tensor_split_last(&o3, D);
+        lse[f32] = dit_tensor_make(lbuf[f32], DIT_F32, 3, shl);
+        dit_cuda_backend_set_attention_f32(GPU, f32 == 1);
+        GPU_OK(GPU, GPU->ops->attention(GPU, &out[f32], &lse[f32], &q, &k, &v,
+                                        1.0f / sqrtf((float)D)));
+        dit_cuda_backend_set_attention_f32(GPU, false);
+        ho[f32] = gpu_fetch(GPU, &o3);
+        hl[f32] = gpu_fetch(GPU, &lse[f32]);
+    }
+    double eo = 0, ref = 0, el = 0;
+    for (size_t i = 0; i < no; i++) {
+        const double d = fabs((double)ho[0][i] - ho[1][i]);
+        eo = isnan(d) ? INFINITY : fmax(eo, d);
+        ref = fmax(ref, fabs(ho[1][i]));
+    }
+    for (size_t i = 0; i < (size_t)(B * H * S); i++) {
+        const double d = fabs((double)hl[0][i] - hl[1][i]);
+        el = isnan(d) ? INFINITY : fmax(el, d);
+    }
+    /* float64 reference rows. */
+    double e64[2] = {0, 0};
+    double *p = malloc((size_t)S * sizeof *p);
+    ck_assert_ptr_nonnull(p);
+    for (int t = 0; t < 48; t++) {
+        const int64_t i = (int64_t)(test_rng_next(&r) % (uint64_t)S);
+        const int64_t h = (int64_t)(test_rng_next(&r) % (uint64_t)H);
+        const float *qi = hp + i * 3 * H * D + h * D;
+        double mx = -INFINITY;
+        for (int64_t j = 0; j < S; j++) {
+            const float *kj = hp + j * 3 * H * D + H * D + h * D;
+            double acc = 0;
+            for (int64_t d = 0; d < D; d++)
+                acc += (double)qi[d] * kj[d];
+            p[j] = acc / sqrt((double)D);
+            mx = fmax(mx, p[j]);
+        }
+        double sum = 0;
+        for (int64_t j = 0; j < S; j++) {
+            p[j] = exp(p[j] - mx);
+            sum += p[j];
+        }
+        for (int64_t d = 0; d < D; d++) {
+            double o = 0;
+            for (int64_t j = 0; j < S; j++)
+                o += p[j] * hp[j * 3 * H * D + 2 * H * D + h * D + d];
+            o /= sum;
+            for (int f32 = 0; f32 < 2; f32++)
+                e64[f32] = fmax(e64[f32], fabs(o - ho[f32][(i * H + h) * D + d]));
+        }
+    }
+    free(p);
+    printf("flux-size attention (S %lld, H %lld, D %lld): tensor-core vs f32 kernel max abs %.3g "
+           "(max|out| %.3g), lse max abs %.3g; vs float64 rows: tensor-core %.3g, f32 %.3g\n",
+           (long long)S, (long long)H, (long long)D, eo, ref, el, e64[0], e64[1]);
+    ck_assert_msg(eo <= 4e-3, "tensor-core vs f32 kernel: %.3g", eo);
+    ck_assert_msg(el <= 1e-3, "lse: %.3g", el);
+    ck_assert_msg(e64[1] <= 1e-4, "f32 kernel vs float64: %.3g", e64[1]);
+    ck_assert_msg(e64[0] <= 4e-3, "tensor-core kernel vs float64: %.3g", e64[0]);
+    for (int f32 = 0; f32 < 2; f32++) {
+        free(ho[f32]);
+        free(hl[f32]);
+        dit_backend_free(GPU, obuf[f32]);
+        dit_backend_free(GPU, lbuf[f32]);
+    }
+    dit_backend_free(GPU, pbuf);
+    free(hp);
+}
+END_TEST
+
 START_TEST(attention_masked_matches_cpu)
 {
     test_rng r = {900 + (uint64_t)_i};
@@ -600,7 +930,8 @@ int main(void)
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, upload_download_copy_fill_roundtrip);
     tcase_add_test(tc, init_uniform_matches_host_generator);
-    tcase_add_loop_test(tc, linear_matches_cpu, 0, (int)(sizeof lin_cases / sizeof lin_cases[0]));
+    tcase_add_loop_test(tc, linear_matches_cpu, 0, 3 * N_LIN);
+    tcase_add_test(tc, bf16_operands_match_cpu);
     tcase_add_test(tc, activate_matches_cpu);
     tcase_add_test(tc, norms_match_cpu);
     tcase_add_loop_test(tc, rms_norm_rope_matches_cpu, 0, 3);
@@ -614,6 +945,12 @@ int main(void)
     tcase_add_test(tc, group_norm_and_upsample_match_cpu);
     tcase_add_test(tc, bad_arguments_are_errors_with_messages);
     suite_add_tcase(s, tc);
+    /* Its own case, so that a slow run (compute-sanitizer) can leave it
+     * out with CK_RUN_CASE=parity. */
+    TCase *tl = tcase_create("large");
+    tcase_set_timeout(tl, 300);
+    tcase_add_test(tl, flux_size_attention_matches_f32_kernel);
+    suite_add_tcase(s, tl);
     SRunner *sr = srunner_create(s);
     srunner_set_fork_status(sr, CK_NOFORK);
     srunner_run_all(sr, CK_NORMAL);

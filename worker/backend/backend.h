@@ -164,6 +164,23 @@ typedef struct dit_backend_ops {
     /* The message of the last failed op ("linear: cublasLtMatmul: ..."), or
      * "" when there is none. */
     const char *(*last_error)(dit_backend *be);
+
+    /* ---- Optional: a faster layout of activations (cuda's fast path). ---- */
+
+    /* The dtype the backend wants for activations whose only consumers are
+     * GEMMs (linear's x) and attention (q, k, v, out): DIT_BF16 on cuda
+     * with DIT_CUDA_PATH=fast, where linear then also takes bf16 x and
+     * writes bf16 y (beta 0), attention takes bf16 q, k, v and writes bf16
+     * out, and layer_norm_mod writes bf16 y; DIT_F32 otherwise. NULL means
+     * DIT_F32. A model asks at the start of every forward. */
+    dit_dtype (*operand_dtype)(dit_backend *be);
+
+    /* rms_norm_rope out of place: y (B, S, H, D), of dtype f32 or
+     * operand_dtype, gets RMSNorm + RoPE of x (B, S, H, D) f32, which is not
+     * changed. Same weight, cos, sin rules. */
+    dit_status (*rms_norm_rope_to)(dit_backend *be, const dit_tensor *y, const dit_tensor *x,
+                                   const dit_tensor *weight, float eps, const dit_tensor *cos,
+                                   const dit_tensor *sin);
 } dit_backend_ops;
 
 /* Every backend struct starts with this header. */

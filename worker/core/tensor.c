@@ -101,6 +101,25 @@ bool dit_tensor_rows_dense(const dit_tensor *t)
            t->nb[t->ndim - 1] == (int64_t)dit_dtype_size(t->dtype);
 }
 
+int64_t dit_tensor_row_stride(const dit_tensor *t)
+{
+    if (t->ndim <= 1)
+        return 0;
+    /* Walk the row dims from the innermost outwards: each dim of size > 1
+     * must step by exactly the span of the dims inside it. */
+    int64_t stride = -1, span = 1;
+    for (int i = t->ndim - 2; i >= 0; i--) {
+        if (t->ne[i] == 1)
+            continue;
+        if (stride < 0)
+            stride = t->nb[i];
+        else if (t->nb[i] != stride * span)
+            return -1;
+        span *= t->ne[i];
+    }
+    return stride < 0 ? 0 : stride;
+}
+
 bool dit_tensor_same_shape(const dit_tensor *a, const dit_tensor *b)
 {
     if (a->ndim != b->ndim)

@@ -60,6 +60,15 @@ bool dit_tensor_is_contiguous(const dit_tensor *t);
 /* True when the innermost dim has unit stride (rows are dense). */
 bool dit_tensor_rows_dense(const dit_tensor *t);
 
+/* The byte distance between consecutive rows (all dims but the innermost,
+ * flattened) when it is the same for every pair of rows, so that row r
+ * starts at data + r * stride: true of contiguous tensors and of column
+ * slices of them, false of head views of a fused projection (B, S, H, D)
+ * taken from (B, S, 3 H D). Returns -1 when the rows are not evenly spaced,
+ * 0 when there is at most one row. Kernels use it to skip a div/rem per
+ * outer dim. */
+int64_t dit_tensor_row_stride(const dit_tensor *t);
+
 bool dit_tensor_same_shape(const dit_tensor *a, const dit_tensor *b);
 
 /* View of elements [start, start+len) along `dim`; the caller guarantees the

@@ -43,6 +43,7 @@ typedef struct flux_single {
 typedef struct flux_graph_key {
     int64_t B, St, Si;
     int64_t guidance; /* 0 or 1; int64_t so the struct has no padding */
+    int64_t fast;     /* the bf16-operand layout (fwd.fast): other kernels */
     dit_tensor hs, ehs, pooled, sample;
     void *arena_first, *arena_x, *arena_last;
 } flux_graph_key;
@@ -734,6 +735,15 @@ typedef struct fwd {
     dit_tensor cos, sin; /* (S, D) */
     dit_tensor tp, gp;   /* (B, 256) timestep / guidance sinusoids */
     dit_tensor h1, temb; /* (B, C) conditioning MLP */
+    /* The backend's fast path (operand_dtype bf16, no attention hook): GEMM
+     * inputs and attention operands in bf16, written once by the op that
+     * produces them. y is then (B, S, 2 Cl) f32, q and k before their norm;
+     * n is unused. */
+    bool fast;
+    dit_tensor nb;       /* (B, S, C) bf16 normalised + modulated (GEMM input) */
+    dit_tensor qkvb;     /* (B, S, 3 Cl) bf16 q, k after RMSNorm + RoPE; v */
+    dit_tensor attnb;    /* (B, S, Cl) bf16 attention output */
+    dit_tensor hb;       /* (B, S, Fl) bf16 GELU(MLP input projection) */
     const dit_flux_inputs *in;
     const dit_tensor *sample;
 } fwd;
@@ -787,6 +797,136 @@ static dit_status adaln(fwd *f, const dit_tensor *emb, const flux_linear *L)
 static dit_tensor chunk(const dit_tensor *emb, int k, int64_t C)
 {
     return feat(emb, k * C, C);
+}
+
+/* Output rows [r0, r0 + n) of a linear: a contiguous slice of w and b, so
+ * that one fused projection can run as several GEMMs with different
+ * output dtypes. */
+static flux_linear rows_of(const flux_linear *L, int64_t r0, int64_t n)
+{
+    flux_linear s = *L;
+    s.w = dit_tensor_narrow(&L->w, 0, r0, n);
+    if (L->has_b)
+        s.b = dit_tensor_narrow(&L->b, 0, r0, n);
+    return s;
+}
+
+/* The fast path's q/k/v for rows [r0, r0 + len) from their normalised
+ * input nbs (bf16): q, k through an f32 GEMM into y and then RMSNorm +
+ * RoPE written once in bf16 into qkvb; v by a GEMM writing bf16 into qkvb
+ * straight away. */
+static dit_status qkv_fast(fwd *f, int64_t r0, int64_t len, const dit_tensor *nbs,
+                           const flux_linear *qkv, const dit_tensor *nq, const dit_tensor *nk)
+{
+    dit_status st = DIT_OK;
+    dit_backend *be = f->be;
+    const int64_t Cl = f->Cl, D = f->D;
+    dit_tensor qk = seq(&f->y, r0, len);
+    dit_tensor qkvb = seq(&f->qkvb, r0, len);
+    dit_tensor vb = feat(&qkvb, 2 * Cl, Cl);
+    const flux_linear Lqk = rows_of(qkv, 0, 2 * Cl), Lv = rows_of(qkv, 2 * Cl, Cl);
+    BE(linear(f, &qk, nbs, &Lqk, DIT_ACT_NONE, 0.0f));
+    BE(linear(f, &vb, nbs, &Lv, DIT_ACT_NONE, 0.0f));
+    dit_tensor q = heads(&qk, 0, Cl, D), k = heads(&qk, Cl, Cl, D);
+    dit_tensor qo = heads(&qkvb, 0, Cl, D), ko = heads(&qkvb, Cl, Cl, D);
+    dit_tensor cs = dit_tensor_narrow(&f->cos, 0, r0, len);
+    dit_tensor sn = dit_tensor_narrow(&f->sin, 0, r0, len);
+    BE(be->ops->rms_norm_rope_to(be, &qo, &q, nq, 1e-6f, &cs, &sn));
+    BE(be->ops->rms_norm_rope_to(be, &ko, &k, nk, 1e-6f, &cs, &sn));
+cleanup:
+    return st;
+}
+
+/* double_block on the fast path: the same math, bf16 where a GEMM or
+ * attention is the only reader. */
+static dit_status double_block_fast(fwd *f, const flux_double *w)
+{
+    dit_status st = DIT_OK;
+    dit_backend *be = f->be;
+    const int64_t St = f->St, Si = f->Si, C = f->C, D = f->D, Cl = f->Cl;
+    const int64_t r0[2] = {0, St}, len[2] = {St, Si};
+    const flux_linear *ada[2] = {&w->norm1_ctx, &w->norm1};
+    const flux_linear *qkv[2] = {&w->add_qkv, &w->qkv};
+    const dit_tensor *nq[2] = {&w->norm_added_q, &w->norm_q};
+    const dit_tensor *nk[2] = {&w->norm_added_k, &w->norm_k};
+    const flux_linear *outp[2] = {&w->to_add_out, &w->to_out};
+    const flux_linear *ff0[2] = {&w->ffc0, &w->ff0};
+    const flux_linear *ff2[2] = {&w->ffc2, &w->ff2};
+    const dit_tensor *embs[2] = {&f->emb_ctx, &f->emb};
+
+    for (int s = 0; s < 2; s++) {
+        BE(adaln(f, embs[s], ada[s]));
+        if (len[s] == 0)
+            continue;
+        dit_tensor xs = seq(&f->x, r0[s], len[s]), nbs = seq(&f->nb, r0[s], len[s]);
+        dit_tensor shift = chunk(embs[s], 0, C), scale = chunk(embs[s], 1, C);
+        BE(be->ops->layer_norm_mod(be, &nbs, &xs, &shift, &scale, 1e-6f));
+        BE(qkv_fast(f, r0[s], len[s], &nbs, qkv[s], nq[s], nk[s]));
+    }
+    dit_tensor q = heads(&f->qkvb, 0, Cl, D), k = heads(&f->qkvb, Cl, Cl, D);
+    dit_tensor v = heads(&f->qkvb, 2 * Cl, Cl, D);
+    dit_tensor a4 = dit_tensor_split_last(&f->attnb, D);
+    BE(be->ops->attention(be, &a4, NULL, &q, &k, &v, f->scale));
+
+    for (int s = 0; s < 2; s++) {
+        if (len[s] == 0)
+            continue;
+        dit_tensor as = seq(&f->attnb, r0[s], len[s]), os = seq(&f->o, r0[s], len[s]);
+        BE(linear(f, &os, &as, outp[s], DIT_ACT_NONE, 0.0f));
+    }
+    BE(tp_reduce(f, &f->o));
+    for (int s = 0; s < 2; s++) {
+        if (len[s] == 0)
+            continue;
+        dit_tensor xs = seq(&f->x, r0[s], len[s]), os = seq(&f->o, r0[s], len[s]);
+        dit_tensor gate = chunk(embs[s], 2, C);
+        BE(be->ops->gated_add(be, &xs, &os, &gate));
+        dit_tensor nbs = seq(&f->nb, r0[s], len[s]);
+        dit_tensor shift = chunk(embs[s], 3, C), scale = chunk(embs[s], 4, C);
+        BE(be->ops->layer_norm_mod(be, &nbs, &xs, &shift, &scale, 1e-6f));
+        /* GELU fused into the GEMM that writes the bf16 hidden state. */
+        dit_tensor hs = seq(&f->hb, r0[s], len[s]);
+        BE(linear(f, &hs, &nbs, ff0[s], DIT_ACT_GELU_TANH, 0.0f));
+        BE(linear(f, &os, &hs, ff2[s], DIT_ACT_NONE, 0.0f));
+    }
+    BE(tp_reduce(f, &f->o));
+    for (int s = 0; s < 2; s++) {
+        if (len[s] == 0)
+            continue;
+        dit_tensor xs = seq(&f->x, r0[s], len[s]), os = seq(&f->o, r0[s], len[s]);
+        dit_tensor gate = chunk(embs[s], 5, C);
+        BE(be->ops->gated_add(be, &xs, &os, &gate));
+    }
+cleanup:
+    return st;
+}
+
+/* single_block on the fast path: the fused [q; k; v; mlp] projection runs as
+ * three GEMMs (q, k in f32 for their norm; v in bf16; the MLP input in bf16
+ * with GELU as the GEMM's epilogue instead of a pass of its own). */
+static dit_status single_block_fast(fwd *f, const flux_single *w)
+{
+    dit_status st = DIT_OK;
+    dit_backend *be = f->be;
+    const int64_t C = f->C, D = f->D, Cl = f->Cl, Fl = f->Fl;
+    dit_tensor emb3 = feat(&f->emb, 0, 3 * C);
+    BE(adaln(f, &emb3, &w->norm));
+    dit_tensor shift = chunk(&emb3, 0, C), scale = chunk(&emb3, 1, C);
+    dit_tensor gate = chunk(&emb3, 2, C);
+    BE(be->ops->layer_norm_mod(be, &f->nb, &f->x, &shift, &scale, 1e-6f));
+    BE(qkv_fast(f, 0, f->S, &f->nb, &w->qkv_mlp, &w->norm_q, &w->norm_k));
+    const flux_linear Lmlp = rows_of(&w->qkv_mlp, 3 * Cl, Fl);
+    BE(linear(f, &f->hb, &f->nb, &Lmlp, DIT_ACT_GELU_TANH, 0.0f));
+    dit_tensor q = heads(&f->qkvb, 0, Cl, D), k = heads(&f->qkvb, Cl, Cl, D);
+    dit_tensor v = heads(&f->qkvb, 2 * Cl, Cl, D);
+    dit_tensor a4 = dit_tensor_split_last(&f->attnb, D);
+    BE(be->ops->attention(be, &a4, NULL, &q, &k, &v, f->scale));
+    BE(linear(f, &f->o, &f->attnb, &w->proj_attn, DIT_ACT_NONE, 0.0f));
+    BE(linear(f, &f->o, &f->hb, &w->proj_mlp, DIT_ACT_NONE, 1.0f));
+    BE(tp_reduce(f, &f->o));
+    BE(be->ops->gated_add(be, &f->x, &f->o, &gate));
+cleanup:
+    return st;
 }
 
 static dit_status double_block(fwd *f, const flux_double *w)
@@ -948,7 +1088,7 @@ static dit_status forward_compute(fwd *f)
     }
 
     for (int i = 0; i < c->num_layers; i++) {
-        st = double_block(f, &m->dbl[i]);
+        st = f->fast ? double_block_fast(f, &m->dbl[i]) : double_block(f, &m->dbl[i]);
         if (st != DIT_OK) {
             dit_diag_prefix(diag, "double block %d: ", i);
             goto cleanup;
@@ -957,7 +1097,7 @@ static dit_status forward_compute(fwd *f)
             DIT_CHECK(m->hooks.block_done(m->hooks.ctx, i, diag));
     }
     for (int i = 0; i < c->num_single_layers; i++) {
-        st = single_block(f, &m->sgl[i]);
+        st = f->fast ? single_block_fast(f, &m->sgl[i]) : single_block(f, &m->sgl[i]);
         if (st != DIT_OK) {
             dit_diag_prefix(diag, "single block %d: ", i);
             goto cleanup;
@@ -972,7 +1112,8 @@ static dit_status forward_compute(fwd *f)
         BE(adaln(f, &emb2, &m->norm_out));
         if (Si > 0) {
             dit_tensor scale = chunk(&emb2, 0, C), shift = chunk(&emb2, 1, C);
-            dit_tensor xi = seq(&f->x, St, Si), ni = seq(&f->n, St, Si);
+            dit_tensor xi = seq(&f->x, St, Si);
+            dit_tensor ni = seq(f->fast ? &f->nb : &f->n, St, Si);
             BE(be->ops->layer_norm_mod(be, &ni, &xi, &shift, &scale, 1e-6f));
             BE(linear(f, sample, &ni, &m->proj_out, DIT_ACT_NONE, 0.0f));
         }
@@ -1003,6 +1144,7 @@ static dit_status forward_run(fwd *f)
     k.St = f->St;
     k.Si = f->Si;
     k.guidance = f->in->guidance != NULL ? 1 : 0;
+    k.fast = f->fast ? 1 : 0;
     k.hs = f->in->hidden_states;
     k.ehs = f->in->encoder_hidden_states;
     k.pooled = f->in->pooled_projections;
@@ -1159,15 +1301,21 @@ dit_status dit_flux_forward(dit_flux *m, dit_arena *arena, const dit_flux_inputs
         timestep_embedding(in->guidance, B, gproj);
     rope_tables_cached(m, in->txt_ids, St, in->img_ids, Si, cosh_, sinh_);
 
-#define ALLOC(t, nd, ...)                                                                    \
+    /* The fast path needs the backend's bf16 operands and the out-of-place
+     * RMSNorm + RoPE; a context-parallel attention hook takes f32 q/k/v. */
+    f->fast = be->ops->operand_dtype && be->ops->operand_dtype(be) == DIT_BF16 &&
+              be->ops->rms_norm_rope_to && !m->hooks.attention;
+
+#define ALLOC_T(t, dt, nd, ...)                                                              \
     do {                                                                                     \
         const int64_t shp_[] = {__VA_ARGS__};                                                \
-        st = dit_arena_tensor(arena, DIT_F32, nd, shp_, &(t));                               \
+        st = dit_arena_tensor(arena, dt, nd, shp_, &(t));                                    \
         if (st != DIT_OK) {                                                                  \
             st = dit_diag_set(diag, st, "flux forward: activation memory exhausted");        \
             goto cleanup;                                                                    \
         }                                                                                    \
     } while (0)
+#define ALLOC(t, nd, ...) ALLOC_T(t, DIT_F32, nd, __VA_ARGS__)
 
     ALLOC(f->tp, 2, B, 256);
     ALLOC(f->gp, 2, B, 256);
@@ -1177,14 +1325,23 @@ dit_status dit_flux_forward(dit_flux *m, dit_arena *arena, const dit_flux_inputs
     ALLOC(f->cos, 2, S, D);
     ALLOC(f->sin, 2, S, D);
     ALLOC(f->x, 3, B, S, C);
-    ALLOC(f->n, 3, B, S, C);
-    ALLOC(f->y, 3, B, S, 3 * f->Cl + f->Fl);
-    ALLOC(f->attn, 3, B, S, f->Cl);
+    if (f->fast) {
+        ALLOC_T(f->nb, DIT_BF16, 3, B, S, C);
+        ALLOC(f->y, 3, B, S, 2 * f->Cl);
+        ALLOC_T(f->qkvb, DIT_BF16, 3, B, S, 3 * f->Cl);
+        ALLOC_T(f->attnb, DIT_BF16, 3, B, S, f->Cl);
+        ALLOC_T(f->hb, DIT_BF16, 3, B, S, f->Fl);
+    } else {
+        ALLOC(f->n, 3, B, S, C);
+        ALLOC(f->y, 3, B, S, 3 * f->Cl + f->Fl);
+        ALLOC(f->attn, 3, B, S, f->Cl);
+    }
     ALLOC(f->o, 3, B, S, C);
     ALLOC(f->emb, 2, B, 6 * C);
     ALLOC(f->emb_ctx, 2, B, 6 * C);
     ALLOC(f->emb_local, 2, B, 6 * C / T);
 #undef ALLOC
+#undef ALLOC_T
 
     {
         dit_tensor h_tp = dit_tensor_2d(tproj, DIT_F32, B, 256);

@@ -332,7 +332,12 @@ static dit_status join_nccl(worker *w, const Ditserve__Ipc__Setup *s, int device
             return dit_diag_set(diag, DIT_ERR_FORMAT, "the setup carries no NCCL id");
         memcpy(nc.id, s->nccl_id.data, sizeof nc.id);
     }
-    return dit_nccl_comm_create(&nc, &w->world, diag);
+    if ((st = dit_nccl_comm_create(&nc, &w->world, diag)) != DIT_OK)
+        return st;
+    /* The backend's host waits (downloads after a gather, frees) must not
+     * hang behind a kernel stuck on a dead peer. */
+    dit_cuda_backend_set_wait_check(w->be, dit_nccl_wait_check, w->world);
+    return DIT_OK;
 }
 #endif
 
@@ -389,6 +394,16 @@ static void teardown(worker *w)
      * peers may be gone: abort instead of waiting to finalize with them. */
     if (w->join && w->world)
         w->world->ops->abort(w->world);
+#ifdef DIT_HAVE_CUDA
+    if (w->be && w->world && dit_backend_is_cuda(w->be)) {
+        /* Drain the stream while the group can still cut the wait short
+         * (aborting its communicators, whose kernels then exit); after that
+         * the frees below wait plainly and free for real, and nothing asks
+         * the group once it is destroyed. */
+        (void)w->be->ops->sync(w->be);
+        dit_cuda_backend_set_wait_check(w->be, NULL, NULL);
+    }
+#endif
     dit_runner_destroy(w->runner);
     dit_pipeline_free(w->pipe);
     if (w->be)

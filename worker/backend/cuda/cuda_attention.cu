@@ -2,8 +2,10 @@
  *
  * Fast path (head dims 64 and 128): FlashAttention-2 style. A block of 4
  * warps owns 64 queries of one (batch, head); each warp owns 16 query rows.
- * Per tile of 64 keys: the block converts the f32 K tile (and V, stored
- * transposed) to bf16 in shared memory, every warp computes its 16 x 64
+ * Per tile of 64 keys: the block stages the K tile (and V, stored
+ * transposed) in shared memory as bf16 (f32 inputs are rounded there, tile
+ * by tile; the fast path's bf16 inputs are copied as they are, half the
+ * bytes), every warp computes its 16 x 64
  * score tile with bf16 mma.sync (m16n8k16, f32 accumulation), keeps a
  * running row max m and denominator l in registers (online softmax, base-2
  * exponentials of scale*log2(e)-scaled scores), rescales its 16 x D output
@@ -22,10 +24,11 @@
 enum { FA_BQ = 64, FA_BK = 64, FA_WARPS = 4, GEN_BK = 32, GEN_WARPS = 4, GEN_MAXD = 512 };
 
 struct attn_args {
-    const float *q, *k, *v;
-    float *out, *lse;
+    const void *q, *k, *v; /* TI: f32, or bf16 on the fast path */
+    void *out;             /* TO: f32, or bf16 */
+    float *lse;
     const float *bias; /* (H, Sq, Skv) or NULL */
-    int64_t q_b, q_s, q_h; /* strides in floats */
+    int64_t q_b, q_s, q_h; /* strides in elements */
     int64_t k_b, k_s, k_h;
     int64_t v_b, v_s, v_h;
     int64_t o_b, o_s, o_h;
@@ -52,13 +55,62 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)
     return *(uint32_t *)&h;
 }
 
+/* Four consecutive elements as packed bf16 (element 0 in the low half of
+ * .x, as in memory): f32 rounded, bf16 as they are. p is 8-byte aligned
+ * for bf16 and 16-byte aligned for f32. */
+__device__ __forceinline__ uint2 load4_bf16(const float *p)
+{
+    const float4 v = *(const float4 *)p;
+    uint2 pk;
+    pk.x = pack_bf16(v.x, v.y);
+    pk.y = pack_bf16(v.z, v.w);
+    return pk;
+}
+
+__device__ __forceinline__ uint2 load4_bf16(const __nv_bfloat16 *p)
+{
+    return *(const uint2 *)p;
+}
+
+__device__ __forceinline__ void store2(float *p, float a, float b)
+{
+    *(float2 *)p = make_float2(a, b);
+}
+
+__device__ __forceinline__ void store2(__nv_bfloat16 *p, float a, float b)
+{
+    *(__nv_bfloat162 *)p = __floats2bfloat162_rn(a, b);
+}
+
+__device__ __forceinline__ float ld1(const float *p)
+{
+    return *p;
+}
+
+__device__ __forceinline__ float ld1(const __nv_bfloat16 *p)
+{
+    return __bfloat162float(*p);
+}
+
+__device__ __forceinline__ void st1(float *p, float v)
+{
+    *p = v;
+}
+
+__device__ __forceinline__ void st1(__nv_bfloat16 *p, float v)
+{
+    *p = __float2bfloat16_rn(v);
+}
+
 template <int D> struct fa_smem {
     static const int LDQ = D + 8;      /* bf16 row stride of Qs, Ks (conflict-free) */
     static const int LDV = FA_BK + 8;  /* bf16 row stride of Vt */
     static const int BYTES = (2 * FA_BQ * LDQ + D * LDV) * 2;
 };
 
-template <int D>
+/* TI: the type of q, k, v (f32: rounded to bf16 while staged; bf16: staged
+ * as they are, half the bytes read); TO: the type of out. */
+template <int D, typename TI, typename TO>
 __global__ void __launch_bounds__(FA_WARPS * 32) k_flash_mma(attn_args a)
 {
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -71,20 +123,17 @@ __global__ void __launch_bounds__(FA_WARPS * 32) k_flash_mma(attn_args a)
     const int g = lane >> 2, t = lane & 3;
     const int64_t q0 = (int64_t)blockIdx.x * FA_BQ;
     const int64_t h = blockIdx.y, b = blockIdx.z;
-    const float *qp = a.q + b * a.q_b + h * a.q_h;
-    const float *kp = a.k + b * a.k_b + h * a.k_h;
-    const float *vp = a.v + b * a.v_b + h * a.v_h;
+    const TI *qp = (const TI *)a.q + b * a.q_b + h * a.q_h;
+    const TI *kp = (const TI *)a.k + b * a.k_b + h * a.k_h;
+    const TI *vp = (const TI *)a.v + b * a.v_b + h * a.v_h;
     const float sl2 = a.scale * 1.4426950408889634f;
 
     /* Q tile -> bf16 shared memory (rows past Sq are zero). */
     for (int idx = tid; idx < FA_BQ * D / 4; idx += FA_WARPS * 32) {
         const int r = idx / (D / 4), c = (idx % (D / 4)) * 4;
-        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+        uint2 pk = make_uint2(0u, 0u);
         if (q0 + r < a.Sq)
-            v = *(const float4 *)(qp + (q0 + r) * a.q_s + c);
-        uint2 pk;
-        pk.x = pack_bf16(v.x, v.y);
-        pk.y = pack_bf16(v.z, v.w);
+            pk = load4_bf16(qp + (q0 + r) * a.q_s + c);
         *(uint2 *)(Qs + r * L::LDQ + c) = pk;
     }
     __syncthreads();
@@ -111,25 +160,23 @@ __global__ void __launch_bounds__(FA_WARPS * 32) k_flash_mma(attn_args a)
         __syncthreads(); /* every warp is done with the previous K and V */
         for (int idx = tid; idx < FA_BK * D / 4; idx += FA_WARPS * 32) {
             const int r = idx / (D / 4), c = (idx % (D / 4)) * 4;
-            float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+            uint2 pk = make_uint2(0u, 0u);
             if (k0 + r < a.Skv)
-                v = *(const float4 *)(kp + (k0 + r) * a.k_s + c);
-            uint2 pk;
-            pk.x = pack_bf16(v.x, v.y);
-            pk.y = pack_bf16(v.z, v.w);
+                pk = load4_bf16(kp + (k0 + r) * a.k_s + c);
             *(uint2 *)(Ks + r * L::LDQ + c) = pk;
         }
         /* V transposed; consecutive threads take consecutive keys so the
          * 16-bit shared stores do not collide on banks. */
         for (int idx = tid; idx < FA_BK * D / 4; idx += FA_WARPS * 32) {
             const int r = idx % FA_BK, c = (idx / FA_BK) * 4;
-            float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+            uint2 pk = make_uint2(0u, 0u);
             if (k0 + r < a.Skv)
-                v = *(const float4 *)(vp + (k0 + r) * a.v_s + c);
-            Vt[(c + 0) * L::LDV + r] = __float2bfloat16_rn(v.x);
-            Vt[(c + 1) * L::LDV + r] = __float2bfloat16_rn(v.y);
-            Vt[(c + 2) * L::LDV + r] = __float2bfloat16_rn(v.z);
-            Vt[(c + 3) * L::LDV + r] = __float2bfloat16_rn(v.w);
+                pk = load4_bf16(vp + (k0 + r) * a.v_s + c);
+            const __nv_bfloat16 *e = (const __nv_bfloat16 *)&pk;
+            Vt[(c + 0) * L::LDV + r] = e[0];
+            Vt[(c + 1) * L::LDV + r] = e[1];
+            Vt[(c + 2) * L::LDV + r] = e[2];
+            Vt[(c + 3) * L::LDV + r] = e[3];
         }
         __syncthreads();
 
@@ -212,15 +259,15 @@ __global__ void __launch_bounds__(FA_WARPS * 32) k_flash_mma(attn_args a)
     l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
     const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
     const int64_t r0 = q0 + warp * 16 + g, r1 = r0 + 8;
-    float *op0 = a.out + b * a.o_b + h * a.o_h + r0 * a.o_s;
-    float *op1 = op0 + 8 * a.o_s;
+    TO *op0 = (TO *)a.out + b * a.o_b + h * a.o_h + r0 * a.o_s;
+    TO *op1 = op0 + 8 * a.o_s;
 #pragma unroll
     for (int nd = 0; nd < D / 8; nd++) {
         const int c = nd * 8 + t * 2;
         if (r0 < a.Sq)
-            *(float2 *)(op0 + c) = make_float2(o[nd][0] * inv0, o[nd][1] * inv0);
+            store2(op0 + c, o[nd][0] * inv0, o[nd][1] * inv0);
         if (r1 < a.Sq)
-            *(float2 *)(op1 + c) = make_float2(o[nd][2] * inv1, o[nd][3] * inv1);
+            store2(op1 + c, o[nd][2] * inv1, o[nd][3] * inv1);
     }
     if (a.lse && t == 0) {
         const float ln2 = 0.6931471805599453f;
@@ -241,6 +288,7 @@ static size_t gen_smem_bytes(int64_t D)
     return (size_t)(2 * GEN_BK * (D + 1) + GEN_WARPS * D) * sizeof(float);
 }
 
+template <typename TI, typename TO>
 __global__ void __launch_bounds__(GEN_WARPS * 32) k_attn_generic(attn_args a)
 {
     extern __shared__ float gsm[];
@@ -251,13 +299,13 @@ __global__ void __launch_bounds__(GEN_WARPS * 32) k_attn_generic(attn_args a)
     const int64_t qbase = (int64_t)blockIdx.x * GEN_WARPS;
     const int64_t qi = qbase + warp;
     const bool active = qi < a.Sq;
-    const float *kp = a.k + b * a.k_b + h * a.k_h;
-    const float *vp = a.v + b * a.v_b + h * a.v_h;
+    const TI *kp = (const TI *)a.k + b * a.k_b + h * a.k_h;
+    const TI *vp = (const TI *)a.v + b * a.v_b + h * a.v_h;
     float *qrow = Qr + warp * D;
     if (active) {
-        const float *qp = a.q + b * a.q_b + h * a.q_h + qi * a.q_s;
+        const TI *qp = (const TI *)a.q + b * a.q_b + h * a.q_h + qi * a.q_s;
         for (int64_t d = lane; d < D; d += 32)
-            qrow[d] = qp[d];
+            qrow[d] = ld1(qp + d);
     }
     float o[GEN_MAXD / 32];
 #pragma unroll
@@ -274,8 +322,8 @@ __global__ void __launch_bounds__(GEN_WARPS * 32) k_attn_generic(attn_args a)
         for (int64_t idx = tid; idx < GEN_BK * D; idx += GEN_WARPS * 32) {
             const int64_t r = idx / D, c = idx % D;
             const bool ok = k0 + r < a.Skv;
-            Kt[r * ld + c] = ok ? kp[(k0 + r) * a.k_s + c] : 0.0f;
-            Vs[r * ld + c] = ok ? vp[(k0 + r) * a.v_s + c] : 0.0f;
+            Kt[r * ld + c] = ok ? ld1(kp + (k0 + r) * a.k_s + c) : 0.0f;
+            Vs[r * ld + c] = ok ? ld1(vp + (k0 + r) * a.v_s + c) : 0.0f;
         }
         __syncthreads();
         if (!active)
@@ -324,12 +372,12 @@ __global__ void __launch_bounds__(GEN_WARPS * 32) k_attn_generic(attn_args a)
     if (!active)
         return;
     const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-    float *op = a.out + b * a.o_b + h * a.o_h + qi * a.o_s;
+    TO *op = (TO *)a.out + b * a.o_b + h * a.o_h + qi * a.o_s;
 #pragma unroll
     for (int i = 0; i < GEN_MAXD / 32; i++) {
         const int64_t d = lane + 32 * i;
         if (d < D)
-            op[d] = o[i] * inv;
+            st1(op + d, o[i] * inv);
     }
     if (a.lse && lane == 0)
         a.lse[(b * a.H + h) * a.Sq + qi] = l > 0.0f ? m + logf(l) : -INFINITY;
@@ -338,15 +386,28 @@ __global__ void __launch_bounds__(GEN_WARPS * 32) k_attn_generic(attn_args a)
 /* ------------------------------------------------------------------------ */
 /* Host side                                                                 */
 
+/* The (input, output) type pairs the kernels are built for: f32 -> f32
+ * (legacy path, text encoders, VAE), bf16 -> f32 and bf16 -> bf16 (fast
+ * path). */
+template <int D> static dit_status flash_init(dit_cuda_backend *cb, const char *op)
+{
+    CUDA_TRY(cb, op,
+             cudaFuncSetAttribute(k_flash_mma<D, float, float>,
+                                  cudaFuncAttributeMaxDynamicSharedMemorySize, fa_smem<D>::BYTES));
+    CUDA_TRY(cb, op,
+             cudaFuncSetAttribute(k_flash_mma<D, __nv_bfloat16, float>,
+                                  cudaFuncAttributeMaxDynamicSharedMemorySize, fa_smem<D>::BYTES));
+    CUDA_TRY(cb, op,
+             cudaFuncSetAttribute(k_flash_mma<D, __nv_bfloat16, __nv_bfloat16>,
+                                  cudaFuncAttributeMaxDynamicSharedMemorySize, fa_smem<D>::BYTES));
+    return DIT_OK;
+}
+
 dit_status dit_cuda_attention_init(dit_cuda_backend *cb)
 {
     const char *op = "attention init";
-    CUDA_TRY(cb, op,
-             cudaFuncSetAttribute(k_flash_mma<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  fa_smem<64>::BYTES));
-    CUDA_TRY(cb, op,
-             cudaFuncSetAttribute(k_flash_mma<128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  fa_smem<128>::BYTES));
+    DIT_CHECK_RET(flash_init<64>(cb, op));
+    DIT_CHECK_RET(flash_init<128>(cb, op));
     /* The generic kernel's widest head (512) wants ~137 KiB: what the GPU
      * allows per block (sm_86/89 allow less than sm_80/90) caps its D. */
     int optin = 0;
@@ -355,7 +416,16 @@ dit_status dit_cuda_attention_init(dit_cuda_backend *cb)
     size_t want = gen_smem_bytes(GEN_MAXD);
     cb->gen_smem_max = want < (size_t)optin ? want : (size_t)optin;
     CUDA_TRY(cb, op,
-             cudaFuncSetAttribute(k_attn_generic, cudaFuncAttributeMaxDynamicSharedMemorySize,
+             cudaFuncSetAttribute(k_attn_generic<float, float>,
+                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  (int)cb->gen_smem_max));
+    CUDA_TRY(cb, op,
+             cudaFuncSetAttribute(k_attn_generic<__nv_bfloat16, float>,
+                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  (int)cb->gen_smem_max));
+    CUDA_TRY(cb, op,
+             cudaFuncSetAttribute(k_attn_generic<__nv_bfloat16, __nv_bfloat16>,
+                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   (int)cb->gen_smem_max));
     return DIT_OK;
 }
@@ -365,10 +435,31 @@ static bool is_bshd(const dit_tensor *t)
     return t && t->dtype == DIT_F32 && t->ndim == 4 && dit_tensor_rows_dense(t);
 }
 
-static bool aligned16(const dit_tensor *t)
+/* (B, S, H, D) with dense rows, f32 or bf16. */
+static bool is_bshd_any(const dit_tensor *t)
 {
-    return ((uintptr_t)t->data & 15) == 0 && t->nb[0] % 16 == 0 && t->nb[1] % 16 == 0 &&
-           t->nb[2] % 16 == 0;
+    return t && (t->dtype == DIT_F32 || t->dtype == DIT_BF16) && t->ndim == 4 &&
+           dit_tensor_rows_dense(t);
+}
+
+/* The tensor-core kernel reads 4 elements at a time: 16-byte aligned rows
+ * for f32, 8-byte for bf16. */
+static bool aligned_rows(const dit_tensor *t, int bytes)
+{
+    return ((uintptr_t)t->data % (uintptr_t)bytes) == 0 && t->nb[0] % bytes == 0 &&
+           t->nb[1] % bytes == 0 && t->nb[2] % bytes == 0;
+}
+
+template <typename TI, typename TO>
+static void launch_attention(dit_cuda_backend *cb, bool fast, int64_t D, dim3 fgrid, dim3 ggrid,
+                             const attn_args &a)
+{
+    if (fast && D == 64)
+        k_flash_mma<64, TI, TO><<<fgrid, FA_WARPS * 32, fa_smem<64>::BYTES, cb->stream>>>(a);
+    else if (fast)
+        k_flash_mma<128, TI, TO><<<fgrid, FA_WARPS * 32, fa_smem<128>::BYTES, cb->stream>>>(a);
+    else
+        k_attn_generic<TI, TO><<<ggrid, GEN_WARPS * 32, gen_smem_bytes(D), cb->stream>>>(a);
 }
 
 static dit_status attention_core(dit_cuda_backend *cb, const char *op, const dit_tensor *out,
@@ -376,8 +467,12 @@ static dit_status attention_core(dit_cuda_backend *cb, const char *op, const dit
                                  const dit_tensor *v, float scale, const dit_tensor *bias,
                                  bool causal)
 {
-    if (!is_bshd(q) || !is_bshd(k) || !is_bshd(v) || !is_bshd(out))
-        return dit_cuda_bad(cb, DIT_ERR_INVALID_ARG, op, "q, k, v, out must be (B, S, H, D) f32");
+    if (!is_bshd_any(q) || !is_bshd_any(k) || !is_bshd_any(v) || !is_bshd_any(out) ||
+        k->dtype != q->dtype || v->dtype != q->dtype ||
+        (q->dtype == DIT_F32 && out->dtype != DIT_F32))
+        return dit_cuda_bad(cb, DIT_ERR_INVALID_ARG, op,
+                            "q, k, v, out must be (B, S, H, D): q, k, v all f32 (out f32) or "
+                            "all bf16 (out f32 or bf16)");
     const int64_t B = q->ne[0], Sq = q->ne[1], H = q->ne[2], D = q->ne[3];
     const int64_t Skv = k->ne[1];
     if (!dit_tensor_same_shape(k, v) || k->ne[0] != B || k->ne[2] != H || k->ne[3] != D ||
@@ -393,39 +488,38 @@ static dit_status attention_core(dit_cuda_backend *cb, const char *op, const dit
         return DIT_OK;
     if (B > 65535 || H > 65535)
         return dit_cuda_bad(cb, DIT_ERR_UNSUPPORTED, op, "batch or heads above 65535");
+    const int64_t ie = q->dtype == DIT_F32 ? 4 : 2, oe = out->dtype == DIT_F32 ? 4 : 2;
     attn_args a;
-    a.q = (const float *)q->data;
-    a.k = (const float *)k->data;
-    a.v = (const float *)v->data;
-    a.out = (float *)out->data;
+    a.q = q->data;
+    a.k = k->data;
+    a.v = v->data;
+    a.out = out->data;
     a.lse = lse ? (float *)lse->data : NULL;
     a.bias = bias ? (const float *)bias->data : NULL;
-    a.q_b = q->nb[0] / 4, a.q_s = q->nb[1] / 4, a.q_h = q->nb[2] / 4;
-    a.k_b = k->nb[0] / 4, a.k_s = k->nb[1] / 4, a.k_h = k->nb[2] / 4;
-    a.v_b = v->nb[0] / 4, a.v_s = v->nb[1] / 4, a.v_h = v->nb[2] / 4;
-    a.o_b = out->nb[0] / 4, a.o_s = out->nb[1] / 4, a.o_h = out->nb[2] / 4;
+    a.q_b = q->nb[0] / ie, a.q_s = q->nb[1] / ie, a.q_h = q->nb[2] / ie;
+    a.k_b = k->nb[0] / ie, a.k_s = k->nb[1] / ie, a.k_h = k->nb[2] / ie;
+    a.v_b = v->nb[0] / ie, a.v_s = v->nb[1] / ie, a.v_h = v->nb[2] / ie;
+    a.o_b = out->nb[0] / oe, a.o_s = out->nb[1] / oe, a.o_h = out->nb[2] / oe;
     a.Sq = Sq, a.Skv = Skv, a.H = H, a.D = D;
     a.scale = scale;
     a.causal = causal;
 
-    const bool fast = !bias && !causal && (D == 64 || D == 128) && aligned16(q) &&
-                      aligned16(k) && aligned16(v) && ((uintptr_t)out->data & 7) == 0 &&
-                      out->nb[0] % 8 == 0 && out->nb[1] % 8 == 0 && out->nb[2] % 8 == 0;
-    if (fast) {
-        dim3 grid((unsigned)((Sq + FA_BQ - 1) / FA_BQ), (unsigned)H, (unsigned)B);
-        if (D == 64)
-            k_flash_mma<64><<<grid, FA_WARPS * 32, fa_smem<64>::BYTES, cb->stream>>>(a);
-        else
-            k_flash_mma<128><<<grid, FA_WARPS * 32, fa_smem<128>::BYTES, cb->stream>>>(a);
-        CUDA_LAUNCHED(cb, op);
-        return DIT_OK;
-    }
-    if (D > GEN_MAXD || gen_smem_bytes(D) > cb->gen_smem_max)
+    const int in_al = (int)(4 * ie), out_al = (int)(2 * oe);
+    const bool fast = !cb->attn_f32 && !bias && !causal && (D == 64 || D == 128) &&
+                      aligned_rows(q, in_al) && aligned_rows(k, in_al) && aligned_rows(v, in_al) &&
+                      aligned_rows(out, out_al);
+    if (!fast && (D > GEN_MAXD || gen_smem_bytes(D) > cb->gen_smem_max))
         return dit_cuda_bad(cb, DIT_ERR_UNSUPPORTED, op,
                             "head dim %lld is too wide for this GPU's attention kernels",
                             (long long)D);
-    dim3 grid((unsigned)((Sq + GEN_WARPS - 1) / GEN_WARPS), (unsigned)H, (unsigned)B);
-    k_attn_generic<<<grid, GEN_WARPS * 32, gen_smem_bytes(D), cb->stream>>>(a);
+    const dim3 fgrid((unsigned)((Sq + FA_BQ - 1) / FA_BQ), (unsigned)H, (unsigned)B);
+    const dim3 ggrid((unsigned)((Sq + GEN_WARPS - 1) / GEN_WARPS), (unsigned)H, (unsigned)B);
+    if (q->dtype == DIT_F32)
+        launch_attention<float, float>(cb, fast, D, fgrid, ggrid, a);
+    else if (out->dtype == DIT_F32)
+        launch_attention<__nv_bfloat16, float>(cb, fast, D, fgrid, ggrid, a);
+    else
+        launch_attention<__nv_bfloat16, __nv_bfloat16>(cb, fast, D, fgrid, ggrid, a);
     CUDA_LAUNCHED(cb, op);
     return DIT_OK;
 }
@@ -502,4 +596,10 @@ extern "C" dit_status dit_cuda_lse_merge(dit_backend *be, const dit_tensor *out,
         S, H, rows);
     CUDA_LAUNCHED(cb, op);
     return DIT_OK;
+}
+
+extern "C" void dit_cuda_backend_set_attention_f32(dit_backend *be, bool on)
+{
+    if (dit_backend_is_cuda(be))
+        cuda_of(be)->attn_f32 = on;
 }

@@ -6,7 +6,10 @@
 #include <cstdarg>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <new>
+
+#include <sched.h>
 
 #include "backend/cuda/cuda_internal.cuh"
 
@@ -99,6 +102,51 @@ dit_status dit_cuda_bad(dit_cuda_backend *cb, dit_status st, const char *op, con
         vsnprintf(cb->err + n, sizeof cb->err - (size_t)n, fmt, ap);
     va_end(ap);
     return st;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Host waits on the stream                                                  */
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+dit_status dit_cuda_stream_wait(dit_cuda_backend *cb, const char *op)
+{
+    if (!cb->wait_fn) {
+        CUDA_TRY(cb, op, cudaStreamSynchronize(cb->stream));
+        return DIT_OK;
+    }
+    /* The stream carries NCCL work: cudaStreamSynchronize would wait forever
+     * behind a kernel stuck on a dead peer. Poll it, and ask the comm group
+     * between polls whether to go on (its timeout, NCCL's async errors);
+     * when it says stop it has aborted its communicators, whose kernels
+     * then exit. Yield for the first polls (most waits are short), then
+     * sleep 1 us doubling to 128 us, which bounds the added latency. */
+    const double t0 = now_s();
+    for (unsigned iter = 0;; ++iter) {
+        const cudaError_t e = cudaStreamQuery(cb->stream);
+        if (e == cudaSuccess)
+            return DIT_OK;
+        if (e != cudaErrorNotReady)
+            return dit_cuda_fail(cb, e, op, "cudaStreamQuery");
+        dit_diag d;
+        dit_diag_clear(&d);
+        const dit_status st = cb->wait_fn(cb->wait_ctx, now_s() - t0, &d);
+        if (st != DIT_OK)
+            return dit_cuda_bad(cb, st, op, "waiting for the compute stream: %s",
+                                dit_diag_msg(&d));
+        if (iter < 64) {
+            sched_yield();
+        } else {
+            const unsigned shift = iter - 64 < 7 ? iter - 64 : 7;
+            struct timespec ts = {0, (long)(1000u << shift)};
+            nanosleep(&ts, NULL);
+        }
+    }
 }
 
 static const char *cuda_last_error(dit_backend *be)
@@ -201,7 +249,10 @@ static void free_retired(dit_cuda_backend *cb)
 {
     if (cb->n_retired == 0)
         return;
-    cudaStreamSynchronize(cb->stream);
+    /* A wait cut short (a dead NCCL peer) leaves kernels that may still
+     * read these: keep them; the backend is about to be destroyed. */
+    if (dit_cuda_stream_wait(cb, "free") != DIT_OK)
+        return;
     for (size_t i = 0; i < cb->n_retired; i++)
         dev_free(cb, cb->retired[i]);
     cb->n_retired = 0;
@@ -221,8 +272,10 @@ static void cuda_free(dit_backend *be, void *ptr)
         return;
     }
     /* Work issued earlier may still read the buffer; cudaFree itself does
-     * not order against our non-blocking stream. */
-    cudaStreamSynchronize(cb->stream);
+     * not order against our non-blocking stream. A wait cut short (a dead
+     * NCCL peer) leaks the buffer rather than free it under a kernel. */
+    if (dit_cuda_stream_wait(cb, "free") != DIT_OK)
+        return;
     retire(cb, ptr);
 }
 
@@ -238,7 +291,7 @@ dit_status dit_cuda_scratch(dit_cuda_backend *cb, int slot, size_t bytes, void *
                             "scratch buffer must grow to %zu bytes during graph capture "
                             "(run the same shape eagerly before capturing)",
                             bytes);
-    CUDA_TRY(cb, op, cudaStreamSynchronize(cb->stream));
+    DIT_CHECK_RET(dit_cuda_stream_wait(cb, op));
     /* Graphs captured earlier keep the old buffer's address. */
     retire(cb, cb->scratch[slot]);
     cb->scratch[slot] = NULL;
@@ -269,7 +322,8 @@ __global__ void k_rows_from_dense(cuda_view dst, int64_t row0, int64_t nrows, co
     const size_t se = st == DIT_F32 ? 4 : 2;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t r = i / cols, c = i % cols;
+        int64_t r, c;
+        cuda_divmod(i, cols, r, c);
         cuda_store(cuda_view_at(dst, row0 + r, c), dst.dtype, cuda_load(src + i * se, st));
     }
 }
@@ -283,7 +337,8 @@ __global__ void k_rows_to_dense(char *dst, int dt, const cuda_view src, int64_t 
     const size_t de = dt == DIT_F32 ? 4 : 2;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t r = i / cols, c = i % cols;
+        int64_t r, c;
+        cuda_divmod(i, cols, r, c);
         cuda_store(dst + i * de, dt, cuda_load(cuda_view_at(src, row0 + r, c), src.dtype));
     }
 }
@@ -294,7 +349,8 @@ __global__ void k_copy_view(cuda_view dst, const cuda_view src)
     const int64_t n = cuda_view_rows(dst) * cols;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t r = i / cols, c = i % cols;
+        int64_t r, c;
+        cuda_divmod(i, cols, r, c);
         cuda_store(cuda_view_at(dst, r, c), dst.dtype,
                    cuda_load(cuda_view_at(src, r, c), src.dtype));
     }
@@ -305,8 +361,11 @@ __global__ void k_fill_view(cuda_view dst, float value)
     const int64_t cols = dst.ne[3];
     const int64_t n = cuda_view_rows(dst) * cols;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-         i += (int64_t)gridDim.x * blockDim.x)
-        cuda_store(cuda_view_at(dst, i / cols, i % cols), dst.dtype, value);
+         i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t r, c;
+        cuda_divmod(i, cols, r, c);
+        cuda_store(cuda_view_at(dst, r, c), dst.dtype, value);
+    }
 }
 
 dit_status dit_cuda_rows_from_dense(dit_cuda_backend *cb, const cuda_view &dst, int64_t row0,
@@ -376,7 +435,7 @@ static dit_status stage_rows(dit_cuda_backend *cb, int64_t row_bytes, int64_t *r
         /* One row bigger than the staging buffers: grow both. */
         if (cb->capturing)
             return dit_cuda_bad(cb, DIT_ERR_UNSUPPORTED, op, "staging during graph capture");
-        CUDA_TRY(cb, op, cudaStreamSynchronize(cb->stream));
+        DIT_CHECK_RET(dit_cuda_stream_wait(cb, op));
         size_t want = (size_t)row_bytes;
         void *p = NULL, *h = NULL;
         dit_status st = dev_malloc(cb, want, &p, op);
@@ -441,7 +500,7 @@ static dit_status cuda_upload(dit_backend *be, const dit_tensor *dst, const dit_
     for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
         const int64_t nr = rows - r0 < chunk ? rows - r0 : chunk;
         /* The pinned buffer may still feed the previous chunk's copy. */
-        CUDA_TRY(cb, op, cudaStreamSynchronize(cb->stream));
+        DIT_CHECK_RET(dit_cuda_stream_wait(cb, op));
         host_pack_rows((char *)cb->pinned, s, r0, nr);
         CUDA_TRY(cb, op,
                  cudaMemcpyAsync(cb->stage, cb->pinned, (size_t)(nr * cols) * se,
@@ -451,7 +510,7 @@ static dit_status cuda_upload(dit_backend *be, const dit_tensor *dst, const dit_
             return st;
     }
     /* The staging buffers are reused by the next transfer. */
-    CUDA_TRY(cb, op, cudaStreamSynchronize(cb->stream));
+    DIT_CHECK_RET(dit_cuda_stream_wait(cb, op));
     return DIT_OK;
 }
 
@@ -466,7 +525,7 @@ static dit_status cuda_download(dit_backend *be, const dit_tensor *dst, const di
         return dit_cuda_bad(cb, DIT_ERR_UNSUPPORTED, op, "host transfer during graph capture");
     const int64_t n = dit_tensor_numel(dst);
     if (n == 0) {
-        CUDA_TRY(cb, op, cudaStreamSynchronize(cb->stream));
+        DIT_CHECK_RET(dit_cuda_stream_wait(cb, op));
         return DIT_OK;
     }
     if (dst->dtype == src->dtype && dit_tensor_is_contiguous(dst) &&
@@ -474,7 +533,7 @@ static dit_status cuda_download(dit_backend *be, const dit_tensor *dst, const di
         CUDA_TRY(cb, op,
                  cudaMemcpyAsync(dst->data, src->data, dit_tensor_nbytes(dst),
                                  cudaMemcpyDeviceToHost, cb->stream));
-        CUDA_TRY(cb, op, cudaStreamSynchronize(cb->stream));
+        DIT_CHECK_RET(dit_cuda_stream_wait(cb, op));
         return DIT_OK;
     }
     const cuda_view d = cuda_view_of(dst), s = cuda_view_of(src);
@@ -492,7 +551,7 @@ static dit_status cuda_download(dit_backend *be, const dit_tensor *dst, const di
         CUDA_TRY(cb, op,
                  cudaMemcpyAsync(cb->pinned, cb->stage, (size_t)(nr * cols) * de,
                                  cudaMemcpyDeviceToHost, cb->stream));
-        CUDA_TRY(cb, op, cudaStreamSynchronize(cb->stream));
+        DIT_CHECK_RET(dit_cuda_stream_wait(cb, op));
         host_unpack_rows(d, r0, nr, (const char *)cb->pinned);
     }
     return DIT_OK;
@@ -550,7 +609,8 @@ __global__ void k_init_uniform(cuda_view dst, uint64_t base, int64_t row0, int64
     const int64_t n = cuda_view_rows(dst) * cols;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t r = i / cols, c = i % cols;
+        int64_t r, c;
+        cuda_divmod(i, cols, r, c);
         const uint64_t s = base + (uint64_t)(row0 + r) * 0x2545f4914f6cdd1dull +
                            (uint64_t)(col0 + c + 1) * 0x9e3779b97f4a7c15ull;
         const double u = (double)(mix64(s) >> 11) * 0x1.0p-53;
@@ -574,6 +634,7 @@ static dit_status cuda_init_uniform(dit_backend *be, const dit_tensor *dst, uint
         v.nb[2] = dst->nb[0];
         v.ne[3] = 1;
         v.nb[3] = (int64_t)dit_dtype_size(dst->dtype);
+        cuda_view_strides(v);
     }
     k_init_uniform<<<cuda_blocks(n, 256), 256, 0, cb->stream>>>(v, base, row0, col0, a);
     CUDA_LAUNCHED(cb, "init_uniform");
@@ -585,7 +646,7 @@ static dit_status cuda_sync(dit_backend *be)
     dit_cuda_backend *cb = cuda_of(be);
     if (cb->capturing)
         return dit_cuda_bad(cb, DIT_ERR_UNSUPPORTED, "sync", "sync during graph capture");
-    CUDA_TRY(cb, "sync", cudaStreamSynchronize(cb->stream));
+    DIT_CHECK_RET(dit_cuda_stream_wait(cb, "sync"));
     return DIT_OK;
 }
 
@@ -662,7 +723,7 @@ static void cuda_graph_destroy(dit_backend *be, dit_backend_graph *g)
     dit_cuda_backend *cb = cuda_of(be);
     if (!g)
         return;
-    cudaStreamSynchronize(cb->stream); /* a replay may still run */
+    (void)dit_cuda_stream_wait(cb, "graph_destroy"); /* a replay may still run */
     cudaGraphExecDestroy(g->exec);
     free(g);
     if (--cb->live_graphs == 0 && !cb->capturing)
@@ -672,6 +733,8 @@ static void cuda_graph_destroy(dit_backend *be, dit_backend_graph *g)
 /* ------------------------------------------------------------------------ */
 /* Life cycle                                                                */
 
+static void prof_free(dit_cuda_backend *cb);
+
 static void cuda_destroy(dit_backend *be)
 {
     dit_cuda_backend *cb = cuda_of(be);
@@ -680,6 +743,7 @@ static void cuda_destroy(dit_backend *be)
     if (cb->stream)
         cudaStreamSynchronize(cb->stream);
     dit_cuda_gemm_cache_clear(cb);
+    prof_free(cb);
     if (cb->lt)
         cublasLtDestroy(cb->lt);
     for (int i = 0; i < CUDA_SCRATCH_N; i++)
@@ -697,6 +761,190 @@ static void cuda_destroy(dit_backend *be)
     free(cb);
 }
 
+/* ------------------------------------------------------------------------ */
+/* Profiler                                                                  */
+
+int dit_cuda_prof_begin(dit_cuda_backend *cb, int cat)
+{
+    cuda_prof *p = &cb->prof;
+    if (!p->on || cb->capturing)
+        return -1;
+    if (p->n >= p->cap) {
+        p->overflow = true;
+        return -1;
+    }
+    const int i = p->n++;
+    p->cat[i] = (unsigned char)cat;
+    cudaEventRecord(p->ev[2 * i], cb->stream);
+    return i;
+}
+
+void dit_cuda_prof_end(dit_cuda_backend *cb, int slot)
+{
+    if (slot >= 0)
+        cudaEventRecord(cb->prof.ev[2 * slot + 1], cb->stream);
+}
+
+static void prof_free(dit_cuda_backend *cb)
+{
+    cuda_prof *p = &cb->prof;
+    for (int i = 0; p->ev && i < 2 * p->cap; i++)
+        if (p->ev[i])
+            cudaEventDestroy(p->ev[i]);
+    free(p->ev);
+    free(p->cat);
+    memset(p, 0, sizeof *p);
+}
+
+extern "C" dit_status dit_cuda_backend_profile_start(dit_backend *be, int max_ops)
+{
+    if (!dit_backend_is_cuda(be) || max_ops < 1)
+        return DIT_ERR_INVALID_ARG;
+    dit_cuda_backend *cb = cuda_of(be);
+    if (cb->capturing)
+        return dit_cuda_bad(cb, DIT_ERR_UNSUPPORTED, "profile", "during graph capture");
+    prof_free(cb);
+    cuda_prof *p = &cb->prof;
+    p->ev = (cudaEvent_t *)calloc(2 * (size_t)max_ops, sizeof *p->ev);
+    p->cat = (unsigned char *)calloc((size_t)max_ops, 1);
+    if (!p->ev || !p->cat) {
+        prof_free(cb);
+        return dit_cuda_bad(cb, DIT_ERR_NOMEM, "profile", "out of memory");
+    }
+    p->cap = max_ops;
+    for (int i = 0; i < 2 * max_ops; i++) {
+        const cudaError_t e = cudaEventCreate(&p->ev[i]);
+        if (e != cudaSuccess) {
+            p->ev[i] = NULL;
+            prof_free(cb);
+            return dit_cuda_fail(cb, e, "profile", "cudaEventCreate");
+        }
+    }
+    p->on = true;
+    return DIT_OK;
+}
+
+extern "C" dit_status dit_cuda_backend_profile_take(dit_backend *be, dit_cuda_profile *out)
+{
+    memset(out, 0, sizeof *out);
+    if (!dit_backend_is_cuda(be))
+        return DIT_ERR_INVALID_ARG;
+    dit_cuda_backend *cb = cuda_of(be);
+    cuda_prof *p = &cb->prof;
+    if (!p->on)
+        return dit_cuda_bad(cb, DIT_ERR_INVALID_ARG, "profile", "not profiling");
+    const int n = p->n;
+    out->ops = n;
+    out->overflow = p->overflow;
+    p->n = 0;
+    p->overflow = false;
+    if (n == 0)
+        return DIT_OK;
+    DIT_CHECK_RET(dit_cuda_stream_wait(cb, "profile"));
+    double sum[CUDA_PROF_N] = {0, 0, 0, 0};
+    for (int i = 0; i < n; i++) {
+        float ms = 0.0f;
+        CUDA_TRY(cb, "profile", cudaEventElapsedTime(&ms, p->ev[2 * i], p->ev[2 * i + 1]));
+        sum[p->cat[i]] += ms;
+    }
+    float span = 0.0f;
+    CUDA_TRY(cb, "profile", cudaEventElapsedTime(&span, p->ev[0], p->ev[2 * n - 1]));
+    out->gemm_ms = sum[CUDA_PROF_GEMM];
+    out->attention_ms = sum[CUDA_PROF_ATTN];
+    out->elementwise_ms = sum[CUDA_PROF_ELEM];
+    out->cast_ms = sum[CUDA_PROF_CAST];
+    out->span_ms = span;
+    return DIT_OK;
+}
+
+extern "C" void dit_cuda_backend_profile_stop(dit_backend *be)
+{
+    if (dit_backend_is_cuda(be)) {
+        dit_cuda_backend *cb = cuda_of(be);
+        if (cb->prof.n > 0)
+            (void)dit_cuda_stream_wait(cb, "profile");
+        prof_free(cb);
+    }
+}
+
+/* Every op but linear (which marks its cast and GEMM parts itself) goes
+ * through one of these, so that profiling sees it. */
+#define PROF_OP(name, cat, params, ...)                                                        \
+    static dit_status prof_##name params                                                       \
+    {                                                                                          \
+        dit_cuda_backend *cb = cuda_of(be);                                                    \
+        const int slot_ = dit_cuda_prof_begin(cb, cat);                                        \
+        const dit_status st_ = dit_cuda_##name(be, __VA_ARGS__);                               \
+        dit_cuda_prof_end(cb, slot_);                                                          \
+        return st_;                                                                            \
+    }
+
+PROF_OP(activate, CUDA_PROF_ELEM,
+        (dit_backend * be, const dit_tensor *y, const dit_tensor *x, dit_act act), y, x, act)
+PROF_OP(layer_norm_mod, CUDA_PROF_ELEM,
+        (dit_backend * be, const dit_tensor *y, const dit_tensor *x, const dit_tensor *shift,
+         const dit_tensor *scale, float eps),
+        y, x, shift, scale, eps)
+PROF_OP(layer_norm, CUDA_PROF_ELEM,
+        (dit_backend * be, const dit_tensor *y, const dit_tensor *x, const dit_tensor *w,
+         const dit_tensor *b, float eps),
+        y, x, w, b, eps)
+PROF_OP(rms_norm, CUDA_PROF_ELEM,
+        (dit_backend * be, const dit_tensor *y, const dit_tensor *x, const dit_tensor *w,
+         float eps),
+        y, x, w, eps)
+PROF_OP(conv2d, CUDA_PROF_GEMM,
+        (dit_backend * be, const dit_tensor *y, const dit_tensor *x, const dit_tensor *w,
+         const dit_tensor *b, int stride, int pad),
+        y, x, w, b, stride, pad)
+PROF_OP(rms_norm_rope, CUDA_PROF_ELEM,
+        (dit_backend * be, const dit_tensor *x, const dit_tensor *w, float eps,
+         const dit_tensor *cos, const dit_tensor *sin),
+        x, w, eps, cos, sin)
+PROF_OP(gated_add, CUDA_PROF_ELEM,
+        (dit_backend * be, const dit_tensor *res, const dit_tensor *x, const dit_tensor *gate),
+        res, x, gate)
+PROF_OP(attention, CUDA_PROF_ATTN,
+        (dit_backend * be, const dit_tensor *out, const dit_tensor *lse, const dit_tensor *q,
+         const dit_tensor *k, const dit_tensor *v, float scale),
+        out, lse, q, k, v, scale)
+PROF_OP(attention_masked, CUDA_PROF_ATTN,
+        (dit_backend * be, const dit_tensor *out, const dit_tensor *q, const dit_tensor *k,
+         const dit_tensor *v, float scale, const dit_tensor *bias, bool causal),
+        out, q, k, v, scale, bias, causal)
+PROF_OP(lse_merge, CUDA_PROF_ATTN,
+        (dit_backend * be, const dit_tensor *out, const dit_tensor *lse, const dit_tensor *ob,
+         const dit_tensor *lb),
+        out, lse, ob, lb)
+
+static dit_status prof_copy(dit_backend *be, const dit_tensor *dst, const dit_tensor *src)
+{
+    dit_cuda_backend *cb = cuda_of(be);
+    const int slot = dit_cuda_prof_begin(cb, CUDA_PROF_ELEM);
+    const dit_status st = cuda_copy(be, dst, src);
+    dit_cuda_prof_end(cb, slot);
+    return st;
+}
+
+static dit_status prof_fill(dit_backend *be, const dit_tensor *dst, float value)
+{
+    dit_cuda_backend *cb = cuda_of(be);
+    const int slot = dit_cuda_prof_begin(cb, CUDA_PROF_ELEM);
+    const dit_status st = cuda_fill(be, dst, value);
+    dit_cuda_prof_end(cb, slot);
+    return st;
+}
+
+PROF_OP(rms_norm_rope_to, CUDA_PROF_ELEM,
+        (dit_backend * be, const dit_tensor *y, const dit_tensor *x, const dit_tensor *w,
+         float eps, const dit_tensor *cos, const dit_tensor *sin),
+        y, x, w, eps, cos, sin)
+
+static dit_dtype cuda_operand_dtype(dit_backend *be)
+{
+    return cuda_of(be)->path == DIT_CUDA_PATH_FAST ? DIT_BF16 : DIT_F32;
+}
+
 static const dit_backend_ops cuda_ops = {
     /* .name = */ "cuda",
     /* .destroy = */ cuda_destroy,
@@ -705,22 +953,22 @@ static const dit_backend_ops cuda_ops = {
     /* .weight_dtype = */ DIT_BF16,
     /* .upload = */ cuda_upload,
     /* .download = */ cuda_download,
-    /* .copy = */ cuda_copy,
-    /* .fill = */ cuda_fill,
+    /* .copy = */ prof_copy,
+    /* .fill = */ prof_fill,
     /* .linear = */ dit_cuda_linear,
-    /* .activate = */ dit_cuda_activate,
-    /* .layer_norm_mod = */ dit_cuda_layer_norm_mod,
-    /* .layer_norm = */ dit_cuda_layer_norm,
-    /* .rms_norm = */ dit_cuda_rms_norm,
+    /* .activate = */ prof_activate,
+    /* .layer_norm_mod = */ prof_layer_norm_mod,
+    /* .layer_norm = */ prof_layer_norm,
+    /* .rms_norm = */ prof_rms_norm,
     /* .embedding = */ dit_cuda_embedding,
-    /* .conv2d = */ dit_cuda_conv2d,
+    /* .conv2d = */ prof_conv2d,
     /* .group_norm = */ dit_cuda_group_norm,
     /* .upsample2x = */ dit_cuda_upsample2x,
-    /* .rms_norm_rope = */ dit_cuda_rms_norm_rope,
-    /* .gated_add = */ dit_cuda_gated_add,
-    /* .attention = */ dit_cuda_attention,
-    /* .attention_masked = */ dit_cuda_attention_masked,
-    /* .lse_merge = */ dit_cuda_lse_merge,
+    /* .rms_norm_rope = */ prof_rms_norm_rope,
+    /* .gated_add = */ prof_gated_add,
+    /* .attention = */ prof_attention,
+    /* .attention_masked = */ prof_attention_masked,
+    /* .lse_merge = */ prof_lse_merge,
     /* .sync = */ cuda_sync,
     /* .graph_begin = */ cuda_graph_begin,
     /* .graph_end = */ cuda_graph_end,
@@ -728,6 +976,8 @@ static const dit_backend_ops cuda_ops = {
     /* .graph_destroy = */ cuda_graph_destroy,
     /* .init_uniform = */ cuda_init_uniform,
     /* .last_error = */ cuda_last_error,
+    /* .operand_dtype = */ cuda_operand_dtype,
+    /* .rms_norm_rope_to = */ prof_rms_norm_rope_to,
 };
 
 extern "C" dit_status dit_cuda_backend_create(int device, dit_backend **out, dit_diag *diag)
@@ -746,6 +996,16 @@ extern "C" dit_status dit_cuda_backend_create(int device, dit_backend **out, dit
     cb->device = device;
     cb->lt_gelu = true;
     dit_status st = DIT_OK;
+    {
+        const char *pe = getenv("DIT_CUDA_PATH");
+        dit_cuda_path path = DIT_CUDA_PATH_LEGACY;
+        if (pe && pe[0] && dit_cuda_path_parse(pe, &path) != DIT_OK) {
+            free(cb);
+            return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
+                                "cuda backend: DIT_CUDA_PATH is '%s'; it takes legacy or fast", pe);
+        }
+        cb->path = (int)path;
+    }
     cudaError_t e;
     cublasStatus_t ls;
     cudaDeviceProp prop;
@@ -820,8 +1080,46 @@ extern "C" dit_status dit_cuda_backend_memory(dit_backend *be, dit_cuda_memory *
     return DIT_OK;
 }
 
+extern "C" void dit_cuda_backend_set_wait_check(dit_backend *be, dit_cuda_wait_check fn,
+                                                void *ctx)
+{
+    if (!dit_backend_is_cuda(be))
+        return;
+    cuda_of(be)->wait_fn = fn;
+    cuda_of(be)->wait_ctx = fn ? ctx : NULL;
+}
+
 extern "C" void dit_cuda_backend_set_lt_gelu(dit_backend *be, bool on)
 {
     if (dit_backend_is_cuda(be))
         cuda_of(be)->lt_gelu = on;
+}
+
+extern "C" dit_status dit_cuda_path_parse(const char *s, dit_cuda_path *out)
+{
+    if (s && strcmp(s, "legacy") == 0) {
+        *out = DIT_CUDA_PATH_LEGACY;
+        return DIT_OK;
+    }
+    if (s && strcmp(s, "fast") == 0) {
+        *out = DIT_CUDA_PATH_FAST;
+        return DIT_OK;
+    }
+    return DIT_ERR_INVALID_ARG;
+}
+
+extern "C" const char *dit_cuda_path_name(dit_cuda_path p)
+{
+    return p == DIT_CUDA_PATH_FAST ? "fast" : "legacy";
+}
+
+extern "C" void dit_cuda_backend_set_path(dit_backend *be, dit_cuda_path p)
+{
+    if (dit_backend_is_cuda(be))
+        cuda_of(be)->path = (int)p;
+}
+
+extern "C" dit_cuda_path dit_cuda_backend_path(dit_backend *be)
+{
+    return dit_backend_is_cuda(be) ? (dit_cuda_path)cuda_of(be)->path : DIT_CUDA_PATH_LEGACY;
 }

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 
 #include <cublasLt.h>
 #include <cuda_bf16.h>
@@ -29,14 +30,40 @@ struct cuda_gemm_entry {
     int align; /* smallest pointer alignment (bytes, <= 16) of A, B, C, D */
     int bias_align; /* the bias pointer's, 0 without one */
     bool has_beta;
+    bool d_bf16; /* D (and C) bf16 instead of f32 */
     /* value */
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t a, b, c;
     cublasLtMatmulAlgo_t algo;
-    bool algo_ok; /* false: no cuBLASLt algorithm, use the fallback kernel */
+    int mode; /* cuda_gemm_mode: how this shape runs */
+};
+
+/* How a GEMM shape runs. The heuristic may have no algorithm for a fused
+ * epilogue (bias, GELU) at some shape or alignment while it has one for the
+ * plain product; then the product runs on cuBLASLt and bias and activation
+ * in a separate pass, which costs one memory pass instead of a 10-100x
+ * slower GEMM. Only a shape cuBLASLt refuses outright runs on the 16 x 16
+ * CUDA-core fallback kernel. */
+enum cuda_gemm_mode {
+    CUDA_GEMM_FUSED = 0, /* cuBLASLt with the epilogue asked for */
+    CUDA_GEMM_PLAIN,     /* cuBLASLt without epilogue; bias and act after */
+    CUDA_GEMM_FALLBACK,  /* k_gemm_fallback; act after */
 };
 
 enum { CUDA_SCRATCH_X = 0, CUDA_SCRATCH_W, CUDA_SCRATCH_COL, CUDA_SCRATCH_MISC, CUDA_SCRATCH_N };
+
+/* Op categories of the profiler (dit_cuda_backend_profile_*). */
+enum { CUDA_PROF_GEMM = 0, CUDA_PROF_ATTN, CUDA_PROF_ELEM, CUDA_PROF_CAST, CUDA_PROF_N };
+
+/* Timing events around every op while profiling: pair i is ev[2i] (before
+ * the op's first kernel) and ev[2i + 1] (after its last), category cat[i]. */
+struct cuda_prof {
+    bool on;
+    cudaEvent_t *ev;
+    unsigned char *cat;
+    int cap, n;
+    bool overflow;
+};
 
 struct cuda_alloc_rec {
     void *p;
@@ -74,6 +101,13 @@ typedef struct dit_cuda_backend {
     void **retired;
     size_t n_retired, cap_retired;
     bool lt_gelu; /* use cuBLASLt's GELU_BIAS epilogue for DIT_ACT_GELU_TANH */
+    int gemm_force; /* dit_cuda_gemm_force: tests force the slower modes */
+    bool attn_f32;  /* tests: every attention on the f32 kernel */
+    int path;       /* dit_cuda_path */
+    cuda_prof prof;
+    dit_cuda_wait_check wait_fn; /* set while a comm group enqueues on stream */
+    void *wait_ctx;
+    dit_cuda_stats stats;
     char err[512];
 } dit_cuda_backend;
 
@@ -89,6 +123,25 @@ dit_status dit_cuda_fail_lt(dit_cuda_backend *cb, cublasStatus_t s, const char *
 /* Records an argument error for op and returns DIT_ERR_INVALID_ARG (or st). */
 dit_status dit_cuda_bad(dit_cuda_backend *cb, dit_status st, const char *op, const char *fmt,
                         ...) __attribute__((format(printf, 4, 5)));
+
+/* Waits on the host for everything issued on cb->stream: a plain
+ * cudaStreamSynchronize, or, while a comm group enqueues on the stream
+ * (dit_cuda_backend_set_wait_check), a poll that the group can cut short
+ * when a peer is dead or the wait passes its timeout. */
+dit_status dit_cuda_stream_wait(dit_cuda_backend *cb, const char *op);
+
+/* Profiler marks around an op (no-ops unless profiling, and never while
+ * capturing a graph): begin returns a slot for end, or -1. */
+int dit_cuda_prof_begin(dit_cuda_backend *cb, int cat);
+void dit_cuda_prof_end(dit_cuda_backend *cb, int slot);
+
+/* Returns the status of a dit_status expression when it is not DIT_OK. */
+#define DIT_CHECK_RET(call)                                                                    \
+    do {                                                                                       \
+        const dit_status s_ = (call);                                                          \
+        if (s_ != DIT_OK)                                                                      \
+            return s_;                                                                         \
+    } while (0)
 
 /* Checks the launch of the kernel just issued. */
 #define CUDA_LAUNCHED(cb, op)                                                                  \
@@ -119,13 +172,40 @@ dit_status dit_cuda_scratch(dit_cuda_backend *cb, int slot, size_t bytes, void *
 
 /* ---- strided views for kernels ---------------------------------------- */
 
-/* A view padded to 4 dims with leading size-1 dims; strides in bytes. */
+/* A view padded to 4 dims with leading size-1 dims; strides in bytes.
+ *
+ * Row r (the flattened index over dims 0..2) starts at
+ *  - p + r * rs when rs >= 0: the rows are evenly spaced (contiguous
+ *    tensors and column slices of them, dit_tensor_row_stride), so no
+ *    division is needed;
+ *  - p + (r / ne[2]) * nb[1] + (r % ne[2]) * nb[2] when ts >= 0: dims 0
+ *    and 1 are evenly spaced (the (B, S, H, D) head views of a fused
+ *    (B, S, 3 H D) projection), one division;
+ *  - otherwise through all three dims, two divisions. */
 struct cuda_view {
     char *p;
     int64_t ne[4];
     int64_t nb[4];
-    int dtype; /* dit_dtype */
+    int64_t rs; /* uniform row stride in bytes, or -1 */
+    int64_t ts; /* nb[1] when dims 0 and 1 flatten evenly, or -1 */
+    int dtype;  /* dit_dtype */
 };
+
+/* Fills rs and ts from ne and nb (after any change to them). */
+static inline void cuda_view_strides(cuda_view &v)
+{
+    /* dit_tensor_row_stride on the padded 4-D view. */
+    dit_tensor t;
+    memset(&t, 0, sizeof t);
+    t.ndim = 4;
+    for (int i = 0; i < 4; i++) {
+        t.ne[i] = v.ne[i];
+        t.nb[i] = v.nb[i];
+    }
+    t.dtype = (dit_dtype)v.dtype;
+    v.rs = dit_tensor_row_stride(&t);
+    v.ts = (v.ne[0] == 1 || v.nb[0] == v.ne[1] * v.nb[1]) ? v.nb[1] : -1;
+}
 
 static inline cuda_view cuda_view_of(const dit_tensor *t)
 {
@@ -141,6 +221,7 @@ static inline cuda_view cuda_view_of(const dit_tensor *t)
         v.ne[off + i] = t->ne[i];
         v.nb[off + i] = t->nb[i];
     }
+    cuda_view_strides(v);
     return v;
 }
 
@@ -149,14 +230,40 @@ __host__ __device__ static inline int64_t cuda_view_rows(const cuda_view &v)
     return v.ne[0] * v.ne[1] * v.ne[2];
 }
 
+/* q = a / b, r = a % b for non-negative a, b > 0, in 32 bits when both fit
+ * (a 64-bit division is a long software sequence on the GPU; element
+ * indices of all but the largest tensors fit in 32 bits). */
+__device__ __forceinline__ void cuda_divmod(int64_t a, int64_t b, int64_t &q, int64_t &r)
+{
+    if (((uint64_t)a | (uint64_t)b) <= 0xffffffffull) {
+        const uint32_t a32 = (uint32_t)a, b32 = (uint32_t)b;
+        const uint32_t q32 = a32 / b32;
+        q = q32;
+        r = a32 - q32 * b32;
+    } else {
+        q = a / b;
+        r = a - q * b;
+    }
+}
+
+/* Pointer to the start of row r (flattened outer index). */
+__device__ __forceinline__ char *cuda_view_row(const cuda_view &v, int64_t r)
+{
+    if (v.rs >= 0)
+        return v.p + r * v.rs;
+    int64_t t, i2;
+    cuda_divmod(r, v.ne[2], t, i2);
+    if (v.ts >= 0)
+        return v.p + t * v.ts + i2 * v.nb[2];
+    int64_t i0, i1;
+    cuda_divmod(t, v.ne[1], i0, i1);
+    return v.p + i0 * v.nb[0] + i1 * v.nb[1] + i2 * v.nb[2];
+}
+
 /* Pointer to (row r = flattened outer index, column c). */
 __device__ __forceinline__ char *cuda_view_at(const cuda_view &v, int64_t r, int64_t c)
 {
-    const int64_t i2 = r % v.ne[2];
-    const int64_t t = r / v.ne[2];
-    const int64_t i1 = t % v.ne[1];
-    const int64_t i0 = t / v.ne[1];
-    return v.p + i0 * v.nb[0] + i1 * v.nb[1] + i2 * v.nb[2] + c * v.nb[3];
+    return cuda_view_row(v, r) + c * v.nb[3];
 }
 
 __device__ __forceinline__ float cuda_load(const char *p, int dt)
@@ -206,6 +313,15 @@ dit_status dit_cuda_gemm(dit_cuda_backend *cb, bool transa, bool transb, int64_t
                          const __nv_bfloat16 *B, int64_t ldb, float *D, int64_t ldc,
                          const float *bias, dit_act act, float beta, const char *op);
 
+/* The same with D of dtype dt: f32, or bf16 (the fast path's GEMMs whose
+ * output only feeds another GEMM or attention), rounded once after bias and
+ * activation when cuBLASLt fuses them; beta reads D's old values in dt. */
+dit_status dit_cuda_gemm_t(dit_cuda_backend *cb, bool transa, bool transb, int64_t m, int64_t n,
+                           int64_t k, const __nv_bfloat16 *A, int64_t lda,
+                           const __nv_bfloat16 *B, int64_t ldb, void *D, dit_dtype dt,
+                           int64_t ldc, const float *bias, dit_act act, float beta,
+                           const char *op);
+
 void dit_cuda_gemm_cache_clear(dit_cuda_backend *cb);
 
 /* Sets the dynamic shared memory limits of the attention kernels (once, at
@@ -235,6 +351,9 @@ dit_status dit_cuda_group_norm(dit_backend *be, const dit_tensor *y, const dit_t
 dit_status dit_cuda_upsample2x(dit_backend *be, const dit_tensor *y, const dit_tensor *x);
 dit_status dit_cuda_rms_norm_rope(dit_backend *be, const dit_tensor *x, const dit_tensor *weight,
                                   float eps, const dit_tensor *cos, const dit_tensor *sin);
+dit_status dit_cuda_rms_norm_rope_to(dit_backend *be, const dit_tensor *y, const dit_tensor *x,
+                                     const dit_tensor *weight, float eps, const dit_tensor *cos,
+                                     const dit_tensor *sin);
 dit_status dit_cuda_gated_add(dit_backend *be, const dit_tensor *res, const dit_tensor *x,
                               const dit_tensor *gate);
 dit_status dit_cuda_attention(dit_backend *be, const dit_tensor *out, const dit_tensor *lse,

@@ -38,6 +38,16 @@ __device__ float block_sum(float v, float *red)
     return v;
 }
 
+/* f32 results stored as f32 or rounded to bf16. */
+__device__ __forceinline__ void st_out(float *p, float v)
+{
+    *p = v;
+}
+__device__ __forceinline__ void st_out(__nv_bfloat16 *p, float v)
+{
+    *p = __float2bfloat16_rn(v);
+}
+
 /* ------------------------------------------------------------------------ */
 /* Activations                                                               */
 
@@ -47,7 +57,8 @@ __global__ void k_activate(cuda_view y, const cuda_view x, int act)
     const int64_t n = cuda_view_rows(x) * cols;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t r = i / cols, c = i % cols;
+        int64_t r, c;
+        cuda_divmod(i, cols, r, c);
         const float v = *(const float *)cuda_view_at(x, r, c);
         *(float *)cuda_view_at(y, r, c) = cuda_act(v, act);
     }
@@ -73,7 +84,8 @@ extern "C" dit_status dit_cuda_activate(dit_backend *be, const dit_tensor *y, co
 
 /* y = (x - mean) rstd [* w or * (1 + scale)] [+ b or + shift]. One block
  * per row. mod: shift/scale are per-batch rows (b = row / S); otherwise
- * w/b are (C) affine parameters. */
+ * w/b are (C) affine parameters. y is f32, or bf16 for a GEMM's input. */
+template <typename TO>
 __global__ void k_layer_norm(cuda_view y, const cuda_view x, int64_t S, const float *p1,
                              int64_t p1_stride, const float *p2, int64_t p2_stride, float eps,
                              bool mod)
@@ -81,7 +93,7 @@ __global__ void k_layer_norm(cuda_view y, const cuda_view x, int64_t S, const fl
     __shared__ float red[32];
     const int64_t r = blockIdx.x, C = x.ne[3];
     const float *xr = (const float *)cuda_view_at(x, r, 0);
-    float *yr = (float *)cuda_view_at(y, r, 0);
+    TO *yr = (TO *)cuda_view_row(y, r);
     float s = 0.0f;
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
         s += xr[c];
@@ -108,7 +120,7 @@ __global__ void k_layer_norm(cuda_view y, const cuda_view x, int64_t S, const fl
             if (sh)
                 v += sh[c];
         }
-        yr[c] = v;
+        st_out(yr + c, v);
     }
 }
 
@@ -123,17 +135,25 @@ extern "C" dit_status dit_cuda_layer_norm_mod(dit_backend *be, const dit_tensor 
 {
     dit_cuda_backend *cb = cuda_of(be);
     const char *op = "layer_norm_mod";
-    if (!is_f32_rows(x) || !is_f32_rows(y) || x->ndim != 3 || !dit_tensor_same_shape(x, y))
-        return dit_cuda_bad(cb, DIT_ERR_INVALID_ARG, op, "x, y must be (B, S, C) f32");
+    const bool y_ok = y && y->ndim == 3 && dit_tensor_rows_dense(y) &&
+                      (y->dtype == DIT_F32 || y->dtype == DIT_BF16);
+    if (!is_f32_rows(x) || !y_ok || x->ndim != 3 || !dit_tensor_same_shape(x, y))
+        return dit_cuda_bad(cb, DIT_ERR_INVALID_ARG, op,
+                            "x must be (B, S, C) f32, y the same shape f32 or bf16");
     const int64_t B = x->ne[0], S = x->ne[1], C = x->ne[2];
     if ((shift && !is_batch_vec(shift, B, C)) || (scale && !is_batch_vec(scale, B, C)))
         return dit_cuda_bad(cb, DIT_ERR_INVALID_ARG, op, "shift, scale must be (B, C) f32");
     if (B * S == 0)
         return DIT_OK;
-    k_layer_norm<<<(unsigned)(B * S), row_threads(C), 0, cb->stream>>>(
-        cuda_view_of(y), cuda_view_of(x), S, shift ? (const float *)shift->data : NULL,
-        shift ? shift->nb[0] / 4 : 0, scale ? (const float *)scale->data : NULL,
-        scale ? scale->nb[0] / 4 : 0, eps, true);
+    const float *shp = shift ? (const float *)shift->data : NULL;
+    const float *scp = scale ? (const float *)scale->data : NULL;
+    const int64_t shl = shift ? shift->nb[0] / 4 : 0, scl = scale ? scale->nb[0] / 4 : 0;
+    if (y->dtype == DIT_BF16)
+        k_layer_norm<__nv_bfloat16><<<(unsigned)(B * S), row_threads(C), 0, cb->stream>>>(
+            cuda_view_of(y), cuda_view_of(x), S, shp, shl, scp, scl, eps, true);
+    else
+        k_layer_norm<float><<<(unsigned)(B * S), row_threads(C), 0, cb->stream>>>(
+            cuda_view_of(y), cuda_view_of(x), S, shp, shl, scp, scl, eps, true);
     CUDA_LAUNCHED(cb, op);
     return DIT_OK;
 }
@@ -153,7 +173,7 @@ extern "C" dit_status dit_cuda_layer_norm(dit_backend *be, const dit_tensor *y,
     const int64_t rows = x->ne[0] * x->ne[1];
     if (rows == 0)
         return DIT_OK;
-    k_layer_norm<<<(unsigned)rows, row_threads(C), 0, cb->stream>>>(
+    k_layer_norm<float><<<(unsigned)rows, row_threads(C), 0, cb->stream>>>(
         cuda_view_of(y), cuda_view_of(x), 1, weight ? (const float *)weight->data : NULL, 0,
         bias ? (const float *)bias->data : NULL, 0, eps, false);
     CUDA_LAUNCHED(cb, op);
@@ -194,17 +214,21 @@ extern "C" dit_status dit_cuda_rms_norm(dit_backend *be, const dit_tensor *y, co
 }
 
 /* One warp per (b, s, h) row of D: RMSNorm over D, then RoPE on the
- * interleaved pairs. Rows per block: 4 warps. */
-__global__ void k_rms_norm_rope(cuda_view x, int64_t S, int64_t H, const float *w, float eps,
-                                const float *cosp, int64_t cos_ld, const float *sinp,
-                                int64_t sin_ld, int64_t rows)
+ * interleaved pairs, from x (f32) into y (TO; may be x itself: every lane
+ * has read the whole row for the norm before any lane writes). Rows per
+ * block: 4 warps. */
+template <typename TO>
+__global__ void k_rms_norm_rope(cuda_view y, const cuda_view x, int64_t S, int64_t H,
+                                const float *w, float eps, const float *cosp, int64_t cos_ld,
+                                const float *sinp, int64_t sin_ld, int64_t rows)
 {
     const int64_t r = blockIdx.x * (int64_t)(blockDim.x >> 5) + (threadIdx.x >> 5);
     if (r >= rows)
         return;
     const int lane = threadIdx.x & 31;
     const int64_t D = x.ne[3];
-    float *xr = (float *)cuda_view_at(x, r, 0);
+    const float *xr = (const float *)cuda_view_row(x, r);
+    TO *yr = (TO *)cuda_view_row(y, r);
     float q = 0.0f;
     for (int64_t d = lane; d < D; d += 32)
         q += xr[d] * xr[d];
@@ -221,23 +245,24 @@ __global__ void k_rms_norm_rope(cuda_view x, int64_t S, int64_t H, const float *
                 a *= w[d];
                 b *= w[d + 1];
             }
-            xr[d] = a * cr[d] - b * sr[d];
-            xr[d + 1] = b * cr[d + 1] + a * sr[d + 1];
+            st_out(yr + d, a * cr[d] - b * sr[d]);
+            st_out(yr + d + 1, b * cr[d + 1] + a * sr[d + 1]);
         }
     } else {
         for (int64_t d = lane; d < D; d += 32)
-            xr[d] = w ? xr[d] * rinv * w[d] : xr[d] * rinv;
+            st_out(yr + d, w ? xr[d] * rinv * w[d] : xr[d] * rinv);
     }
 }
 
-extern "C" dit_status dit_cuda_rms_norm_rope(dit_backend *be, const dit_tensor *x,
-                                             const dit_tensor *weight, float eps,
-                                             const dit_tensor *cos, const dit_tensor *sin)
+static dit_status rms_norm_rope_core(dit_cuda_backend *cb, const char *op, const dit_tensor *y,
+                                     const dit_tensor *x, const dit_tensor *weight, float eps,
+                                     const dit_tensor *cos, const dit_tensor *sin)
 {
-    dit_cuda_backend *cb = cuda_of(be);
-    const char *op = "rms_norm_rope";
     if (!is_f32_rows(x) || x->ndim != 4)
         return dit_cuda_bad(cb, DIT_ERR_INVALID_ARG, op, "x must be (B, S, H, D) f32");
+    if (!dit_tensor_same_shape(x, y) || !dit_tensor_rows_dense(y) ||
+        (y->dtype != DIT_F32 && y->dtype != DIT_BF16))
+        return dit_cuda_bad(cb, DIT_ERR_INVALID_ARG, op, "y must be x's shape, f32 or bf16");
     const int64_t B = x->ne[0], S = x->ne[1], H = x->ne[2], D = x->ne[3];
     if (weight && (weight->dtype != DIT_F32 || weight->ndim != 1 || weight->ne[0] != D))
         return dit_cuda_bad(cb, DIT_ERR_INVALID_ARG, op, "weight must be (D) f32");
@@ -251,12 +276,33 @@ extern "C" dit_status dit_cuda_rms_norm_rope(dit_backend *be, const dit_tensor *
     if (rows == 0)
         return DIT_OK;
     const int warps = 4;
-    k_rms_norm_rope<<<(unsigned)((rows + warps - 1) / warps), 32 * warps, 0, cb->stream>>>(
-        cuda_view_of(x), S, H, weight ? (const float *)weight->data : NULL, eps,
-        cos ? (const float *)cos->data : NULL, cos ? cos->nb[0] / 4 : 0,
-        sin ? (const float *)sin->data : NULL, sin ? sin->nb[0] / 4 : 0, rows);
+    const unsigned blocks = (unsigned)((rows + warps - 1) / warps);
+    const float *wp = weight ? (const float *)weight->data : NULL;
+    const float *cp = cos ? (const float *)cos->data : NULL, *sp = sin ? (const float *)sin->data : NULL;
+    const int64_t cld = cos ? cos->nb[0] / 4 : 0, sld = sin ? sin->nb[0] / 4 : 0;
+    if (y->dtype == DIT_BF16)
+        k_rms_norm_rope<__nv_bfloat16><<<blocks, 32 * warps, 0, cb->stream>>>(
+            cuda_view_of(y), cuda_view_of(x), S, H, wp, eps, cp, cld, sp, sld, rows);
+    else
+        k_rms_norm_rope<float><<<blocks, 32 * warps, 0, cb->stream>>>(
+            cuda_view_of(y), cuda_view_of(x), S, H, wp, eps, cp, cld, sp, sld, rows);
     CUDA_LAUNCHED(cb, op);
     return DIT_OK;
+}
+
+extern "C" dit_status dit_cuda_rms_norm_rope(dit_backend *be, const dit_tensor *x,
+                                             const dit_tensor *weight, float eps,
+                                             const dit_tensor *cos, const dit_tensor *sin)
+{
+    return rms_norm_rope_core(cuda_of(be), "rms_norm_rope", x, x, weight, eps, cos, sin);
+}
+
+extern "C" dit_status dit_cuda_rms_norm_rope_to(dit_backend *be, const dit_tensor *y,
+                                                const dit_tensor *x, const dit_tensor *weight,
+                                                float eps, const dit_tensor *cos,
+                                                const dit_tensor *sin)
+{
+    return rms_norm_rope_core(cuda_of(be), "rms_norm_rope_to", y, x, weight, eps, cos, sin);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -269,7 +315,8 @@ __global__ void k_gated_add(cuda_view res, const cuda_view x, int64_t S, const f
     const int64_t n = cuda_view_rows(res) * C;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t r = i / C, c = i % C;
+        int64_t r, c;
+        cuda_divmod(i, C, r, c);
         float *rp = (float *)cuda_view_at(res, r, c);
         const float xv = *(const float *)cuda_view_at(x, r, c);
         *rp += gate ? gate[(r / S) * gate_ld + c] * xv : xv;
@@ -303,7 +350,8 @@ __global__ void k_embedding(cuda_view y, const char *table, int tdt, int64_t C,
     const int64_t total = n * C;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
          i += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t r = i / C, c = i % C;
+        int64_t r, c;
+        cuda_divmod(i, C, r, c);
         const float v = cuda_load(table + ((int64_t)ids[r] * C + c) * (int64_t)te, tdt);
         *(float *)cuda_view_at(y, r, c) = v;
     }

@@ -74,6 +74,16 @@ typedef struct dit_nccl_comm {
 
     bool broken;
     char broken_msg[DIT_DIAG_MAX]; /* why, for the fail-fast errors that follow */
+
+    /* The family: the group made by dit_nccl_comm_create (root == NULL) and
+     * the groups split from it or from its children (root set, linked from
+     * the root's `members` through `next`), so that a host wait on the
+     * shared compute stream can check and abort all of them: a kernel stuck
+     * on a dead peer belongs to whichever group launched it. Children are
+     * destroyed before their parent (comm.h), so the links stay valid. */
+    struct dit_nccl_comm *root;
+    struct dit_nccl_comm *members; /* root only */
+    struct dit_nccl_comm *next;
 } dit_nccl_comm;
 
 static const dit_comm_ops nccl_ops;
@@ -341,6 +351,15 @@ static void nccl_release(dit_nccl_comm *c)
 {
     if (!c)
         return;
+    if (c->root) {
+        for (dit_nccl_comm **pp = &c->root->members; *pp; pp = &(*pp)->next) {
+            if (*pp == c) {
+                *pp = c->next;
+                break;
+            }
+        }
+        c->root = NULL;
+    }
     if (c->nccl && !c->broken) {
         if (nccl_launched(c, ncclCommFinalize(c->nccl), "ncclCommFinalize", NULL) == DIT_OK) {
             (void)ncclCommDestroy(c->nccl);
@@ -920,6 +939,9 @@ static dit_status nccl_split(dit_comm *base, int color, int key, dit_comm **out,
     }
     child->base.rank = rank;
     child->base.size = size;
+    child->root = c->root ? c->root : c;
+    child->next = child->root->members;
+    child->root->members = child;
     *out = &child->base;
     child = NULL;
 
@@ -932,6 +954,52 @@ cleanup:
     }
     if (saved_dev >= 0 && saved_dev != c->device)
         (void)cudaSetDevice(saved_dev);
+    return st;
+}
+
+/* ---- host waits on the compute stream ------------------------------------ */
+
+/* Aborts every group of c's family that is not broken yet, with `why`. */
+static void family_break(dit_nccl_comm *root, const char *why)
+{
+    nccl_break(root, why);
+    for (dit_nccl_comm *m = root->members; m; m = m->next)
+        nccl_break(m, why);
+}
+
+/* One group: DIT_OK when healthy or still working. */
+static dit_status member_check(dit_nccl_comm *c, dit_diag *diag)
+{
+    if (c->broken)
+        return nccl_usable(c, "waiting for the compute stream", diag);
+    if (!c->nccl)
+        return DIT_OK;
+    ncclResult_t async = ncclSuccess;
+    ncclResult_t r = ncclCommGetAsyncError(c->nccl, &async);
+    if (r != ncclSuccess)
+        return nccl_check(c, r, "ncclCommGetAsyncError", diag);
+    if (async != ncclSuccess && async != ncclInProgress)
+        return nccl_check(c, async, "NCCL work on the compute stream", diag);
+    return DIT_OK;
+}
+
+dit_status dit_nccl_wait_check(void *comm, double waited_s, dit_diag *diag)
+{
+    dit_nccl_comm *c = nccl_of((dit_comm *)comm);
+    if (!c || c->base.ops != &nccl_ops)
+        return dit_diag_set(diag, DIT_ERR_INVALID_ARG, "nccl: wait check: not an nccl group");
+    dit_nccl_comm *root = c->root ? c->root : c;
+    dit_status st = member_check(root, diag);
+    for (dit_nccl_comm *m = root->members; st == DIT_OK && m; m = m->next)
+        st = member_check(m, diag);
+    if (st == DIT_OK && waited_s > root->timeout_s)
+        st = nccl_fail(root, DIT_ERR_TIMEOUT, diag,
+                       "the compute stream did not drain within %.1f s while it carries NCCL "
+                       "work: a peer is stalled or dead; communicators aborted",
+                       root->timeout_s);
+    if (st != DIT_OK)
+        family_break(root, dit_diag_msg(diag)[0] ? dit_diag_msg(diag)
+                                                 : "a group of the family failed");
     return st;
 }
 

@@ -10,8 +10,11 @@
  * Buffers passed to the ops are device memory on cfg->device. Ops are
  * enqueued on the compute stream given at creation and return once enqueued
  * (barrier excepted, see comm.h); a peer that dies or stalls is noticed by
- * the next op's enqueue check or by barrier, within cfg->timeout_s, and the
- * group is then aborted and reports DIT_ERR_PEER or DIT_ERR_TIMEOUT.
+ * the next op's enqueue check, by barrier, or by a host wait on the compute
+ * stream that polls dit_nccl_wait_check (the cuda backend's downloads and
+ * syncs do once it is installed there), within cfg->timeout_s; the group
+ * and every group split from it are then aborted, so that kernels stuck on
+ * the dead peer exit, and report DIT_ERR_PEER or DIT_ERR_TIMEOUT.
  *
  * This header is plain C and needs neither CUDA nor NCCL headers: the
  * stream is passed as a void pointer.
@@ -50,6 +53,17 @@ typedef struct dit_nccl_config {
  * driver), DIT_ERR_PEER / DIT_ERR_TIMEOUT when the other ranks fail or do not
  * turn up. */
 dit_status dit_nccl_comm_create(const dit_nccl_config *cfg, dit_comm **out, dit_diag *diag);
+
+/* One look at the health of `comm` (a dit_comm * from dit_nccl_comm_create,
+ * passed as void * so that it fits the cuda backend's wait hook,
+ * dit_cuda_backend_set_wait_check) and of every group split from it, for a
+ * host that has been waiting `waited_s` seconds on the compute stream:
+ * DIT_OK to keep waiting; DIT_ERR_PEER when NCCL reports an asynchronous
+ * error on any of them (a peer died, a link dropped) or one is already
+ * broken; DIT_ERR_TIMEOUT once waited_s passes the group's timeout. On an
+ * error every group of the family is aborted (ncclCommAbort), which makes
+ * their kernels exit so that the stream drains; destroy them. */
+dit_status dit_nccl_wait_check(void *comm, double waited_s, dit_diag *diag);
 
 #ifdef __cplusplus
 }
