@@ -12,9 +12,10 @@
 #         diffusers, and a 64x64 demo generation, on the cpu backend;
 #   gpu:  the gpu test binaries (cuda vs cpu op by op, random models, diffusers
 #         golden cases, NCCL), where a GPU that fails to initialise fails;
-#         a 512x512 demo generation on cuda, timed; ditd --backend cuda serving
+#         a 512x512 demo generation on cuda, timed (both kernel paths); ditd --backend cuda serving
 #         one generation to ditctl; the FLUX.1-dev-sized forward benchmark,
-#         eager and with CUDA graphs; the smallest cuda test under
+#         eager and with CUDA graphs, legacy and fast kernel paths
+#         (DIT_CUDA_PATH); the smallest cuda test under
 #         compute-sanitizer.
 # OUT_DIR/summary.txt gets "key: value" lines. Exit status: 0 when every stage
 # passed, 77 when the CPU stage passed and there is no GPU ("gpu: none"),
@@ -203,8 +204,15 @@ for t in "$B"/bin/test_cuda_*; do
   stage "gpu_$name" 240 "$t"
   # The figures each test prints: errors against the cpu backend or diffusers.
   grep -E "cuda vs|rel |max abs|max err|NaN|fallback|graph" "$out/gpu_$name.log" |
-    head -n 60 >> "$out/gpu_numbers.txt"
+    sed "s/^/$name: /" | head -n 80 >> "$out/gpu_numbers.txt"
 done
+# cuda_golden runs the backend's default kernel path (legacy); once more on the
+# fast one (bf16 q/k/v and GEMM outputs), which the other tests cover op by op.
+if [ -x "$B/bin/test_cuda_golden" ]; then
+  DIT_CUDA_PATH=fast stage gpu_cuda_golden_fast 240 "$B/bin/test_cuda_golden"
+  grep -E "cuda vs|rel " "$out/gpu_cuda_golden_fast.log" | sed "s/^/cuda_golden_fast: /" |
+    head -n 40 >> "$out/gpu_numbers.txt"
+fi
 worst=$(grep -oE "rel [0-9.e+-]+" "$out/gpu_numbers.txt" 2>/dev/null | awk '{print $2}' |
         sort -g | tail -n 1)
 note gpu_golden_worst_rel "${worst:-n/a}"
@@ -213,6 +221,10 @@ stage generate_cuda 180 "$B/bin/ditrun" generate --model "$B/tests/data/demo" \
   --prompt "a lighthouse on a cliff at sunset, oil painting" --width 512 --height 512 \
   --steps 8 --seed 42 --backend cuda --output "$out/demo_cuda.png"
 note generate_cuda_timing "$(grep -m 1 'time:' "$out/generate_cuda.log")"
+DIT_CUDA_PATH=fast stage generate_cuda_fast 180 "$B/bin/ditrun" generate \
+  --model "$B/tests/data/demo" --prompt "a lighthouse on a cliff at sunset, oil painting" \
+  --width 512 --height 512 --steps 8 --seed 42 --backend cuda --output "$out/demo_cuda_fast.png"
+note generate_cuda_fast_timing "$(grep -m 1 'time:' "$out/generate_cuda_fast.log")"
 
 # ditd on the cuda backend, one worker, serving one generation to ditctl.
 stage ditd_cuda 240 "$B/ditd_smoke.sh" "$B/bin" "$B/tests/data/demo" "$out" cuda
@@ -221,11 +233,8 @@ note ditd_cuda_server_time "$(grep -m 1 '^time:' "$out/ditd_cuda.log")"
 
 # The FLUX.1-dev-sized benchmark: random bf16 weights made on the device,
 # eager passes and CUDA-graph replays, both kernel paths.
-bench_args=(--backend cuda --flux-dev --graph both --warmup 2 --iters 10
+bench_args=(--backend cuda --flux-dev --graph both --cuda-path both --warmup 2 --iters 10
             --flop-per-step 74.4e12 --summary "$summary")
-if "$B/bin/bench_flux_forward" --help 2>&1 | grep -q -- '--cuda-path'; then
-  bench_args+=(--cuda-path both)
-fi
 stage bench_flux_dev 300 "$B/bin/bench_flux_forward" "${bench_args[@]}"
 sed 's/^/   /' "$out/bench_flux_dev.log" | tail -n 40 | tee -a "$out/run.log" > /dev/null
 
@@ -238,18 +247,16 @@ for c in compute-sanitizer /usr/local/cuda/bin/compute-sanitizer \
     break
   fi
 done
-small=${DIT_GPU_SANITIZE_TEST:-test_cuda_ops}
-small_args=()
-if [ -f "$B/sanitize-args.txt" ]; then
-  read -r -a small_args < "$B/sanitize-args.txt"
-fi
+# test_cuda_ops without its FLUX-size case (CK_RUN_CASE=parity): every op
+# once, small shapes, both kernel paths.
+small=test_cuda_ops
 if [ -z "$san" ]; then
   note sanitizer_status "skipped (no compute-sanitizer found)"
 elif [ "$(elapsed)" -gt "$budget_s" ]; then
   note sanitizer_status "skipped (past the ${budget_s} s budget)"
 else
-  stage sanitizer 150 "$san" --tool memcheck --error-exitcode 9 --leak-check no \
-    "$B/bin/$small" "${small_args[@]}"
+  CK_RUN_CASE=parity stage sanitizer 150 "$san" --tool memcheck --error-exitcode 9 \
+    --leak-check no "$B/bin/$small"
   note sanitizer_errors "$(grep -m 1 -oE 'ERROR SUMMARY: [0-9]+ errors?' "$out/sanitizer.log")"
 fi
 

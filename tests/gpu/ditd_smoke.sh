@@ -43,6 +43,8 @@ for _ in $(seq 1 240); do
     break
   fi
   kill -0 $pid 2> /dev/null || break
+  # A worker that cannot start is retried with backoff for ever: stop at once.
+  grep -q 'failed to start' "$out/ditd_server.log" && break
   sleep 0.5
 done
 if [ $serving -ne 1 ]; then

@@ -982,10 +982,11 @@ static const dit_backend_ops cuda_ops = {
 
 extern "C" dit_status dit_cuda_backend_create(int device, dit_backend **out, dit_diag *diag)
 {
-    int n = dit_cuda_device_count();
+    char why[256] = "";
+    int n = dit_cuda_device_probe(why, sizeof why);
     if (n == 0)
         return dit_diag_set(diag, DIT_ERR_DEVICE,
-                            "cuda backend: no CUDA device is visible (no GPU or no driver)");
+                            "cuda backend: no CUDA device can be used (%s)", why);
     if (device < 0 || device >= n)
         return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
                             "cuda backend: device %d does not exist (%d visible)", device, n);
