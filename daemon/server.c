@@ -212,8 +212,10 @@ static void update_positions(dit_server *s)
 {
     dit_metrics_gauges(s->metrics, s->queued, s->running ? 1 : 0);
     int pos = 0;
+    /* Only Generate streams: a Warmup call is unary, and a second message
+     * before its WarmupResponse would break it. */
     for (job *j = s->queue; j; j = j->next, pos++)
-        if (j->last_position != pos)
+        if (j->kind == JOB_GENERATE && j->last_position != pos)
             send_queued(j, pos, s->queued);
 }
 
