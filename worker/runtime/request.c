@@ -95,22 +95,49 @@ static dit_status check_tensor(const char *name, const Ditserve__V1__Tensor *t, 
     }
     if (used < sizeof shape_text)
         snprintf(shape_text + used, sizeof shape_text - used, ")");
+    /* Each dim is checked before it is multiplied in, and the product is
+     * checked for overflow too: a client picks these numbers. */
     bool ok = t->n_shape == (size_t)ndim;
     int64_t numel = 1;
     for (int i = 0; ok && i < ndim; i++) {
         const int64_t d = t->shape[i];
-        ok = want[i] < 0 ? (d >= 1 && d <= max_any) : d == want[i];
-        numel *= d;
+        ok = (want[i] < 0 ? (d >= 1 && d <= max_any) : d == want[i]) &&
+             !__builtin_mul_overflow(numel, d, &numel);
     }
     if (!ok)
         return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
                             "%s must have shape %s for this model%s", name, shape_text,
                             max_any > 0 ? " (L from 1 to 4096)" : "");
-    const size_t bytes = (size_t)numel * dit_dtype_size(dt);
-    if (t->data.len != bytes)
+    size_t bytes;
+    if (__builtin_mul_overflow((size_t)numel, dit_dtype_size(dt), &bytes) || t->data.len != bytes)
         return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
-                            "%s holds %zu bytes; shape %s in %s needs %zu", name, t->data.len,
-                            shape_text, dit_dtype_name(dt), bytes);
+                            "%s holds %zu bytes; shape %s in %s needs %lld x %zu", name,
+                            t->data.len, shape_text, dit_dtype_name(dt), (long long)numel,
+                            dit_dtype_size(dt));
+    /* NaN or infinity would run through the whole pipeline (and into
+     * approximations that assume finite inputs): refuse it here. */
+    const size_t n = (size_t)numel;
+    for (size_t i = 0; i < n; i++) {
+        const uint8_t *e = t->data.data + i * dit_dtype_size(dt);
+        bool finite;
+        if (dt == DIT_F32) {
+            uint32_t u;
+            memcpy(&u, e, 4);
+            finite = (u & 0x7f800000u) != 0x7f800000u;
+        } else if (dt == DIT_BF16) {
+            uint16_t u;
+            memcpy(&u, e, 2);
+            finite = (u & 0x7f80u) != 0x7f80u;
+        } else { /* f16 */
+            uint16_t u;
+            memcpy(&u, e, 2);
+            finite = (u & 0x7c00u) != 0x7c00u;
+        }
+        if (!finite)
+            return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
+                                "%s holds a NaN or infinity at element %zu; only finite values "
+                                "are accepted", name, i);
+    }
     return DIT_OK;
 }
 
