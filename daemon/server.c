@@ -379,6 +379,11 @@ static void on_generate(void *ctx, dit_rpc_call *call, const uint8_t *req, size_
     }
     dit_diag diag;
     dit_diag_clear(&diag);
+    if (dit_request_check_strings(&ditserve__v1__generate_request__descriptor, req, len, &diag) !=
+        DIT_OK) {
+        dit_rpc_call_finish(call, GRPC_STATUS_INVALID_ARGUMENT, dit_diag_msg(&diag));
+        goto reject;
+    }
     if (!model_ok(s, call, r->model))
         goto reject;
     if (dit_request_validate(r, &s->info, &diag) != DIT_OK ||
@@ -456,6 +461,13 @@ static void on_warmup(void *ctx, dit_rpc_call *call, const uint8_t *req, size_t 
         return;
     }
     Ditserve__V1__GenerateRequest *r = NULL;
+    dit_diag diag;
+    dit_diag_clear(&diag);
+    if (dit_request_check_strings(&ditserve__v1__warmup_request__descriptor, req, len, &diag) !=
+        DIT_OK) {
+        dit_rpc_call_finish(call, GRPC_STATUS_INVALID_ARGUMENT, dit_diag_msg(&diag));
+        goto done;
+    }
     if (!model_ok(s, call, w->model))
         goto done;
     r = malloc(sizeof *r);
@@ -476,8 +488,6 @@ static void on_warmup(void *ctx, dit_rpc_call *call, const uint8_t *req, size_t 
     r->width = w->width;
     r->height = w->height;
     r->num_inference_steps = w->num_inference_steps ? w->num_inference_steps : 1;
-    dit_diag diag;
-    dit_diag_clear(&diag);
     if (dit_request_validate(r, &s->info, &diag) != DIT_OK ||
         dit_request_validate_mesh(r, &s->info, &s->cfg->pc, &diag) != DIT_OK) {
         dit_rpc_call_finish(call, GRPC_STATUS_INVALID_ARGUMENT, dit_diag_msg(&diag));

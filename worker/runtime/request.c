@@ -185,8 +185,13 @@ dit_status dit_request_validate(const Ditserve__V1__GenerateRequest *req,
     for (int i = 0; i < 4; i++)
         if ((st = check_text(names[i], texts[i], diag)) != DIT_OK)
             return st;
-    if (req->request_id && strlen(req->request_id) > 128)
-        return dit_diag_set(diag, DIT_ERR_INVALID_ARG, "request_id is longer than 128 bytes");
+    /* request_id is echoed in every event: a client's protobuf library
+     * refuses a stream whose strings are not UTF-8. */
+    if (req->request_id && strlen(req->request_id) > DIT_REQUEST_MAX_ID_BYTES)
+        return dit_diag_set(diag, DIT_ERR_INVALID_ARG, "request_id is %zu bytes; at most %d are "
+                            "accepted", strlen(req->request_id), DIT_REQUEST_MAX_ID_BYTES);
+    if (req->request_id && !valid_utf8(req->request_id, strlen(req->request_id)))
+        return dit_diag_set(diag, DIT_ERR_INVALID_ARG, "request_id is not valid UTF-8");
     if (req->output_format != DITSERVE__V1__OUTPUT_FORMAT__OUTPUT_FORMAT_UNSPECIFIED &&
         req->output_format != DITSERVE__V1__OUTPUT_FORMAT__OUTPUT_FORMAT_PNG &&
         req->output_format != DITSERVE__V1__OUTPUT_FORMAT__OUTPUT_FORMAT_RAW_TENSOR)
@@ -302,4 +307,72 @@ void dit_request_free(dit_request *r)
     free(r->negative_pooled_prompt_embeds);
     free(r->latents);
     memset(r, 0, sizeof *r);
+}
+
+/* A base-128 varint at *p (below end); false when it runs off the end or
+ * past 64 bits. */
+static bool read_varint(const uint8_t **p, const uint8_t *end, uint64_t *out)
+{
+    uint64_t v = 0;
+    for (int shift = 0; shift < 64 && *p < end; shift += 7) {
+        const uint8_t b = *(*p)++;
+        v |= (uint64_t)(b & 0x7f) << shift;
+        if (!(b & 0x80)) {
+            *out = v;
+            return true;
+        }
+    }
+    return false;
+}
+
+static dit_status check_strings(const ProtobufCMessageDescriptor *desc, const uint8_t *p,
+                                const uint8_t *end, int depth, dit_diag *diag)
+{
+    /* Deeper than any ditserve message nests; protobuf-c has already
+     * unpacked these bytes, so this only bounds the recursion. */
+    if (depth > 16)
+        return DIT_OK;
+    while (p < end) {
+        uint64_t key, n;
+        if (!read_varint(&p, end, &key))
+            return DIT_OK;
+        switch (key & 7) {
+        case 0:
+            if (!read_varint(&p, end, &n))
+                return DIT_OK;
+            break;
+        case 1:
+            p += (size_t)(end - p) < 8 ? (size_t)(end - p) : 8;
+            break;
+        case 5:
+            p += (size_t)(end - p) < 4 ? (size_t)(end - p) : 4;
+            break;
+        case 2: {
+            if (!read_varint(&p, end, &n) || n > (uint64_t)(end - p))
+                return DIT_OK;
+            const ProtobufCFieldDescriptor *f =
+                key >> 3 <= UINT32_MAX ? protobuf_c_message_descriptor_get_field(desc, (unsigned)(key >> 3))
+                                       : NULL;
+            if (f && f->type == PROTOBUF_C_TYPE_STRING && memchr(p, 0, (size_t)n))
+                return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
+                                    "%s holds a NUL byte; strings may not contain NUL", f->name);
+            if (f && f->type == PROTOBUF_C_TYPE_MESSAGE) {
+                dit_status st = check_strings(f->descriptor, p, p + n, depth + 1, diag);
+                if (st != DIT_OK)
+                    return st;
+            }
+            p += n;
+            break;
+        }
+        default: /* groups: not in these messages, and unpack skipped them */
+            return DIT_OK;
+        }
+    }
+    return DIT_OK;
+}
+
+dit_status dit_request_check_strings(const ProtobufCMessageDescriptor *desc, const uint8_t *buf,
+                                     size_t len, dit_diag *diag)
+{
+    return check_strings(desc, buf, buf + len, 0, diag);
 }
