@@ -40,7 +40,8 @@ static const opt_def defs[] = {
     {"model-name", "DITD_MODEL_NAME", OPT_STR, "NAME",
      "name clients ask for (default: the folder's name)", OFF(model_name), 0, 0},
     {"listen", "DITD_LISTEN", OPT_STR, "HOST:PORT",
-     "gRPC address (default 0.0.0.0:50051; port 0 picks a free port)", OFF(listen), 0, 0},
+     "gRPC address: IPv4:PORT, [IPv6]:PORT, NAME:PORT or :PORT for every interface "
+     "(default 0.0.0.0:50051; port 0 picks a free port)", OFF(listen), 0, 0},
     {"backend", "DITD_BACKEND", OPT_STR, "cpu|cuda", "compute backend (default cpu)", OFF(backend), 0, 0},
     {"world-size", "DITD_WORLD_SIZE", OPT_INT, "N",
      "worker processes in the mesh (default R x U x T, else 1)",
@@ -186,6 +187,40 @@ static const char *basename_of(const char *path)
     return s;
 }
 
+/* --listen must be HOST:PORT with a port from 0 to 65535 before anything
+ * starts: gRPC itself would take "127.0.0.1:99999" as port 34463 and
+ * report other mistakes only once the workers run. ":PORT" means every
+ * interface and is rewritten to 0.0.0.0:PORT. */
+static int check_listen(dit_daemon_config *cfg)
+{
+    const char *v = cfg->listen;
+    const char *colon = strrchr(v, ':');
+    const char *why = NULL;
+    if (!colon) {
+        why = "it has no ':PORT'";
+    } else if (v[0] == '[' ? colon == v || colon[-1] != ']' || colon - v < 3 ||
+                                 memchr(v + 1, ']', (size_t)(colon - v - 2)) != NULL
+                           : memchr(v, ':', (size_t)(colon - v)) != NULL) {
+        why = "an IPv6 address goes in brackets, [::1]:PORT";
+    } else if (colon[1] == '\0' || strspn(colon + 1, "0123456789") != strlen(colon + 1) ||
+               strlen(colon + 1) > 5 || atoi(colon + 1) > 65535) {
+        why = "the port is not a number from 0 to 65535";
+    } else if (memchr(v, ' ', (size_t)(colon - v)) || memchr(v, '/', (size_t)(colon - v))) {
+        why = "the host is not an address or a name";
+    }
+    if (why) {
+        fprintf(stderr, "ditd: --listen '%s': %s; the form is HOST:PORT, e.g. 0.0.0.0:50051, "
+                        "127.0.0.1:0 (a free port), [::]:50051 or :50051 (every interface)\n",
+                v, why);
+        return 2;
+    }
+    if (colon == v) {
+        snprintf(cfg->listen_buf, sizeof cfg->listen_buf, "0.0.0.0%s", v);
+        cfg->listen = cfg->listen_buf;
+    }
+    return 0;
+}
+
 int dit_daemon_config_parse(dit_daemon_config *cfg, int argc, char **argv)
 {
     raw r;
@@ -250,6 +285,8 @@ int dit_daemon_config_parse(dit_daemon_config *cfg, int argc, char **argv)
     cfg->model = r.model;
     cfg->model_name = r.model_name ? r.model_name : basename_of(r.model);
     cfg->listen = r.listen ? r.listen : "0.0.0.0:50051";
+    if (check_listen(cfg) != 0)
+        return 2;
     cfg->backend_name = r.backend ? r.backend : "cpu";
     if (dit_backend_kind_parse(cfg->backend_name, &cfg->backend) != DIT_OK) {
         fprintf(stderr, "ditd: unknown backend '%s' (cpu or cuda)\n", cfg->backend_name);

@@ -16,7 +16,7 @@
 typedef struct dit_daemon_config {
     const char *model;      /* pipeline folder */
     const char *model_name; /* name clients use; default: the folder's name */
-    const char *listen;     /* HOST:PORT; port 0 picks a free one */
+    const char *listen;     /* HOST:PORT (checked; ":PORT" made 0.0.0.0:PORT); port 0 picks a free one */
     const char *backend_name;
     dit_backend_kind backend;
     dit_parallel_config pc;
@@ -39,6 +39,7 @@ typedef struct dit_daemon_config {
     const char *join_listen;     /* IP:PORT for joining workers, or NULL */
     const char *join_secret_file;
     dit_log log;
+    char listen_buf[300]; /* storage for listen when it was rewritten */
 } dit_daemon_config;
 
 /* Fills cfg from the environment and argv. Returns 0 to run, 1 when --help
