@@ -644,8 +644,13 @@ dit_status dit_rpc_server_create(uv_loop_t *loop, const dit_rpc_config *cfg,
         if (s->auth_header)
             snprintf(s->auth_header, n, "Bearer %s", cfg->auth_token);
     }
-    grpc_arg args[4];
+    grpc_arg args[5];
     int nargs = 0;
+    /* gRPC sets SO_REUSEPORT by default, which lets a second ditd bind the
+     * port this one holds and take half its clients: bind exclusively. */
+    args[nargs++] = (grpc_arg){.type = GRPC_ARG_INTEGER,
+                               .key = GRPC_ARG_ALLOW_REUSEPORT,
+                               .value.integer = 0};
     args[nargs++] = (grpc_arg){.type = GRPC_ARG_INTEGER,
                                .key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH,
                                .value.integer = (int)cfg->max_message_bytes};
@@ -696,8 +701,9 @@ dit_status dit_rpc_server_create(uv_loop_t *loop, const dit_rpc_config *cfg,
     }
     int port = grpc_server_add_http2_port(s->server, cfg->listen, creds);
     if (port == 0) {
-        st = dit_diag_set(diag, DIT_ERR_IO, "cannot listen on %s (address in use or invalid?)",
-                          cfg->listen);
+        st = dit_diag_set(diag, DIT_ERR_IO,
+                          "cannot listen on %s: the address is in use (another ditd?) or not "
+                          "an address of this host", cfg->listen);
         goto cleanup;
     }
     *bound_port = port;
