@@ -27,6 +27,7 @@ typedef struct raw {
     const char *join_listen, *join_secret_file;
     long long local_ranks;
     long long world, ring, ulysses, tp, max_queue, threads, max_message, conn_age, chunk, max_pixels;
+    long long max_unread, max_unread_total;
     long long metrics_port;
     double drain, comm_timeout, job_timeout, startup_timeout;
     long long uany, rany, unany, nofp32, log_json;
@@ -86,6 +87,11 @@ static const opt_def defs[] = {
      OFF(conn_age), 0, 1000000000},
     {"chunk-bytes", "DITD_CHUNK_BYTES", OPT_BYTES, "BYTES",
      "image bytes per ResultChunk message (default 1048576)", OFF(chunk), 1024, 1 << 30},
+    {"max-unread-bytes", "DITD_MAX_UNREAD_BYTES", OPT_BYTES, "BYTES",
+     "result bytes one connection may leave unread; past them its new calls get "
+     "RESOURCE_EXHAUSTED (default 134217728)", OFF(max_unread), 1024, 1ll << 40},
+    {"max-unread-total", "DITD_MAX_UNREAD_TOTAL", OPT_BYTES, "BYTES",
+     "the same over all connections (default 1073741824)", OFF(max_unread_total), 1024, 1ll << 40},
     {"max-pixels", "DITD_MAX_PIXELS", OPT_INT, "N",
      "largest width x height a request may ask for (default 4194304, 2048x2048)", OFF(max_pixels),
      256, 268435456},
@@ -230,6 +236,8 @@ int dit_daemon_config_parse(dit_daemon_config *cfg, int argc, char **argv)
     r.max_message = 64ll << 20;
     r.chunk = 1 << 20;
     r.max_pixels = 2048 * 2048;
+    r.max_unread = 128ll << 20;
+    r.max_unread_total = 1ll << 30;
     r.metrics_port = -1;
     r.local_ranks = -1;
     r.drain = 30;
@@ -337,6 +345,8 @@ int dit_daemon_config_parse(dit_daemon_config *cfg, int argc, char **argv)
     cfg->max_message_bytes = r.max_message;
     cfg->max_connection_age_s = r.conn_age;
     cfg->chunk_bytes = r.chunk;
+    cfg->max_unread_bytes = r.max_unread;
+    cfg->max_unread_total = r.max_unread_total;
     cfg->warmup = r.warmup;
     cfg->max_pixels = r.max_pixels;
     cfg->tls_cert = r.tls_cert;

@@ -30,6 +30,9 @@ typedef struct dit_daemon_config {
     int64_t max_message_bytes; /* largest request accepted */
     int64_t max_connection_age_s; /* 0: connections live forever */
     int64_t chunk_bytes;       /* result bytes per ResultChunk message */
+    /* Result bytes queued for clients that have not read them yet, per
+     * connection and in all; past them new calls are refused. */
+    int64_t max_unread_bytes, max_unread_total;
     const char *warmup;        /* WIDTHxHEIGHT:STEPS run before serving, or NULL */
     int64_t max_pixels;        /* largest width x height accepted */
     const char *tls_cert, *tls_key, *tls_client_ca; /* PEM files; NULL: plaintext */

@@ -293,7 +293,31 @@ static uint64_t random_seed(void)
     return v & 0x7fffffffffffffffull;
 }
 
-/* Common admission: draining, mesh state, queue room. */
+/* Finished results wait in ditd until their client reads them. A client
+ * that stops reading must not make ditd hold result after result, so past
+ * --max-unread-bytes on its connection (or --max-unread-total in all) new
+ * calls are refused. */
+static bool unread_ok(dit_server *s, dit_rpc_call *call)
+{
+    const int64_t conn = dit_rpc_call_conn_unsent(call), all = dit_rpc_server_unsent(s->rpc);
+    char msg[300];
+    if (conn >= s->cfg->max_unread_bytes)
+        snprintf(msg, sizeof msg,
+                 "this connection has %lld bytes of results it has not read (the limit is "
+                 "%lld, --max-unread-bytes); read them before sending more requests",
+                 (long long)conn, (long long)s->cfg->max_unread_bytes);
+    else if (all >= s->cfg->max_unread_total)
+        snprintf(msg, sizeof msg,
+                 "clients have %lld bytes of results they have not read (the limit is %lld, "
+                 "--max-unread-total); retry later",
+                 (long long)all, (long long)s->cfg->max_unread_total);
+    else
+        return true;
+    dit_rpc_call_finish(call, GRPC_STATUS_RESOURCE_EXHAUSTED, msg);
+    return false;
+}
+
+/* Common admission: draining, mesh state, queue room, unread results. */
 static bool admit(dit_server *s, dit_rpc_call *call)
 {
     char msg[200];
@@ -314,7 +338,7 @@ static bool admit(dit_server *s, dit_rpc_call *call)
         dit_rpc_call_finish(call, GRPC_STATUS_RESOURCE_EXHAUSTED, msg);
         return false;
     }
-    return true;
+    return unread_ok(s, call);
 }
 
 static bool model_ok(dit_server *s, dit_rpc_call *call, const char *model)
@@ -630,7 +654,7 @@ static void on_done(void *ctx, uint64_t job_id, dit_status st, const char *messa
     }
     s->running = NULL;
     const double compute_ms = now_ms() - j->started_ms;
-    const grpc_status_code code = grpc_code_of(st);
+    grpc_status_code code = grpc_code_of(st);
     char detail[1300];
     if (st == DIT_OK)
         detail[0] = '\0';
@@ -663,7 +687,15 @@ static void on_done(void *ctx, uint64_t job_id, dit_status st, const char *messa
         }
         break;
     case JOB_GENERATE:
-        if (st == DIT_OK) {
+        if (j->call)
+            dit_rpc_call_set_user(j->call, NULL);
+        if (st == DIT_OK && j->call && !unread_ok(s, j->call)) {
+            /* Admitted while there was room; the client has not read since. */
+            j->call = NULL;
+            code = GRPC_STATUS_RESOURCE_EXHAUSTED;
+            snprintf(detail, sizeof detail, "the result was dropped: too many unread results");
+            s->requests_failed++;
+        } else if (st == DIT_OK) {
             s->requests_ok++;
             send_result(s, j, env->done);
             fail_job(j, GRPC_STATUS_OK, NULL);
