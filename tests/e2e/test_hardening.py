@@ -1,0 +1,436 @@
+"""End-to-end tests of what adversarial and first-use testing found in ditd:
+each case drives the real daemon (and its real workers) the way the attack
+or the mistake did, over loopback.
+
+    test_hardening.py CASE      runs one case (meson registers each as a test)
+    test_hardening.py --list    lists the cases
+"""
+
+import json
+import math
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import grpc
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import ditapi  # noqa: E402
+from daemon import DEMO, Daemon, alive, children_of, env_path  # noqa: E402
+
+SMALL = dict(prompt="a red fox in the snow", width=64, height=64, num_inference_steps=2)
+LONG = dict(prompt="a very long job", width=512, height=512, num_inference_steps=1000)
+# The demo model's text widths (tests/data/demo/transformer/config.json).
+JOINT_DIM = 32
+POOLED_DIM = 32
+
+CASES = {}
+
+
+def case(fn):
+    CASES[fn.__name__] = fn
+    return fn
+
+
+def expect_error(fn, code, *needles):
+    """Runs fn, which must fail with `code` and details holding each needle."""
+    try:
+        fn()
+    except grpc.RpcError as e:
+        details = e.details() or ""
+        assert e.code().name == code, f"got {e.code().name} ({details!r}), expected {code}"
+        for n in needles:
+            assert n.lower() in details.lower(), f"{code} details {details!r} lack {n!r}"
+        return details
+    raise AssertionError(f"expected {code}, the call succeeded")
+
+
+def wait_progress(call):
+    for ev in call:
+        if ev.WhichOneof("event") == "progress":
+            return ev
+    raise AssertionError("the stream ended before any progress")
+
+
+def wait_for(pred, timeout_s, what):
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout_s:
+        if pred():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"no {what} within {timeout_s} s")
+
+
+def raw_generate(d, payload, timeout=30):
+    """Sends bytes as a Generate request, whatever they are."""
+    return list(d.channel.unary_stream("/ditserve.v1.Generation/Generate")(payload, timeout=timeout))
+
+
+def raw_warmup(d, payload, timeout=30):
+    return d.channel.unary_unary("/ditserve.v1.Generation/Warmup")(payload, timeout=timeout)
+
+
+def no_sanitizer_reports(d):
+    """In the sanitizer build, UBSan and ASan report on stderr (the log)."""
+    log = d.log()
+    for needle in ("runtime error:", "AddressSanitizer", "LeakSanitizer"):
+        assert needle not in log, f"sanitizer report in the log:\n{log}"
+
+
+def rss_mib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+# --------------------------------------------------------------------------
+
+
+@case
+def warmup_queued():
+    """A Warmup that waits behind a running generation gets its one
+    WarmupResponse and OK: queue-position updates go to Generate streams
+    only (a Warmup call is unary)."""
+    d = Daemon()
+    try:
+        api = d.api
+        long_call = api.generate(d.channel)(api.request(seed=1, **LONG), timeout=300)
+        wait_progress(long_call)
+        wreq = api.msg("ditserve.v1.WarmupRequest")(width=64, height=64, num_inference_steps=1)
+        fut = api.warmup(d.channel).future(wreq, timeout=60)
+        # Another generation behind it moves the queue while the warm-up waits.
+        gen2 = api.generate(d.channel)(api.request(seed=2, priority=-1, **SMALL), timeout=120)
+        wait_for(lambda: d.info().queue_depth == 2, 30, "two queued requests")
+        long_call.cancel()
+        resp = fut.result(timeout=60)
+        assert "64x64" in resp.detail and resp.elapsed_ms > 0, resp
+        kinds, png, _ = ditapi.collect(gen2)
+        assert kinds[0] == "queued" and kinds[-1] == "result" and png, kinds
+        # And from a second client while idle: still fine.
+        assert api.warmup(d.channel)(wreq, timeout=60).elapsed_ms > 0
+        d.stop()
+        no_sanitizer_reports(d)
+    finally:
+        d.close()
+
+
+@case
+def unread_results():
+    """A client that stops reading (HTTP/2 window never reopened) while it
+    keeps sending Generate calls: ditd holds at most --max-unread-bytes for
+    its connection and --max-unread-total in all, refuses more with
+    RESOURCE_EXHAUSTED, ends the stalled calls at their deadlines, serves
+    other clients meanwhile, and does not wait on the stalled reader past
+    --drain-timeout."""
+    mib = 1 << 20
+    d = Daemon("--max-unread-bytes", str(4 * mib), "--max-unread-total", str(8 * mib),
+               "--drain-timeout", "3")
+    try:
+        api = d.api
+        # 512x512 raw f32 RGB: 3 MiB a result. Without BDP probing the
+        # client's window stays 64 KiB, and a call nobody iterates never
+        # opens it: the rest of the result stays in ditd.
+        big = dict(prompt="x", width=512, height=512, num_inference_steps=1,
+                   output_format="OUTPUT_FORMAT_RAW_TENSOR")
+        # Each channel on a connection of its own (grpcio shares connections
+        # between channels with equal options otherwise).
+        opts = [("grpc.http2.bdp_probe", 0), ("grpc.use_local_subchannel_pool", 1)]
+        stalled = grpc.insecure_channel(d.target, options=opts)
+        gen_a = api.generate(stalled)
+        rss0 = rss_mib(d.proc.pid)
+        a1 = gen_a(api.request(seed=1, **big), timeout=10)
+        d.wait_idle(60)
+        a2 = gen_a(api.request(seed=2, **big), timeout=10)
+        a2_deadline = time.monotonic() + 10
+        d.wait_idle(60)
+        rss1 = rss_mib(d.proc.pid)
+        # Over the connection's bound: refused at once, however often asked.
+        for i in range(10):
+            details = expect_error(lambda: list(gen_a(api.request(seed=3, **big), timeout=20)),
+                                   "RESOURCE_EXHAUSTED", "--max-unread-bytes")
+        rss2 = rss_mib(d.proc.pid)
+        print(f"ditd RSS: {rss0:.0f} MiB at start, {rss1:.0f} with two unread 3 MiB results, "
+              f"{rss2:.0f} after 10 more calls ({details})")
+        assert rss2 - rss1 < 8, f"RSS grew {rss2 - rss1:.0f} MiB on refused calls"
+        # Another stalled connection, without a deadline: admitted (its
+        # connection is clean, the total is under 8 MiB), then over the total.
+        stalled2 = grpc.insecure_channel(d.target, options=opts)
+        c1 = api.generate(stalled2)(api.request(seed=4, **big))
+        d.wait_idle(60)
+        expect_error(lambda: d.generate(timeout=30, seed=5, **SMALL), "RESOURCE_EXHAUSTED",
+                     "--max-unread-total")
+        # Health and info still answer.
+        assert d.info().running == 0
+        # The stalled calls end at their deadlines (reading them before
+        # would open the window); then there is room again.
+        time.sleep(max(0.0, a2_deadline + 0.5 - time.monotonic()))
+        for call in (a1, a2):
+            try:
+                for _ in call:
+                    pass
+                raise AssertionError("a stalled call finished")
+            except grpc.RpcError as e:
+                assert e.code() in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED), e
+        t0 = time.monotonic()
+        while True:
+            try:
+                kinds, png, _ = d.generate(timeout=30, seed=6, **SMALL)
+                break
+            except grpc.RpcError as e:
+                assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and \
+                    time.monotonic() - t0 < 20, e
+                time.sleep(0.2)
+        assert kinds[-1] == "result" and png
+        # c1 never reads and has no deadline: the drain gives it
+        # --drain-timeout (3 s) and then ends it.
+        t0 = time.monotonic()
+        d.stop(timeout_s=30)
+        took = time.monotonic() - t0
+        print(f"drain with a stalled reader took {took:.1f} s")
+        assert took < 15, f"the drain took {took:.1f} s"
+        try:
+            for _ in c1:
+                pass
+        except grpc.RpcError as e:
+            assert e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED), e
+        stalled.close()
+        stalled2.close()
+        no_sanitizer_reports(d)
+    finally:
+        d.close()
+
+
+def check_log_lines(d, forged, json_format):
+    lines = d.log().splitlines()
+    for line in lines:
+        assert not line.startswith(forged), f"a forged log line: {line!r}"
+        assert len(line) < 8192, f"a log line of {len(line)} bytes"
+        if json_format and line.startswith("{"):
+            json.loads(line)
+    assert len(d.log()) < 200_000, f"the log is {len(d.log())} bytes"
+
+
+def log_case(json_format):
+    args = ["--log-json"] if json_format else []
+    d = Daemon(*args)
+    try:
+        forged = "2026-01-01T00:00:00.000Z error ditd[1] main: FORGED"
+        # A request_id with a newline is valid UTF-8 and accepted; it is
+        # escaped in the log (and echoed intact to the client).
+        kinds, _, _ = d.generate(seed=1, request_id="id\n" + forged, **SMALL)
+        assert kinds[-1] == "result"
+        call = d.api.generate(d.channel)(d.api.request(seed=1, request_id="x\r\n" + forged, **SMALL),
+                                         timeout=60)
+        evs = list(call)
+        assert evs[0].request_id == "x\r\n" + forged
+        # Refused requests: unknown model with a newline, 30 MB model and
+        # request_id (their request lines are capped).
+        expect_error(lambda: d.generate(timeout=30, model="m\n" + forged, **SMALL), "NOT_FOUND")
+        huge = "A" * (30 << 20)
+        expect_error(lambda: d.generate(timeout=60, model=huge, **SMALL), "NOT_FOUND")
+        expect_error(lambda: d.generate(timeout=60, request_id=huge, **SMALL), "INVALID_ARGUMENT",
+                     "request_id")
+        expect_error(lambda: d.generate(timeout=60, request_id=forged + "\n" + "B" * 200, **SMALL),
+                     "INVALID_ARGUMENT", "request_id")
+        # A cancelled queued request logs its id too.
+        long_call = d.api.generate(d.channel)(d.api.request(seed=1, **LONG), timeout=300)
+        wait_progress(long_call)
+        queued = d.api.generate(d.channel)(d.api.request(seed=2, request_id="q\n" + forged, **SMALL),
+                                           timeout=300)
+        wait_for(lambda: d.info().queue_depth == 1, 30, "a queued request")
+        queued.cancel()
+        long_call.cancel()
+        d.wait_idle(60)
+        d.stop()
+        check_log_lines(d, forged, json_format)
+        log = d.log()
+        if json_format:
+            ids = [json.loads(l).get("request_id") for l in log.splitlines() if l.startswith("{")]
+            assert "id\n" + forged in ids, "the request_id is not in the log"
+        else:
+            assert "id\\n" + forged.replace(" ", "\\x20") in log, "the escaped request_id is not in the log"
+        no_sanitizer_reports(d)
+    finally:
+        d.close()
+
+
+@case
+def log_injection():
+    """Text logs: newlines in request_id or model cannot forge a line, and
+    a 30 MB field writes a capped line."""
+    log_case(json_format=False)
+
+
+@case
+def log_injection_json():
+    """The same with --log-json: every line stays one JSON object."""
+    log_case(json_format=True)
+
+
+@case
+def bad_strings():
+    """request_id must be UTF-8 and at most 128 bytes; no string field may
+    hold a NUL byte (protobuf-c would cut it there). All INVALID_ARGUMENT;
+    the daemon keeps serving."""
+    d = Daemon()
+    try:
+        api = d.api
+
+        def patched(marker, raw, **fields):
+            b = api.request(**fields).SerializeToString()
+            assert b.count(marker) == 1
+            return b.replace(marker, raw)
+
+        bad_id = patched(b"IDIDIDID", b"\xff\xfe\x80\xc0abcd", request_id="IDIDIDID", **SMALL)
+        expect_error(lambda: raw_generate(d, bad_id), "INVALID_ARGUMENT", "request_id", "UTF-8")
+        expect_error(lambda: d.generate(timeout=30, request_id="r" * 129, **SMALL),
+                     "INVALID_ARGUMENT", "request_id", "128")
+        kinds, _, _ = d.generate(timeout=60, seed=1, request_id="r" * 128, **SMALL)
+        assert kinds[-1] == "result"
+        # The UTF-8 check of request_id is strict (overlong, surrogate).
+        for raw in (b"\xc0\xafabcdef", b"\xed\xa0\x80abcde"):
+            payload = patched(b"IDIDIDID", raw, request_id="IDIDIDID", **SMALL)
+            expect_error(lambda: raw_generate(d, payload), "INVALID_ARGUMENT", "UTF-8")
+        # NUL bytes.
+        for field in ("prompt", "prompt_2", "negative_prompt", "request_id"):
+            fields = dict(SMALL)
+            fields[field] = "abc\x00def"
+            expect_error(lambda: d.generate(timeout=30, **fields), "INVALID_ARGUMENT", field, "NUL")
+        expect_error(lambda: d.generate(timeout=30, model="demo\x00x", **SMALL), "INVALID_ARGUMENT",
+                     "model", "NUL")
+        wreq = api.msg("ditserve.v1.WarmupRequest")(model="demo\x00x", width=64, height=64)
+        expect_error(lambda: api.warmup(d.channel)(wreq, timeout=30), "INVALID_ARGUMENT", "model",
+                     "NUL")
+        # A good id with non-ASCII letters is echoed back intact.
+        call = api.generate(d.channel)(api.request(seed=1, request_id="réq-✓-1", **SMALL), timeout=60)
+        evs = list(call)
+        assert all(e.request_id == "réq-✓-1" for e in evs) and evs[-1].WhichOneof("event") == "result"
+        d.stop()
+        no_sanitizer_reports(d)
+    finally:
+        d.close()
+
+
+@case
+def bad_tensors():
+    """Tensor shapes whose product overflows, and NaN or infinite values,
+    are refused with INVALID_ARGUMENT (and no undefined behaviour: the
+    sanitizer build checks the log)."""
+    d = Daemon()
+    try:
+        f32 = lambda *vals: struct.pack(f"<{len(vals)}f", *vals)
+        pooled = ("DTYPE_F32", [1, POOLED_DIM], f32(*([0.1] * POOLED_DIM)))
+        for shape in ([1, 4096, 1 << 62], [1, 1 << 62, JOINT_DIM], [1 << 40, 1 << 40, 1 << 40],
+                      [-1, 4, JOINT_DIM], [1, 4, -(1 << 63)]):
+            embeds = ("DTYPE_F32", shape, f32(*([0.0] * (4 * JOINT_DIM))))
+            expect_error(lambda: d.generate(timeout=30, prompt_embeds=embeds,
+                                            pooled_prompt_embeds=pooled, **SMALL),
+                         "INVALID_ARGUMENT", "prompt_embeds")
+        for bad in (math.nan, math.inf, -math.inf):
+            vals = [0.0] * (4 * JOINT_DIM)
+            vals[5] = bad
+            embeds = ("DTYPE_F32", [1, 4, JOINT_DIM], f32(*vals))
+            expect_error(lambda: d.generate(timeout=30, prompt_embeds=embeds,
+                                            pooled_prompt_embeds=pooled, **SMALL),
+                         "INVALID_ARGUMENT", "prompt_embeds", "NaN or infinity")
+        nan_all = ("DTYPE_F32", [1, 4, JOINT_DIM], f32(*([math.nan] * (4 * JOINT_DIM))))
+        expect_error(lambda: d.generate(timeout=30, prompt_embeds=nan_all,
+                                        pooled_prompt_embeds=pooled, **SMALL),
+                     "INVALID_ARGUMENT", "NaN")
+        # bf16 (0x7fc0: NaN) and f16 (0x7c00: +inf) pooled embeddings.
+        embeds = ("DTYPE_F32", [1, 4, JOINT_DIM], f32(*([0.1] * (4 * JOINT_DIM))))
+        bf16 = ("DTYPE_BF16", [1, POOLED_DIM], struct.pack("<H", 0x7fc0) * POOLED_DIM)
+        f16 = ("DTYPE_F16", [1, POOLED_DIM], struct.pack("<H", 0x3c00) * 31 + struct.pack("<H", 0x7c00))
+        for p in (bf16, f16):
+            expect_error(lambda: d.generate(timeout=30, prompt_embeds=embeds, pooled_prompt_embeds=p,
+                                            **SMALL),
+                         "INVALID_ARGUMENT", "pooled_prompt_embeds", "NaN or infinity")
+        # Finite embeddings still generate.
+        kinds, png, _ = d.generate(timeout=60, seed=1, prompt_embeds=embeds,
+                                   pooled_prompt_embeds=pooled, **SMALL)
+        assert kinds[-1] == "result" and png
+        d.stop()
+        no_sanitizer_reports(d)
+    finally:
+        d.close()
+
+
+@case
+def port_in_use():
+    """A second ditd on the port a running ditd holds exits non-zero naming
+    the address (gRPC's SO_REUSEPORT would have let it share the port)."""
+    d = Daemon()
+    try:
+        addr = d.target
+        p = subprocess.run([env_path("DITD"), "--model", DEMO, "--listen", addr],
+                           capture_output=True, timeout=60)
+        err = p.stderr.decode(errors="replace")
+        assert p.returncode != 0, f"the second ditd ran: {p.stdout!r} {err}"
+        assert f"cannot listen on {addr}" in err and "in use" in err, err
+        assert b"listening" not in p.stdout, p.stdout
+        kinds, _, _ = d.generate(seed=1, **SMALL)
+        assert kinds[-1] == "result"
+        d.stop()
+        no_sanitizer_reports(d)
+    finally:
+        d.close()
+
+
+@case
+def listen_form():
+    """--listen is checked before anything starts: a bad port or form exits
+    2 at once with the expected form; ":PORT" means every interface."""
+    for bad in ("127.0.0.1:99999", "50051", "127.0.0.1:", "127.0.0.1:-1", "127.0.0.1:5x",
+                "::1:50051", "[::1:50051", ""):
+        t0 = time.monotonic()
+        p = subprocess.run([env_path("DITD"), "--model", DEMO, "--listen", bad],
+                           capture_output=True, timeout=30)
+        err = p.stderr.decode(errors="replace")
+        assert p.returncode == 2, f"--listen {bad!r}: rc {p.returncode}\n{err}"
+        assert f"--listen '{bad}'" in err and "HOST:PORT" in err and ":50051" in err, err
+        assert "chttp2" not in err and not p.stdout, err
+        assert time.monotonic() - t0 < 10
+    # The same through the environment.
+    e = dict(os.environ, DITD_LISTEN="127.0.0.1:70000")
+    p = subprocess.run([env_path("DITD"), "--model", DEMO], capture_output=True, timeout=30, env=e)
+    assert p.returncode == 2 and b"0 to 65535" in p.stderr, p.stderr
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def main():
+    if len(sys.argv) != 2 or sys.argv[1] not in CASES and sys.argv[1] != "--list":
+        print(__doc__)
+        print("cases:", " ".join(CASES))
+        return 2
+    if sys.argv[1] == "--list":
+        print("\n".join(CASES))
+        return 0
+    t0 = time.monotonic()
+    try:
+        CASES[sys.argv[1]]()
+    except BaseException:
+        Daemon.dump_logs()
+        raise
+    finally:
+        Daemon.remove_logs()
+    print(f"{sys.argv[1]}: ok ({time.monotonic() - t0:.1f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
