@@ -9,6 +9,7 @@ or the mistake did, over loopback.
 import json
 import math
 import os
+import re
 import signal
 import socket
 import struct
@@ -402,6 +403,76 @@ def listen_form():
     e = dict(os.environ, DITD_LISTEN="127.0.0.1:70000")
     p = subprocess.run([env_path("DITD"), "--model", DEMO], capture_output=True, timeout=30, env=e)
     assert p.returncode == 2 and b"0 to 65535" in p.stderr, p.stderr
+
+
+def dead_pid():
+    """A pid no process has now (that of a child that has exited)."""
+    p = subprocess.Popen(["true"])
+    p.wait()
+    assert not alive(p.pid)
+    return p.pid
+
+
+def shm_of(pid):
+    return sorted(n for n in os.listdir("/dev/shm") if n.startswith(f"dit-{pid}-"))
+
+
+def sock_dirs_of(pid):
+    return sorted(n for n in os.listdir("/tmp") if n.startswith(f"ditd-{pid}-"))
+
+
+@case
+def stale_files():
+    """kill -9 of ditd leaves nothing the next ditd does not remove: the
+    shm segment is unlinked as soon as every rank has mapped it, and socket
+    folders (and segments) named with a pid that is gone are reclaimed at
+    start; those of live processes are kept."""
+    gone = dead_pid()
+    fake_seg = f"/dev/shm/dit-{gone}-abc123"
+    fake_dir = f"/tmp/ditd-{gone}-Zq9xYz"
+    live_seg = f"/dev/shm/dit-{os.getpid()}-keep"
+    d = d2 = None
+    try:
+        d = Daemon("--ring", "2", world=2)
+        kinds, png, _ = d.generate(seed=1, **SMALL)
+        assert kinds[-1] == "result" and png
+        assert shm_of(d.proc.pid) == [], f"segments left while serving: {shm_of(d.proc.pid)}"
+        dirs = sock_dirs_of(d.proc.pid)
+        assert len(dirs) == 1, dirs
+        # kill -9: the workers die with ditd; the socket folder stays.
+        pid = d.proc.pid
+        d.kill()
+        assert sock_dirs_of(pid) == dirs
+        # What an earlier ditd killed before its mesh was up would leave, and
+        # a live process's segment.
+        for path in (fake_seg, live_seg):
+            with open(path, "wb") as f:
+                f.write(b"\0" * 4096)
+        os.mkdir(fake_dir, 0o700)
+        with open(os.path.join(fake_dir, "ipc.sock"), "wb"):
+            pass
+        d2 = Daemon("--ring", "2", world=2)
+        assert sock_dirs_of(pid) == [], f"the killed ditd's folder is still there: {dirs}"
+        assert not os.path.exists(fake_seg) and not os.path.exists(fake_dir)
+        assert os.path.exists(live_seg), "a live process's segment was removed"
+        # At least these three (other ditd processes killed on this host may
+        # have left more).
+        m = re.search(r"removed (\d+) socket folder\(s\) and shm segment\(s\)", d2.log())
+        assert m and int(m.group(1)) >= 3, d2.log()
+        kinds, png, _ = d2.generate(seed=1, **SMALL)
+        assert kinds[-1] == "result" and png
+        d2.stop()
+        assert sock_dirs_of(d2.proc.pid) == [] and shm_of(d2.proc.pid) == []
+        no_sanitizer_reports(d2)
+    finally:
+        for path in (fake_seg, live_seg, os.path.join(fake_dir, "ipc.sock")):
+            if os.path.exists(path):
+                os.unlink(path)
+        if os.path.isdir(fake_dir):
+            os.rmdir(fake_dir)
+        for x in (d, d2):
+            if x:
+                x.close()
 
 
 def free_port():
