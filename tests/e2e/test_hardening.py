@@ -475,6 +475,60 @@ def stale_files():
                 x.close()
 
 
+@case
+def metrics_idle():
+    """1,200 idle connections and 200 slow ones (half a request header) on
+    the metrics port: a scraper still gets its answer at once, again and
+    again; idle connections are closed after their timeout."""
+    d = Daemon("--metrics-port", "0")
+    socks = []
+    try:
+        line = d.proc.stdout.readline().decode()
+        assert line.startswith("ditd: metrics on "), line
+        url = line.split()[-1]
+        port = int(url.rsplit(":", 1)[1].split("/")[0])
+
+        def scrape():
+            t0 = time.monotonic()
+            with urllib.request.urlopen(url, timeout=5) as r:
+                body = r.read().decode()
+            assert r.status == 200 and "ditserve_requests_total" in body, body[:200]
+            return time.monotonic() - t0
+
+        for i in range(1400):
+            s = socket.create_connection(("127.0.0.1", port), timeout=10)
+            if i >= 1200:
+                s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+            socks.append(s)
+        times = [scrape() for _ in range(5)]
+        print(f"scrapes with 1,400 idle and slow connections opened: "
+              f"{', '.join(f'{t * 1000:.0f} ms' for t in times)}")
+        # A few more idle ones between scrapes, as an attacker would.
+        for _ in range(3):
+            socks += [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(300)]
+            scrape()
+        for s in socks:
+            s.close()
+        socks = []
+        # Idle connections time out on their own.
+        s = socket.create_connection(("127.0.0.1", port), timeout=20)
+        socks.append(s)
+        t0 = time.monotonic()
+        assert s.recv(1) == b"", "an idle connection got data"
+        waited = time.monotonic() - t0
+        assert waited < 15, f"an idle connection stayed {waited:.1f} s"
+        print(f"an idle connection was closed after {waited:.1f} s")
+        kinds, _, _ = d.generate(seed=1, **SMALL)
+        assert kinds[-1] == "result"
+        scrape()
+        d.stop()
+        no_sanitizer_reports(d)
+    finally:
+        for s in socks:
+            s.close()
+        d.close()
+
+
 def free_port():
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
