@@ -131,15 +131,15 @@ def unread_results():
     RESOURCE_EXHAUSTED, ends the stalled calls at their deadlines, serves
     other clients meanwhile, and does not wait on the stalled reader past
     --drain-timeout."""
-    mib = 1 << 20
-    d = Daemon("--max-unread-bytes", str(4 * mib), "--max-unread-total", str(8 * mib),
+    kib = 1 << 10
+    d = Daemon("--max-unread-bytes", str(1024 * kib), "--max-unread-total", str(2048 * kib),
                "--drain-timeout", "3")
     try:
         api = d.api
-        # 512x512 raw f32 RGB: 3 MiB a result. Without BDP probing the
+        # 256x256 raw f32 RGB: 768 KiB a result. Without BDP probing the
         # client's window stays 64 KiB, and a call nobody iterates never
         # opens it: the rest of the result stays in ditd.
-        big = dict(prompt="x", width=512, height=512, num_inference_steps=1,
+        big = dict(prompt="x", width=256, height=256, num_inference_steps=1,
                    output_format="OUTPUT_FORMAT_RAW_TENSOR")
         # Each channel on a connection of its own (grpcio shares connections
         # between channels with equal options otherwise).
@@ -147,10 +147,10 @@ def unread_results():
         stalled = grpc.insecure_channel(d.target, options=opts)
         gen_a = api.generate(stalled)
         rss0 = rss_mib(d.proc.pid)
-        a1 = gen_a(api.request(seed=1, **big), timeout=10)
+        a1 = gen_a(api.request(seed=1, **big), timeout=20)
         d.wait_idle(60)
-        a2 = gen_a(api.request(seed=2, **big), timeout=10)
-        a2_deadline = time.monotonic() + 10
+        a2 = gen_a(api.request(seed=2, **big), timeout=20)
+        a2_deadline = time.monotonic() + 20
         d.wait_idle(60)
         rss1 = rss_mib(d.proc.pid)
         # Over the connection's bound: refused at once, however often asked.
@@ -158,11 +158,11 @@ def unread_results():
             details = expect_error(lambda: list(gen_a(api.request(seed=3, **big), timeout=20)),
                                    "RESOURCE_EXHAUSTED", "--max-unread-bytes")
         rss2 = rss_mib(d.proc.pid)
-        print(f"ditd RSS: {rss0:.0f} MiB at start, {rss1:.0f} with two unread 3 MiB results, "
+        print(f"ditd RSS: {rss0:.0f} MiB at start, {rss1:.0f} with two unread 768 KiB results, "
               f"{rss2:.0f} after 10 more calls ({details})")
         assert rss2 - rss1 < 8, f"RSS grew {rss2 - rss1:.0f} MiB on refused calls"
         # Another stalled connection, without a deadline: admitted (its
-        # connection is clean, the total is under 8 MiB), then over the total.
+        # connection is clean, the total is under 2 MiB), then over the total.
         stalled2 = grpc.insecure_channel(d.target, options=opts)
         c1 = api.generate(stalled2)(api.request(seed=4, **big))
         d.wait_idle(60)

@@ -109,11 +109,13 @@ static dit_status check_tensor(const char *name, const Ditserve__V1__Tensor *t, 
                             "%s must have shape %s for this model%s", name, shape_text,
                             max_any > 0 ? " (L from 1 to 4096)" : "");
     size_t bytes;
-    if (__builtin_mul_overflow((size_t)numel, dit_dtype_size(dt), &bytes) || t->data.len != bytes)
+    if (__builtin_mul_overflow((size_t)numel, dit_dtype_size(dt), &bytes))
+        return dit_diag_set(diag, DIT_ERR_INVALID_ARG, "%s: shape %s in %s is too large", name,
+                            shape_text, dit_dtype_name(dt));
+    if (t->data.len != bytes)
         return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
-                            "%s holds %zu bytes; shape %s in %s needs %lld x %zu", name,
-                            t->data.len, shape_text, dit_dtype_name(dt), (long long)numel,
-                            dit_dtype_size(dt));
+                            "%s holds %zu bytes; shape %s in %s needs %zu", name, t->data.len,
+                            shape_text, dit_dtype_name(dt), bytes);
     /* NaN or infinity would run through the whole pipeline (and into
      * approximations that assume finite inputs): refuse it here. */
     const size_t n = (size_t)numel;
