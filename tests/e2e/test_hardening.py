@@ -217,6 +217,10 @@ def unread_results():
 
 
 def check_log_lines(d, forged, json_format):
+    with open(d.logf.name, "rb") as f:
+        raw = f.read()
+    raw.decode("utf-8")  # strict: no client bytes that are not UTF-8
+    assert b"\x1b" not in raw, "an escape sequence reached the log"
     lines = d.log().splitlines()
     for line in lines:
         assert not line.startswith(forged), f"a forged log line: {line!r}"
@@ -242,6 +246,10 @@ def log_case(json_format):
         # Refused requests: unknown model with a newline, 30 MB model and
         # request_id (their request lines are capped).
         expect_error(lambda: d.generate(timeout=30, model="m\n" + forged, **SMALL), "NOT_FOUND")
+        # A model name that is not UTF-8 (and not served): the log stays UTF-8.
+        b = d.api.request(model="MODELMODEL", **SMALL).SerializeToString()
+        bad = b.replace(b"MODELMODEL", b"\xff\xfe\n\x1b[31mRE")
+        expect_error(lambda: raw_generate(d, bad), "NOT_FOUND")
         huge = "A" * (30 << 20)
         expect_error(lambda: d.generate(timeout=60, model=huge, **SMALL), "NOT_FOUND")
         expect_error(lambda: d.generate(timeout=60, request_id=huge, **SMALL), "INVALID_ARGUMENT",
