@@ -132,8 +132,8 @@ void dit_log_request(const dit_log *lg, const char *request_id, const char *mode
     /* Every field a client chose is escaped and capped (DIT_LOG_FIELD_MAX
      * and the detail's buffer), whatever it holds. */
     char id[DIT_LOG_FIELD_MAX], mod[DIT_LOG_FIELD_MAX], det[1200];
-    escape(request_id, id, sizeof id, lg->json, true);
-    escape(model, mod, sizeof mod, lg->json, true);
+    escape(request_id, id, sizeof id, lg->json, !lg->json);
+    escape(model, mod, sizeof mod, lg->json, !lg->json);
     escape(detail, det, sizeof det, lg->json, false);
     if (lg->json) {
         fprintf(stderr,
