@@ -204,8 +204,9 @@ static void on_drain_tick(uv_timer_t *t)
     if (!d->aborted && waited_s >= d->cfg.drain_timeout_s) {
         d->aborted = true;
         DIT_LOG(&d->cfg.log, DIT_LOG_WARN, "main",
-                "drain timeout (%.1f s): cancelling %d request(s) still pending", d->cfg.drain_timeout_s,
-                dit_server_pending(s));
+                "drain timeout (%.1f s): cancelling %d request(s) still pending and %lld bytes of "
+                "results clients have not read", d->cfg.drain_timeout_s, dit_server_pending(s),
+                (long long)dit_rpc_server_unsent(s->rpc));
         dit_server_abort_pending(s, "the server shut down before the request finished");
         close_rpc(d);
     }
