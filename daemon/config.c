@@ -29,6 +29,7 @@ typedef struct raw {
     const char *join_listen, *join_secret_file;
     long long local_ranks;
     long long world, ring, ulysses, tp, max_queue, threads, max_message, conn_age, chunk, max_pixels;
+    long long max_unread, max_unread_total;
     long long metrics_port;
     double drain, comm_timeout, job_timeout, startup_timeout;
     long long uany, rany, unany, nofp32, log_json;
@@ -42,7 +43,8 @@ static const opt_def defs[] = {
     {"model-name", "DITD_MODEL_NAME", OPT_STR, "NAME",
      "name clients ask for (default: the folder's name)", OFF(model_name), 0, 0},
     {"listen", "DITD_LISTEN", OPT_STR, "HOST:PORT",
-     "gRPC address (default 0.0.0.0:50051; port 0 picks a free port)", OFF(listen), 0, 0},
+     "gRPC address: IPv4:PORT, [IPv6]:PORT, NAME:PORT or :PORT for every interface "
+     "(default 0.0.0.0:50051; port 0 picks a free port)", OFF(listen), 0, 0},
     {"backend", "DITD_BACKEND", OPT_STR, "cpu|cuda", "compute backend (default cpu)", OFF(backend), 0, 0},
     {"world-size", "DITD_WORLD_SIZE", OPT_INT, "N",
      "worker processes in the mesh (default R x U x T, else 1)",
@@ -87,6 +89,11 @@ static const opt_def defs[] = {
      OFF(conn_age), 0, 1000000000},
     {"chunk-bytes", "DITD_CHUNK_BYTES", OPT_BYTES, "BYTES",
      "image bytes per ResultChunk message (default 1048576)", OFF(chunk), 1024, 1 << 30},
+    {"max-unread-bytes", "DITD_MAX_UNREAD_BYTES", OPT_BYTES, "BYTES",
+     "result bytes one connection may leave unread; past them its new calls get "
+     "RESOURCE_EXHAUSTED (default 134217728)", OFF(max_unread), 1024, 1ll << 40},
+    {"max-unread-total", "DITD_MAX_UNREAD_TOTAL", OPT_BYTES, "BYTES",
+     "the same over all connections (default 1073741824)", OFF(max_unread_total), 1024, 1ll << 40},
     {"max-pixels", "DITD_MAX_PIXELS", OPT_INT, "N",
      "largest width x height a request may ask for (default 4194304, 2048x2048)", OFF(max_pixels),
      256, 268435456},
@@ -188,6 +195,40 @@ static const char *basename_of(const char *path)
     return s;
 }
 
+/* --listen must be HOST:PORT with a port from 0 to 65535 before anything
+ * starts: gRPC itself would take "127.0.0.1:99999" as port 34463 and
+ * report other mistakes only once the workers run. ":PORT" means every
+ * interface and is rewritten to 0.0.0.0:PORT. */
+static int check_listen(dit_daemon_config *cfg)
+{
+    const char *v = cfg->listen;
+    const char *colon = strrchr(v, ':');
+    const char *why = NULL;
+    if (!colon) {
+        why = "it has no ':PORT'";
+    } else if (v[0] == '[' ? colon == v || colon[-1] != ']' || colon - v < 3 ||
+                                 memchr(v + 1, ']', (size_t)(colon - v - 2)) != NULL
+                           : memchr(v, ':', (size_t)(colon - v)) != NULL) {
+        why = "an IPv6 address goes in brackets, [::1]:PORT";
+    } else if (colon[1] == '\0' || strspn(colon + 1, "0123456789") != strlen(colon + 1) ||
+               strlen(colon + 1) > 5 || atoi(colon + 1) > 65535) {
+        why = "the port is not a number from 0 to 65535";
+    } else if (memchr(v, ' ', (size_t)(colon - v)) || memchr(v, '/', (size_t)(colon - v))) {
+        why = "the host is not an address or a name";
+    }
+    if (why) {
+        fprintf(stderr, "ditd: --listen '%s': %s; the form is HOST:PORT, e.g. 0.0.0.0:50051, "
+                        "127.0.0.1:0 (a free port), [::]:50051 or :50051 (every interface)\n",
+                v, why);
+        return 2;
+    }
+    if (colon == v) {
+        snprintf(cfg->listen_buf, sizeof cfg->listen_buf, "0.0.0.0%s", v);
+        cfg->listen = cfg->listen_buf;
+    }
+    return 0;
+}
+
 int dit_daemon_config_parse(dit_daemon_config *cfg, int argc, char **argv)
 {
     raw r;
@@ -197,6 +238,8 @@ int dit_daemon_config_parse(dit_daemon_config *cfg, int argc, char **argv)
     r.max_message = 64ll << 20;
     r.chunk = 1 << 20;
     r.max_pixels = 2048 * 2048;
+    r.max_unread = 128ll << 20;
+    r.max_unread_total = 1ll << 30;
     r.metrics_port = -1;
     r.local_ranks = -1;
     r.drain = 30;
@@ -254,6 +297,8 @@ int dit_daemon_config_parse(dit_daemon_config *cfg, int argc, char **argv)
     cfg->model = r.model;
     cfg->model_name = r.model_name ? r.model_name : basename_of(r.model);
     cfg->listen = r.listen ? r.listen : "0.0.0.0:50051";
+    if (check_listen(cfg) != 0)
+        return 2;
     cfg->backend_name = r.backend ? r.backend : "cpu";
     if (dit_backend_kind_parse(cfg->backend_name, &cfg->backend) != DIT_OK) {
         fprintf(stderr, "ditd: unknown backend '%s' (cpu or cuda)\n", cfg->backend_name);
@@ -304,6 +349,8 @@ int dit_daemon_config_parse(dit_daemon_config *cfg, int argc, char **argv)
     cfg->max_message_bytes = r.max_message;
     cfg->max_connection_age_s = r.conn_age;
     cfg->chunk_bytes = r.chunk;
+    cfg->max_unread_bytes = r.max_unread;
+    cfg->max_unread_total = r.max_unread_total;
     cfg->warmup = r.warmup;
     cfg->max_pixels = r.max_pixels;
     cfg->tls_cert = r.tls_cert;

@@ -16,7 +16,7 @@
 typedef struct dit_daemon_config {
     const char *model;      /* pipeline folder */
     const char *model_name; /* name clients use; default: the folder's name */
-    const char *listen;     /* HOST:PORT; port 0 picks a free one */
+    const char *listen;     /* HOST:PORT (checked; ":PORT" made 0.0.0.0:PORT); port 0 picks a free one */
     const char *backend_name;
     dit_backend_kind backend;
     dit_parallel_config pc;
@@ -30,6 +30,9 @@ typedef struct dit_daemon_config {
     int64_t max_message_bytes; /* largest request accepted */
     int64_t max_connection_age_s; /* 0: connections live forever */
     int64_t chunk_bytes;       /* result bytes per ResultChunk message */
+    /* Result bytes queued for clients that have not read them yet, per
+     * connection and in all; past them new calls are refused. */
+    int64_t max_unread_bytes, max_unread_total;
     const char *warmup;        /* WIDTHxHEIGHT:STEPS run before serving, or NULL */
     int64_t max_pixels;        /* largest width x height accepted */
     const char *tls_cert, *tls_key, *tls_client_ca; /* PEM files; NULL: plaintext */
@@ -39,6 +42,7 @@ typedef struct dit_daemon_config {
     const char *join_listen;     /* IP:PORT for joining workers, or NULL */
     const char *join_secret_file;
     dit_log log;
+    char listen_buf[300]; /* storage for listen when it was rewritten */
 } dit_daemon_config;
 
 /* Fills cfg from the environment and argv. Returns 0 to run, 1 when --help

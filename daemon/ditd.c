@@ -195,15 +195,18 @@ static void on_drain_tick(uv_timer_t *t)
     daemon_state *d = t->data;
     dit_server *s = &d->srv;
     const double waited_s = (double)(uv_now(&d->loop) - d->drain_started_ms) / 1000.0;
-    if (dit_server_pending(s) == 0) {
+    /* Done when no job waits or runs and every result was taken: results
+     * still queued for slow readers get the drain time too, and no more. */
+    if (dit_server_pending(s) == 0 && dit_rpc_server_unsent(s->rpc) == 0) {
         close_rpc(d);
         return;
     }
     if (!d->aborted && waited_s >= d->cfg.drain_timeout_s) {
         d->aborted = true;
         DIT_LOG(&d->cfg.log, DIT_LOG_WARN, "main",
-                "drain timeout (%.1f s): cancelling %d request(s) still pending", d->cfg.drain_timeout_s,
-                dit_server_pending(s));
+                "drain timeout (%.1f s): cancelling %d request(s) still pending and %lld bytes of "
+                "results clients have not read", d->cfg.drain_timeout_s, dit_server_pending(s),
+                (long long)dit_rpc_server_unsent(s->rpc));
         dit_server_abort_pending(s, "the server shut down before the request finished");
         close_rpc(d);
     }

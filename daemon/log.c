@@ -28,20 +28,75 @@ static void timestamp(char *buf, size_t cap)
     snprintf(buf + n, cap - n, ".%03ldZ", ts.tv_nsec / 1000000);
 }
 
-/* Escapes a string for a JSON value (quotes, backslashes, control bytes). */
-static void json_escape(const char *in, char *out, size_t cap)
+/* Length of the well-formed UTF-8 sequence at p (n bytes left), or 0. */
+static size_t utf8_len(const unsigned char *p, size_t n)
 {
-    size_t o = 0;
-    for (; in && *in && o + 7 < cap; in++) {
-        unsigned char c = (unsigned char)*in;
-        if (c == '"' || c == '\\') {
-            out[o++] = '\\';
-            out[o++] = (char)c;
-        } else if (c < 0x20) {
-            o += (size_t)snprintf(out + o, cap - o, "\\u%04x", c);
+    size_t len;
+    unsigned c = p[0], min;
+    if (c < 0x80)
+        return 1;
+    if ((c & 0xe0) == 0xc0) {
+        len = 2, min = 0x80, c &= 0x1f;
+    } else if ((c & 0xf0) == 0xe0) {
+        len = 3, min = 0x800, c &= 0x0f;
+    } else if ((c & 0xf8) == 0xf0) {
+        len = 4, min = 0x10000, c &= 0x07;
+    } else {
+        return 0;
+    }
+    if (len > n)
+        return 0;
+    for (size_t k = 1; k < len; k++) {
+        if ((p[k] & 0xc0) != 0x80)
+            return 0;
+        c = (c << 6) | (p[k] & 0x3f);
+    }
+    return c < min || c > 0x10ffff || (c >= 0xd800 && c <= 0xdfff) ? 0 : len;
+}
+
+/* Copies in (NULL: empty) into out (cap bytes, NUL-terminated) so that it
+ * cannot break the line it goes into: control bytes, and bytes that are not
+ * UTF-8, escaped (\n, \xNN in text; \uNNNN in JSON, with quotes and
+ * backslashes); in text also spaces when `word` (key=value fields). Strings
+ * come from clients, so the output is capped: past cap it ends in "...". */
+static void escape(const char *in, char *out, size_t cap, bool json, bool word)
+{
+    const unsigned char *p = (const unsigned char *)(in ? in : "");
+    size_t n = strlen((const char *)p), o = 0;
+    const size_t room = cap - 4; /* for "..." and the NUL */
+    while (n > 0) {
+        char tmp[8];
+        size_t t = 0, used = 1;
+        const unsigned c = *p;
+        const size_t u = utf8_len(p, n);
+        if (c == '\\' || (json && c == '"')) {
+            tmp[t++] = '\\';
+            tmp[t++] = (char)c;
+        } else if (c < 0x20 || c == 0x7f || u == 0 || (word && c == ' ')) {
+            if (json)
+                t = (size_t)snprintf(tmp, sizeof tmp, "\\u%04x", u == 0 ? 0xfffdu : c);
+            else if (c == '\n')
+                t = (size_t)snprintf(tmp, sizeof tmp, "\\n");
+            else if (c == '\r')
+                t = (size_t)snprintf(tmp, sizeof tmp, "\\r");
+            else if (c == '\t')
+                t = (size_t)snprintf(tmp, sizeof tmp, "\\t");
+            else
+                t = (size_t)snprintf(tmp, sizeof tmp, "\\x%02x", c);
         } else {
-            out[o++] = (char)c;
+            used = u;
+            memcpy(tmp, p, u);
+            t = u;
         }
+        if (o + t > room) {
+            memcpy(out + o, "...", 3);
+            o += 3;
+            break;
+        }
+        memcpy(out + o, tmp, t);
+        o += t;
+        p += used;
+        n -= used;
     }
     out[o] = '\0';
 }
@@ -54,15 +109,16 @@ void dit_log_write(const dit_log *lg, dit_log_level lvl, const char *subsys, con
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     timestamp(ts, sizeof ts);
-    if (lg->json) {
-        char esc[4096];
-        json_escape(msg, esc, sizeof esc);
+    /* Messages may quote what clients sent: escaped in both formats, so
+     * that none can start a line of its own. */
+    char esc[4096];
+    escape(msg, esc, sizeof esc, lg->json, false);
+    if (lg->json)
         fprintf(stderr, "{\"time\":\"%s\",\"level\":\"%s\",\"pid\":%d,\"subsystem\":\"%s\",\"msg\":\"%s\"}\n",
                 ts, level_names[lvl], (int)getpid(), subsys, esc);
-    } else {
+    else
         fprintf(stderr, "%s %-5s ditd[%d] %s: %s\n", ts, level_names[lvl], (int)getpid(), subsys,
-                msg);
-    }
+                esc);
 }
 
 void dit_log_request(const dit_log *lg, const char *request_id, const char *model, int width,
@@ -73,11 +129,13 @@ void dit_log_request(const dit_log *lg, const char *request_id, const char *mode
         return;
     char ts[40];
     timestamp(ts, sizeof ts);
+    /* Every field a client chose is escaped and capped (DIT_LOG_FIELD_MAX
+     * and the detail's buffer), whatever it holds. */
+    char id[DIT_LOG_FIELD_MAX], mod[DIT_LOG_FIELD_MAX], det[1200];
+    escape(request_id, id, sizeof id, lg->json, !lg->json);
+    escape(model, mod, sizeof mod, lg->json, !lg->json);
+    escape(detail, det, sizeof det, lg->json, false);
     if (lg->json) {
-        char id[300], mod[600], det[1200];
-        json_escape(request_id, id, sizeof id);
-        json_escape(model, mod, sizeof mod);
-        json_escape(detail, det, sizeof det);
         fprintf(stderr,
                 "{\"time\":\"%s\",\"level\":\"info\",\"pid\":%d,\"subsystem\":\"request\","
                 "\"request_id\":\"%s\",\"model\":\"%s\",\"width\":%d,\"height\":%d,\"steps\":%d,"
@@ -87,7 +145,7 @@ void dit_log_request(const dit_log *lg, const char *request_id, const char *mode
         fprintf(stderr,
                 "%s info  ditd[%d] request: id=%s model=%s shape=%dx%d steps=%d queue_ms=%.1f "
                 "compute_ms=%.1f status=%s%s%s\n",
-                ts, (int)getpid(), request_id, model, width, height, steps, queue_ms, compute_ms,
-                status, detail && *detail ? " detail=" : "", detail ? detail : "");
+                ts, (int)getpid(), id, mod, width, height, steps, queue_ms, compute_ms, status,
+                det[0] ? " detail=" : "", det);
     }
 }

@@ -29,7 +29,13 @@ bool dit_log_level_parse(const char *s, dit_log_level *out);
 void dit_log_write(const dit_log *lg, dit_log_level lvl, const char *subsys, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
-/* One JSON object per request (or a text line): the request log. */
+/* Bytes a client-chosen field (request_id, model) takes in a log line at
+ * most, escapes included; longer ones end in "...". */
+#define DIT_LOG_FIELD_MAX 200
+
+/* One JSON object per request (or a text line): the request log. Every
+ * string is escaped (control bytes, invalid UTF-8; spaces in request_id and
+ * model in text) and capped, in both formats. */
 void dit_log_request(const dit_log *lg, const char *request_id, const char *model, int width,
                      int height, int steps, double queue_ms, double compute_ms, const char *status,
                      const char *detail);

@@ -25,6 +25,24 @@ static const char *const status_names[N_STATUS] = {
 static const double bounds[N_BUCKETS] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                                          0.25,  0.5,    1,     2.5,  5,     10,  60};
 
+/* Open HTTP connections at most; past METRICS_SOFT_CONNS a new connection
+ * closes the oldest one that has not sent a request (else the oldest), so
+ * idle or slow clients, however many, cannot keep a scraper out. The hard
+ * limit leaves room for connections arriving while evicted ones close. */
+#define METRICS_MAX_CONNS 256
+#define METRICS_SOFT_CONNS 224
+/* An HTTP connection with nothing to say is closed after this long. */
+#define METRICS_IDLE_TIMEOUT_S 5
+
+/* One open HTTP connection, oldest first. Owner: libmicrohttpd's thread
+ * (every callback runs on it). */
+typedef struct http_conn {
+    struct http_conn *prev, *next;
+    int fd;
+    bool served;  /* it sent a request */
+    bool evicted; /* shut down; closes on the next poll */
+} http_conn;
+
 typedef struct histogram {
     uint64_t counts[N_BUCKETS + 1]; /* the last one is +Inf */
     uint64_t n;
@@ -43,6 +61,9 @@ struct dit_metrics {
     /* Per rank, as the workers last reported; seen[r] once reported. */
     bool seen[N_RANKS];
     int64_t rss[N_RANKS], gpu_used[N_RANKS], gpu_total[N_RANKS], gpu_peak[N_RANKS];
+    /* libmicrohttpd's thread only. */
+    http_conn *oldest, *newest;
+    int n_conns;
 };
 
 static void observe(histogram *h, double v)
@@ -235,6 +256,10 @@ static enum MHD_Result on_http(void *cls, struct MHD_Connection *conn, const cha
     (void)upload_size;
     (void)con_cls;
     dit_metrics *m = cls;
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    if (ci && ci->socket_context)
+        ((http_conn *)ci->socket_context)->served = true;
     unsigned code = MHD_HTTP_OK;
     char *body = NULL;
     const char *type = "text/plain; version=0.0.4; charset=utf-8";
@@ -260,6 +285,68 @@ static enum MHD_Result on_http(void *cls, struct MHD_Connection *conn, const cha
     return r;
 }
 
+static void on_conn_event(void *cls, struct MHD_Connection *conn, void **ctx,
+                          enum MHD_ConnectionNotificationCode what)
+{
+    dit_metrics *m = cls;
+    if (what == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *ci =
+            MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+        http_conn *hc = ci ? calloc(1, sizeof *hc) : NULL;
+        if (!hc)
+            return; /* not tracked: never evicted, still timed out */
+        hc->fd = ci->connect_fd;
+        hc->prev = m->newest;
+        if (m->newest)
+            m->newest->next = hc;
+        else
+            m->oldest = hc;
+        m->newest = hc;
+        m->n_conns++;
+        *ctx = hc;
+    } else if (what == MHD_CONNECTION_NOTIFY_CLOSED && *ctx) {
+        http_conn *hc = *ctx;
+        if (hc->prev)
+            hc->prev->next = hc->next;
+        else
+            m->oldest = hc->next;
+        if (hc->next)
+            hc->next->prev = hc->prev;
+        else
+            m->newest = hc->prev;
+        m->n_conns--;
+        free(hc);
+        *ctx = NULL;
+    }
+}
+
+/* Runs before each accept: at the soft limit, makes room by shutting down
+ * the oldest connection that never sent a request (a scraper's keep-alive
+ * connection goes only when every other one is serving too). */
+static enum MHD_Result on_accept(void *cls, const struct sockaddr *addr, socklen_t len)
+{
+    (void)addr;
+    (void)len;
+    dit_metrics *m = cls;
+    int live = 0;
+    for (http_conn *hc = m->oldest; hc; hc = hc->next)
+        live += !hc->evicted;
+    if (live < METRICS_SOFT_CONNS)
+        return MHD_YES;
+    http_conn *victim = NULL;
+    for (http_conn *hc = m->oldest; hc && !victim; hc = hc->next)
+        if (!hc->evicted && !hc->served)
+            victim = hc;
+    for (http_conn *hc = m->oldest; hc && !victim; hc = hc->next)
+        if (!hc->evicted)
+            victim = hc;
+    if (victim) {
+        shutdown(victim->fd, SHUT_RDWR);
+        victim->evicted = true;
+    }
+    return MHD_YES;
+}
+
 dit_status dit_metrics_start(int port, int loopback_only, const char *model, dit_metrics **out,
                              int *bound_port, dit_diag *diag)
 {
@@ -271,10 +358,13 @@ dit_status dit_metrics_start(int port, int loopback_only, const char *model, dit
     snprintf(m->mesh_state, sizeof m->mesh_state, "starting");
     struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
     addr.sin_addr.s_addr = htonl(loopback_only ? INADDR_LOOPBACK : INADDR_ANY);
-    m->httpd = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD, (uint16_t)port, NULL, NULL,
+    /* epoll (poll where there is none): select() would fail on descriptors
+     * past FD_SETSIZE, which a busy ditd reaches. */
+    m->httpd = MHD_start_daemon(MHD_USE_AUTO_INTERNAL_THREAD, (uint16_t)port, on_accept, m,
                                 on_http, m, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
-                                MHD_OPTION_CONNECTION_LIMIT, (unsigned)64,
-                                MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10, MHD_OPTION_END);
+                                MHD_OPTION_CONNECTION_LIMIT, (unsigned)METRICS_MAX_CONNS,
+                                MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)METRICS_IDLE_TIMEOUT_S,
+                                MHD_OPTION_NOTIFY_CONNECTION, on_conn_event, m, MHD_OPTION_END);
     if (!m->httpd) {
         uv_mutex_destroy(&m->mu);
         free(m);

@@ -27,7 +27,19 @@ typedef struct rpc_event {
 typedef struct out_msg {
     struct out_msg *next;
     grpc_byte_buffer *buf;
+    size_t len;
 } out_msg;
+
+/* Bytes queued on one client connection's calls that the client has not
+ * taken yet (a message counts until gRPC completes its send, which waits on
+ * HTTP/2 flow control). Calls of a connection share one entry, found by the
+ * peer address; it lives while a call refers to it. */
+typedef struct conn_acct {
+    struct conn_acct *next;
+    char *peer;
+    int64_t bytes;
+    int refs;
+} conn_acct;
 
 struct dit_rpc_call {
     dit_rpc_server *srv;
@@ -49,6 +61,8 @@ struct dit_rpc_call {
     char *details_text; /* the same, for the request log */
     void *user;
     char *peer;
+    conn_acct *acct; /* set with the first message queued */
+    int64_t unsent;  /* bytes of this call's queued messages */
 };
 
 typedef struct generic_call {
@@ -81,6 +95,8 @@ struct dit_rpc_server {
     int live;
     char *auth_header; /* "Bearer <token>" */
     const dit_log *log;
+    conn_acct *accts;
+    int64_t unsent; /* over every call */
 };
 
 static const char *const status_names[] = {
@@ -164,8 +180,51 @@ static void check_shutdown_done(dit_rpc_server *s)
     }
 }
 
+/* Adds delta (negative: sent) to the call's, its connection's and the
+ * server's count of bytes not yet taken by the client. */
+static void account(dit_rpc_call *c, int64_t delta)
+{
+    c->unsent += delta;
+    c->srv->unsent += delta;
+    if (c->acct)
+        c->acct->bytes += delta;
+}
+
+static conn_acct *acct_get(dit_rpc_server *s, const char *peer)
+{
+    for (conn_acct *a = s->accts; a; a = a->next)
+        if (strcmp(a->peer, peer) == 0) {
+            a->refs++;
+            return a;
+        }
+    conn_acct *a = calloc(1, sizeof *a);
+    if (!a || !(a->peer = strdup(peer))) {
+        free(a);
+        return NULL;
+    }
+    a->refs = 1;
+    a->next = s->accts;
+    s->accts = a;
+    return a;
+}
+
+static void acct_put(dit_rpc_server *s, conn_acct *a)
+{
+    if (!a || --a->refs > 0)
+        return;
+    for (conn_acct **pp = &s->accts; *pp; pp = &(*pp)->next)
+        if (*pp == a) {
+            *pp = a->next;
+            break;
+        }
+    free(a->peer);
+    free(a);
+}
+
 static void call_free(dit_rpc_call *c)
 {
+    account(c, -c->unsent);
+    acct_put(c->srv, c->acct);
     while (c->head) {
         out_msg *m = c->head;
         c->head = m->next;
@@ -251,6 +310,7 @@ static void on_send(rpc_tag *t, bool ok)
         c->head = m->next;
         if (!c->head)
             c->tail = NULL;
+        account(c, -(int64_t)m->len);
         grpc_byte_buffer_destroy(m->buf);
         free(m);
     }
@@ -311,6 +371,10 @@ void dit_rpc_call_send(dit_rpc_call *c, const uint8_t *msg, size_t len)
     grpc_slice slice = grpc_slice_from_copied_buffer((const char *)msg, len);
     m->buf = grpc_raw_byte_buffer_create(&slice, 1);
     grpc_slice_unref(slice);
+    m->len = len;
+    if (!c->acct)
+        c->acct = acct_get(c->srv, dit_rpc_call_peer(c));
+    account(c, (int64_t)len);
     if (c->tail)
         c->tail->next = m;
     else
@@ -402,6 +466,20 @@ double dit_rpc_call_deadline_ms(const dit_rpc_call *c)
 bool dit_rpc_call_cancelled(const dit_rpc_call *c)
 {
     return c->dead;
+}
+
+int64_t dit_rpc_call_conn_unsent(dit_rpc_call *c)
+{
+    const char *peer = dit_rpc_call_peer(c);
+    for (const conn_acct *a = c->srv->accts; a; a = a->next)
+        if (strcmp(a->peer, peer) == 0)
+            return a->bytes;
+    return 0;
+}
+
+int64_t dit_rpc_server_unsent(const dit_rpc_server *s)
+{
+    return s ? s->unsent : 0;
 }
 
 const char *dit_rpc_call_peer(dit_rpc_call *c)
@@ -644,8 +722,13 @@ dit_status dit_rpc_server_create(uv_loop_t *loop, const dit_rpc_config *cfg,
         if (s->auth_header)
             snprintf(s->auth_header, n, "Bearer %s", cfg->auth_token);
     }
-    grpc_arg args[4];
+    grpc_arg args[5];
     int nargs = 0;
+    /* gRPC sets SO_REUSEPORT by default, which lets a second ditd bind the
+     * port this one holds and take half its clients: bind exclusively. */
+    args[nargs++] = (grpc_arg){.type = GRPC_ARG_INTEGER,
+                               .key = GRPC_ARG_ALLOW_REUSEPORT,
+                               .value.integer = 0};
     args[nargs++] = (grpc_arg){.type = GRPC_ARG_INTEGER,
                                .key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH,
                                .value.integer = (int)cfg->max_message_bytes};
@@ -696,8 +779,9 @@ dit_status dit_rpc_server_create(uv_loop_t *loop, const dit_rpc_config *cfg,
     }
     int port = grpc_server_add_http2_port(s->server, cfg->listen, creds);
     if (port == 0) {
-        st = dit_diag_set(diag, DIT_ERR_IO, "cannot listen on %s (address in use or invalid?)",
-                          cfg->listen);
+        st = dit_diag_set(diag, DIT_ERR_IO,
+                          "cannot listen on %s: the address is in use (another ditd?) or not "
+                          "an address of this host", cfg->listen);
         goto cleanup;
     }
     *bound_port = port;

@@ -97,6 +97,13 @@ bool dit_rpc_call_cancelled(const dit_rpc_call *c);
 /* The client's address as gRPC reports it (freed with the call). */
 const char *dit_rpc_call_peer(dit_rpc_call *c);
 
+/* Bytes of messages queued on this call's connection (every call of it)
+ * that the client has not taken yet: a client that stops reading leaves
+ * them here, held back by HTTP/2 flow control. */
+int64_t dit_rpc_call_conn_unsent(dit_rpc_call *c);
+/* The same over every connection. */
+int64_t dit_rpc_server_unsent(const dit_rpc_server *s);
+
 /* gRPC's canonical status name ("INVALID_ARGUMENT"). */
 const char *dit_rpc_status_name(grpc_status_code code);
 

@@ -214,10 +214,11 @@ static void update_positions(dit_server *s)
 {
     dit_metrics_gauges(s->metrics, s->queued, s->running ? 1 : 0);
     /* The running job is ahead of every queued one: "0 ahead" must mean
-     * "runs at once". */
+     * "runs at once". Only Generate streams get the update: a Warmup call is
+     * unary, and a second message before its WarmupResponse would break it. */
     int pos = s->running ? 1 : 0;
     for (job *j = s->queue; j; j = j->next, pos++)
-        if (j->last_position != pos)
+        if (j->kind == JOB_GENERATE && j->last_position != pos)
             send_queued(j, pos, s->queued);
 }
 
@@ -295,7 +296,31 @@ static uint64_t random_seed(void)
     return v & 0x7fffffffffffffffull;
 }
 
-/* Common admission: draining, mesh state, queue room. */
+/* Finished results wait in ditd until their client reads them. A client
+ * that stops reading must not make ditd hold result after result, so past
+ * --max-unread-bytes on its connection (or --max-unread-total in all) new
+ * calls are refused. */
+static bool unread_ok(dit_server *s, dit_rpc_call *call)
+{
+    const int64_t conn = dit_rpc_call_conn_unsent(call), all = dit_rpc_server_unsent(s->rpc);
+    char msg[300];
+    if (conn >= s->cfg->max_unread_bytes)
+        snprintf(msg, sizeof msg,
+                 "this connection has %lld bytes of results it has not read (the limit is "
+                 "%lld, --max-unread-bytes); read them before sending more requests",
+                 (long long)conn, (long long)s->cfg->max_unread_bytes);
+    else if (all >= s->cfg->max_unread_total)
+        snprintf(msg, sizeof msg,
+                 "clients have %lld bytes of results they have not read (the limit is %lld, "
+                 "--max-unread-total); retry later",
+                 (long long)all, (long long)s->cfg->max_unread_total);
+    else
+        return true;
+    dit_rpc_call_finish(call, GRPC_STATUS_RESOURCE_EXHAUSTED, msg);
+    return false;
+}
+
+/* Common admission: draining, mesh state, queue room, unread results. */
 static bool admit(dit_server *s, dit_rpc_call *call)
 {
     char msg[200];
@@ -316,7 +341,7 @@ static bool admit(dit_server *s, dit_rpc_call *call)
         dit_rpc_call_finish(call, GRPC_STATUS_RESOURCE_EXHAUSTED, msg);
         return false;
     }
-    return true;
+    return unread_ok(s, call);
 }
 
 static bool model_ok(dit_server *s, dit_rpc_call *call, const char *model)
@@ -398,6 +423,11 @@ static void on_generate(void *ctx, dit_rpc_call *call, const uint8_t *req, size_
     }
     dit_diag diag;
     dit_diag_clear(&diag);
+    if (dit_request_check_strings(&ditserve__v1__generate_request__descriptor, req, len, &diag) !=
+        DIT_OK) {
+        dit_rpc_call_finish(call, GRPC_STATUS_INVALID_ARGUMENT, dit_diag_msg(&diag));
+        goto reject;
+    }
     if (!model_ok(s, call, r->model))
         goto reject;
     if (dit_request_validate(r, &s->info, &diag) != DIT_OK) {
@@ -479,6 +509,13 @@ static void on_warmup(void *ctx, dit_rpc_call *call, const uint8_t *req, size_t 
         return;
     }
     Ditserve__V1__GenerateRequest *r = NULL;
+    dit_diag diag;
+    dit_diag_clear(&diag);
+    if (dit_request_check_strings(&ditserve__v1__warmup_request__descriptor, req, len, &diag) !=
+        DIT_OK) {
+        dit_rpc_call_finish(call, GRPC_STATUS_INVALID_ARGUMENT, dit_diag_msg(&diag));
+        goto done;
+    }
     if (!model_ok(s, call, w->model))
         goto done;
     r = malloc(sizeof *r);
@@ -499,8 +536,6 @@ static void on_warmup(void *ctx, dit_rpc_call *call, const uint8_t *req, size_t 
     r->width = w->width;
     r->height = w->height;
     r->num_inference_steps = w->num_inference_steps ? w->num_inference_steps : 1;
-    dit_diag diag;
-    dit_diag_clear(&diag);
     if (dit_request_validate(r, &s->info, &diag) != DIT_OK) {
         dit_rpc_call_finish(call, GRPC_STATUS_INVALID_ARGUMENT, dit_diag_msg(&diag));
         goto done;
@@ -653,7 +688,7 @@ static void on_done(void *ctx, uint64_t job_id, dit_status st, const char *messa
     }
     s->running = NULL;
     const double compute_ms = now_ms() - j->started_ms;
-    const grpc_status_code code = grpc_code_of(st);
+    grpc_status_code code = grpc_code_of(st);
     char detail[1300];
     if (st == DIT_OK && j->warning[0])
         snprintf(detail, sizeof detail, "warning: %s", j->warning);
@@ -690,7 +725,15 @@ static void on_done(void *ctx, uint64_t job_id, dit_status st, const char *messa
         }
         break;
     case JOB_GENERATE:
-        if (st == DIT_OK) {
+        if (j->call)
+            dit_rpc_call_set_user(j->call, NULL);
+        if (st == DIT_OK && j->call && !unread_ok(s, j->call)) {
+            /* Admitted while there was room; the client has not read since. */
+            j->call = NULL;
+            code = GRPC_STATUS_RESOURCE_EXHAUSTED;
+            snprintf(detail, sizeof detail, "the result was dropped: too many unread results");
+            s->requests_failed++;
+        } else if (st == DIT_OK) {
             s->requests_ok++;
             send_result(s, j, env->done);
             fail_job(j, GRPC_STATUS_OK, NULL);

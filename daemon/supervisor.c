@@ -1,6 +1,8 @@
 #include "supervisor.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <limits.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
@@ -472,6 +474,10 @@ static void handle(conn *c, Ditserve__Ipc__Envelope *env)
         s->rank_ready[c->rank] = true;
         if (++s->readies == s->N) {
             uv_timer_stop(&s->startup_timer);
+            /* Every rank has mapped the segment (they join it before they
+             * load): its name can go, so a killed ditd leaves nothing in
+             * /dev/shm. */
+            dit_shm_segment_unlink(s->seg);
             set_state(s, DIT_MESH_READY);
         }
         break;
@@ -1044,6 +1050,39 @@ static dit_status open_join_port(dit_supervisor *s, dit_diag *diag)
     return DIT_OK;
 }
 
+/* Removes /tmp/ditd-PID-* socket folders of this user whose ditd is gone:
+ * the socket inside, then the folder (rmdir refuses one holding more). */
+static int reclaim_sock_dirs(void)
+{
+    DIR *dir = opendir("/tmp");
+    if (!dir)
+        return 0;
+    int removed = 0;
+    struct dirent *e;
+    while ((e = readdir(dir)) != NULL) {
+        if (strncmp(e->d_name, "ditd-", 5) != 0)
+            continue;
+        char *end;
+        const long pid = strtol(e->d_name + 5, &end, 10);
+        if (end == e->d_name + 5 || *end != '-' || pid <= 0 || pid > INT_MAX)
+            continue;
+        if (kill((pid_t)pid, 0) == 0 || errno != ESRCH)
+            continue;
+        struct stat sb;
+        if (fstatat(dirfd(dir), e->d_name, &sb, AT_SYMLINK_NOFOLLOW) != 0 ||
+            !S_ISDIR(sb.st_mode) || sb.st_uid != geteuid())
+            continue;
+        char path[400];
+        snprintf(path, sizeof path, "/tmp/%s/ipc.sock", e->d_name);
+        unlink(path);
+        snprintf(path, sizeof path, "/tmp/%s", e->d_name);
+        if (rmdir(path) == 0)
+            removed++;
+    }
+    closedir(dir);
+    return removed;
+}
+
 dit_status dit_supervisor_create(uv_loop_t *loop, const dit_supervisor_config *cfg,
                                  const dit_supervisor_events *ev, dit_supervisor **out,
                                  dit_diag *diag)
@@ -1067,8 +1106,16 @@ dit_status dit_supervisor_create(uv_loop_t *loop, const dit_supervisor_config *c
                             cfg->local_ranks, cfg->pc.world_size - 1);
     }
     snprintf(s->device, sizeof s->device, "%s", cfg->backend);
-    /* The IPC socket lives in a folder only this user can enter. */
-    snprintf(s->sock_dir, sizeof s->sock_dir, "/tmp/ditd-XXXXXX");
+    /* What a ditd killed with SIGKILL left behind (its workers died with
+     * it): socket folders and shm segments named with its pid. */
+    const int stale = reclaim_sock_dirs() + dit_shm_reclaim_stale();
+    if (stale > 0)
+        DIT_LOG(cfg->log, DIT_LOG_INFO, "mesh",
+                "removed %d socket folder(s) and shm segment(s) of ditd processes that are gone",
+                stale);
+    /* The IPC socket lives in a folder only this user can enter, named with
+     * ditd's pid so that the next ditd can remove it if this one is killed. */
+    snprintf(s->sock_dir, sizeof s->sock_dir, "/tmp/ditd-%d-XXXXXX", (int)getpid());
     if (!mkdtemp(s->sock_dir)) {
         dit_status st = dit_diag_set(diag, DIT_ERR_IO, "cannot create a socket folder: %s",
                                      strerror(errno));

@@ -95,22 +95,51 @@ static dit_status check_tensor(const char *name, const Ditserve__V1__Tensor *t, 
     }
     if (used < sizeof shape_text)
         snprintf(shape_text + used, sizeof shape_text - used, ")");
+    /* Each dim is checked before it is multiplied in, and the product is
+     * checked for overflow too: a client picks these numbers. */
     bool ok = t->n_shape == (size_t)ndim;
     int64_t numel = 1;
     for (int i = 0; ok && i < ndim; i++) {
         const int64_t d = t->shape[i];
-        ok = want[i] < 0 ? (d >= 1 && d <= max_any) : d == want[i];
-        numel *= d;
+        ok = (want[i] < 0 ? (d >= 1 && d <= max_any) : d == want[i]) &&
+             !__builtin_mul_overflow(numel, d, &numel);
     }
     if (!ok)
         return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
                             "%s must have shape %s for this model%s", name, shape_text,
                             max_any > 0 ? " (L from 1 to 4096)" : "");
-    const size_t bytes = (size_t)numel * dit_dtype_size(dt);
+    size_t bytes;
+    if (__builtin_mul_overflow((size_t)numel, dit_dtype_size(dt), &bytes))
+        return dit_diag_set(diag, DIT_ERR_INVALID_ARG, "%s: shape %s in %s is too large", name,
+                            shape_text, dit_dtype_name(dt));
     if (t->data.len != bytes)
         return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
                             "%s holds %zu bytes; shape %s in %s needs %zu", name, t->data.len,
                             shape_text, dit_dtype_name(dt), bytes);
+    /* NaN or infinity would run through the whole pipeline (and into
+     * approximations that assume finite inputs): refuse it here. */
+    const size_t n = (size_t)numel;
+    for (size_t i = 0; i < n; i++) {
+        const uint8_t *e = t->data.data + i * dit_dtype_size(dt);
+        bool finite;
+        if (dt == DIT_F32) {
+            uint32_t u;
+            memcpy(&u, e, 4);
+            finite = (u & 0x7f800000u) != 0x7f800000u;
+        } else if (dt == DIT_BF16) {
+            uint16_t u;
+            memcpy(&u, e, 2);
+            finite = (u & 0x7f80u) != 0x7f80u;
+        } else { /* f16 */
+            uint16_t u;
+            memcpy(&u, e, 2);
+            finite = (u & 0x7c00u) != 0x7c00u;
+        }
+        if (!finite)
+            return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
+                                "%s holds a NaN or infinity at element %zu; only finite values "
+                                "are accepted", name, i);
+    }
     return DIT_OK;
 }
 
@@ -158,8 +187,13 @@ dit_status dit_request_validate(const Ditserve__V1__GenerateRequest *req,
     for (int i = 0; i < 4; i++)
         if ((st = check_text(names[i], texts[i], diag)) != DIT_OK)
             return st;
-    if (req->request_id && strlen(req->request_id) > 128)
-        return dit_diag_set(diag, DIT_ERR_INVALID_ARG, "request_id is longer than 128 bytes");
+    /* request_id is echoed in every event: a client's protobuf library
+     * refuses a stream whose strings are not UTF-8. */
+    if (req->request_id && strlen(req->request_id) > DIT_REQUEST_MAX_ID_BYTES)
+        return dit_diag_set(diag, DIT_ERR_INVALID_ARG, "request_id is %zu bytes; at most %d are "
+                            "accepted", strlen(req->request_id), DIT_REQUEST_MAX_ID_BYTES);
+    if (req->request_id && !valid_utf8(req->request_id, strlen(req->request_id)))
+        return dit_diag_set(diag, DIT_ERR_INVALID_ARG, "request_id is not valid UTF-8");
     if (req->output_format != DITSERVE__V1__OUTPUT_FORMAT__OUTPUT_FORMAT_UNSPECIFIED &&
         req->output_format != DITSERVE__V1__OUTPUT_FORMAT__OUTPUT_FORMAT_PNG &&
         req->output_format != DITSERVE__V1__OUTPUT_FORMAT__OUTPUT_FORMAT_RAW_TENSOR)
@@ -370,4 +404,72 @@ void dit_request_free(dit_request *r)
     free(r->negative_pooled_prompt_embeds);
     free(r->latents);
     memset(r, 0, sizeof *r);
+}
+
+/* A base-128 varint at *p (below end); false when it runs off the end or
+ * past 64 bits. */
+static bool read_varint(const uint8_t **p, const uint8_t *end, uint64_t *out)
+{
+    uint64_t v = 0;
+    for (int shift = 0; shift < 64 && *p < end; shift += 7) {
+        const uint8_t b = *(*p)++;
+        v |= (uint64_t)(b & 0x7f) << shift;
+        if (!(b & 0x80)) {
+            *out = v;
+            return true;
+        }
+    }
+    return false;
+}
+
+static dit_status check_strings(const ProtobufCMessageDescriptor *desc, const uint8_t *p,
+                                const uint8_t *end, int depth, dit_diag *diag)
+{
+    /* Deeper than any ditserve message nests; protobuf-c has already
+     * unpacked these bytes, so this only bounds the recursion. */
+    if (depth > 16)
+        return DIT_OK;
+    while (p < end) {
+        uint64_t key, n;
+        if (!read_varint(&p, end, &key))
+            return DIT_OK;
+        switch (key & 7) {
+        case 0:
+            if (!read_varint(&p, end, &n))
+                return DIT_OK;
+            break;
+        case 1:
+            p += (size_t)(end - p) < 8 ? (size_t)(end - p) : 8;
+            break;
+        case 5:
+            p += (size_t)(end - p) < 4 ? (size_t)(end - p) : 4;
+            break;
+        case 2: {
+            if (!read_varint(&p, end, &n) || n > (uint64_t)(end - p))
+                return DIT_OK;
+            const ProtobufCFieldDescriptor *f =
+                key >> 3 <= UINT32_MAX ? protobuf_c_message_descriptor_get_field(desc, (unsigned)(key >> 3))
+                                       : NULL;
+            if (f && f->type == PROTOBUF_C_TYPE_STRING && memchr(p, 0, (size_t)n))
+                return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
+                                    "%s holds a NUL byte; strings may not contain NUL", f->name);
+            if (f && f->type == PROTOBUF_C_TYPE_MESSAGE) {
+                dit_status st = check_strings(f->descriptor, p, p + n, depth + 1, diag);
+                if (st != DIT_OK)
+                    return st;
+            }
+            p += n;
+            break;
+        }
+        default: /* groups: not in these messages, and unpack skipped them */
+            return DIT_OK;
+        }
+    }
+    return DIT_OK;
+}
+
+dit_status dit_request_check_strings(const ProtobufCMessageDescriptor *desc, const uint8_t *buf,
+                                     size_t len, dit_diag *diag)
+{
+    return check_strings(desc, buf, buf + len, 0, diag);
 }

@@ -19,6 +19,7 @@
 #define DIT_REQUEST_DEFAULT_STEPS 28
 #define DIT_REQUEST_DEFAULT_GUIDANCE 3.5f
 #define DIT_REQUEST_MAX_PROMPT_BYTES 65536
+#define DIT_REQUEST_MAX_ID_BYTES 128
 
 typedef struct dit_request {
     dit_gen_params gp; /* points into this struct's own storage */
@@ -65,5 +66,12 @@ dit_status dit_request_resolve(const Ditserve__V1__GenerateRequest *req,
                                dit_request *out, dit_diag *diag);
 
 void dit_request_free(dit_request *r);
+
+/* Refuses an encoded message (buf, len bytes; desc its type) with a NUL byte
+ * in any string field, nested messages included. protobuf-c hands strings
+ * over NUL-terminated, so such a field would otherwise be read cut short
+ * ("demo\0x" read as "demo"). Call on the bytes that unpacked. */
+dit_status dit_request_check_strings(const ProtobufCMessageDescriptor *desc, const uint8_t *buf,
+                                     size_t len, dit_diag *diag);
 
 #endif

@@ -12,7 +12,9 @@
 static inline float dit_expf(float x)
 {
     const float hi = 88.7228f, lo = -87.3365f;
-    float xc = x > hi ? hi : (x < lo ? lo : x);
+    /* Written so that NaN clamps to lo: converting NaN to an integer below
+     * would be undefined (the result is made NaN again at the end). */
+    float xc = x > hi ? hi : (x >= lo ? x : lo);
     /* Round to nearest by adding and subtracting 1.5 * 2^23 (exact for the
      * |n| <= 128 here); unlike roundevenf this vectorises. */
     const float shifter = 12582912.0f;
@@ -40,6 +42,7 @@ static inline float dit_expf(float x)
     float y = p * scale.f * extra;
     y = x < lo ? 0.0f : y;
     y = x > hi ? __builtin_inff() : y;
+    y = x != x ? x : y;
     return y;
 }
 

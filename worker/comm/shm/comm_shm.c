@@ -12,6 +12,7 @@
  * its owner writes the next round. */
 #include "comm/shm/comm_shm.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -675,8 +676,47 @@ void dit_shm_segment_destroy(dit_shm_segment *seg)
     if (!seg)
         return;
     munmap(seg->base, seg->size);
-    shm_unlink(seg->name);
+    dit_shm_segment_unlink(seg);
     free(seg);
+}
+
+void dit_shm_segment_unlink(dit_shm_segment *seg)
+{
+    if (!seg || seg->name[0] == '\0')
+        return;
+    shm_unlink(seg->name);
+    seg->name[0] = '\0';
+}
+
+int dit_shm_reclaim_stale(void)
+{
+    DIR *dir = opendir("/dev/shm");
+    if (!dir)
+        return 0;
+    int removed = 0;
+    struct dirent *e;
+    while ((e = readdir(dir)) != NULL) {
+        long pid;
+        char *end;
+        if (strncmp(e->d_name, "dit-", 4) != 0)
+            continue;
+        pid = strtol(e->d_name + 4, &end, 10);
+        if (end == e->d_name + 4 || *end != '-' || pid <= 0 || pid > INT_MAX)
+            continue;
+        /* Only when the creator is gone (not merely another user's). */
+        if (kill((pid_t)pid, 0) == 0 || errno != ESRCH)
+            continue;
+        struct stat sb;
+        if (fstatat(dirfd(dir), e->d_name, &sb, AT_SYMLINK_NOFOLLOW) != 0 ||
+            !S_ISREG(sb.st_mode) || sb.st_uid != geteuid())
+            continue;
+        char name[300];
+        snprintf(name, sizeof name, "/%s", e->d_name);
+        if (shm_unlink(name) == 0)
+            removed++;
+    }
+    closedir(dir);
+    return removed;
 }
 
 dit_status dit_shm_comm_join(const dit_shm_config *cfg, int rank, dit_comm **out, dit_diag *diag)

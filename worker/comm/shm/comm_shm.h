@@ -31,7 +31,8 @@ typedef struct dit_shm_config {
 
 typedef struct dit_shm_segment dit_shm_segment;
 
-/* Fills cfg->name with a name unique to this process and moment. */
+/* Fills cfg->name with a name unique to this process and moment,
+ * "/dit-PID-HEX", so that dit_shm_reclaim_stale can tell whose it is. */
 void dit_shm_make_name(dit_shm_config *cfg);
 
 /* Creates and initialises the segment (fails if the name exists). */
@@ -48,6 +49,16 @@ int dit_shm_segment_failed_rank(const dit_shm_segment *seg);
 
 /* Unmaps and unlinks. NULL-safe. */
 void dit_shm_segment_destroy(dit_shm_segment *seg);
+
+/* Removes the segment's name once every rank has mapped it: the memory
+ * stays until the last mapping goes, and nothing is left in /dev/shm if the
+ * creator is killed. NULL-safe. */
+void dit_shm_segment_unlink(dit_shm_segment *seg);
+
+/* Unlinks segments named by dit_shm_make_name ("/dit-PID-...") whose
+ * creating process is gone and which belong to this user: what a killed
+ * daemon left. Returns how many were removed. */
+int dit_shm_reclaim_stale(void);
 
 /* Joins an existing segment as `rank` and returns the world group. Waits
  * (up to the timeout) for every rank to join. */

@@ -1,0 +1,576 @@
+"""End-to-end tests of what adversarial and first-use testing found in ditd:
+each case drives the real daemon (and its real workers) the way the attack
+or the mistake did, over loopback.
+
+    test_hardening.py CASE      runs one case (meson registers each as a test)
+    test_hardening.py --list    lists the cases
+"""
+
+import json
+import math
+import os
+import re
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import grpc
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import ditapi  # noqa: E402
+from daemon import DEMO, Daemon, alive, children_of, env_path  # noqa: E402
+
+SMALL = dict(prompt="a red fox in the snow", width=64, height=64, num_inference_steps=2)
+LONG = dict(prompt="a very long job", width=512, height=512, num_inference_steps=1000)
+# The demo model's text widths (tests/data/demo/transformer/config.json).
+JOINT_DIM = 32
+POOLED_DIM = 32
+
+CASES = {}
+
+
+def case(fn):
+    CASES[fn.__name__] = fn
+    return fn
+
+
+def expect_error(fn, code, *needles):
+    """Runs fn, which must fail with `code` and details holding each needle."""
+    try:
+        fn()
+    except grpc.RpcError as e:
+        details = e.details() or ""
+        assert e.code().name == code, f"got {e.code().name} ({details!r}), expected {code}"
+        for n in needles:
+            assert n.lower() in details.lower(), f"{code} details {details!r} lack {n!r}"
+        return details
+    raise AssertionError(f"expected {code}, the call succeeded")
+
+
+def wait_progress(call):
+    for ev in call:
+        if ev.WhichOneof("event") == "progress":
+            return ev
+    raise AssertionError("the stream ended before any progress")
+
+
+def wait_for(pred, timeout_s, what):
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout_s:
+        if pred():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"no {what} within {timeout_s} s")
+
+
+def raw_generate(d, payload, timeout=30):
+    """Sends bytes as a Generate request, whatever they are."""
+    return list(d.channel.unary_stream("/ditserve.v1.Generation/Generate")(payload, timeout=timeout))
+
+
+def raw_warmup(d, payload, timeout=30):
+    return d.channel.unary_unary("/ditserve.v1.Generation/Warmup")(payload, timeout=timeout)
+
+
+def no_sanitizer_reports(d):
+    """In the sanitizer build, UBSan and ASan report on stderr (the log)."""
+    log = d.log()
+    for needle in ("runtime error:", "AddressSanitizer", "LeakSanitizer"):
+        assert needle not in log, f"sanitizer report in the log:\n{log}"
+
+
+def rss_mib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+# --------------------------------------------------------------------------
+
+
+@case
+def warmup_queued():
+    """A Warmup that waits behind a running generation gets its one
+    WarmupResponse and OK: queue-position updates go to Generate streams
+    only (a Warmup call is unary)."""
+    d = Daemon()
+    try:
+        api = d.api
+        long_call = api.generate(d.channel)(api.request(seed=1, **LONG), timeout=300)
+        wait_progress(long_call)
+        wreq = api.msg("ditserve.v1.WarmupRequest")(width=64, height=64, num_inference_steps=1)
+        fut = api.warmup(d.channel).future(wreq, timeout=60)
+        # Another generation behind it moves the queue while the warm-up waits.
+        gen2 = api.generate(d.channel)(api.request(seed=2, priority=-1, **SMALL), timeout=120)
+        wait_for(lambda: d.info().queue_depth == 2, 30, "two queued requests")
+        long_call.cancel()
+        resp = fut.result(timeout=60)
+        assert "64x64" in resp.detail and resp.elapsed_ms > 0, resp
+        kinds, png, _ = ditapi.collect(gen2)
+        assert kinds[0] == "queued" and kinds[-1] == "result" and png, kinds
+        # And from a second client while idle: still fine.
+        assert api.warmup(d.channel)(wreq, timeout=60).elapsed_ms > 0
+        d.stop()
+        no_sanitizer_reports(d)
+    finally:
+        d.close()
+
+
+@case
+def unread_results():
+    """A client that stops reading (HTTP/2 window never reopened) while it
+    keeps sending Generate calls: ditd holds at most --max-unread-bytes for
+    its connection and --max-unread-total in all, refuses more with
+    RESOURCE_EXHAUSTED, ends the stalled calls at their deadlines, serves
+    other clients meanwhile, and does not wait on the stalled reader past
+    --drain-timeout."""
+    kib = 1 << 10
+    d = Daemon("--max-unread-bytes", str(1024 * kib), "--max-unread-total", str(2048 * kib),
+               "--drain-timeout", "3")
+    try:
+        api = d.api
+        # 256x256 raw f32 RGB: 768 KiB a result. Without BDP probing the
+        # client's window stays 64 KiB, and a call nobody iterates never
+        # opens it: the rest of the result stays in ditd.
+        big = dict(prompt="x", width=256, height=256, num_inference_steps=1,
+                   output_format="OUTPUT_FORMAT_RAW_TENSOR")
+        # Each channel on a connection of its own (grpcio shares connections
+        # between channels with equal options otherwise).
+        opts = [("grpc.http2.bdp_probe", 0), ("grpc.use_local_subchannel_pool", 1)]
+        stalled = grpc.insecure_channel(d.target, options=opts)
+        gen_a = api.generate(stalled)
+        rss0 = rss_mib(d.proc.pid)
+
+        def finished(rid):
+            """Until ditd logged the request's end (grpcio sends a call
+            after returning it, so an idle server proves nothing)."""
+            wait_for(lambda: f"id={rid} " in d.log(), 60, f"the end of {rid}")
+
+        a1 = gen_a(api.request(seed=1, request_id="a1", **big), timeout=20)
+        finished("a1")
+        a2 = gen_a(api.request(seed=2, request_id="a2", **big), timeout=20)
+        a2_deadline = time.monotonic() + 20
+        finished("a2")
+        rss1 = rss_mib(d.proc.pid)
+        # Over the connection's bound: refused at once, however often asked.
+        for i in range(10):
+            details = expect_error(lambda: list(gen_a(api.request(seed=3, **big), timeout=20)),
+                                   "RESOURCE_EXHAUSTED", "--max-unread-bytes")
+        rss2 = rss_mib(d.proc.pid)
+        print(f"ditd RSS: {rss0:.0f} MiB at start, {rss1:.0f} with two unread 768 KiB results, "
+              f"{rss2:.0f} after 10 more calls ({details})")
+        # (The refusals are the bound; RSS is only reported: sanitizer builds
+        # keep freed memory in quarantine.)
+        # Another stalled connection, without a deadline: admitted (its
+        # connection is clean, the total is under 2 MiB), then over the total.
+        stalled2 = grpc.insecure_channel(d.target, options=opts)
+        c1 = api.generate(stalled2)(api.request(seed=4, request_id="c1", **big))
+        finished("c1")
+        expect_error(lambda: d.generate(timeout=30, seed=5, **SMALL), "RESOURCE_EXHAUSTED",
+                     "--max-unread-total")
+        # Health and info still answer.
+        assert d.info().running == 0
+        # The stalled calls end at their deadlines (reading them before
+        # would open the window); then there is room again.
+        time.sleep(max(0.0, a2_deadline + 0.5 - time.monotonic()))
+        for call in (a1, a2):
+            try:
+                for _ in call:
+                    pass
+                raise AssertionError("a stalled call finished")
+            except grpc.RpcError as e:
+                assert e.code() in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED), e
+        t0 = time.monotonic()
+        while True:
+            try:
+                kinds, png, _ = d.generate(timeout=30, seed=6, **SMALL)
+                break
+            except grpc.RpcError as e:
+                assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and \
+                    time.monotonic() - t0 < 20, e
+                time.sleep(0.2)
+        assert kinds[-1] == "result" and png
+        # c1 never reads and has no deadline: the drain gives it
+        # --drain-timeout (3 s) and then ends it.
+        t0 = time.monotonic()
+        d.stop(timeout_s=30)
+        took = time.monotonic() - t0
+        print(f"drain with a stalled reader took {took:.1f} s")
+        assert took < 15, f"the drain took {took:.1f} s"
+        try:
+            for _ in c1:
+                pass
+        except grpc.RpcError as e:
+            assert e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED), e
+        stalled.close()
+        stalled2.close()
+        no_sanitizer_reports(d)
+    finally:
+        d.close()
+
+
+def check_log_lines(d, forged, json_format):
+    with open(d.logf.name, "rb") as f:
+        raw = f.read()
+    raw.decode("utf-8")  # strict: no client bytes that are not UTF-8
+    assert b"\x1b" not in raw, "an escape sequence reached the log"
+    lines = d.log().splitlines()
+    for line in lines:
+        assert not line.startswith(forged), f"a forged log line: {line!r}"
+        assert len(line) < 8192, f"a log line of {len(line)} bytes"
+        if json_format and line.startswith("{"):
+            json.loads(line)
+    assert len(d.log()) < 200_000, f"the log is {len(d.log())} bytes"
+
+
+def log_case(json_format):
+    args = ["--log-json"] if json_format else []
+    d = Daemon(*args)
+    try:
+        forged = "2026-01-01T00:00:00.000Z error ditd[1] main: FORGED"
+        # A request_id with a newline is valid UTF-8 and accepted; it is
+        # escaped in the log (and echoed intact to the client).
+        kinds, _, _ = d.generate(seed=1, request_id="id\n" + forged, **SMALL)
+        assert kinds[-1] == "result"
+        call = d.api.generate(d.channel)(d.api.request(seed=1, request_id="x\r\n" + forged, **SMALL),
+                                         timeout=60)
+        evs = list(call)
+        assert evs[0].request_id == "x\r\n" + forged
+        # Refused requests: unknown model with a newline, 30 MB model and
+        # request_id (their request lines are capped).
+        expect_error(lambda: d.generate(timeout=30, model="m\n" + forged, **SMALL), "NOT_FOUND")
+        # A model name that is not UTF-8 (and not served): the log stays UTF-8.
+        b = d.api.request(model="MODELMODEL", **SMALL).SerializeToString()
+        bad = b.replace(b"MODELMODEL", b"\xff\xfe\n\x1b[31mRE")
+        expect_error(lambda: raw_generate(d, bad), "NOT_FOUND")
+        huge = "A" * (30 << 20)
+        expect_error(lambda: d.generate(timeout=60, model=huge, **SMALL), "NOT_FOUND")
+        expect_error(lambda: d.generate(timeout=60, request_id=huge, **SMALL), "INVALID_ARGUMENT",
+                     "request_id")
+        expect_error(lambda: d.generate(timeout=60, request_id=forged + "\n" + "B" * 200, **SMALL),
+                     "INVALID_ARGUMENT", "request_id")
+        # A cancelled queued request logs its id too.
+        long_call = d.api.generate(d.channel)(d.api.request(seed=1, **LONG), timeout=300)
+        wait_progress(long_call)
+        queued = d.api.generate(d.channel)(d.api.request(seed=2, request_id="q\n" + forged, **SMALL),
+                                           timeout=300)
+        wait_for(lambda: d.info().queue_depth == 1, 30, "a queued request")
+        queued.cancel()
+        long_call.cancel()
+        d.wait_idle(60)
+        d.stop()
+        check_log_lines(d, forged, json_format)
+        log = d.log()
+        if json_format:
+            ids = [json.loads(l).get("request_id") for l in log.splitlines() if l.startswith("{")]
+            assert "id\n" + forged in ids, "the request_id is not in the log"
+        else:
+            assert "id\\n" + forged.replace(" ", "\\x20") in log, "the escaped request_id is not in the log"
+        no_sanitizer_reports(d)
+    finally:
+        d.close()
+
+
+@case
+def log_injection():
+    """Text logs: newlines in request_id or model cannot forge a line, and
+    a 30 MB field writes a capped line."""
+    log_case(json_format=False)
+
+
+@case
+def log_injection_json():
+    """The same with --log-json: every line stays one JSON object."""
+    log_case(json_format=True)
+
+
+@case
+def bad_strings():
+    """request_id must be UTF-8 and at most 128 bytes; no string field may
+    hold a NUL byte (protobuf-c would cut it there). All INVALID_ARGUMENT;
+    the daemon keeps serving."""
+    d = Daemon()
+    try:
+        api = d.api
+
+        def patched(marker, raw, **fields):
+            b = api.request(**fields).SerializeToString()
+            assert b.count(marker) == 1
+            return b.replace(marker, raw)
+
+        bad_id = patched(b"IDIDIDID", b"\xff\xfe\x80\xc0abcd", request_id="IDIDIDID", **SMALL)
+        expect_error(lambda: raw_generate(d, bad_id), "INVALID_ARGUMENT", "request_id", "UTF-8")
+        expect_error(lambda: d.generate(timeout=30, request_id="r" * 129, **SMALL),
+                     "INVALID_ARGUMENT", "request_id", "128")
+        kinds, _, _ = d.generate(timeout=60, seed=1, request_id="r" * 128, **SMALL)
+        assert kinds[-1] == "result"
+        # The UTF-8 check of request_id is strict (overlong, surrogate).
+        for raw in (b"\xc0\xafabcdef", b"\xed\xa0\x80abcde"):
+            payload = patched(b"IDIDIDID", raw, request_id="IDIDIDID", **SMALL)
+            expect_error(lambda: raw_generate(d, payload), "INVALID_ARGUMENT", "UTF-8")
+        # NUL bytes.
+        for field in ("prompt", "prompt_2", "negative_prompt", "request_id"):
+            fields = dict(SMALL)
+            fields[field] = "abc\x00def"
+            expect_error(lambda: d.generate(timeout=30, **fields), "INVALID_ARGUMENT", field, "NUL")
+        expect_error(lambda: d.generate(timeout=30, model="demo\x00x", **SMALL), "INVALID_ARGUMENT",
+                     "model", "NUL")
+        wreq = api.msg("ditserve.v1.WarmupRequest")(model="demo\x00x", width=64, height=64)
+        expect_error(lambda: api.warmup(d.channel)(wreq, timeout=30), "INVALID_ARGUMENT", "model",
+                     "NUL")
+        # A good id with non-ASCII letters is echoed back intact.
+        call = api.generate(d.channel)(api.request(seed=1, request_id="réq-✓-1", **SMALL), timeout=60)
+        evs = list(call)
+        assert all(e.request_id == "réq-✓-1" for e in evs) and evs[-1].WhichOneof("event") == "result"
+        d.stop()
+        no_sanitizer_reports(d)
+    finally:
+        d.close()
+
+
+@case
+def bad_tensors():
+    """Tensor shapes whose product overflows, and NaN or infinite values,
+    are refused with INVALID_ARGUMENT (and no undefined behaviour: the
+    sanitizer build checks the log)."""
+    d = Daemon()
+    try:
+        f32 = lambda *vals: struct.pack(f"<{len(vals)}f", *vals)
+        pooled = ("DTYPE_F32", [1, POOLED_DIM], f32(*([0.1] * POOLED_DIM)))
+        for shape in ([1, 4096, 1 << 62], [1, 1 << 62, JOINT_DIM], [1 << 40, 1 << 40, 1 << 40],
+                      [-1, 4, JOINT_DIM], [1, 4, -(1 << 63)]):
+            embeds = ("DTYPE_F32", shape, f32(*([0.0] * (4 * JOINT_DIM))))
+            expect_error(lambda: d.generate(timeout=30, prompt_embeds=embeds,
+                                            pooled_prompt_embeds=pooled, **SMALL),
+                         "INVALID_ARGUMENT", "prompt_embeds")
+        for bad in (math.nan, math.inf, -math.inf):
+            vals = [0.0] * (4 * JOINT_DIM)
+            vals[5] = bad
+            embeds = ("DTYPE_F32", [1, 4, JOINT_DIM], f32(*vals))
+            expect_error(lambda: d.generate(timeout=30, prompt_embeds=embeds,
+                                            pooled_prompt_embeds=pooled, **SMALL),
+                         "INVALID_ARGUMENT", "prompt_embeds", "NaN or infinity")
+        nan_all = ("DTYPE_F32", [1, 4, JOINT_DIM], f32(*([math.nan] * (4 * JOINT_DIM))))
+        expect_error(lambda: d.generate(timeout=30, prompt_embeds=nan_all,
+                                        pooled_prompt_embeds=pooled, **SMALL),
+                     "INVALID_ARGUMENT", "NaN")
+        # bf16 (0x7fc0: NaN) and f16 (0x7c00: +inf) pooled embeddings.
+        embeds = ("DTYPE_F32", [1, 4, JOINT_DIM], f32(*([0.1] * (4 * JOINT_DIM))))
+        bf16 = ("DTYPE_BF16", [1, POOLED_DIM], struct.pack("<H", 0x7fc0) * POOLED_DIM)
+        f16 = ("DTYPE_F16", [1, POOLED_DIM], struct.pack("<H", 0x3c00) * 31 + struct.pack("<H", 0x7c00))
+        for p in (bf16, f16):
+            expect_error(lambda: d.generate(timeout=30, prompt_embeds=embeds, pooled_prompt_embeds=p,
+                                            **SMALL),
+                         "INVALID_ARGUMENT", "pooled_prompt_embeds", "NaN or infinity")
+        # Finite embeddings still generate.
+        kinds, png, _ = d.generate(timeout=60, seed=1, prompt_embeds=embeds,
+                                   pooled_prompt_embeds=pooled, **SMALL)
+        assert kinds[-1] == "result" and png
+        d.stop()
+        no_sanitizer_reports(d)
+    finally:
+        d.close()
+
+
+@case
+def port_in_use():
+    """A second ditd on the port a running ditd holds exits non-zero naming
+    the address (gRPC's SO_REUSEPORT would have let it share the port)."""
+    d = Daemon()
+    try:
+        addr = d.target
+        p = subprocess.run([env_path("DITD"), "--model", DEMO, "--listen", addr],
+                           capture_output=True, timeout=60)
+        err = p.stderr.decode(errors="replace")
+        assert p.returncode != 0, f"the second ditd ran: {p.stdout!r} {err}"
+        assert f"cannot listen on {addr}" in err and "in use" in err, err
+        assert b"listening" not in p.stdout, p.stdout
+        kinds, _, _ = d.generate(seed=1, **SMALL)
+        assert kinds[-1] == "result"
+        d.stop()
+        no_sanitizer_reports(d)
+    finally:
+        d.close()
+
+
+@case
+def listen_form():
+    """--listen is checked before anything starts: a bad port or form exits
+    2 at once with the expected form; ":PORT" means every interface."""
+    for bad in ("127.0.0.1:99999", "50051", "127.0.0.1:", "127.0.0.1:-1", "127.0.0.1:5x",
+                "::1:50051", "[::1:50051", ""):
+        t0 = time.monotonic()
+        p = subprocess.run([env_path("DITD"), "--model", DEMO, "--listen", bad],
+                           capture_output=True, timeout=30)
+        err = p.stderr.decode(errors="replace")
+        assert p.returncode == 2, f"--listen {bad!r}: rc {p.returncode}\n{err}"
+        assert f"--listen '{bad}'" in err and "HOST:PORT" in err and ":50051" in err, err
+        assert "chttp2" not in err and not p.stdout, err
+        assert time.monotonic() - t0 < 10
+    # The same through the environment.
+    e = dict(os.environ, DITD_LISTEN="127.0.0.1:70000")
+    p = subprocess.run([env_path("DITD"), "--model", DEMO], capture_output=True, timeout=30, env=e)
+    assert p.returncode == 2 and b"0 to 65535" in p.stderr, p.stderr
+
+
+def dead_pid():
+    """A pid no process has now (that of a child that has exited)."""
+    p = subprocess.Popen(["true"])
+    p.wait()
+    assert not alive(p.pid)
+    return p.pid
+
+
+def shm_of(pid):
+    return sorted(n for n in os.listdir("/dev/shm") if n.startswith(f"dit-{pid}-"))
+
+
+def sock_dirs_of(pid):
+    return sorted(n for n in os.listdir("/tmp") if n.startswith(f"ditd-{pid}-"))
+
+
+@case
+def stale_files():
+    """kill -9 of ditd leaves nothing the next ditd does not remove: the
+    shm segment is unlinked as soon as every rank has mapped it, and socket
+    folders (and segments) named with a pid that is gone are reclaimed at
+    start; those of live processes are kept."""
+    gone = dead_pid()
+    fake_seg = f"/dev/shm/dit-{gone}-abc123"
+    fake_dir = f"/tmp/ditd-{gone}-Zq9xYz"
+    live_seg = f"/dev/shm/dit-{os.getpid()}-keep"
+    d = d2 = None
+    try:
+        d = Daemon("--ring", "2", world=2)
+        kinds, png, _ = d.generate(seed=1, **SMALL)
+        assert kinds[-1] == "result" and png
+        assert shm_of(d.proc.pid) == [], f"segments left while serving: {shm_of(d.proc.pid)}"
+        dirs = sock_dirs_of(d.proc.pid)
+        assert len(dirs) == 1, dirs
+        # kill -9: the workers die with ditd; the socket folder stays.
+        pid = d.proc.pid
+        d.kill()
+        assert sock_dirs_of(pid) == dirs
+        # What an earlier ditd killed before its mesh was up would leave, and
+        # a live process's segment.
+        for path in (fake_seg, live_seg):
+            with open(path, "wb") as f:
+                f.write(b"\0" * 4096)
+        os.mkdir(fake_dir, 0o700)
+        with open(os.path.join(fake_dir, "ipc.sock"), "wb"):
+            pass
+        d2 = Daemon("--ring", "2", world=2)
+        assert sock_dirs_of(pid) == [], f"the killed ditd's folder is still there: {dirs}"
+        assert not os.path.exists(fake_seg) and not os.path.exists(fake_dir)
+        assert os.path.exists(live_seg), "a live process's segment was removed"
+        # At least these three (other ditd processes killed on this host may
+        # have left more).
+        m = re.search(r"removed (\d+) socket folder\(s\) and shm segment\(s\)", d2.log())
+        assert m and int(m.group(1)) >= 3, d2.log()
+        kinds, png, _ = d2.generate(seed=1, **SMALL)
+        assert kinds[-1] == "result" and png
+        d2.stop()
+        assert sock_dirs_of(d2.proc.pid) == [] and shm_of(d2.proc.pid) == []
+        no_sanitizer_reports(d2)
+    finally:
+        for path in (fake_seg, live_seg, os.path.join(fake_dir, "ipc.sock")):
+            if os.path.exists(path):
+                os.unlink(path)
+        if os.path.isdir(fake_dir):
+            os.rmdir(fake_dir)
+        for x in (d, d2):
+            if x:
+                x.close()
+
+
+@case
+def metrics_idle():
+    """1,200 idle connections and 200 slow ones (half a request header) on
+    the metrics port: a scraper still gets its answer at once, again and
+    again; idle connections are closed after their timeout."""
+    d = Daemon("--metrics-port", "0")
+    socks = []
+    try:
+        line = d.proc.stdout.readline().decode()
+        assert line.startswith("ditd: metrics on "), line
+        url = line.split()[-1]
+        port = int(url.rsplit(":", 1)[1].split("/")[0])
+
+        def scrape():
+            t0 = time.monotonic()
+            with urllib.request.urlopen(url, timeout=5) as r:
+                body = r.read().decode()
+            assert r.status == 200 and "ditserve_requests_total" in body, body[:200]
+            return time.monotonic() - t0
+
+        for i in range(1400):
+            s = socket.create_connection(("127.0.0.1", port), timeout=10)
+            if i >= 1200:
+                s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+            socks.append(s)
+        times = [scrape() for _ in range(5)]
+        print(f"scrapes with 1,400 idle and slow connections opened: "
+              f"{', '.join(f'{t * 1000:.0f} ms' for t in times)}")
+        # A few more idle ones between scrapes, as an attacker would.
+        for _ in range(3):
+            socks += [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(300)]
+            scrape()
+        for s in socks:
+            s.close()
+        socks = []
+        # Idle connections time out on their own.
+        s = socket.create_connection(("127.0.0.1", port), timeout=20)
+        socks.append(s)
+        t0 = time.monotonic()
+        assert s.recv(1) == b"", "an idle connection got data"
+        waited = time.monotonic() - t0
+        assert waited < 15, f"an idle connection stayed {waited:.1f} s"
+        print(f"an idle connection was closed after {waited:.1f} s")
+        kinds, _, _ = d.generate(seed=1, **SMALL)
+        assert kinds[-1] == "result"
+        scrape()
+        d.stop()
+        no_sanitizer_reports(d)
+    finally:
+        for s in socks:
+            s.close()
+        d.close()
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def main():
+    if len(sys.argv) != 2 or sys.argv[1] not in CASES and sys.argv[1] != "--list":
+        print(__doc__)
+        print("cases:", " ".join(CASES))
+        return 2
+    if sys.argv[1] == "--list":
+        print("\n".join(CASES))
+        return 0
+    t0 = time.monotonic()
+    try:
+        CASES[sys.argv[1]]()
+    except BaseException:
+        Daemon.dump_logs()
+        raise
+    finally:
+        Daemon.remove_logs()
+    print(f"{sys.argv[1]}: ok ({time.monotonic() - t0:.1f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
