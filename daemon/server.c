@@ -7,7 +7,7 @@
 #include <sys/random.h>
 
 #include "grpc_health_v1_health.pb-c.h"
-#include "runtime/request.h"
+#include "serve/request.h"
 
 struct job {
     job *next;

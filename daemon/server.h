@@ -14,7 +14,7 @@
 #include "config.h"
 #include "metrics.h"
 #include "ditserve_v1_generation.pb-c.h"
-#include "pipeline/flux_pipeline.h"
+#include "pipelines/flux_pipeline.h"
 #include "reflection.h"
 #include "rpc.h"
 #include "supervisor.h"

@@ -8,7 +8,7 @@
  *
  * Multi-node: ranks local_ranks .. world_size-1 are played by workers on
  * other hosts that connect to the join port over TCP (`ditworker --join`)
- * and prove they hold the shared secret (runtime/join_auth.h). Joined
+ * and prove they hold the shared secret (serve/join_auth.h). Joined
  * workers wait in a pool; each time the mesh starts, the free remote ranks
  * go to them in arrival order (a worker may ask for a given rank). While
  * ranks are missing the mesh stays STARTING, without a timeout: the startup
@@ -27,7 +27,7 @@
 #include "ditserve_ipc_ipc.pb-c.h"
 #include "log.h"
 #include "parallel/mesh.h"
-#include "runtime/join_auth.h"
+#include "serve/join_auth.h"
 
 typedef enum dit_mesh_state {
     DIT_MESH_STARTING,   /* workers spawned, not all ready */

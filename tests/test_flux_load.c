@@ -9,7 +9,7 @@
 
 #include "backend/backend.h"
 #include "loader/safetensors.h"
-#include "model/flux.h"
+#include "models/flux/flux.h"
 
 static char src_dir[1024];
 static char tmp_dir[64];

@@ -10,7 +10,7 @@
 #include <unistd.h>
 
 #include "backend/backend.h"
-#include "model/flux.h"
+#include "models/flux/flux.h"
 #include "parallel/mesh.h"
 #include "test_proc.h"
 

@@ -13,10 +13,10 @@
 #include <unistd.h>
 
 #include "backend/backend.h"
-#include "image/png.h"
+#include "media/png.h"
 #include "loader/json_util.h"
 #include "loader/safetensors.h"
-#include "pipeline/flux_pipeline.h"
+#include "pipelines/flux_pipeline.h"
 #include "runtime/runner.h"
 #include "test_proc.h"
 

@@ -9,9 +9,9 @@
 
 #include "loader/json_util.h"
 #include "loader/safetensors.h"
-#include "pipeline/flux_pipeline.h"
-#include "pipeline/scheduler.h"
-#include "pipeline/torch_rng.h"
+#include "pipelines/flux_pipeline.h"
+#include "schedulers/flow_match_euler.h"
+#include "core/torch_rng.h"
 #include "test_proc.h"
 
 static char root[1024];

@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "backend/backend.h"
-#include "core/arena.h"
+#include "backend/arena.h"
 #include "core/status.h"
 #include "core/tensor.h"
 

@@ -12,7 +12,7 @@
 #include <unistd.h>
 
 #include "backend/backend.h"
-#include "core/arena.h"
+#include "backend/arena.h"
 #include "loader/safetensors.h"
 #include "encoders/clip_text.h"
 #include "encoders/t5_encoder.h"

@@ -19,10 +19,10 @@
 #include <unistd.h>
 
 #include "backend/backend.h"
-#include "core/arena.h"
-#include "image/png.h"
+#include "backend/arena.h"
+#include "media/png.h"
 #include "loader/safetensors.h"
-#include "vae/vae_decoder.h"
+#include "vae/autoencoder_kl.h"
 
 #define VAE_REL_TOL 1e-5
 

@@ -43,8 +43,8 @@
 #ifdef DIT_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
 #endif
-#include "core/arena.h"
-#include "model/flux.h"
+#include "backend/arena.h"
+#include "models/flux/flux.h"
 
 static double now_ms(void)
 {

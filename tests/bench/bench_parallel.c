@@ -21,7 +21,7 @@
 #include <unistd.h>
 
 #include "comm/shm/comm_shm.h"
-#include "model/flux.h"
+#include "models/flux/flux.h"
 #include "parallel/mesh.h"
 #include "runtime/runner.h"
 

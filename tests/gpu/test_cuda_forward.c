@@ -17,8 +17,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/arena.h"
-#include "model/flux.h"
+#include "backend/arena.h"
+#include "models/flux/flux.h"
 
 #include "gpu_util.h"
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Generate the tokenizer fixtures for ditserve's C tokenizers
-(worker/encoders/clip_tokenizer.c and worker/text/t5_tokenizer.c).
+(worker/encoders/clip_tokenizer.c and worker/encoders/t5_tokenizer.c).
 
 Run from anywhere (paths default to this repository's tests/data):
 

@@ -29,7 +29,7 @@
 #include <stdint.h>
 
 #include "backend/backend.h"
-#include "core/arena.h"
+#include "backend/arena.h"
 #include "core/status.h"
 #include "core/tensor.h"
 

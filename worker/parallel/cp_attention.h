@@ -24,7 +24,7 @@
 #include <stdint.h>
 
 #include "backend/backend.h"
-#include "core/arena.h"
+#include "backend/arena.h"
 #include "parallel/mesh.h"
 
 typedef struct dit_cp_attention dit_cp_attention;

@@ -22,7 +22,7 @@
 
 #include "comm/comm.h"
 #include "core/status.h"
-#include "model/flux_config.h"
+#include "models/flux/flux_config.h"
 
 typedef struct dit_parallel_config {
     int world_size;

@@ -8,7 +8,7 @@
 #ifndef DIT_RUNTIME_INPUTS_H
 #define DIT_RUNTIME_INPUTS_H
 
-#include "model/flux_config.h"
+#include "models/flux/flux_config.h"
 #include "runtime/runner.h"
 
 typedef struct dit_input_file dit_input_file;

@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/arena.h"
+#include "backend/arena.h"
 #include "parallel/cp_attention.h"
 
 struct dit_runner {

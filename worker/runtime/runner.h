@@ -11,7 +11,7 @@
 #include <stdint.h>
 
 #include "backend/backend.h"
-#include "model/flux.h"
+#include "models/flux/flux.h"
 #include "parallel/mesh.h"
 
 /* Host inputs of one forward pass, whole (every rank holds all of them),

@@ -10,7 +10,7 @@
 #include "backend/backend.h"
 #include "comm/comm.h"
 #include "parallel/mesh.h"
-#include "pipeline/flux_pipeline.h"
+#include "pipelines/flux_pipeline.h"
 
 #define DITRUN_EXIT_USAGE 2
 

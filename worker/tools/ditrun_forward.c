@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "loader/safetensors.h"
-#include "model/flux.h"
+#include "models/flux/flux.h"
 #include "runtime/inputs.h"
 #include "runtime/runner.h"
 #include "tools/ditrun.h"

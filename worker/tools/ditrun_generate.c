@@ -4,9 +4,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "image/png.h"
+#include "media/png.h"
 #include "loader/safetensors.h"
-#include "pipeline/flux_pipeline.h"
+#include "pipelines/flux_pipeline.h"
 #include "runtime/runner.h"
 #include "tools/ditrun.h"
 

@@ -11,7 +11,7 @@
 #include <unistd.h>
 
 #include "comm/shm/comm_shm.h"
-#include "model/flux_config.h"
+#include "models/flux/flux_config.h"
 #include "runtime/inputs.h"
 #include "tools/ditrun.h"
 

@@ -6,7 +6,7 @@
  * ditd starts one per local rank (uv_spawn); the worker connects to the
  * daemon's Unix socket and says hello. On other hosts, workers join over TCP:
  * they answer the daemon's challenge with an HMAC of the shared secret
- * (runtime/join_auth.h), wait until the daemon gives them a rank, and when
+ * (serve/join_auth.h), wait until the daemon gives them a rank, and when
  * that mesh ends (a failure anywhere, the daemon restarting or going away)
  * connect again, with backoff, until stopped. Either way the worker then
  * receives the mesh setup, joins the mesh (shared memory on the cpu backend;
@@ -35,12 +35,12 @@
 #include <unistd.h>
 
 #include "comm/shm/comm_shm.h"
-#include "image/png.h"
+#include "media/png.h"
 #include "ipc_wire.h"
 #include "parallel/mesh.h"
-#include "pipeline/flux_pipeline.h"
-#include "runtime/join_auth.h"
-#include "runtime/request.h"
+#include "pipelines/flux_pipeline.h"
+#include "serve/join_auth.h"
+#include "serve/request.h"
 #include "runtime/runner.h"
 #ifdef DIT_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
@@ -601,7 +601,7 @@ static void set_recv_timeout(int fd, int seconds)
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
 }
 
-/* The challenge-response of runtime/join_auth.h. */
+/* The challenge-response of serve/join_auth.h. */
 static int handshake(worker *w, const dit_join_secret *secret, char *msg, size_t msgn)
 {
     int rc = JOIN_RETRY;

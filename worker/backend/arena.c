@@ -1,4 +1,4 @@
-#include "core/arena.h"
+#include "backend/arena.h"
 
 #include <stdlib.h>
 

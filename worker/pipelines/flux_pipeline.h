@@ -14,14 +14,14 @@
  * ranks other than 0 may skip the VAE.
  *
  * Owner: the thread that loaded it. */
-#ifndef DIT_PIPELINE_FLUX_PIPELINE_H
-#define DIT_PIPELINE_FLUX_PIPELINE_H
+#ifndef DIT_PIPELINES_FLUX_PIPELINE_H
+#define DIT_PIPELINES_FLUX_PIPELINE_H
 
 #include <stdbool.h>
 #include <stdint.h>
 
 #include "backend/backend.h"
-#include "model/flux.h"
+#include "models/flux/flux.h"
 #include "runtime/runner.h"
 
 typedef struct dit_pipeline dit_pipeline;

@@ -2,7 +2,7 @@
  * of activations; the weight plan below is the single place that knows how
  * checkpoint tensors map onto (possibly sliced, possibly fused) device
  * tensors. */
-#include "model/flux.h"
+#include "models/flux/flux.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -1,4 +1,4 @@
-#include "runtime/request.h"
+#include "serve/request.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -12,18 +12,18 @@
  * With no hooks the model runs on one rank.
  *
  * Owner: the thread that created it; one forward at a time. */
-#ifndef DIT_MODEL_FLUX_H
-#define DIT_MODEL_FLUX_H
+#ifndef DIT_MODELS_FLUX_FLUX_H
+#define DIT_MODELS_FLUX_FLUX_H
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "backend/backend.h"
-#include "core/arena.h"
+#include "backend/arena.h"
 #include "core/status.h"
 #include "core/tensor.h"
-#include "model/flux_config.h"
+#include "models/flux/flux_config.h"
 
 typedef struct dit_flux dit_flux;
 

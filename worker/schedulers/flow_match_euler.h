@@ -8,8 +8,8 @@
  * the timesteps and sigmas are bit-identical to diffusers'.
  *
  * Owner: plain values. */
-#ifndef DIT_PIPELINE_SCHEDULER_H
-#define DIT_PIPELINE_SCHEDULER_H
+#ifndef DIT_SCHEDULERS_FLOW_MATCH_EULER_H
+#define DIT_SCHEDULERS_FLOW_MATCH_EULER_H
 
 #include <stdbool.h>
 #include <stddef.h>

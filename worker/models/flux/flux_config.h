@@ -1,8 +1,8 @@
 /* FluxTransformer2DModel configuration, read from a diffusers config.json.
  *
  * Owner: plain value, copied freely. */
-#ifndef DIT_MODEL_FLUX_CONFIG_H
-#define DIT_MODEL_FLUX_CONFIG_H
+#ifndef DIT_MODELS_FLUX_FLUX_CONFIG_H
+#define DIT_MODELS_FLUX_FLUX_CONFIG_H
 
 #include <stdbool.h>
 

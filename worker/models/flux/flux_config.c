@@ -1,4 +1,4 @@
-#include "model/flux_config.h"
+#include "models/flux/flux_config.h"
 
 #include <string.h>
 

@@ -12,8 +12,8 @@
  * longjmp errors become dit_status values.
  *
  * Owner: the caller owns every buffer these functions return (free()). */
-#ifndef DIT_IMAGE_PNG_H
-#define DIT_IMAGE_PNG_H
+#ifndef DIT_MEDIA_PNG_H
+#define DIT_MEDIA_PNG_H
 
 #include <stddef.h>
 #include <stdint.h>

@@ -1,4 +1,4 @@
-#include "runtime/join_auth.h"
+#include "serve/join_auth.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -4,8 +4,8 @@
  * sequence again gets the same addresses (which CUDA graph replay needs).
  *
  * Owner: the thread that runs the forward pass using it. */
-#ifndef DIT_CORE_ARENA_H
-#define DIT_CORE_ARENA_H
+#ifndef DIT_BACKEND_ARENA_H
+#define DIT_BACKEND_ARENA_H
 
 #include <stddef.h>
 #include <stdint.h>

@@ -6,14 +6,14 @@
  * request the same way.
  *
  * Owner: the caller of dit_request_resolve owns the result. */
-#ifndef DIT_RUNTIME_REQUEST_H
-#define DIT_RUNTIME_REQUEST_H
+#ifndef DIT_SERVE_REQUEST_H
+#define DIT_SERVE_REQUEST_H
 
 #include <stdbool.h>
 
 #include "ditserve_v1_generation.pb-c.h"
 #include "parallel/mesh.h"
-#include "pipeline/flux_pipeline.h"
+#include "pipelines/flux_pipeline.h"
 
 #define DIT_REQUEST_DEFAULT_SIZE 1024
 #define DIT_REQUEST_DEFAULT_STEPS 28

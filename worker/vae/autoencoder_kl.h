@@ -26,14 +26,14 @@
  * everything else must be exactly the decoder's parameters.
  *
  * Owner: the thread that loaded it (like the backend it runs on). */
-#ifndef DIT_VAE_VAE_DECODER_H
-#define DIT_VAE_VAE_DECODER_H
+#ifndef DIT_VAE_AUTOENCODER_KL_H
+#define DIT_VAE_AUTOENCODER_KL_H
 
 #include <stddef.h>
 #include <stdint.h>
 
 #include "backend/backend.h"
-#include "core/arena.h"
+#include "backend/arena.h"
 #include "core/status.h"
 #include "core/tensor.h"
 

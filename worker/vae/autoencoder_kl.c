@@ -1,7 +1,7 @@
-/* AutoencoderKL's decoder on the backend interface. See vae_decoder.h for
+/* AutoencoderKL's decoder on the backend interface. See autoencoder_kl.h for
  * the structure; the diffusers modules each piece mirrors are named where
  * it is built. */
-#include "vae/vae_decoder.h"
+#include "vae/autoencoder_kl.h"
 
 #include <math.h>
 #include <stdio.h>

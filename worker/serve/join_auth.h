@@ -9,8 +9,8 @@
  * itself is not encrypted: the join port belongs on a private network.
  *
  * Owner: the caller; no state of its own. */
-#ifndef DIT_RUNTIME_JOIN_AUTH_H
-#define DIT_RUNTIME_JOIN_AUTH_H
+#ifndef DIT_SERVE_JOIN_AUTH_H
+#define DIT_SERVE_JOIN_AUTH_H
 
 #include <stdbool.h>
 #include <stddef.h>

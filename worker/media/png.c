@@ -3,7 +3,7 @@
  * point here sets its jump buffer, records libpng's message in a context and
  * turns it into a dit_status. Everything touched after setjmp lives behind
  * pointers (the context structs), so no local needs to be volatile. */
-#include "image/png.h"
+#include "media/png.h"
 
 #include <errno.h>
 #include <fcntl.h>

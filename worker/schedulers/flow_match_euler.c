@@ -1,4 +1,4 @@
-#include "pipeline/scheduler.h"
+#include "schedulers/flow_match_euler.h"
 
 #include <math.h>
 #include <string.h>

@@ -1,4 +1,4 @@
-#include "pipeline/torch_rng.h"
+#include "core/torch_rng.h"
 
 #include <math.h>
 #include <stdbool.h>

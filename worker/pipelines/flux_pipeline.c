@@ -1,4 +1,4 @@
-#include "pipeline/flux_pipeline.h"
+#include "pipelines/flux_pipeline.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -7,15 +7,15 @@
 #include <sys/stat.h>
 #include <time.h>
 
-#include "core/arena.h"
+#include "backend/arena.h"
 #include "loader/json_util.h"
-#include "pipeline/scheduler.h"
-#include "pipeline/torch_rng.h"
+#include "schedulers/flow_match_euler.h"
+#include "core/torch_rng.h"
 #include "encoders/clip_text.h"
 #include "encoders/clip_tokenizer.h"
 #include "encoders/t5_encoder.h"
 #include "encoders/t5_tokenizer.h"
-#include "vae/vae_decoder.h"
+#include "vae/autoencoder_kl.h"
 
 #define PIPE_PATH 4096
 

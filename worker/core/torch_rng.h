@@ -10,8 +10,8 @@
  * are drawn again and transformed in place.
  *
  * Owner: the caller (plain value). */
-#ifndef DIT_PIPELINE_TORCH_RNG_H
-#define DIT_PIPELINE_TORCH_RNG_H
+#ifndef DIT_CORE_TORCH_RNG_H
+#define DIT_CORE_TORCH_RNG_H
 
 #include <stddef.h>
 #include <stdint.h>
