@@ -55,7 +55,7 @@ dit_status dit_cuda_backend_memory(dit_backend *be, dit_cuda_memory *out);
  * GEMMs or attention writing bf16 (GELU fused as their epilogue), LayerNorm
  * writing bf16 GEMM inputs (operand_dtype in backend.h). The backend starts
  * with the path named by the environment variable DIT_CUDA_PATH (legacy or
- * fast; unset: legacy), read once at creation; set_path switches later
+ * fast; unset: fast), read once at creation; set_path switches later
  * (benchmarks and parity tests run both). */
 typedef enum dit_cuda_path {
     DIT_CUDA_PATH_LEGACY = 0,

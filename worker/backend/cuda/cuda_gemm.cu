@@ -88,6 +88,19 @@ __global__ void k_scale_rows(TD *y, int64_t rows, int64_t N, int64_t ldy, float 
     }
 }
 
+/* y (rows x N, ldy) = x (rows x N, dense) rounded to bf16 once. */
+__global__ void k_round_rows_bf16(const float *x, int64_t rows, int64_t N, __nv_bfloat16 *y,
+                                  int64_t ldy)
+{
+    const int64_t n = rows * N;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t r, c;
+        cuda_divmod(i, N, r, c);
+        y[r * ldy + c] = __float2bfloat16_rn(x[i]);
+    }
+}
+
 /* Fallback GEMM for shapes no cuBLASLt algorithm takes (column-major, like
  * cuBLASLt): D = op(A) op(B) + beta D + bias[row]. 16 x 16 tiles. */
 enum { FB_T = 16 };
@@ -414,6 +427,28 @@ dit_status dit_cuda_gemm_t(dit_cuda_backend *cb, bool transa, bool transb, int64
         CUDA_LAUNCHED(cb, op);
         /* D is column-major m x n: its "rows" for bias_act are the n columns. */
         return bias_act_t(cb, D, dt, n, m, ldc, bias, act, op);
+    }
+    if (d_bf16 && (bias || act != DIT_ACT_NONE)) {
+        /* A bf16 output with a bias or an activation. cuBLASLt takes the bias
+         * only in D's type (cublasLt.h, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE),
+         * so an f32 bias with a bf16 D has no algorithm at all; and a bias or
+         * GELU applied after a bf16 store rounds twice. So the GEMM writes f32
+         * with its epilogue fused exactly as on the f32 path, and one pass
+         * rounds the result into D: a single rounding, the f32 path's numbers
+         * rounded once. (A bf16 y never has beta: the backend refuses it.) */
+        void *tmp = NULL;
+        dit_status st =
+            dit_cuda_scratch(cb, CUDA_SCRATCH_OUT, (size_t)(m * n) * sizeof(float), &tmp, op);
+        if (st == DIT_OK)
+            st = dit_cuda_gemm_t(cb, transa, transb, m, n, k, A, lda, B, ldb, tmp, DIT_F32, m,
+                                 bias, act, 0.0f, op);
+        if (st != DIT_OK)
+            return st;
+        /* D is column-major m x n: n "rows" of m elements, ldc apart. */
+        k_round_rows_bf16<<<cuda_blocks(m * n, 256), 256, 0, cb->stream>>>(
+            (const float *)tmp, n, m, (__nv_bfloat16 *)D, ldc);
+        CUDA_LAUNCHED(cb, op);
+        return DIT_OK;
     }
     const bool fuse_gelu = act == DIT_ACT_GELU_TANH && cb->lt_gelu;
     cuda_gemm_entry key;

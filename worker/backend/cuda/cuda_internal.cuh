@@ -50,7 +50,14 @@ enum cuda_gemm_mode {
     CUDA_GEMM_FALLBACK,  /* k_gemm_fallback; act after */
 };
 
-enum { CUDA_SCRATCH_X = 0, CUDA_SCRATCH_W, CUDA_SCRATCH_COL, CUDA_SCRATCH_MISC, CUDA_SCRATCH_N };
+enum {
+    CUDA_SCRATCH_X = 0,
+    CUDA_SCRATCH_W,
+    CUDA_SCRATCH_COL,
+    CUDA_SCRATCH_MISC,
+    CUDA_SCRATCH_OUT, /* f32 GEMM results rounded into a bf16 output */
+    CUDA_SCRATCH_N
+};
 
 /* Op categories of the profiler (dit_cuda_backend_profile_*). */
 enum { CUDA_PROF_GEMM = 0, CUDA_PROF_ATTN, CUDA_PROF_ELEM, CUDA_PROF_CAST, CUDA_PROF_N };
