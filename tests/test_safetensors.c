@@ -451,9 +451,9 @@ START_TEST(test_too_many_dims)
     TEST_DIR(dir);
     char p[PATH_MAX];
     join(p, dir, "dims.safetensors");
-    write_st_zeros(p, "{\"x\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,2],\"data_offsets\":[0,8]}}",
+    write_st_zeros(p, "{\"x\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,2],\"data_offsets\":[0,8]}}",
                    8);
-    expect_open_fail(p, DIT_ERR_UNSUPPORTED, "tensor 'x'", "5 dims", NULL);
+    expect_open_fail(p, DIT_ERR_UNSUPPORTED, "tensor 'x'", "6 dims", "at most 5", NULL);
 }
 END_TEST
 
@@ -791,6 +791,43 @@ START_TEST(test_write_strided)
         for (int j = 0; j < 3; j++)
             for (int k = 0; k < 4; k++)
                 ck_assert_uint_eq(got3[(i * 3 + j) * 4 + k], h[i][j][2 * k]);
+    dit_st_file_close(f);
+}
+END_TEST
+
+START_TEST(test_five_dims)
+{
+    TEST_DIR(dir);
+    char p[PATH_MAX];
+    join(p, dir, "video.safetensors");
+    /* A (1, 2, 3, 2, 4) latent, written from a frame slice of a (1, 2, 5, 2,
+     * 4) one: non-contiguous in a middle dim. */
+    float big[1][2][5][2][4];
+    for (int c = 0; c < 2; c++)
+        for (int f = 0; f < 5; f++)
+            for (int h = 0; h < 2; h++)
+                for (int w = 0; w < 4; w++)
+                    big[0][c][f][h][w] = (float)(1000 * c + 100 * f + 10 * h + w);
+    dit_tensor t = dit_tensor_5d(big, DIT_F32, 1, 2, 5, 2, 4);
+    dit_tensor v = dit_tensor_narrow(&t, 2, 1, 3);
+    dit_st_write_item items[] = {{"latents", &v}};
+    write_ok(p, items, 1);
+    dit_st_file *f = open_ok(p);
+    const dit_st_entry *e = dit_st_file_find(f, "latents");
+    ck_assert_ptr_nonnull(e);
+    ck_assert_int_eq(e->view.ndim, 5);
+    const int64_t want[5] = {1, 2, 3, 2, 4};
+    for (int i = 0; i < 5; i++)
+        ck_assert_int_eq(e->view.ne[i], want[i]);
+    ck_assert(dit_tensor_is_contiguous(&e->view));
+    float got[48];
+    memcpy(got, e->view.data, sizeof got);
+    int k = 0;
+    for (int c = 0; c < 2; c++)
+        for (int fr = 1; fr < 4; fr++)
+            for (int h = 0; h < 2; h++)
+                for (int w = 0; w < 4; w++)
+                    ck_assert_float_eq(got[k++], big[0][c][fr][h][w]);
     dit_st_file_close(f);
 }
 END_TEST
@@ -1198,6 +1235,7 @@ static Suite *safetensors_suite(void)
     tcase_add_unchecked_fixture(good, tmp_setup, tmp_teardown);
     tcase_add_test(good, test_roundtrip_dtypes);
     tcase_add_test(good, test_write_strided);
+    tcase_add_test(good, test_five_dims);
     tcase_add_test(good, test_write_errors);
     tcase_add_test(good, test_zero_size_tensor);
     tcase_add_test(good, test_metadata);

@@ -107,6 +107,67 @@ START_TEST(upload_download_copy_fill_roundtrip)
 }
 END_TEST
 
+/* 5-D tensors (video latents (B, C, F, H, W)) through upload, download,
+ * copy, fill and activate: the cuda views fold them to 4 dims; a view that
+ * cannot fold is refused, not mangled. */
+START_TEST(five_dims_match_cpu)
+{
+    test_rng r = {107};
+    const int64_t shape[5] = {2, 3, 4, 5, 6};
+    const size_t n = 2 * 3 * 4 * 5 * 6;
+    float *h = gpu_rand(&r, n, -2, 2, true);
+    gpu_pair a = gpu_pair_make(CPU, GPU, DIT_F32, 5, shape, h);
+    gpu_pair b = gpu_pair_make(CPU, GPU, DIT_BF16, 5, shape, h);
+    ck_assert_int_eq(gpu_compare_views("5-D f32 upload", CPU, &a.c, GPU, &a.g, 0, 0), 0);
+    ck_assert_int_eq(gpu_compare_views("5-D bf16 upload", CPU, &b.c, GPU, &b.g, 0, 0), 0);
+    /* A strided host source: channels [1, 3), frames [1, 3), columns 1..4. */
+    dit_tensor hv = dit_tensor_5d(h, DIT_F32, 2, 3, 4, 5, 6);
+    hv = dit_tensor_narrow(&hv, 1, 1, 2);
+    hv = dit_tensor_narrow(&hv, 2, 1, 2);
+    hv = dit_tensor_narrow(&hv, 4, 1, 4);
+    const int64_t sh2[5] = {2, 2, 2, 5, 4};
+    gpu_pair c = gpu_pair_make(CPU, GPU, DIT_BF16, 5, sh2, NULL);
+    GPU_OK(GPU, GPU->ops->upload(GPU, &c.g, &hv));
+    GPU_OK(CPU, CPU->ops->upload(CPU, &c.c, &hv));
+    ck_assert_int_eq(gpu_compare_views("5-D strided upload", CPU, &c.c, GPU, &c.g, 0, 0), 0);
+    /* Device copy out of the same slice of a device tensor, and a fill. */
+    dit_tensor gv = dit_tensor_narrow(&a.g, 1, 1, 2), cv = dit_tensor_narrow(&a.c, 1, 1, 2);
+    gv = dit_tensor_narrow(&gv, 2, 1, 2);
+    cv = dit_tensor_narrow(&cv, 2, 1, 2);
+    gv = dit_tensor_narrow(&gv, 4, 1, 4);
+    cv = dit_tensor_narrow(&cv, 4, 1, 4);
+    gpu_pair d = gpu_pair_make(CPU, GPU, DIT_F32, 5, sh2, NULL);
+    GPU_OK(GPU, GPU->ops->copy(GPU, &d.g, &gv));
+    GPU_OK(CPU, CPU->ops->copy(CPU, &d.c, &cv));
+    ck_assert_int_eq(gpu_compare_views("5-D copy", CPU, &d.c, GPU, &d.g, 0, 0), 0);
+    GPU_OK(GPU, GPU->ops->fill(GPU, &gv, -0.5f));
+    GPU_OK(CPU, CPU->ops->fill(CPU, &cv, -0.5f));
+    ck_assert_int_eq(gpu_compare_views("5-D fill", CPU, &a.c, GPU, &a.g, 0, 0), 0);
+    /* Download of a strided 5-D device view (gpu_fetch downloads). */
+    ck_assert_int_eq(gpu_compare_views("5-D strided download", CPU, &cv, GPU, &gv, 0, 0), 0);
+    /* activate over all of a 5-D tensor. */
+    gpu_pair e = gpu_pair_make(CPU, GPU, DIT_F32, 5, shape, NULL);
+    GPU_OK(GPU, GPU->ops->activate(GPU, &e.g, &a.g, DIT_ACT_SILU));
+    GPU_OK(CPU, CPU->ops->activate(CPU, &e.c, &a.c, DIT_ACT_SILU));
+    ck_assert_int_eq(gpu_compare_views("5-D activate", CPU, &e.c, GPU, &e.g, 2e-5, 2e-5), 0);
+    /* Narrowed in dims 1, 2 and 3: no two outer dims merge. */
+    dit_tensor u = dit_tensor_narrow(&a.g, 1, 0, 2);
+    u = dit_tensor_narrow(&u, 2, 0, 3);
+    u = dit_tensor_narrow(&u, 3, 0, 4);
+    gpu_pair f = gpu_pair_make(CPU, GPU, DIT_F32, 5, (int64_t[]){2, 2, 3, 4, 6}, NULL);
+    ck_assert_int_eq(GPU->ops->copy(GPU, &f.g, &u), DIT_ERR_UNSUPPORTED);
+    ck_assert_ptr_nonnull(strstr(GPU->ops->last_error(GPU), "fold"));
+    ck_assert_int_eq(GPU->ops->fill(GPU, &u, 0.0f), DIT_ERR_INVALID_ARG);
+    gpu_pair_free(CPU, GPU, &a);
+    gpu_pair_free(CPU, GPU, &b);
+    gpu_pair_free(CPU, GPU, &c);
+    gpu_pair_free(CPU, GPU, &d);
+    gpu_pair_free(CPU, GPU, &e);
+    gpu_pair_free(CPU, GPU, &f);
+    free(h);
+}
+END_TEST
+
 /* The host generator of dit_flux_create_random, for init_uniform. */
 static uint64_t mix64(uint64_t z)
 {
@@ -929,6 +990,7 @@ int main(void)
     TCase *tc = tcase_create("parity");
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, upload_download_copy_fill_roundtrip);
+    tcase_add_test(tc, five_dims_match_cpu);
     tcase_add_test(tc, init_uniform_matches_host_generator);
     tcase_add_loop_test(tc, linear_matches_cpu, 0, 3 * N_LIN);
     tcase_add_test(tc, bf16_operands_match_cpu);

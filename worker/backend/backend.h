@@ -53,7 +53,8 @@ typedef struct dit_backend_ops {
     dit_status (*upload)(dit_backend *be, const dit_tensor *dst, const dit_tensor *host_src);
     /* dst (host, contiguous, any dtype) <- src (backend view). Waits. */
     dit_status (*download)(dit_backend *be, const dit_tensor *host_dst, const dit_tensor *src);
-    /* dst <- src, both backend views of the same shape (up to 4 dims). */
+    /* dst <- src, both backend views of the same shape (up to DIT_MAX_DIMS
+     * dims). */
     dit_status (*copy)(dit_backend *be, const dit_tensor *dst, const dit_tensor *src);
     /* Every element of dst <- value. */
     dit_status (*fill)(dit_backend *be, const dit_tensor *dst, float value);

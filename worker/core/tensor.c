@@ -1,5 +1,6 @@
 #include "core/tensor.h"
 
+#include <assert.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -33,6 +34,7 @@ const char *dit_dtype_name(dit_dtype dt)
 
 dit_tensor dit_tensor_make(void *data, dit_dtype dt, int ndim, const int64_t *shape)
 {
+    assert(ndim >= 0 && ndim <= DIT_MAX_DIMS);
     dit_tensor t;
     memset(&t, 0, sizeof t);
     t.dtype = dt;
@@ -69,6 +71,13 @@ dit_tensor dit_tensor_4d(void *data, dit_dtype dt, int64_t n0, int64_t n1, int64
 {
     int64_t s[4] = {n0, n1, n2, n3};
     return dit_tensor_make(data, dt, 4, s);
+}
+
+dit_tensor dit_tensor_5d(void *data, dit_dtype dt, int64_t n0, int64_t n1, int64_t n2, int64_t n3,
+                         int64_t n4)
+{
+    int64_t s[5] = {n0, n1, n2, n3, n4};
+    return dit_tensor_make(data, dt, 5, s);
 }
 
 int64_t dit_tensor_numel(const dit_tensor *t)
@@ -120,6 +129,24 @@ int64_t dit_tensor_row_stride(const dit_tensor *t)
     return stride < 0 ? 0 : stride;
 }
 
+int64_t dit_tensor_nrows(const dit_tensor *t)
+{
+    int64_t n = 1;
+    for (int i = 0; i < t->ndim - 1; i++)
+        n *= t->ne[i];
+    return n;
+}
+
+int64_t dit_tensor_row_offset(const dit_tensor *t, int64_t r)
+{
+    int64_t off = 0;
+    for (int i = t->ndim - 2; i >= 0; i--) {
+        off += (r % t->ne[i]) * t->nb[i];
+        r /= t->ne[i];
+    }
+    return off;
+}
+
 bool dit_tensor_same_shape(const dit_tensor *a, const dit_tensor *b)
 {
     if (a->ndim != b->ndim)
@@ -132,6 +159,7 @@ bool dit_tensor_same_shape(const dit_tensor *a, const dit_tensor *b)
 
 dit_tensor dit_tensor_narrow(const dit_tensor *t, int dim, int64_t start, int64_t len)
 {
+    assert(dim >= 0 && dim < t->ndim);
     dit_tensor v = *t;
     v.data = (char *)t->data + start * t->nb[dim];
     v.ne[dim] = len;
@@ -140,6 +168,7 @@ dit_tensor dit_tensor_narrow(const dit_tensor *t, int dim, int64_t start, int64_
 
 dit_tensor dit_tensor_split_last(const dit_tensor *t, int64_t inner)
 {
+    assert(t->ndim >= 1 && t->ndim < DIT_MAX_DIMS);
     dit_tensor v = *t;
     int last = t->ndim - 1;
     v.ndim = t->ndim + 1;

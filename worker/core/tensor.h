@@ -1,4 +1,4 @@
-/* Tensor views: dtype, shape, byte strides and a data pointer.
+/* Tensor views: dtype, shape (up to 5 dims), byte strides and a data pointer.
  *
  * A dit_tensor is a plain value type (a view): it does not own memory. Memory
  * comes from a backend allocation (weights, arenas) or, for host tensors, from
@@ -28,7 +28,9 @@ typedef enum dit_dtype {
     DIT_DTYPE_COUNT
 } dit_dtype;
 
-#define DIT_MAX_DIMS 4
+/* Five dims hold a video latent (B, C, F, H, W). Ops defined on fewer dims
+ * refuse more with a status. */
+#define DIT_MAX_DIMS 5
 
 typedef struct dit_tensor {
     dit_dtype dtype;
@@ -49,6 +51,8 @@ dit_tensor dit_tensor_1d(void *data, dit_dtype dt, int64_t n0);
 dit_tensor dit_tensor_2d(void *data, dit_dtype dt, int64_t n0, int64_t n1);
 dit_tensor dit_tensor_3d(void *data, dit_dtype dt, int64_t n0, int64_t n1, int64_t n2);
 dit_tensor dit_tensor_4d(void *data, dit_dtype dt, int64_t n0, int64_t n1, int64_t n2, int64_t n3);
+dit_tensor dit_tensor_5d(void *data, dit_dtype dt, int64_t n0, int64_t n1, int64_t n2, int64_t n3,
+                         int64_t n4);
 
 int64_t dit_tensor_numel(const dit_tensor *t);
 
@@ -68,6 +72,14 @@ bool dit_tensor_rows_dense(const dit_tensor *t);
  * 0 when there is at most one row. Kernels use it to skip a div/rem per
  * outer dim. */
 int64_t dit_tensor_row_stride(const dit_tensor *t);
+
+/* Rows are all dims but the innermost, flattened outermost first: a (B, S, C)
+ * tensor has B*S rows of C elements; a 1-D or 0-D tensor has one row. */
+int64_t dit_tensor_nrows(const dit_tensor *t);
+
+/* Byte offset from t->data to the first element of row r, for any strides
+ * and any rank up to DIT_MAX_DIMS. */
+int64_t dit_tensor_row_offset(const dit_tensor *t, int64_t r);
 
 bool dit_tensor_same_shape(const dit_tensor *a, const dit_tensor *b);
 

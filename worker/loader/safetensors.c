@@ -1005,26 +1005,19 @@ static void write_tensor(st_writer *w, const dit_tensor *t)
         writer_put(w, t->data, dit_tensor_nbytes(t));
         return;
     }
-    /* Pad to 4 dims with leading size-1 dims so one loop nest covers every
-     * rank; rows with unit stride still go out in one piece. */
-    int64_t ne[4] = {1, 1, 1, 1}, nb[4] = {0, 0, 0, 0};
-    int pad = 4 - t->ndim;
-    for (int i = 0; i < t->ndim; i++) {
-        ne[pad + i] = t->ne[i];
-        nb[pad + i] = t->nb[i];
+    /* Row by row (a 0-D tensor is contiguous, so ndim >= 1 here); rows with
+     * unit stride go out in one piece. */
+    const int last = t->ndim - 1;
+    const int64_t rows = dit_tensor_nrows(t), cols = t->ne[last], cs = t->nb[last];
+    for (int64_t r = 0; r < rows; r++) {
+        const char *row = (const char *)t->data + dit_tensor_row_offset(t, r);
+        if (cs == (int64_t)es) {
+            writer_put(w, row, (size_t)cols * es);
+            continue;
+        }
+        for (int64_t c = 0; c < cols; c++)
+            writer_put(w, row + c * cs, es);
     }
-    bool dense_rows = nb[3] == (int64_t)es;
-    for (int64_t i0 = 0; i0 < ne[0]; i0++)
-        for (int64_t i1 = 0; i1 < ne[1]; i1++)
-            for (int64_t i2 = 0; i2 < ne[2]; i2++) {
-                const char *row = (const char *)t->data + i0 * nb[0] + i1 * nb[1] + i2 * nb[2];
-                if (dense_rows) {
-                    writer_put(w, row, (size_t)ne[3] * es);
-                    continue;
-                }
-                for (int64_t i3 = 0; i3 < ne[3]; i3++)
-                    writer_put(w, row + i3 * nb[3], es);
-            }
 }
 
 typedef struct st_out {

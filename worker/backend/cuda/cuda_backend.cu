@@ -466,6 +466,9 @@ static dit_status shape_check(dit_cuda_backend *cb, const dit_tensor *a, const d
         dit_tensor_shape_str(b, sb, sizeof sb);
         return dit_cuda_bad(cb, DIT_ERR_INVALID_ARG, op, "shapes %s and %s differ", sa, sb);
     }
+    if (!cuda_view_ok(a) || !cuda_view_ok(b))
+        return dit_cuda_bad(cb, DIT_ERR_UNSUPPORTED, op,
+                            "a 5-D view whose outer dims do not fold into 4");
     return DIT_OK;
 }
 
@@ -585,7 +588,7 @@ static dit_status cuda_copy(dit_backend *be, const dit_tensor *dst, const dit_te
 static dit_status cuda_fill(dit_backend *be, const dit_tensor *dst, float value)
 {
     dit_cuda_backend *cb = cuda_of(be);
-    if (dst->ndim < 1 || dst->ndim > DIT_MAX_DIMS || !dtype_ok(dst->dtype))
+    if (dst->ndim < 1 || dst->ndim > DIT_MAX_DIMS || !dtype_ok(dst->dtype) || !cuda_view_ok(dst))
         return dit_cuda_bad(cb, DIT_ERR_INVALID_ARG, "fill", "bad tensor");
     const int64_t n = dit_tensor_numel(dst);
     if (n == 0)
