@@ -168,6 +168,56 @@ START_TEST(five_dims_match_cpu)
 }
 END_TEST
 
+/* An f8_e4m3 host tensor uploads into f32, bf16 and f16 device tensors
+ * exactly (converted on the host); no device op takes f8_e4m3. */
+START_TEST(f8_upload_converts_exactly)
+{
+    uint8_t q[2 * 256];
+    for (int i = 0; i < 512; i++)
+        q[i] = (uint8_t)(i * 37 + 11); /* every pattern twice, scrambled */
+    const int64_t shape[5] = {2, 4, 4, 4, 4};
+    dit_tensor hq = dit_tensor_make(q, DIT_F8_E4M3, 5, shape);
+    const dit_dtype dts[3] = {DIT_F32, DIT_BF16, DIT_F16};
+    for (int k = 0; k < 3; k++) {
+        gpu_pair p = gpu_pair_make(CPU, GPU, dts[k], 5, shape, NULL);
+        GPU_OK(GPU, GPU->ops->upload(GPU, &p.g, &hq));
+        float *got = gpu_fetch(GPU, &p.g);
+        for (int i = 0; i < 512; i++) {
+            float want = dit_f8e4m3_to_f32(q[i]);
+            if (isnan(want))
+                ck_assert_msg(isnan(got[i]), "%s [%d]", dit_dtype_name(dts[k]), i);
+            else
+                ck_assert_msg(got[i] == want, "%s [%d]: %g, want %g", dit_dtype_name(dts[k]), i,
+                              (double)got[i], (double)want);
+        }
+        free(got);
+        gpu_pair_free(CPU, GPU, &p);
+    }
+    /* A strided f8 source: every other column. */
+    dit_tensor hs = hq;
+    hs.ne[4] = 2;
+    hs.nb[4] = 2;
+    const int64_t sh2[5] = {2, 4, 4, 4, 2};
+    gpu_pair s = gpu_pair_make(CPU, GPU, DIT_BF16, 5, sh2, NULL);
+    GPU_OK(GPU, GPU->ops->upload(GPU, &s.g, &hs));
+    GPU_OK(CPU, CPU->ops->upload(CPU, &s.c, &hs));
+    float *got = gpu_fetch(GPU, &s.g), *want = gpu_fetch(CPU, &s.c);
+    for (int i = 0; i < 256; i++)
+        ck_assert(isnan(want[i]) ? isnan(got[i]) : got[i] == want[i]);
+    free(got);
+    free(want);
+    /* Downloading into f8, or copying on the device from f8, is refused. */
+    uint8_t back[256];
+    dit_tensor hb = dit_tensor_make(back, DIT_F8_E4M3, 5, sh2);
+    ck_assert_int_eq(GPU->ops->download(GPU, &hb, &s.g), DIT_ERR_UNSUPPORTED);
+    ck_assert_ptr_nonnull(strstr(GPU->ops->last_error(GPU), "f8_e4m3"));
+    dit_tensor gq = s.g;
+    gq.dtype = DIT_F8_E4M3;
+    ck_assert_int_eq(GPU->ops->copy(GPU, &s.g, &gq), DIT_ERR_UNSUPPORTED);
+    gpu_pair_free(CPU, GPU, &s);
+}
+END_TEST
+
 /* The host generator of dit_flux_create_random, for init_uniform. */
 static uint64_t mix64(uint64_t z)
 {
@@ -991,6 +1041,7 @@ int main(void)
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, upload_download_copy_fill_roundtrip);
     tcase_add_test(tc, five_dims_match_cpu);
+    tcase_add_test(tc, f8_upload_converts_exactly);
     tcase_add_test(tc, init_uniform_matches_host_generator);
     tcase_add_loop_test(tc, linear_matches_cpu, 0, 3 * N_LIN);
     tcase_add_test(tc, bf16_operands_match_cpu);

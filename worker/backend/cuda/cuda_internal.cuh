@@ -313,6 +313,8 @@ __device__ __forceinline__ char *cuda_view_at(const cuda_view &v, int64_t r, int
     return cuda_view_row(v, r) + c * v.nb[3];
 }
 
+/* f32, bf16 and f16 only: f8_e4m3 tensors never reach a kernel (uploads
+ * convert them on the host; every op's dtype check refuses them). */
 __device__ __forceinline__ float cuda_load(const char *p, int dt)
 {
     if (dt == DIT_F32)
