@@ -967,6 +967,47 @@ START_TEST(test_f8_e4m3_by_hand)
 }
 END_TEST
 
+/* tests/data/fp8/e4m3_torch.safetensors (tests/golden/gen_fp8_golden.py):
+ * torch's own conversions, in a file the safetensors library wrote. */
+START_TEST(test_f8_e4m3_matches_torch)
+{
+    const char *root = getenv("DIT_SOURCE_ROOT");
+    ck_assert_msg(root != NULL, "DIT_SOURCE_ROOT is not set; run this test through meson");
+    char p[PATH_MAX];
+    fmt_path(p, "%s/tests/data/fp8/e4m3_torch.safetensors", root);
+    dit_st_file *f = open_ok(p);
+    const dit_st_entry *pat = dit_st_file_find(f, "patterns");
+    const dit_st_entry *to = dit_st_file_find(f, "to_f32");
+    const dit_st_entry *in = dit_st_file_find(f, "inputs");
+    const dit_st_entry *from = dit_st_file_find(f, "from_f32");
+    ck_assert(pat && to && in && from);
+    ck_assert_int_eq(pat->view.dtype, DIT_F8_E4M3);
+    ck_assert_int_eq(from->view.dtype, DIT_F8_E4M3);
+    ck_assert_int_eq(dit_tensor_numel(&pat->view), 256);
+    ck_assert_int_eq(dit_tensor_numel(&to->view), 256);
+    /* Every pattern to f32, bit for bit (NaN payloads included). */
+    float got[256];
+    ck_assert_int_eq(dit_st_entry_convert(pat, NULL, DIT_F32, got, sizeof got, NULL), DIT_OK);
+    ck_assert_mem_eq(got, to->view.data, sizeof got);
+    /* f32 to E4M3: ties, one ulp either side, overflow, random values. */
+    const int64_t n = dit_tensor_numel(&in->view);
+    ck_assert_int_eq(dit_tensor_numel(&from->view), n);
+    ck_assert_int_gt(n, 4096);
+    float *x = malloc((size_t)n * sizeof *x);
+    uint8_t *q = malloc((size_t)n);
+    ck_assert(x && q);
+    memcpy(x, in->view.data, (size_t)n * sizeof *x);
+    dit_convert_from_f32(q, DIT_F8_E4M3, x, (size_t)n);
+    const uint8_t *want = from->view.data;
+    for (int64_t i = 0; i < n; i++)
+        ck_assert_msg(q[i] == want[i], "inputs[%lld] = %a: 0x%02x, torch 0x%02x", (long long)i,
+                      (double)x[i], q[i], want[i]);
+    free(x);
+    free(q);
+    dit_st_file_close(f);
+}
+END_TEST
+
 START_TEST(test_write_errors)
 {
     TEST_DIR(dir);
@@ -1373,6 +1414,7 @@ static Suite *safetensors_suite(void)
     tcase_add_test(good, test_five_dims);
     tcase_add_test(good, test_f8_e4m3_with_scales);
     tcase_add_test(good, test_f8_e4m3_by_hand);
+    tcase_add_test(good, test_f8_e4m3_matches_torch);
     tcase_add_test(good, test_write_errors);
     tcase_add_test(good, test_zero_size_tensor);
     tcase_add_test(good, test_metadata);
