@@ -337,7 +337,7 @@ END_TEST
 
 START_TEST(test_unknown_dtype)
 {
-    static const char *const bad[] = {"I64", "F64", "U8", "BOOL", "f32", ""};
+    static const char *const bad[] = {"I64", "F64", "U8", "BOOL", "f32", "F8_E5M2", "f8_e4m3", ""};
     TEST_DIR(dir);
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char p[PATH_MAX], name[64], header[256], want[128];
@@ -347,7 +347,8 @@ START_TEST(test_unknown_dtype)
                  "{\"x\":{\"dtype\":\"%s\",\"shape\":[1],\"data_offsets\":[0,8]}}", bad[i]);
         write_st_zeros(p, header, 8);
         snprintf(want, sizeof want,
-                 "tensor 'x': dtype '%s' is not supported (supported: F32, BF16, F16)", bad[i]);
+                 "tensor 'x': dtype '%s' is not supported (supported: F32, BF16, F16, F8_E4M3)",
+                 bad[i]);
         expect_open_fail(p, DIT_ERR_UNSUPPORTED, want, NULL);
     }
 }
@@ -451,9 +452,9 @@ START_TEST(test_too_many_dims)
     TEST_DIR(dir);
     char p[PATH_MAX];
     join(p, dir, "dims.safetensors");
-    write_st_zeros(p, "{\"x\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,2],\"data_offsets\":[0,8]}}",
+    write_st_zeros(p, "{\"x\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,2],\"data_offsets\":[0,8]}}",
                    8);
-    expect_open_fail(p, DIT_ERR_UNSUPPORTED, "tensor 'x'", "5 dims", NULL);
+    expect_open_fail(p, DIT_ERR_UNSUPPORTED, "tensor 'x'", "6 dims", "at most 5", NULL);
 }
 END_TEST
 
@@ -791,6 +792,218 @@ START_TEST(test_write_strided)
         for (int j = 0; j < 3; j++)
             for (int k = 0; k < 4; k++)
                 ck_assert_uint_eq(got3[(i * 3 + j) * 4 + k], h[i][j][2 * k]);
+    dit_st_file_close(f);
+}
+END_TEST
+
+START_TEST(test_five_dims)
+{
+    TEST_DIR(dir);
+    char p[PATH_MAX];
+    join(p, dir, "video.safetensors");
+    /* A (1, 2, 3, 2, 4) latent, written from a frame slice of a (1, 2, 5, 2,
+     * 4) one: non-contiguous in a middle dim. */
+    float big[1][2][5][2][4];
+    for (int c = 0; c < 2; c++)
+        for (int f = 0; f < 5; f++)
+            for (int h = 0; h < 2; h++)
+                for (int w = 0; w < 4; w++)
+                    big[0][c][f][h][w] = (float)(1000 * c + 100 * f + 10 * h + w);
+    dit_tensor t = dit_tensor_5d(big, DIT_F32, 1, 2, 5, 2, 4);
+    dit_tensor v = dit_tensor_narrow(&t, 2, 1, 3);
+    dit_st_write_item items[] = {{"latents", &v}};
+    write_ok(p, items, 1);
+    dit_st_file *f = open_ok(p);
+    const dit_st_entry *e = dit_st_file_find(f, "latents");
+    ck_assert_ptr_nonnull(e);
+    ck_assert_int_eq(e->view.ndim, 5);
+    const int64_t want[5] = {1, 2, 3, 2, 4};
+    for (int i = 0; i < 5; i++)
+        ck_assert_int_eq(e->view.ne[i], want[i]);
+    ck_assert(dit_tensor_is_contiguous(&e->view));
+    float got[48];
+    memcpy(got, e->view.data, sizeof got);
+    int k = 0;
+    for (int c = 0; c < 2; c++)
+        for (int fr = 1; fr < 4; fr++)
+            for (int h = 0; h < 2; h++)
+                for (int w = 0; w < 4; w++)
+                    ck_assert_float_eq(got[k++], big[0][c][fr][h][w]);
+    dit_st_file_close(f);
+}
+END_TEST
+
+/* An (N, K) = (4, 64) E4M3 weight holding every bit pattern, with a
+ * per-tensor f32 scale, a per-row (N, 1) bf16 one and a few bad ones,
+ * written by the project's writer; then read and converted. */
+START_TEST(test_f8_e4m3_with_scales)
+{
+    TEST_DIR(dir);
+    char p[PATH_MAX];
+    join(p, dir, "fp8.safetensors");
+    uint8_t q[4][64];
+    for (int i = 0; i < 256; i++)
+        q[i / 64][i % 64] = (uint8_t)i;
+    float s_tensor = 0.03125f;
+    uint16_t s_rows[4][1] = {{0x3f80}, {0x4000}, {0x3e80}, {0xc040}}; /* 1, 2, 0.25, -3 */
+    float s_bad[3] = {1, 2, 3};
+    float s_inf = INFINITY;
+    dit_tensor tq = dit_tensor_2d(q, DIT_F8_E4M3, 4, 64);
+    dit_tensor ts = dit_tensor_1d(&s_tensor, DIT_F32, 1);
+    dit_tensor tr = dit_tensor_2d(s_rows, DIT_BF16, 4, 1);
+    dit_tensor tb = dit_tensor_1d(s_bad, DIT_F32, 3);
+    dit_tensor ti = dit_tensor_make(&s_inf, DIT_F32, 0, NULL);
+    dit_st_write_item items[] = {{"w.weight", &tq},
+                                 {"w.weight_scale", &ts},
+                                 {"w.row_scale", &tr},
+                                 {"w.bad_scale", &tb},
+                                 {"w.inf_scale", &ti}};
+    write_ok(p, items, 5);
+
+    /* The header spells the dtype as safetensors does. */
+    FILE *fp = fopen(p, "rb");
+    ck_assert_ptr_nonnull(fp);
+    char head[1024] = {0};
+    ck_assert_uint_gt(fread(head, 1, sizeof head - 1, fp), 8);
+    fclose(fp);
+    ck_assert_ptr_nonnull(strstr(head + 8, "\"dtype\":\"F8_E4M3\""));
+
+    dit_st_file *f = open_ok(p);
+    const dit_st_entry *w = dit_st_file_find(f, "w.weight");
+    ck_assert_ptr_nonnull(w);
+    ck_assert_int_eq(w->view.dtype, DIT_F8_E4M3);
+    ck_assert_int_eq(w->view.ndim, 2);
+    ck_assert_int_eq(w->view.nb[0], 64);
+    ck_assert_int_eq(w->view.nb[1], 1);
+    ck_assert_mem_eq(w->view.data, q, sizeof q);
+    const dit_st_entry *scale = dit_st_file_find(f, "w.weight_scale");
+    const dit_st_entry *rows = dit_st_file_find(f, "w.row_scale");
+    ck_assert_ptr_nonnull(scale);
+    ck_assert_ptr_nonnull(rows);
+    float sv = 0;
+    ck_assert_int_eq(dit_st_entry_scalar(scale, &sv, NULL), DIT_OK);
+    ck_assert_float_eq(sv, 0.03125f);
+
+    /* No scale: the exact values. */
+    float out[256];
+    ck_assert_int_eq(dit_st_entry_convert(w, NULL, DIT_F32, out, sizeof out, NULL), DIT_OK);
+    for (int i = 0; i < 256; i++) {
+        float want = dit_f8e4m3_to_f32((uint8_t)i);
+        ck_assert(isnan(want) ? isnan(out[i]) : out[i] == want);
+    }
+    /* Per-tensor scale (a power of two: exact). */
+    ck_assert_int_eq(dit_st_entry_convert(w, scale, DIT_F32, out, sizeof out, NULL), DIT_OK);
+    for (int i = 0; i < 256; i++) {
+        float want = dit_f8e4m3_to_f32((uint8_t)i) * 0.03125f;
+        ck_assert(isnan(want) ? isnan(out[i]) : out[i] == want);
+    }
+    ck_assert_float_eq(out[0x7e], 14.0f); /* 448 / 32 */
+    /* Per-row scale, to bf16 (E4M3 times a power of two, or times -3: at
+     * most 5 significant bits, exact in bf16). */
+    uint16_t ob[256];
+    ck_assert_int_eq(dit_st_entry_convert(w, rows, DIT_BF16, ob, sizeof ob, NULL), DIT_OK);
+    const float rs[4] = {1.0f, 2.0f, 0.25f, -3.0f};
+    for (int i = 0; i < 256; i++) {
+        float want = dit_f8e4m3_to_f32((uint8_t)i) * rs[i / 64];
+        float got = dit_bf16_to_f32(ob[i]);
+        ck_assert(isnan(want) ? isnan(got) : got == want);
+    }
+
+    /* Refusals name the file and the tensors. */
+    dit_diag d;
+    dit_diag_clear(&d);
+    const dit_st_entry *bad = dit_st_file_find(f, "w.bad_scale");
+    ck_assert_int_eq(dit_st_entry_convert(w, bad, DIT_F32, out, sizeof out, &d), DIT_ERR_FORMAT);
+    ck_assert_ptr_nonnull(strstr(d.msg, "fp8.safetensors"));
+    ck_assert_ptr_nonnull(strstr(d.msg, "'w.bad_scale' has shape (3)"));
+    ck_assert_ptr_nonnull(strstr(d.msg, "tensor 'w.weight'"));
+    dit_diag_clear(&d);
+    ck_assert_int_eq(dit_st_entry_scalar(bad, &sv, &d), DIT_ERR_FORMAT);
+    ck_assert_ptr_nonnull(strstr(d.msg, "tensor 'w.bad_scale': shape (3) is not a single value"));
+    dit_diag_clear(&d);
+    const dit_st_entry *inf = dit_st_file_find(f, "w.inf_scale");
+    ck_assert_int_eq(dit_st_entry_convert(w, inf, DIT_F32, out, sizeof out, &d), DIT_ERR_FORMAT);
+    ck_assert_ptr_nonnull(strstr(d.msg, "not finite"));
+    dit_diag_clear(&d);
+    ck_assert_int_eq(dit_st_entry_convert(w, NULL, DIT_F32, out, sizeof out - 4, &d),
+                     DIT_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(d.msg, "256 elements do not fit 1020 bytes of f32"));
+    dit_st_file_close(f);
+}
+END_TEST
+
+/* F8_E4M3 by hand (no writer), at an odd data offset. */
+START_TEST(test_f8_e4m3_by_hand)
+{
+    TEST_DIR(dir);
+    char p[PATH_MAX];
+    join(p, dir, "hand.safetensors");
+    const unsigned char data[] = {0xff, 0x38, 0xb8, 0x7e, 0x01, 0x7f};
+    write_st(p,
+             "{\"x\":{\"dtype\":\"F8_E4M3\",\"shape\":[1,1,1,1,5],\"data_offsets\":[1,6]},"
+             "\"pad\":{\"dtype\":\"F8_E4M3\",\"shape\":[],\"data_offsets\":[0,1]}}",
+             data, sizeof data);
+    dit_st_file *f = open_ok(p);
+    const dit_st_entry *e = dit_st_file_find(f, "x");
+    ck_assert_ptr_nonnull(e);
+    ck_assert_int_eq(e->view.ndim, 5);
+    ck_assert_int_eq(dit_tensor_numel(&e->view), 5);
+    float out[5];
+    ck_assert_int_eq(dit_st_entry_convert(e, NULL, DIT_F32, out, sizeof out, NULL), DIT_OK);
+    ck_assert_float_eq(out[0], 1.0f);
+    ck_assert_float_eq(out[1], -1.0f);
+    ck_assert_float_eq(out[2], 448.0f);
+    ck_assert_float_eq(out[3], 0x1p-9f);
+    ck_assert(isnan(out[4]));
+    /* A scalar F8 scale (-NaN here) is read like any other. */
+    float sv = 0;
+    ck_assert_int_eq(dit_st_entry_scalar(dit_st_file_find(f, "pad"), &sv, NULL), DIT_OK);
+    ck_assert(isnan(sv));
+    dit_st_file_close(f);
+    /* A size that disagrees with one byte per element is refused. */
+    join(p, dir, "short.safetensors");
+    write_st(p, "{\"x\":{\"dtype\":\"F8_E4M3\",\"shape\":[2,3],\"data_offsets\":[0,5]}}", data, 5);
+    expect_open_fail(p, DIT_ERR_FORMAT, "tensor 'x'", "(2, 3) F8_E4M3 needs 6 bytes", NULL);
+}
+END_TEST
+
+/* tests/data/fp8/e4m3_torch.safetensors (tests/golden/gen_fp8_golden.py):
+ * torch's own conversions, in a file the safetensors library wrote. */
+START_TEST(test_f8_e4m3_matches_torch)
+{
+    const char *root = getenv("DIT_SOURCE_ROOT");
+    ck_assert_msg(root != NULL, "DIT_SOURCE_ROOT is not set; run this test through meson");
+    char p[PATH_MAX];
+    fmt_path(p, "%s/tests/data/fp8/e4m3_torch.safetensors", root);
+    dit_st_file *f = open_ok(p);
+    const dit_st_entry *pat = dit_st_file_find(f, "patterns");
+    const dit_st_entry *to = dit_st_file_find(f, "to_f32");
+    const dit_st_entry *in = dit_st_file_find(f, "inputs");
+    const dit_st_entry *from = dit_st_file_find(f, "from_f32");
+    ck_assert(pat && to && in && from);
+    ck_assert_int_eq(pat->view.dtype, DIT_F8_E4M3);
+    ck_assert_int_eq(from->view.dtype, DIT_F8_E4M3);
+    ck_assert_int_eq(dit_tensor_numel(&pat->view), 256);
+    ck_assert_int_eq(dit_tensor_numel(&to->view), 256);
+    /* Every pattern to f32, bit for bit (NaN payloads included). */
+    float got[256];
+    ck_assert_int_eq(dit_st_entry_convert(pat, NULL, DIT_F32, got, sizeof got, NULL), DIT_OK);
+    ck_assert_mem_eq(got, to->view.data, sizeof got);
+    /* f32 to E4M3: ties, one ulp either side, overflow, random values. */
+    const int64_t n = dit_tensor_numel(&in->view);
+    ck_assert_int_eq(dit_tensor_numel(&from->view), n);
+    ck_assert_int_gt(n, 4096);
+    float *x = malloc((size_t)n * sizeof *x);
+    uint8_t *q = malloc((size_t)n);
+    ck_assert(x && q);
+    memcpy(x, in->view.data, (size_t)n * sizeof *x);
+    dit_convert_from_f32(q, DIT_F8_E4M3, x, (size_t)n);
+    const uint8_t *want = from->view.data;
+    for (int64_t i = 0; i < n; i++)
+        ck_assert_msg(q[i] == want[i], "inputs[%lld] = %a: 0x%02x, torch 0x%02x", (long long)i,
+                      (double)x[i], q[i], want[i]);
+    free(x);
+    free(q);
     dit_st_file_close(f);
 }
 END_TEST
@@ -1198,6 +1411,10 @@ static Suite *safetensors_suite(void)
     tcase_add_unchecked_fixture(good, tmp_setup, tmp_teardown);
     tcase_add_test(good, test_roundtrip_dtypes);
     tcase_add_test(good, test_write_strided);
+    tcase_add_test(good, test_five_dims);
+    tcase_add_test(good, test_f8_e4m3_with_scales);
+    tcase_add_test(good, test_f8_e4m3_by_hand);
+    tcase_add_test(good, test_f8_e4m3_matches_torch);
     tcase_add_test(good, test_write_errors);
     tcase_add_test(good, test_zero_size_tensor);
     tcase_add_test(good, test_metadata);

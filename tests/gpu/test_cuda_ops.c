@@ -107,6 +107,117 @@ START_TEST(upload_download_copy_fill_roundtrip)
 }
 END_TEST
 
+/* 5-D tensors (video latents (B, C, F, H, W)) through upload, download,
+ * copy, fill and activate: the cuda views fold them to 4 dims; a view that
+ * cannot fold is refused, not mangled. */
+START_TEST(five_dims_match_cpu)
+{
+    test_rng r = {107};
+    const int64_t shape[5] = {2, 3, 4, 5, 6};
+    const size_t n = 2 * 3 * 4 * 5 * 6;
+    float *h = gpu_rand(&r, n, -2, 2, true);
+    gpu_pair a = gpu_pair_make(CPU, GPU, DIT_F32, 5, shape, h);
+    gpu_pair b = gpu_pair_make(CPU, GPU, DIT_BF16, 5, shape, h);
+    ck_assert_int_eq(gpu_compare_views("5-D f32 upload", CPU, &a.c, GPU, &a.g, 0, 0), 0);
+    ck_assert_int_eq(gpu_compare_views("5-D bf16 upload", CPU, &b.c, GPU, &b.g, 0, 0), 0);
+    /* A strided host source: channels [1, 3), frames [1, 3), columns 1..4. */
+    dit_tensor hv = dit_tensor_5d(h, DIT_F32, 2, 3, 4, 5, 6);
+    hv = dit_tensor_narrow(&hv, 1, 1, 2);
+    hv = dit_tensor_narrow(&hv, 2, 1, 2);
+    hv = dit_tensor_narrow(&hv, 4, 1, 4);
+    const int64_t sh2[5] = {2, 2, 2, 5, 4};
+    gpu_pair c = gpu_pair_make(CPU, GPU, DIT_BF16, 5, sh2, NULL);
+    GPU_OK(GPU, GPU->ops->upload(GPU, &c.g, &hv));
+    GPU_OK(CPU, CPU->ops->upload(CPU, &c.c, &hv));
+    ck_assert_int_eq(gpu_compare_views("5-D strided upload", CPU, &c.c, GPU, &c.g, 0, 0), 0);
+    /* Device copy out of the same slice of a device tensor, and a fill. */
+    dit_tensor gv = dit_tensor_narrow(&a.g, 1, 1, 2), cv = dit_tensor_narrow(&a.c, 1, 1, 2);
+    gv = dit_tensor_narrow(&gv, 2, 1, 2);
+    cv = dit_tensor_narrow(&cv, 2, 1, 2);
+    gv = dit_tensor_narrow(&gv, 4, 1, 4);
+    cv = dit_tensor_narrow(&cv, 4, 1, 4);
+    gpu_pair d = gpu_pair_make(CPU, GPU, DIT_F32, 5, sh2, NULL);
+    GPU_OK(GPU, GPU->ops->copy(GPU, &d.g, &gv));
+    GPU_OK(CPU, CPU->ops->copy(CPU, &d.c, &cv));
+    ck_assert_int_eq(gpu_compare_views("5-D copy", CPU, &d.c, GPU, &d.g, 0, 0), 0);
+    GPU_OK(GPU, GPU->ops->fill(GPU, &gv, -0.5f));
+    GPU_OK(CPU, CPU->ops->fill(CPU, &cv, -0.5f));
+    ck_assert_int_eq(gpu_compare_views("5-D fill", CPU, &a.c, GPU, &a.g, 0, 0), 0);
+    /* Download of a strided 5-D device view (gpu_fetch downloads). */
+    ck_assert_int_eq(gpu_compare_views("5-D strided download", CPU, &cv, GPU, &gv, 0, 0), 0);
+    /* activate over all of a 5-D tensor. */
+    gpu_pair e = gpu_pair_make(CPU, GPU, DIT_F32, 5, shape, NULL);
+    GPU_OK(GPU, GPU->ops->activate(GPU, &e.g, &a.g, DIT_ACT_SILU));
+    GPU_OK(CPU, CPU->ops->activate(CPU, &e.c, &a.c, DIT_ACT_SILU));
+    ck_assert_int_eq(gpu_compare_views("5-D activate", CPU, &e.c, GPU, &e.g, 2e-5, 2e-5), 0);
+    /* Narrowed in dims 1, 2 and 3: no two outer dims merge. */
+    dit_tensor u = dit_tensor_narrow(&a.g, 1, 0, 2);
+    u = dit_tensor_narrow(&u, 2, 0, 3);
+    u = dit_tensor_narrow(&u, 3, 0, 4);
+    gpu_pair f = gpu_pair_make(CPU, GPU, DIT_F32, 5, (int64_t[]){2, 2, 3, 4, 6}, NULL);
+    ck_assert_int_eq(GPU->ops->copy(GPU, &f.g, &u), DIT_ERR_UNSUPPORTED);
+    ck_assert_ptr_nonnull(strstr(GPU->ops->last_error(GPU), "fold"));
+    ck_assert_int_eq(GPU->ops->fill(GPU, &u, 0.0f), DIT_ERR_INVALID_ARG);
+    gpu_pair_free(CPU, GPU, &a);
+    gpu_pair_free(CPU, GPU, &b);
+    gpu_pair_free(CPU, GPU, &c);
+    gpu_pair_free(CPU, GPU, &d);
+    gpu_pair_free(CPU, GPU, &e);
+    gpu_pair_free(CPU, GPU, &f);
+    free(h);
+}
+END_TEST
+
+/* An f8_e4m3 host tensor uploads into f32, bf16 and f16 device tensors
+ * exactly (converted on the host); no device op takes f8_e4m3. */
+START_TEST(f8_upload_converts_exactly)
+{
+    uint8_t q[2 * 256];
+    for (int i = 0; i < 512; i++)
+        q[i] = (uint8_t)(i * 37 + 11); /* every pattern twice, scrambled */
+    const int64_t shape[5] = {2, 4, 4, 4, 4};
+    dit_tensor hq = dit_tensor_make(q, DIT_F8_E4M3, 5, shape);
+    const dit_dtype dts[3] = {DIT_F32, DIT_BF16, DIT_F16};
+    for (int k = 0; k < 3; k++) {
+        gpu_pair p = gpu_pair_make(CPU, GPU, dts[k], 5, shape, NULL);
+        GPU_OK(GPU, GPU->ops->upload(GPU, &p.g, &hq));
+        float *got = gpu_fetch(GPU, &p.g);
+        for (int i = 0; i < 512; i++) {
+            float want = dit_f8e4m3_to_f32(q[i]);
+            if (isnan(want))
+                ck_assert_msg(isnan(got[i]), "%s [%d]", dit_dtype_name(dts[k]), i);
+            else
+                ck_assert_msg(got[i] == want, "%s [%d]: %g, want %g", dit_dtype_name(dts[k]), i,
+                              (double)got[i], (double)want);
+        }
+        free(got);
+        gpu_pair_free(CPU, GPU, &p);
+    }
+    /* A strided f8 source: every other column. */
+    dit_tensor hs = hq;
+    hs.ne[4] = 2;
+    hs.nb[4] = 2;
+    const int64_t sh2[5] = {2, 4, 4, 4, 2};
+    gpu_pair s = gpu_pair_make(CPU, GPU, DIT_BF16, 5, sh2, NULL);
+    GPU_OK(GPU, GPU->ops->upload(GPU, &s.g, &hs));
+    GPU_OK(CPU, CPU->ops->upload(CPU, &s.c, &hs));
+    float *got = gpu_fetch(GPU, &s.g), *want = gpu_fetch(CPU, &s.c);
+    for (int i = 0; i < 256; i++)
+        ck_assert(isnan(want[i]) ? isnan(got[i]) : got[i] == want[i]);
+    free(got);
+    free(want);
+    /* Downloading into f8, or copying on the device from f8, is refused. */
+    uint8_t back[256];
+    dit_tensor hb = dit_tensor_make(back, DIT_F8_E4M3, 5, sh2);
+    ck_assert_int_eq(GPU->ops->download(GPU, &hb, &s.g), DIT_ERR_UNSUPPORTED);
+    ck_assert_ptr_nonnull(strstr(GPU->ops->last_error(GPU), "f8_e4m3"));
+    dit_tensor gq = s.g;
+    gq.dtype = DIT_F8_E4M3;
+    ck_assert_int_eq(GPU->ops->copy(GPU, &s.g, &gq), DIT_ERR_UNSUPPORTED);
+    gpu_pair_free(CPU, GPU, &s);
+}
+END_TEST
+
 /* The host generator of dit_flux_create_random, for init_uniform. */
 static uint64_t mix64(uint64_t z)
 {
@@ -929,6 +1040,8 @@ int main(void)
     TCase *tc = tcase_create("parity");
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, upload_download_copy_fill_roundtrip);
+    tcase_add_test(tc, five_dims_match_cpu);
+    tcase_add_test(tc, f8_upload_converts_exactly);
     tcase_add_test(tc, init_uniform_matches_host_generator);
     tcase_add_loop_test(tc, linear_matches_cpu, 0, 3 * N_LIN);
     tcase_add_test(tc, bf16_operands_match_cpu);

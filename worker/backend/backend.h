@@ -49,11 +49,14 @@ typedef struct dit_backend_ops {
     /* Dtype the backend stores weights in after upload. */
     dit_dtype weight_dtype;
 
-    /* dst (backend) <- src (host view, any dtype, any strides, same shape). */
+    /* dst (backend) <- src (host view, any dtype, any strides, same shape).
+     * An f8_e4m3 source is converted on the way (exactly: every E4M3 value
+     * is a bf16, f16 and f32 value); no backend computes in f8_e4m3. */
     dit_status (*upload)(dit_backend *be, const dit_tensor *dst, const dit_tensor *host_src);
     /* dst (host, contiguous, any dtype) <- src (backend view). Waits. */
     dit_status (*download)(dit_backend *be, const dit_tensor *host_dst, const dit_tensor *src);
-    /* dst <- src, both backend views of the same shape (up to 4 dims). */
+    /* dst <- src, both backend views of the same shape (up to DIT_MAX_DIMS
+     * dims). */
     dit_status (*copy)(dit_backend *be, const dit_tensor *dst, const dit_tensor *src);
     /* Every element of dst <- value. */
     dit_status (*fill)(dit_backend *be, const dit_tensor *dst, float value);

@@ -1,5 +1,6 @@
 #include "core/tensor.h"
 
+#include <assert.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -12,6 +13,8 @@ size_t dit_dtype_size(dit_dtype dt)
     case DIT_BF16:
     case DIT_F16:
         return 2;
+    case DIT_F8_E4M3:
+        return 1;
     default:
         return 0;
     }
@@ -26,6 +29,8 @@ const char *dit_dtype_name(dit_dtype dt)
         return "bf16";
     case DIT_F16:
         return "f16";
+    case DIT_F8_E4M3:
+        return "f8_e4m3";
     default:
         return "invalid";
     }
@@ -33,6 +38,7 @@ const char *dit_dtype_name(dit_dtype dt)
 
 dit_tensor dit_tensor_make(void *data, dit_dtype dt, int ndim, const int64_t *shape)
 {
+    assert(ndim >= 0 && ndim <= DIT_MAX_DIMS);
     dit_tensor t;
     memset(&t, 0, sizeof t);
     t.dtype = dt;
@@ -69,6 +75,13 @@ dit_tensor dit_tensor_4d(void *data, dit_dtype dt, int64_t n0, int64_t n1, int64
 {
     int64_t s[4] = {n0, n1, n2, n3};
     return dit_tensor_make(data, dt, 4, s);
+}
+
+dit_tensor dit_tensor_5d(void *data, dit_dtype dt, int64_t n0, int64_t n1, int64_t n2, int64_t n3,
+                         int64_t n4)
+{
+    int64_t s[5] = {n0, n1, n2, n3, n4};
+    return dit_tensor_make(data, dt, 5, s);
 }
 
 int64_t dit_tensor_numel(const dit_tensor *t)
@@ -120,6 +133,24 @@ int64_t dit_tensor_row_stride(const dit_tensor *t)
     return stride < 0 ? 0 : stride;
 }
 
+int64_t dit_tensor_nrows(const dit_tensor *t)
+{
+    int64_t n = 1;
+    for (int i = 0; i < t->ndim - 1; i++)
+        n *= t->ne[i];
+    return n;
+}
+
+int64_t dit_tensor_row_offset(const dit_tensor *t, int64_t r)
+{
+    int64_t off = 0;
+    for (int i = t->ndim - 2; i >= 0; i--) {
+        off += (r % t->ne[i]) * t->nb[i];
+        r /= t->ne[i];
+    }
+    return off;
+}
+
 bool dit_tensor_same_shape(const dit_tensor *a, const dit_tensor *b)
 {
     if (a->ndim != b->ndim)
@@ -132,6 +163,7 @@ bool dit_tensor_same_shape(const dit_tensor *a, const dit_tensor *b)
 
 dit_tensor dit_tensor_narrow(const dit_tensor *t, int dim, int64_t start, int64_t len)
 {
+    assert(dim >= 0 && dim < t->ndim);
     dit_tensor v = *t;
     v.data = (char *)t->data + start * t->nb[dim];
     v.ne[dim] = len;
@@ -140,6 +172,7 @@ dit_tensor dit_tensor_narrow(const dit_tensor *t, int dim, int64_t start, int64_
 
 dit_tensor dit_tensor_split_last(const dit_tensor *t, int64_t inner)
 {
+    assert(t->ndim >= 1 && t->ndim < DIT_MAX_DIMS);
     dit_tensor v = *t;
     int last = t->ndim - 1;
     v.ndim = t->ndim + 1;
@@ -233,6 +266,54 @@ uint16_t dit_f32_to_f16(float f)
     return sign | (uint16_t)(((absu >> 13) - ((127 - 15) << 10)) & 0x7fffu);
 }
 
+float dit_f8e4m3_to_f32(uint8_t b)
+{
+    uint32_t sign = (uint32_t)(b & 0x80u) << 24;
+    uint32_t exp = (b >> 3) & 0xfu;
+    uint32_t man = b & 0x7u;
+    uint32_t u;
+    if (exp == 0xf && man == 0x7) {
+        u = sign | 0x7ff00000u; /* the only NaN; no infinities */
+    } else if (exp == 0) {
+        /* Zero or subnormal: man * 2^-9, exact in f32. */
+        float f = (float)man * 0x1p-9f;
+        memcpy(&u, &f, sizeof u);
+        u |= sign;
+    } else {
+        /* Rebias the exponent from 7 to 127; the mantissa moves up 20 bits. */
+        u = sign | ((exp + 127 - 7) << 23) | (man << 20);
+    }
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+uint8_t dit_f32_to_f8e4m3(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    uint8_t sign = (uint8_t)((u >> 24) & 0x80u);
+    uint32_t absu = u & 0x7fffffffu;
+    /* From 480 (0x43f00000) up, infinity and NaN included, the result is
+     * NaN, as in PyTorch. Below it, values in (464, 480) round up into
+     * S.1111.111 further down, which is NaN as well; 464 itself ties to the
+     * even 448. */
+    if (absu >= 0x43f00000u)
+        return sign | 0x7fu;
+    if (absu < 0x3c800000u) { /* below 2^-6, the smallest normal */
+        /* Scale into units of the subnormal step 2^-9 (exact) and let the
+         * FPU round to nearest even; 8 steps is 2^-6, whose encoding 0x08
+         * is the same number. */
+        float a;
+        memcpy(&a, &absu, sizeof a);
+        return sign | (uint8_t)lrintf(a * 512.0f);
+    }
+    /* Round the 23-bit mantissa to 3 bits, to nearest even; a carry moves
+     * into the exponent as it should. */
+    absu += 0x7ffffu + ((absu >> 20) & 1u);
+    return sign | (uint8_t)((absu >> 20) - ((127u - 7u) << 3));
+}
+
 /* Element loads and stores go through memcpy: safetensors data may sit at
  * any byte offset, so a uint16_t pointer into it can be misaligned. */
 static inline uint16_t load_u16(const void *p, size_t i)
@@ -268,6 +349,10 @@ void dit_convert_to_f32(float *dst, const void *src, dit_dtype st, size_t n)
         for (size_t i = 0; i < n; i++)
             dst[i] = dit_f16_to_f32(load_u16(src, i));
         break;
+    case DIT_F8_E4M3:
+        for (size_t i = 0; i < n; i++)
+            dst[i] = dit_f8e4m3_to_f32(((const uint8_t *)src)[i]);
+        break;
     default:
         break;
     }
@@ -287,7 +372,28 @@ void dit_convert_from_f32(void *dst, dit_dtype dt, const float *src, size_t n)
         for (size_t i = 0; i < n; i++)
             store_u16(dst, i, dit_f32_to_f16(load_f32(src, i)));
         break;
+    case DIT_F8_E4M3:
+        for (size_t i = 0; i < n; i++)
+            ((uint8_t *)dst)[i] = dit_f32_to_f8e4m3(load_f32(src, i));
+        break;
     default:
         break;
+    }
+}
+
+void dit_convert_scaled(void *dst, dit_dtype dt, const void *src, dit_dtype st, size_t n,
+                        float scale)
+{
+    /* Through f32 in blocks small enough for the stack. */
+    enum { BLOCK = 256 };
+    float tmp[BLOCK];
+    const size_t se = dit_dtype_size(st), de = dit_dtype_size(dt);
+    for (size_t i = 0; i < n; i += BLOCK) {
+        size_t m = n - i < BLOCK ? n - i : BLOCK;
+        dit_convert_to_f32(tmp, (const char *)src + i * se, st, m);
+        if (scale != 1.0f)
+            for (size_t j = 0; j < m; j++)
+                tmp[j] *= scale;
+        dit_convert_from_f32((char *)dst + i * de, dt, tmp, m);
     }
 }

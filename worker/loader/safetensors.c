@@ -4,8 +4,9 @@
  * wrong offset would otherwise turn into an out-of-bounds read deep inside a
  * GEMM. So every field is checked, and every tensor's byte range proven to lie
  * inside the mapping, before any view is handed out. Nothing here dereferences
- * tensor data: a view may be misaligned for its dtype when a writer used odd
- * offsets, and only the consumers' memcpy-based conversions touch it. */
+ * tensor data but the conversions of dit_st_entry_convert and
+ * dit_st_entry_scalar: a view may be misaligned for its dtype when a writer
+ * used odd offsets, and only memcpy-based conversions touch it. */
 #include "loader/safetensors.h"
 
 #include <errno.h>
@@ -88,6 +89,8 @@ static const char *st_dtype_name(dit_dtype dt)
         return "BF16";
     case DIT_F16:
         return "F16";
+    case DIT_F8_E4M3:
+        return "F8_E4M3";
     default:
         return NULL;
     }
@@ -214,7 +217,7 @@ static dit_status parse_entry(const char *path, const cJSON *item, unsigned char
     if (!st_dtype_parse(jd->valuestring, &dt))
         return dit_diag_set(diag, DIT_ERR_UNSUPPORTED,
                             "%s: tensor '%s': dtype '%s' is not supported (supported: F32, "
-                            "BF16, F16)",
+                            "BF16, F16, F8_E4M3)",
                             path, name, jd->valuestring);
 
     int ndim = cJSON_GetArraySize(js);
@@ -604,6 +607,59 @@ const dit_st_entry *dit_st_set_at(const dit_st_set *s, size_t i)
 const dit_st_entry *dit_st_set_find(const dit_st_set *s, const char *name)
 {
     return s ? entries_find(s->entries, s->n, name) : NULL;
+}
+
+dit_status dit_st_entry_scalar(const dit_st_entry *e, float *out, dit_diag *diag)
+{
+    if (dit_tensor_numel(&e->view) != 1) {
+        char sbuf[128];
+        shape_str(e->view.ne, e->view.ndim, sbuf, sizeof sbuf);
+        return dit_diag_set(diag, DIT_ERR_FORMAT, "%s: tensor '%s': shape %s is not a single value",
+                            e->file, e->name, sbuf);
+    }
+    dit_convert_to_f32(out, e->view.data, e->view.dtype, 1);
+    return DIT_OK;
+}
+
+dit_status dit_st_entry_convert(const dit_st_entry *e, const dit_st_entry *scale, dit_dtype dt,
+                                void *dst, size_t dst_bytes, dit_diag *diag)
+{
+    const dit_tensor *t = &e->view;
+    const size_t n = (size_t)dit_tensor_numel(t), de = dit_dtype_size(dt);
+    if (de == 0 || dst_bytes / de < n)
+        return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
+                            "%s: tensor '%s': %zu elements do not fit %zu bytes of %s", e->file,
+                            e->name, n, dst_bytes, dit_dtype_name(dt));
+    if (!scale) {
+        dit_convert_scaled(dst, dt, t->data, t->dtype, n, 1.0f);
+        return DIT_OK;
+    }
+    /* One scale for the whole tensor, or one per index of dim 0 (an (N)
+     * or (N, 1) scale of an (N, K) weight: per output channel). */
+    const size_t ns = (size_t)dit_tensor_numel(&scale->view);
+    const size_t outer = ns == 1 ? 1 : t->ndim >= 1 ? (size_t)t->ne[0] : 1;
+    if (ns != outer) {
+        char sa[128], sb[128];
+        shape_str(t->ne, t->ndim, sa, sizeof sa);
+        shape_str(scale->view.ne, scale->view.ndim, sb, sizeof sb);
+        return dit_diag_set(diag, DIT_ERR_FORMAT,
+                            "%s: tensor '%s': scale '%s' has shape %s; a tensor of shape %s "
+                            "needs one value or one per index of its first dim",
+                            scale->file, e->name, scale->name, sb, sa);
+    }
+    const size_t inner = outer ? n / outer : 0, se = dit_dtype_size(t->dtype);
+    for (size_t i = 0; i < outer; i++) {
+        float f;
+        const size_t ss = dit_dtype_size(scale->view.dtype);
+        dit_convert_to_f32(&f, (const char *)scale->view.data + i * ss, scale->view.dtype, 1);
+        if (!isfinite(f))
+            return dit_diag_set(diag, DIT_ERR_FORMAT,
+                                "%s: tensor '%s': scale '%s' value %zu is %g, not finite",
+                                scale->file, e->name, scale->name, i, (double)f);
+        dit_convert_scaled((char *)dst + i * inner * de, dt, (const char *)t->data + i * inner * se,
+                           t->dtype, inner, f);
+    }
+    return DIT_OK;
 }
 
 /* Collects the entries of all files into s->entries, sorted by name. */
@@ -1005,26 +1061,19 @@ static void write_tensor(st_writer *w, const dit_tensor *t)
         writer_put(w, t->data, dit_tensor_nbytes(t));
         return;
     }
-    /* Pad to 4 dims with leading size-1 dims so one loop nest covers every
-     * rank; rows with unit stride still go out in one piece. */
-    int64_t ne[4] = {1, 1, 1, 1}, nb[4] = {0, 0, 0, 0};
-    int pad = 4 - t->ndim;
-    for (int i = 0; i < t->ndim; i++) {
-        ne[pad + i] = t->ne[i];
-        nb[pad + i] = t->nb[i];
+    /* Row by row (a 0-D tensor is contiguous, so ndim >= 1 here); rows with
+     * unit stride go out in one piece. */
+    const int last = t->ndim - 1;
+    const int64_t rows = dit_tensor_nrows(t), cols = t->ne[last], cs = t->nb[last];
+    for (int64_t r = 0; r < rows; r++) {
+        const char *row = (const char *)t->data + dit_tensor_row_offset(t, r);
+        if (cs == (int64_t)es) {
+            writer_put(w, row, (size_t)cols * es);
+            continue;
+        }
+        for (int64_t c = 0; c < cols; c++)
+            writer_put(w, row + c * cs, es);
     }
-    bool dense_rows = nb[3] == (int64_t)es;
-    for (int64_t i0 = 0; i0 < ne[0]; i0++)
-        for (int64_t i1 = 0; i1 < ne[1]; i1++)
-            for (int64_t i2 = 0; i2 < ne[2]; i2++) {
-                const char *row = (const char *)t->data + i0 * nb[0] + i1 * nb[1] + i2 * nb[2];
-                if (dense_rows) {
-                    writer_put(w, row, (size_t)ne[3] * es);
-                    continue;
-                }
-                for (int64_t i3 = 0; i3 < ne[3]; i3++)
-                    writer_put(w, row + i3 * nb[3], es);
-            }
 }
 
 typedef struct st_out {

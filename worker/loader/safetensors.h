@@ -58,6 +58,24 @@ size_t dit_st_set_count(const dit_st_set *s);
 const dit_st_entry *dit_st_set_at(const dit_st_set *s, size_t i);
 const dit_st_entry *dit_st_set_find(const dit_st_set *s, const char *name);
 
+/* FP8 checkpoints store a weight as F8_E4M3 next to a scale tensor (often
+ * "<module>.weight_scale", f32, shape [] or [1]); the weight means
+ * f32(fp8) * scale. These read any dtype, FP8 or not. */
+
+/* The value of a one-element tensor (shape [], [1], [1, 1], ...) as f32;
+ * DIT_ERR_FORMAT naming the file and tensor for any other shape. */
+dit_status dit_st_entry_scalar(const dit_st_entry *e, float *out, dit_diag *diag);
+
+/* Converts every element of `e` into `dst`, dense row-major dtype `dt`, of
+ * `dst_bytes` (at least numel * dit_dtype_size(dt)): dst = dt(f32(e) * s),
+ * the product in f32 and rounded once. `scale` is NULL (s = 1: the plain,
+ * exact-where-representable conversion), a one-element tensor (per-tensor
+ * scale) or one with ne[0] elements of `e`, e.g. (N) or (N, 1) for an (N, K)
+ * weight (one scale per output channel). Bad scale shapes and non-finite
+ * scales are DIT_ERR_FORMAT, naming the file. */
+dit_status dit_st_entry_convert(const dit_st_entry *e, const dit_st_entry *scale, dit_dtype dt,
+                                void *dst, size_t dst_bytes, dit_diag *diag);
+
 /* Writes tensors (host views, any strides; written contiguous in their own
  * dtype) to `path`, replacing it atomically (write to a temp name, rename). */
 typedef struct dit_st_write_item {

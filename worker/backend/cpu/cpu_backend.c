@@ -70,27 +70,18 @@ static void copy_row(char *dst, int64_t dst_stride, dit_dtype dt, const char *sr
 
 dit_status dit_cpu_copy_strided(const dit_tensor *dst, const dit_tensor *src, int n_threads)
 {
-    if (!dit_tensor_same_shape(dst, src) || dst->ndim < 1 || dst->ndim > DIT_MAX_DIMS)
+    if (!dit_tensor_same_shape(dst, src) || dst->ndim < 1 || dst->ndim > DIT_MAX_DIMS ||
+        (unsigned)dst->dtype >= DIT_DTYPE_COUNT || (unsigned)src->dtype >= DIT_DTYPE_COUNT)
         return DIT_ERR_INVALID_ARG;
-    /* Pad to 4 dims with leading size-1 dims. */
-    int64_t ne[4] = {1, 1, 1, 1}, dnb[4] = {0, 0, 0, 0}, snb[4] = {0, 0, 0, 0};
-    int off = 4 - dst->ndim;
-    for (int i = 0; i < dst->ndim; i++) {
-        ne[off + i] = dst->ne[i];
-        dnb[off + i] = dst->nb[i];
-        snb[off + i] = src->nb[i];
-    }
-    int64_t rows = ne[0] * ne[1] * ne[2];
-    int64_t row_bytes = ne[3] * (int64_t)dit_dtype_size(dst->dtype);
+    const int last = dst->ndim - 1;
+    const int64_t rows = dit_tensor_nrows(dst), cols = dst->ne[last];
+    int64_t row_bytes = cols * (int64_t)dit_dtype_size(dst->dtype);
     int nt = row_bytes * rows > (1 << 20) ? n_threads : 1;
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (int64_t r = 0; r < rows; r++) {
-        int64_t i0 = r / (ne[1] * ne[2]);
-        int64_t i1 = (r / ne[2]) % ne[1];
-        int64_t i2 = r % ne[2];
-        char *d = (char *)dst->data + i0 * dnb[0] + i1 * dnb[1] + i2 * dnb[2];
-        const char *s = (const char *)src->data + i0 * snb[0] + i1 * snb[1] + i2 * snb[2];
-        copy_row(d, dnb[3], dst->dtype, s, snb[3], src->dtype, ne[3]);
+        char *d = (char *)dst->data + dit_tensor_row_offset(dst, r);
+        const char *s = (const char *)src->data + dit_tensor_row_offset(src, r);
+        copy_row(d, dst->nb[last], dst->dtype, s, src->nb[last], src->dtype, cols);
     }
     return DIT_OK;
 }
@@ -113,21 +104,15 @@ static dit_status cpu_copy(dit_backend *be, const dit_tensor *dst, const dit_ten
 static dit_status cpu_fill(dit_backend *be, const dit_tensor *dst, float value)
 {
     (void)be;
-    if (dst->dtype != DIT_F32 || dst->ndim < 1)
+    if (dst->dtype != DIT_F32 || dst->ndim < 1 || dst->ndim > DIT_MAX_DIMS)
         return DIT_ERR_INVALID_ARG;
-    int64_t ne[4] = {1, 1, 1, 1}, nb[4] = {0, 0, 0, 0};
-    int off = 4 - dst->ndim;
-    for (int i = 0; i < dst->ndim; i++) {
-        ne[off + i] = dst->ne[i];
-        nb[off + i] = dst->nb[i];
+    const int last = dst->ndim - 1;
+    const int64_t rows = dit_tensor_nrows(dst), cols = dst->ne[last], cs = dst->nb[last];
+    for (int64_t r = 0; r < rows; r++) {
+        char *row = (char *)dst->data + dit_tensor_row_offset(dst, r);
+        for (int64_t c = 0; c < cols; c++)
+            *(float *)(row + c * cs) = value;
     }
-    for (int64_t i0 = 0; i0 < ne[0]; i0++)
-        for (int64_t i1 = 0; i1 < ne[1]; i1++)
-            for (int64_t i2 = 0; i2 < ne[2]; i2++) {
-                char *row = (char *)dst->data + i0 * nb[0] + i1 * nb[1] + i2 * nb[2];
-                for (int64_t i3 = 0; i3 < ne[3]; i3++)
-                    *(float *)(row + i3 * nb[3]) = value;
-            }
     return DIT_OK;
 }
 

@@ -15,8 +15,9 @@ static inline int dit_cpu_threads(dit_backend *be)
     return ((dit_cpu_backend *)be)->n_threads;
 }
 
-/* Strided element-wise copy with dtype conversion, up to 4 dims, between two
- * host views of the same shape. Used for upload, download and copy. */
+/* Strided element-wise copy with dtype conversion (any dtype, f8_e4m3
+ * included, through f32), up to DIT_MAX_DIMS dims, between two host views of
+ * the same shape. Used for upload, download and copy. */
 dit_status dit_cpu_copy_strided(const dit_tensor *dst, const dit_tensor *src, int n_threads);
 
 dit_status dit_cpu_linear(dit_backend *be, const dit_tensor *y, const dit_tensor *x,

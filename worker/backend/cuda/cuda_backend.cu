@@ -405,6 +405,22 @@ static void host_pack_rows(char *dst, const cuda_view &v, int64_t r0, int64_t nr
     }
 }
 
+/* host_pack_rows of an f8_e4m3 view, converting to bf16 (exact). */
+static void host_pack_rows_f8_bf16(char *dst, const cuda_view &v, int64_t r0, int64_t nr)
+{
+    const int64_t cols = v.ne[3];
+    for (int64_t r = r0; r < r0 + nr; r++) {
+        const int64_t i2 = r % v.ne[2], t = r / v.ne[2];
+        const int64_t i1 = t % v.ne[1], i0 = t / v.ne[1];
+        const uint8_t *s = (const uint8_t *)v.p + i0 * v.nb[0] + i1 * v.nb[1] + i2 * v.nb[2];
+        char *d = dst + (r - r0) * cols * 2;
+        for (int64_t c = 0; c < cols; c++) {
+            const uint16_t h = dit_f32_to_bf16(dit_f8e4m3_to_f32(s[c * v.nb[3]]));
+            memcpy(d + c * 2, &h, sizeof h);
+        }
+    }
+}
+
 static void host_unpack_rows(const cuda_view &v, int64_t r0, int64_t nr, const char *src)
 {
     const size_t es = dit_dtype_size((dit_dtype)v.dtype);
@@ -456,16 +472,29 @@ static dit_status stage_rows(dit_cuda_backend *cb, int64_t row_bytes, int64_t *r
     return DIT_OK;
 }
 
+/* Same shape, 1 to DIT_MAX_DIMS dims that cuda_view_of can describe, and
+ * dtypes the kernels handle; an upload's host source may also be f8_e4m3,
+ * which cuda_upload converts on the host. */
 static dit_status shape_check(dit_cuda_backend *cb, const dit_tensor *a, const dit_tensor *b,
-                              const char *op)
+                              const char *op, bool f8_src)
 {
-    if (!dit_tensor_same_shape(a, b) || a->ndim < 1 || a->ndim > DIT_MAX_DIMS ||
-        !dtype_ok(a->dtype) || !dtype_ok(b->dtype)) {
+    const bool shape_ok = dit_tensor_same_shape(a, b) && a->ndim >= 1 && a->ndim <= DIT_MAX_DIMS;
+    const bool types_ok =
+        dtype_ok(a->dtype) && (dtype_ok(b->dtype) || (f8_src && b->dtype == DIT_F8_E4M3));
+    if (!shape_ok || !types_ok) {
         char sa[64], sb[64];
         dit_tensor_shape_str(a, sa, sizeof sa);
         dit_tensor_shape_str(b, sb, sizeof sb);
-        return dit_cuda_bad(cb, DIT_ERR_INVALID_ARG, op, "shapes %s and %s differ", sa, sb);
+        if (!shape_ok)
+            return dit_cuda_bad(cb, DIT_ERR_INVALID_ARG, op, "shapes %s and %s differ", sa, sb);
+        return dit_cuda_bad(cb, DIT_ERR_UNSUPPORTED, op,
+                            "%s from %s: dtypes are f32, bf16, f16 (f8_e4m3 only as the host "
+                            "source of an upload)",
+                            sa, sb);
     }
+    if (!cuda_view_ok(a) || !cuda_view_ok(b))
+        return dit_cuda_bad(cb, DIT_ERR_UNSUPPORTED, op,
+                            "a 5-D view whose outer dims do not fold into 4");
     return DIT_OK;
 }
 
@@ -473,7 +502,7 @@ static dit_status cuda_upload(dit_backend *be, const dit_tensor *dst, const dit_
 {
     dit_cuda_backend *cb = cuda_of(be);
     const char *op = "upload";
-    dit_status st = shape_check(cb, dst, src, op);
+    dit_status st = shape_check(cb, dst, src, op, true);
     if (st != DIT_OK)
         return st;
     if (cb->capturing)
@@ -491,7 +520,11 @@ static dit_status cuda_upload(dit_backend *be, const dit_tensor *dst, const dit_
         return DIT_OK;
     }
     const cuda_view d = cuda_view_of(dst), s = cuda_view_of(src);
-    const size_t se = dit_dtype_size(src->dtype);
+    /* f8_e4m3 is staged as bf16, which holds every E4M3 value exactly, so
+     * no kernel reads FP8. */
+    const bool f8 = src->dtype == DIT_F8_E4M3;
+    const dit_dtype sdt = f8 ? DIT_BF16 : src->dtype;
+    const size_t se = dit_dtype_size(sdt);
     const int64_t rows = cuda_view_rows(d), cols = d.ne[3];
     int64_t chunk = 0;
     st = stage_rows(cb, cols * (int64_t)se, &chunk, op);
@@ -501,11 +534,14 @@ static dit_status cuda_upload(dit_backend *be, const dit_tensor *dst, const dit_
         const int64_t nr = rows - r0 < chunk ? rows - r0 : chunk;
         /* The pinned buffer may still feed the previous chunk's copy. */
         DIT_CHECK_RET(dit_cuda_stream_wait(cb, op));
-        host_pack_rows((char *)cb->pinned, s, r0, nr);
+        if (f8)
+            host_pack_rows_f8_bf16((char *)cb->pinned, s, r0, nr);
+        else
+            host_pack_rows((char *)cb->pinned, s, r0, nr);
         CUDA_TRY(cb, op,
                  cudaMemcpyAsync(cb->stage, cb->pinned, (size_t)(nr * cols) * se,
                                  cudaMemcpyHostToDevice, cb->stream));
-        st = dit_cuda_rows_from_dense(cb, d, r0, nr, cb->stage, src->dtype, op);
+        st = dit_cuda_rows_from_dense(cb, d, r0, nr, cb->stage, sdt, op);
         if (st != DIT_OK)
             return st;
     }
@@ -518,7 +554,7 @@ static dit_status cuda_download(dit_backend *be, const dit_tensor *dst, const di
 {
     dit_cuda_backend *cb = cuda_of(be);
     const char *op = "download";
-    dit_status st = shape_check(cb, dst, src, op);
+    dit_status st = shape_check(cb, dst, src, op, false);
     if (st != DIT_OK)
         return st;
     if (cb->capturing)
@@ -561,7 +597,7 @@ static dit_status cuda_copy(dit_backend *be, const dit_tensor *dst, const dit_te
 {
     dit_cuda_backend *cb = cuda_of(be);
     const char *op = "copy";
-    dit_status st = shape_check(cb, dst, src, op);
+    dit_status st = shape_check(cb, dst, src, op, false);
     if (st != DIT_OK)
         return st;
     const int64_t n = dit_tensor_numel(dst);
@@ -585,7 +621,7 @@ static dit_status cuda_copy(dit_backend *be, const dit_tensor *dst, const dit_te
 static dit_status cuda_fill(dit_backend *be, const dit_tensor *dst, float value)
 {
     dit_cuda_backend *cb = cuda_of(be);
-    if (dst->ndim < 1 || dst->ndim > DIT_MAX_DIMS || !dtype_ok(dst->dtype))
+    if (dst->ndim < 1 || dst->ndim > DIT_MAX_DIMS || !dtype_ok(dst->dtype) || !cuda_view_ok(dst))
         return dit_cuda_bad(cb, DIT_ERR_INVALID_ARG, "fill", "bad tensor");
     const int64_t n = dit_tensor_numel(dst);
     if (n == 0)

@@ -560,7 +560,7 @@ dit_status dit_cuda_as_bf16(dit_cuda_backend *cb, const dit_tensor *t, int slot,
         *out = (const __nv_bfloat16 *)t->data;
         return DIT_OK;
     }
-    if (!dit_tensor_rows_dense(t))
+    if (!dit_tensor_rows_dense(t) || !cuda_view_ok(t))
         return dit_cuda_bad(cb, DIT_ERR_INVALID_ARG, op, "operand rows must be dense");
     const cuda_view v = cuda_view_of(t);
     const int64_t rows = cuda_view_rows(v), cols = v.ne[3];

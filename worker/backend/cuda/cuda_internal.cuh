@@ -7,6 +7,7 @@
 #ifndef DIT_BACKEND_CUDA_INTERNAL_CUH
 #define DIT_BACKEND_CUDA_INTERNAL_CUH
 
+#include <cassert>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -179,7 +180,8 @@ dit_status dit_cuda_scratch(dit_cuda_backend *cb, int slot, size_t bytes, void *
 
 /* ---- strided views for kernels ---------------------------------------- */
 
-/* A view padded to 4 dims with leading size-1 dims; strides in bytes.
+/* A view padded to 4 dims with leading size-1 dims (a 5-D tensor folded
+ * to 4 first, see cuda_fold_dims); strides in bytes.
  *
  * Row r (the flattened index over dims 0..2) starts at
  *  - p + r * rs when rs >= 0: the rows are evenly spaced (contiguous
@@ -214,8 +216,53 @@ static inline void cuda_view_strides(cuda_view &v)
     v.ts = (v.ne[0] == 1 || v.nb[0] == v.ne[1] * v.nb[1]) ? v.nb[1] : -1;
 }
 
-static inline cuda_view cuda_view_of(const dit_tensor *t)
+/* A tensor of more than 4 dims as an equivalent one of 4 (the same
+ * elements, in the same row-major order, at the same addresses) by merging
+ * adjacent outer dims that are evenly spaced: a contiguous (B, C, F, H, W)
+ * becomes (B*C, F, H, W). The innermost dim is never merged, so the columns
+ * the kernels see are the tensor's own. False when no pair of outer dims
+ * merges (a 5-D view narrowed in three of its outer dims): the ops refuse
+ * such views with a status instead of padding past 4 dims. */
+static inline bool cuda_fold_dims(const dit_tensor *t, dit_tensor *out)
 {
+    *out = *t;
+    while (out->ndim > 4) {
+        int i = 0;
+        for (; i + 1 < out->ndim - 1; i++)
+            if (out->ne[i] == 1 || out->ne[i + 1] == 1 ||
+                out->nb[i] == out->ne[i + 1] * out->nb[i + 1])
+                break;
+        if (i + 1 >= out->ndim - 1)
+            return false;
+        /* A size-1 dim's stride is arbitrary: keep the other's. */
+        const int64_t nb = out->ne[i + 1] == 1 ? out->nb[i] : out->nb[i + 1];
+        out->ne[i] *= out->ne[i + 1];
+        out->nb[i] = nb;
+        for (int j = i + 1; j + 1 < out->ndim; j++) {
+            out->ne[j] = out->ne[j + 1];
+            out->nb[j] = out->nb[j + 1];
+        }
+        out->ndim--;
+    }
+    return true;
+}
+
+/* True when cuda_view_of can describe t: up to 4 dims, or 5 that fold. */
+static inline bool cuda_view_ok(const dit_tensor *t)
+{
+    dit_tensor f;
+    return t->ndim >= 0 && t->ndim <= DIT_MAX_DIMS && cuda_fold_dims(t, &f);
+}
+
+/* Callers check cuda_view_ok first (every op does, or takes a fixed rank
+ * of at most 4). */
+static inline cuda_view cuda_view_of(const dit_tensor *tensor)
+{
+    dit_tensor folded;
+    const bool folds = cuda_fold_dims(tensor, &folded);
+    assert(folds);
+    (void)folds;
+    const dit_tensor *t = &folded;
     cuda_view v;
     v.p = (char *)t->data;
     v.dtype = (int)t->dtype;
@@ -273,6 +320,8 @@ __device__ __forceinline__ char *cuda_view_at(const cuda_view &v, int64_t r, int
     return cuda_view_row(v, r) + c * v.nb[3];
 }
 
+/* f32, bf16 and f16 only: f8_e4m3 tensors never reach a kernel (uploads
+ * convert them on the host; every op's dtype check refuses them). */
 __device__ __forceinline__ float cuda_load(const char *p, int dt)
 {
     if (dt == DIT_F32)

@@ -68,7 +68,8 @@ extern "C" dit_status dit_cuda_activate(dit_backend *be, const dit_tensor *y, co
                                         dit_act act)
 {
     dit_cuda_backend *cb = cuda_of(be);
-    if (!is_f32_rows(x) || !is_f32_rows(y) || !dit_tensor_same_shape(x, y) || x->ndim > 4)
+    if (!is_f32_rows(x) || !is_f32_rows(y) || !dit_tensor_same_shape(x, y) || !cuda_view_ok(x) ||
+        !cuda_view_ok(y))
         return dit_cuda_bad(cb, DIT_ERR_INVALID_ARG, "activate", "x, y: same shape, f32 rows");
     const int64_t n = dit_tensor_numel(x);
     if (n == 0 || (act == DIT_ACT_NONE && x->data == y->data && dit_tensor_is_contiguous(x)))
