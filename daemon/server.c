@@ -8,13 +8,13 @@
 
 #include "grpc_health_v1_health.pb-c.h"
 #include "serve/request.h"
+#include "status_map.h"
 
 struct job {
-    job *next;
+    dit_queue_item qi; /* its place in dit_server.queue; qi.priority is the request's */
     dit_server *srv;
     job_kind kind;
     uint64_t id, seq;
-    int priority;
     char request_id[140];
     Ditserve__V1__GenerateRequest *req; /* owned */
     dit_rpc_call *call;                 /* NULL once the client is gone */
@@ -25,6 +25,8 @@ struct job {
     char warning[300];      /* a request field without effect; Result.warnings */
     char cancel_reason[200]; /* why a running job was cancelled, for the request log */
 };
+
+#define JOB_OF(it) DIT_QUEUE_ENTRY(it, job, qi)
 
 static double now_ms(void)
 {
@@ -74,31 +76,6 @@ static void send_queued(job *j, int position, int depth)
     ev.queued = &q;
     send_event(j, &ev);
     j->last_position = position;
-}
-
-static grpc_status_code grpc_code_of(dit_status st)
-{
-    switch (st) {
-    case DIT_OK:
-        return GRPC_STATUS_OK;
-    case DIT_ERR_CANCELLED:
-        return GRPC_STATUS_CANCELLED;
-    case DIT_ERR_INVALID_ARG:
-    case DIT_ERR_FORMAT:
-        return GRPC_STATUS_INVALID_ARGUMENT;
-    case DIT_ERR_NOT_FOUND:
-        return GRPC_STATUS_NOT_FOUND;
-    case DIT_ERR_NOMEM:
-        return GRPC_STATUS_RESOURCE_EXHAUSTED;
-    case DIT_ERR_PEER:
-    case DIT_ERR_TIMEOUT:
-    case DIT_ERR_DEVICE:
-        return GRPC_STATUS_UNAVAILABLE;
-    case DIT_ERR_UNSUPPORTED:
-        return GRPC_STATUS_UNIMPLEMENTED;
-    default:
-        return GRPC_STATUS_INTERNAL;
-    }
 }
 
 /* ------------------------------------------------------------------------ */
@@ -212,36 +189,23 @@ static void on_health_watch_cancel(void *ctx, dit_rpc_call *call)
 
 static void update_positions(dit_server *s)
 {
-    dit_metrics_gauges(s->metrics, s->queued, s->running ? 1 : 0);
+    const int queued = dit_queue_length(&s->queue);
+    dit_metrics_gauges(s->metrics, queued, s->running ? 1 : 0);
     /* The running job is ahead of every queued one: "0 ahead" must mean
      * "runs at once". Only Generate streams get the update: a Warmup call is
      * unary, and a second message before its WarmupResponse would break it. */
     int pos = s->running ? 1 : 0;
-    for (job *j = s->queue; j; j = j->next, pos++)
+    for (dit_queue_item *it = dit_queue_peek(&s->queue); it; it = dit_queue_next(it), pos++) {
+        job *j = JOB_OF(it);
         if (j->kind == JOB_GENERATE && j->last_position != pos)
-            send_queued(j, pos, s->queued);
+            send_queued(j, pos, queued);
+    }
 }
 
 static void enqueue(dit_server *s, job *j)
 {
-    job **pp = &s->queue;
-    while (*pp && (*pp)->priority >= j->priority)
-        pp = &(*pp)->next;
-    j->next = *pp;
-    *pp = j;
-    s->queued++;
+    dit_queue_push(&s->queue, &j->qi);
     j->last_position = -1;
-}
-
-static void unlink_queued(dit_server *s, job *j)
-{
-    job **pp = &s->queue;
-    while (*pp && *pp != j)
-        pp = &(*pp)->next;
-    if (*pp) {
-        *pp = j->next;
-        s->queued--;
-    }
 }
 
 static void fail_job(job *j, grpc_status_code code, const char *msg)
@@ -255,10 +219,8 @@ static void fail_job(job *j, grpc_status_code code, const char *msg)
 
 static void try_dispatch(dit_server *s)
 {
-    while (!s->running && s->queue && dit_supervisor_idle(s->sup)) {
-        job *j = s->queue;
-        s->queue = j->next;
-        s->queued--;
+    while (!s->running && dit_queue_peek(&s->queue) && dit_supervisor_idle(s->sup)) {
+        job *j = JOB_OF(dit_queue_pop(&s->queue));
         if (!j->call && j->kind != JOB_STARTUP_WARMUP) {
             job_free(j); /* the client left while it waited */
             continue;
@@ -336,8 +298,9 @@ static bool admit(dit_server *s, dit_rpc_call *call)
         dit_rpc_call_finish(call, GRPC_STATUS_UNAVAILABLE, msg);
         return false;
     }
-    if (s->queued >= s->cfg->max_queue) {
-        snprintf(msg, sizeof msg, "the queue is full (%d requests waiting); retry later", s->queued);
+    if (dit_queue_length(&s->queue) >= s->cfg->max_queue) {
+        snprintf(msg, sizeof msg, "the queue is full (%d requests waiting); retry later",
+                 dit_queue_length(&s->queue));
         dit_rpc_call_finish(call, GRPC_STATUS_RESOURCE_EXHAUSTED, msg);
         return false;
     }
@@ -399,7 +362,7 @@ static job *new_job(dit_server *s, job_kind kind, Ditserve__V1__GenerateRequest 
     j->req = r;
     j->call = call;
     j->arrived_ms = now_ms();
-    j->priority = kind == JOB_GENERATE ? r->priority : INT_MAX;
+    j->qi.priority = kind == JOB_GENERATE ? r->priority : INT_MAX;
     if (r->request_id && *r->request_id)
         snprintf(j->request_id, sizeof j->request_id, "%s", r->request_id);
     else
@@ -494,7 +457,7 @@ static void on_job_cancel(void *ctx, dit_rpc_call *call)
         dit_log_request(s->log, j->request_id, s->cfg->model_name, j->width, j->height, j->steps,
                         now_ms() - j->arrived_ms, 0, "CANCELLED", "left the queue");
         dit_metrics_request(s->metrics, "CANCELLED", (now_ms() - j->arrived_ms) / 1e3, -1);
-        unlink_queued(s, j);
+        dit_queue_remove(&s->queue, &j->qi);
         job_free(j);
         update_positions(s);
     }
@@ -563,8 +526,8 @@ static void queue_startup_warmup(dit_server *s)
 {
     if (!s->cfg->warmup || s->warmed)
         return;
-    for (job *j = s->queue; j; j = j->next)
-        if (j->kind == JOB_STARTUP_WARMUP)
+    for (dit_queue_item *it = dit_queue_peek(&s->queue); it; it = dit_queue_next(it))
+        if (JOB_OF(it)->kind == JOB_STARTUP_WARMUP)
             return;
     if (s->running && s->running->kind == JOB_STARTUP_WARMUP)
         return;
@@ -688,7 +651,7 @@ static void on_done(void *ctx, uint64_t job_id, dit_status st, const char *messa
     }
     s->running = NULL;
     const double compute_ms = now_ms() - j->started_ms;
-    grpc_status_code code = grpc_code_of(st);
+    grpc_status_code code = dit_status_to_grpc(st);
     char detail[1300];
     if (st == DIT_OK && j->warning[0])
         snprintf(detail, sizeof detail, "warning: %s", j->warning);
@@ -799,7 +762,7 @@ static void on_server_info(void *ctx, dit_rpc_call *call, const uint8_t *req, si
     }
     info.n_devices = (size_t)(pc->world_size < 64 ? pc->world_size : 64);
     info.devices = devices;
-    info.queue_depth = s->queued;
+    info.queue_depth = dit_queue_length(&s->queue);
     info.max_queue = s->cfg->max_queue;
     info.running = s->running ? 1 : 0;
     const dit_mesh_state ms = dit_supervisor_state(s->sup);
@@ -898,15 +861,14 @@ void dit_server_drain(dit_server *s)
 
 int dit_server_pending(const dit_server *s)
 {
-    return s->queued + (s->running ? 1 : 0);
+    return dit_queue_length(&s->queue) + (s->running ? 1 : 0);
 }
 
 void dit_server_abort_pending(dit_server *s, const char *why)
 {
-    while (s->queue) {
-        job *j = s->queue;
-        s->queue = j->next;
-        s->queued--;
+    dit_queue_item *it;
+    while ((it = dit_queue_pop(&s->queue)) != NULL) {
+        job *j = JOB_OF(it);
         fail_job(j, GRPC_STATUS_UNAVAILABLE, why);
         job_free(j);
     }
@@ -920,11 +882,9 @@ void dit_server_abort_pending(dit_server *s, const char *why)
 
 void dit_server_free_jobs(dit_server *s)
 {
-    while (s->queue) {
-        job *j = s->queue;
-        s->queue = j->next;
-        job_free(j);
-    }
+    dit_queue_item *it;
+    while ((it = dit_queue_pop(&s->queue)) != NULL)
+        job_free(JOB_OF(it));
     job_free(s->running);
     s->running = NULL;
     free(s->watchers);

@@ -13,6 +13,7 @@
 
 #include "config.h"
 #include "metrics.h"
+#include "queue.h"
 #include "ditserve_v1_generation.pb-c.h"
 #include "pipelines/flux_pipeline.h"
 #include "reflection.h"
@@ -37,8 +38,7 @@ typedef struct dit_server {
     dit_supervisor *sup;
     dit_reflection *refl;
     dit_metrics *metrics; /* NULL: no metrics endpoint */
-    job *queue;   /* waiting, highest priority first, then arrival */
-    int queued;
+    dit_queue queue; /* waiting jobs, highest priority first, then arrival */
     job *running;
     uint64_t next_job_id, next_seq;
     bool draining;
