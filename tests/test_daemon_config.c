@@ -160,7 +160,7 @@ START_TEST(bad_flag_values_say_what_is_wanted)
     ck_assert_int_eq(PARSE(&cfg, "--model", "x", "--drain-timeout", "0"), 2);
     ck_assert_msg(strstr(err, "--drain-timeout wants a positive number of seconds, not '0'"), "%s", err);
     ck_assert_int_eq(PARSE(&cfg, "--model", "x", "--metrics-port", "70000"), 2);
-    ck_assert_msg(strstr(err, "--metrics-port wants an integer from 0 to 65535"), "%s", err);
+    ck_assert_msg(strstr(err, "--metrics-port wants an integer from -1 to 65535"), "%s", err);
     ck_assert_int_eq(PARSE(&cfg, "--model", "x", "--listen", "127.0.0.1:99999"), 2);
     ck_assert_msg(strstr(err, "the port is not a number from 0 to 65535"), "%s", err);
     ck_assert_int_eq(PARSE(&cfg, "--model", "x", "--backend", "tpu"), 2);
