@@ -87,14 +87,17 @@ static const char health_usage[] =
 static const char info_usage[] = "usage: ditctl info [connection options]\n"
                                  "\n"
                                  "Calls GetServerInfo and prints its fields, one 'key: value' "
-                                 "per line.\n"
+                                 "per line,\nthen the served model as 'ditctl models' shows it.\n"
                                  "\n"
                                  "%s"
                                  "\n" EXIT_HELP;
 
 static const char models_usage[] = "usage: ditctl models [connection options]\n"
                                    "\n"
-                                   "Calls ListModels and prints one line per model.\n"
+                                   "Calls ListModels and prints each model: its pipeline, task,\n"
+                                   "transformer and text encoders, then the defaults a request's\n"
+                                   "zeros stand for, the sizes the server allows, and the config\n"
+                                   "values a client needs to build tensors.\n"
                                    "\n"
                                    "%s"
                                    "\n" EXIT_HELP;
@@ -555,6 +558,43 @@ static int cmd_health(int argc, char **argv, ctl_common *common)
 /* ------------------------------------------------------------------------ */
 /* info */
 
+/* One model as the server describes it: the pipeline and its task, the
+ * defaults a request's zeros stand for, the shapes the server allows, and
+ * the config values a client needs to build tensors. The first line starts
+ * with first, the others with two spaces. */
+static void print_model(const Ditserve__V1__ModelInfo *m, const char *first)
+{
+    const char *indent = "";
+    const bool video = m->task == DITSERVE__V1__TASK__TASK_TEXT_TO_VIDEO;
+    printf("%s%s: %s (%s), transformer %s, text encoders %s\n", first,
+           m->name && m->name[0] ? m->name : "(unnamed)", m->pipeline,
+           video ? "text-to-video"
+                 : m->task == DITSERVE__V1__TASK__TASK_TEXT_TO_IMAGE ? "text-to-image" : "task not reported",
+           m->transformer && m->transformer[0] ? m->transformer : "(not reported)",
+           m->has_text_encoders ? "yes" : "no");
+    printf("%s  defaults: %dx%d, %d steps", indent, m->default_width, m->default_height,
+           m->default_steps);
+    if (video)
+        printf(", %d frames at %d fps", m->default_num_frames, m->default_fps);
+    putchar('\n');
+    if (m->layout) {
+        const Ditserve__V1__LayoutRules *l = m->layout;
+        printf("%s  allows: width and height multiples of %d, %dx%d pixels per token, token counts "
+               "multiples of %d, at most %lld pixels, %d steps, %d text tokens",
+               indent, l->size_multiple, l->pixels_per_token, l->pixels_per_token, l->token_divisor,
+               (long long)l->max_pixels, l->max_steps, l->max_sequence_length);
+        if (l->frame_step > 0)
+            printf(", num_frames %d x k + 1", l->frame_step);
+        putchar('\n');
+    }
+    if (m->n_config) {
+        printf("%s  config:", indent);
+        for (size_t i = 0; i < m->n_config; i++)
+            printf("%s %s %lld", i ? "," : "", m->config[i]->key, (long long)m->config[i]->value);
+        putchar('\n');
+    }
+}
+
 static int cmd_info(int argc, char **argv, ctl_common *common)
 {
     int rc = ctl_parse(argc, argv, "info", info_usage, NULL, "", NULL, NULL, common, NULL);
@@ -601,6 +641,8 @@ static int cmd_info(int argc, char **argv, ctl_common *common)
         printf("mesh_state: %s\n", si->mesh_state);
     printf("comm: %s\n", si->comm);
     printf("worker_restarts: %lld\n", (long long)si->worker_restarts);
+    if (si->model)
+        print_model(si->model, "model: ");
 cleanup:
     if (si)
         ditserve__v1__server_info__free_unpacked(si, NULL);
@@ -628,16 +670,8 @@ static int cmd_models(int argc, char **argv, ctl_common *common)
     }
     if (ml->n_models == 0)
         printf("(no models)\n");
-    for (size_t i = 0; i < ml->n_models; i++) {
-        const Ditserve__V1__ModelInfo *m = ml->models[i];
-        printf("%s: %s, %d double + %d single blocks, hidden %d, joint_attention_dim %d, "
-               "pooled_projection_dim %d, latent_channels %d, vae_scale_factor %d, "
-               "guidance_embeds %s, text encoders %s\n",
-               m->name[0] ? m->name : "(unnamed)", m->pipeline, m->num_layers, m->num_single_layers,
-               m->hidden_size, m->joint_attention_dim, m->pooled_projection_dim, m->latent_channels,
-               m->vae_scale_factor, m->guidance_embeds ? "yes" : "no",
-               m->has_text_encoders ? "yes" : "no");
-    }
+    for (size_t i = 0; i < ml->n_models; i++)
+        print_model(ml->models[i], "");
 cleanup:
     if (ml)
         ditserve__v1__list_models_response__free_unpacked(ml, NULL);

@@ -270,6 +270,9 @@ int main(int argc, char **argv)
         rc = 2;
         goto cleanup;
     }
+    /* What ListModels and GetServerInfo report and Generate checks frames
+     * against: the probed pipeline's own description. */
+    dit_model_info_from_flux(&s->info, &d->cfg.pc, d->cfg.max_pixels, &s->model);
     if (!s->info.has_text_encoders)
         DIT_LOG(lg, DIT_LOG_WARN, "main",
                 "%s has no text encoders: requests must bring prompt_embeds", d->cfg.model);

@@ -393,7 +393,8 @@ static void on_generate(void *ctx, dit_rpc_call *call, const uint8_t *req, size_
     }
     if (!model_ok(s, call, r->model))
         goto reject;
-    if (dit_request_validate(r, &s->info, &diag) != DIT_OK) {
+    if (dit_model_info_check_frames(&s->model, r->num_frames, r->fps, &diag) != DIT_OK ||
+        dit_request_validate(r, &s->info, &diag) != DIT_OK) {
         dit_rpc_call_finish(call, GRPC_STATUS_INVALID_ARGUMENT, dit_diag_msg(&diag));
         goto reject;
     }
@@ -736,6 +737,50 @@ dit_supervisor_events dit_server_mesh_events(dit_server *s)
 /* ------------------------------------------------------------------------ */
 /* Info, models, reflection                                                  */
 
+/* ditserve.v1.ModelInfo from the served pipeline's description; the
+ * pointers point into m, rules and entries (the caller's storage). */
+typedef struct model_msg {
+    Ditserve__V1__ModelInfo info;
+    Ditserve__V1__LayoutRules rules;
+    Ditserve__V1__ModelInfo__ConfigEntry entries[DIT_MODEL_MAX_CONFIG];
+    Ditserve__V1__ModelInfo__ConfigEntry *entry_ptrs[DIT_MODEL_MAX_CONFIG];
+} model_msg;
+
+static void fill_model_info(const dit_server *s, model_msg *out)
+{
+    const dit_model_info *m = &s->model;
+    ditserve__v1__model_info__init(&out->info);
+    ditserve__v1__layout_rules__init(&out->rules);
+    Ditserve__V1__ModelInfo *mi = &out->info;
+    mi->name = (char *)s->cfg->model_name;
+    mi->pipeline = (char *)m->pipeline_class;
+    mi->transformer = (char *)m->transformer_class;
+    mi->task = m->task == DIT_TASK_TEXT_TO_VIDEO ? DITSERVE__V1__TASK__TASK_TEXT_TO_VIDEO
+                                                 : DITSERVE__V1__TASK__TASK_TEXT_TO_IMAGE;
+    mi->has_text_encoders = m->has_text_encoders;
+    mi->default_width = m->default_width;
+    mi->default_height = m->default_height;
+    mi->default_steps = m->default_steps;
+    mi->default_num_frames = m->default_num_frames;
+    mi->default_fps = m->default_fps;
+    out->rules.size_multiple = m->size_multiple;
+    out->rules.pixels_per_token = m->pixels_per_token;
+    out->rules.token_divisor = m->token_divisor;
+    out->rules.max_pixels = m->max_pixels;
+    out->rules.max_steps = m->max_steps;
+    out->rules.max_sequence_length = m->max_sequence_length;
+    out->rules.frame_step = m->frame_step;
+    mi->layout = &out->rules;
+    for (int i = 0; i < m->n_config; i++) {
+        ditserve__v1__model_info__config_entry__init(&out->entries[i]);
+        out->entries[i].key = (char *)m->config[i].key;
+        out->entries[i].value = m->config[i].value;
+        out->entry_ptrs[i] = &out->entries[i];
+    }
+    mi->n_config = (size_t)m->n_config;
+    mi->config = out->entry_ptrs;
+}
+
 static void on_server_info(void *ctx, dit_rpc_call *call, const uint8_t *req, size_t len)
 {
     (void)req;
@@ -773,6 +818,9 @@ static void on_server_info(void *ctx, dit_rpc_call *call, const uint8_t *req, si
                                                            : (char *)dit_mesh_state_name(ms);
     info.comm = pc->world_size == 1 ? "none" : s->cfg->backend == DIT_BACKEND_CUDA ? "nccl" : "shm";
     info.worker_restarts = dit_supervisor_restarts(s->sup);
+    model_msg m;
+    fill_model_info(s, &m);
+    info.model = &m.info;
     send_packed(call, &info.base);
     dit_rpc_call_finish(call, GRPC_STATUS_OK, NULL);
 }
@@ -782,20 +830,9 @@ static void on_list_models(void *ctx, dit_rpc_call *call, const uint8_t *req, si
     (void)req;
     (void)len;
     dit_server *s = ctx;
-    const dit_flux_config *fc = &s->info.transformer;
-    Ditserve__V1__ModelInfo m = DITSERVE__V1__MODEL_INFO__INIT;
-    m.name = (char *)s->cfg->model_name;
-    m.pipeline = "FluxPipeline";
-    m.num_layers = fc->num_layers;
-    m.num_single_layers = fc->num_single_layers;
-    m.hidden_size = fc->inner_dim;
-    m.guidance_embeds = fc->guidance_embeds;
-    m.vae_scale_factor = s->info.vae_scale;
-    m.has_text_encoders = s->info.has_text_encoders;
-    m.joint_attention_dim = fc->joint_attention_dim;
-    m.pooled_projection_dim = fc->pooled_projection_dim;
-    m.latent_channels = s->info.latent_channels;
-    Ditserve__V1__ModelInfo *list[1] = {&m};
+    model_msg m;
+    fill_model_info(s, &m);
+    Ditserve__V1__ModelInfo *list[1] = {&m.info};
     Ditserve__V1__ListModelsResponse resp = DITSERVE__V1__LIST_MODELS_RESPONSE__INIT;
     resp.n_models = 1;
     resp.models = list;

@@ -13,6 +13,7 @@
 
 #include "config.h"
 #include "metrics.h"
+#include "model_info.h"
 #include "queue.h"
 #include "ditserve_v1_generation.pb-c.h"
 #include "pipelines/flux_pipeline.h"
@@ -33,6 +34,7 @@ typedef struct dit_server {
     const dit_daemon_config *cfg;
     const dit_log *log;
     dit_pipeline_info info;
+    dit_model_info model; /* what clients are told about the served pipeline */
     dit_rpc_server *rpc;
     int port;
     dit_supervisor *sup;
