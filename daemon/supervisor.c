@@ -27,6 +27,22 @@
 #define SUP_JOIN_TICK_MS 500
 #define SUP_JOIN_REMIND_S 30.0
 
+/* Where the mesh is. Each phase maps to one public dit_mesh_state (the
+ * STARTING, READY and RESTARTING ones have steps callers need not see);
+ * `stopping` and `destroyed` stay apart, as requests that outlive the
+ * phases they are made in. */
+typedef enum sup_phase {
+    PH_STOPPED,   /* STOPPED: before the start, after the stop */
+    PH_GATHERING, /* STARTING: spawned, waiting for every rank's hello (or join) */
+    PH_MESH_ID,   /* STARTING: the setup went to rank 0, waiting for its NCCL id */
+    PH_LOADING,   /* STARTING: the setup went to every rank, waiting for each ready */
+    PH_READY,     /* READY: idle */
+    PH_RUNNING,   /* READY: a job is on the workers */
+    PH_TEARDOWN,  /* RESTARTING: waiting for the processes and connections to close */
+    PH_BACKOFF,   /* RESTARTING: torn down, waiting to start again */
+    PH_STOPPING,  /* STOPPING: waiting for the processes and connections to close */
+} sup_phase;
+
 typedef struct worker_slot {
     dit_supervisor *s;
     int rank;
@@ -76,21 +92,17 @@ struct dit_supervisor {
     dit_joiners *joiners; /* with remote ranks: the handshake and the pool */
     unsigned char nccl_id[256];
     size_t nccl_id_len;
-    bool awaiting_mesh_id;
-    bool setup_sent; /* this mesh's setup went out (every rank was present) */
     int handles_open; /* closed in destroy; free when 0 */
     conn *conns;
     conn *by_rank[SUP_MAX_RANKS];
     int open_procs, open_conns, open_joiners;
-    bool torn_down; /* check_torn_down acted for this teardown */
     bool destroyed; /* destroy was called: free once handles_open is 0 */
     dit_shm_segment *seg;
     char shm_name[64];
-    dit_mesh_state state;
+    sup_phase phase;
     int hellos, readies;
     bool rank_ready[SUP_MAX_RANKS], rank_done[SUP_MAX_RANKS]; /* counted once each */
-    /* The job on the workers. */
-    bool job_running;
+    /* The job on the workers (PH_RUNNING). */
     uint64_t job_id;
     int job_done_ranks;
     dit_status job_status;
@@ -111,14 +123,37 @@ const char *dit_mesh_state_name(dit_mesh_state s)
     return (unsigned)s < 5 ? names[s] : "unknown";
 }
 
-static void set_state(dit_supervisor *s, dit_mesh_state st)
+static dit_mesh_state public_state(sup_phase ph)
 {
-    if (s->state == st)
+    switch (ph) {
+    case PH_GATHERING:
+    case PH_MESH_ID:
+    case PH_LOADING:
+        return DIT_MESH_STARTING;
+    case PH_READY:
+    case PH_RUNNING:
+        return DIT_MESH_READY;
+    case PH_TEARDOWN:
+    case PH_BACKOFF:
+        return DIT_MESH_RESTARTING;
+    case PH_STOPPING:
+        return DIT_MESH_STOPPING;
+    case PH_STOPPED:
+        break;
+    }
+    return DIT_MESH_STOPPED;
+}
+
+/* Moves to ph; callers hear of it only when the public state changes. */
+static void set_phase(dit_supervisor *s, sup_phase ph)
+{
+    const dit_mesh_state before = public_state(s->phase), after = public_state(ph);
+    s->phase = ph;
+    if (before == after)
         return;
-    s->state = st;
-    DIT_LOG(s->log, DIT_LOG_INFO, "mesh", "state: %s", dit_mesh_state_name(st));
+    DIT_LOG(s->log, DIT_LOG_INFO, "mesh", "state: %s", dit_mesh_state_name(after));
     if (s->ev.state_changed)
-        s->ev.state_changed(s->ev.ctx, st);
+        s->ev.state_changed(s->ev.ctx, after);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -235,11 +270,11 @@ static void close_conn_flushed(conn *c)
     uv_close(&c->h.handle, on_conn_closed);
 }
 
+/* Reports the job that was on the workers as ended; the caller has moved the
+ * phase on from PH_RUNNING first (so that whoever hears of it sees where
+ * the mesh now is). */
 static void finish_job(dit_supervisor *s, dit_status st, const char *msg)
 {
-    if (!s->job_running)
-        return;
-    s->job_running = false;
     uv_timer_stop(&s->watchdog_timer);
     Ditserve__Ipc__Envelope *res = st == DIT_OK ? s->job_result : NULL;
     if (st != DIT_OK && s->job_result)
@@ -263,17 +298,16 @@ static void on_backoff(uv_timer_t *t)
 
 static void check_torn_down(dit_supervisor *s)
 {
-    if (s->open_procs > 0 || s->open_conns > 0 || s->torn_down || s->destroyed)
+    if (s->open_procs > 0 || s->open_conns > 0 || s->destroyed)
         return;
-    if (s->state != DIT_MESH_RESTARTING && s->state != DIT_MESH_STOPPING)
+    if (s->phase != PH_TEARDOWN && s->phase != PH_STOPPING)
         return;
-    s->torn_down = true;
     if (s->seg) {
         dit_shm_segment_destroy(s->seg);
         s->seg = NULL;
     }
     if (s->stopping) {
-        set_state(s, DIT_MESH_STOPPED);
+        set_phase(s, PH_STOPPED);
         uv_timer_stop(&s->kill_timer);
         if (s->stop_done) {
             void (*done)(void *) = s->stop_done;
@@ -282,6 +316,7 @@ static void check_torn_down(dit_supervisor *s)
         }
         return;
     }
+    set_phase(s, PH_BACKOFF);
     DIT_LOG(s->log, DIT_LOG_INFO, "mesh", "restarting the workers in %.0f s", s->backoff_s);
     uv_timer_start(&s->backoff_timer, on_backoff, (uint64_t)(s->backoff_s * 1000), 0);
     s->backoff_s = s->backoff_s * 2 > SUP_BACKOFF_MAX_S ? SUP_BACKOFF_MAX_S : s->backoff_s * 2;
@@ -296,8 +331,9 @@ static void kill_all(dit_supervisor *s)
 
 void dit_supervisor_fail(dit_supervisor *s, const char *reason)
 {
-    if (s->state == DIT_MESH_RESTARTING || s->state == DIT_MESH_STOPPED ||
-        (s->state == DIT_MESH_STOPPING && !s->job_running))
+    const dit_mesh_state st = public_state(s->phase);
+    /* No job runs while the mesh stops (the stop ended it). */
+    if (st == DIT_MESH_RESTARTING || st == DIT_MESH_STOPPED || st == DIT_MESH_STOPPING)
         return;
     DIT_LOG(s->log, DIT_LOG_ERROR, "mesh", "%s; tearing the mesh down", reason);
     if (s->seg)
@@ -306,9 +342,11 @@ void dit_supervisor_fail(dit_supervisor *s, const char *reason)
     uv_timer_stop(&s->watchdog_timer);
     /* The state changes first, so that whoever hears of the failed job does
      * not hand the next one to this mesh. */
+    const bool job = s->phase == PH_RUNNING;
     if (!s->stopping)
-        set_state(s, DIT_MESH_RESTARTING);
-    finish_job(s, DIT_ERR_PEER, reason);
+        set_phase(s, PH_TEARDOWN);
+    if (job)
+        finish_job(s, DIT_ERR_PEER, reason);
     kill_all(s);
     /* The mesh's connections go; joined workers waiting for a rank stay for
      * the next mesh. */
@@ -370,7 +408,6 @@ static void send_setup(dit_supervisor *s)
 {
     dit_diag diag;
     dit_diag_clear(&diag);
-    s->setup_sent = true;
     if (s->L < s->N) {
         /* Every rank is here: from now on, loading has a deadline. */
         uv_timer_start(&s->startup_timer, on_startup_timeout,
@@ -382,7 +419,7 @@ static void send_setup(dit_supervisor *s)
         /* Rank 0 makes the NCCL id (and runs its bootstrap root); the others
          * get it once rank 0 has sent it (MeshId). */
         s->nccl_id_len = 0;
-        s->awaiting_mesh_id = true;
+        set_phase(s, PH_MESH_ID);
         send_setup_range(s, 0, 1);
         return;
     }
@@ -395,6 +432,7 @@ static void send_setup(dit_supervisor *s)
         }
         snprintf(s->shm_name, sizeof s->shm_name, "%s", sc.name);
     }
+    set_phase(s, PH_LOADING);
     send_setup_range(s, 0, s->N);
 }
 
@@ -442,13 +480,13 @@ static void handle(conn *c, Ditserve__Ipc__Envelope *env)
     }
     case DITSERVE__IPC__ENVELOPE__MSG_MESH_ID: {
         const ProtobufCBinaryData *id = &env->mesh_id->nccl_id;
-        if (c->rank != 0 || !s->awaiting_mesh_id || id->len == 0 || id->len > sizeof s->nccl_id) {
+        if (c->rank != 0 || s->phase != PH_MESH_ID || id->len == 0 || id->len > sizeof s->nccl_id) {
             DIT_LOG(s->log, DIT_LOG_WARN, "mesh", "unexpected mesh id from rank %d; ignored", c->rank);
             break;
         }
         memcpy(s->nccl_id, id->data, id->len);
         s->nccl_id_len = id->len;
-        s->awaiting_mesh_id = false;
+        set_phase(s, PH_LOADING);
         send_setup_range(s, 1, s->N);
         break;
     }
@@ -470,11 +508,11 @@ static void handle(conn *c, Ditserve__Ipc__Envelope *env)
              * load): its name can go, so a killed ditd leaves nothing in
              * /dev/shm. */
             dit_shm_segment_unlink(s->seg);
-            set_state(s, DIT_MESH_READY);
+            set_phase(s, PH_READY);
         }
         break;
     case DITSERVE__IPC__ENVELOPE__MSG_PROGRESS:
-        if (s->job_running && env->progress->job_id == s->job_id && c->rank == 0) {
+        if (s->phase == PH_RUNNING && env->progress->job_id == s->job_id && c->rank == 0) {
             uv_timer_again(&s->watchdog_timer);
             if (s->ev.job_progress)
                 s->ev.job_progress(s->ev.ctx, s->job_id, env->progress->step,
@@ -488,8 +526,8 @@ static void handle(conn *c, Ditserve__Ipc__Envelope *env)
         const Ditserve__Ipc__JobDone *d = env->done;
         if (d->memory && s->ev.worker_memory && c->rank >= 0)
             s->ev.worker_memory(s->ev.ctx, c->rank, d->memory);
-        if (!s->job_running || d->job_id != s->job_id) {
-            if (d->status != DIT_OK && s->state == DIT_MESH_STARTING) {
+        if (s->phase != PH_RUNNING || d->job_id != s->job_id) {
+            if (d->status != DIT_OK && public_state(s->phase) == DIT_MESH_STARTING) {
                 /* A worker could not set up: no point waiting for the rest. */
                 snprintf(reason, sizeof reason, "worker rank %d failed to start: %s", c->rank,
                          d->message ? d->message : "");
@@ -513,6 +551,7 @@ static void handle(conn *c, Ditserve__Ipc__Envelope *env)
         if (++s->job_done_ranks == s->N) {
             if (s->job_status == DIT_OK)
                 s->backoff_s = SUP_BACKOFF_MIN_S; /* the mesh works: forget old failures */
+            set_phase(s, PH_READY);
             finish_job(s, s->job_status, s->job_msg);
         }
         break;
@@ -564,7 +603,7 @@ static void join_close(void *ctx, dit_joiner *p, bool flush)
  * first. */
 static void assign_remote(dit_supervisor *s)
 {
-    if (s->state != DIT_MESH_STARTING || s->stopping || !s->joiners)
+    if (public_state(s->phase) != DIT_MESH_STARTING || s->stopping || !s->joiners)
         return;
     for (int pass = 0; pass < 2; pass++) {
         for (int r = s->L; r < s->N; r++) {
@@ -583,7 +622,7 @@ static void assign_remote(dit_supervisor *s)
                     p->addr, p->pid);
             if (++s->hellos == s->N)
                 send_setup(s);
-            if (s->state != DIT_MESH_STARTING)
+            if (public_state(s->phase) != DIT_MESH_STARTING)
                 return; /* the setup failed */
         }
     }
@@ -595,7 +634,7 @@ static void on_join_tick(uv_timer_t *t)
     const double now = now_s(s);
     dit_joiners_expire(s->joiners, now);
     assign_remote(s);
-    if (s->state == DIT_MESH_STARTING && s->hellos < s->N &&
+    if (public_state(s->phase) == DIT_MESH_STARTING && s->hellos < s->N &&
         now - s->join_reminded_s >= SUP_JOIN_REMIND_S) {
         s->join_reminded_s = now;
         char missing[256] = "";
@@ -779,7 +818,7 @@ static void on_exit_cb(uv_process_t *p, int64_t status, int term_signal)
     else
         snprintf(reason, sizeof reason, "worker rank %d (pid %d) exited with status %lld", w->rank,
                  w->pid, (long long)status);
-    if (!s->stopping && !s->destroyed && s->state != DIT_MESH_RESTARTING)
+    if (!s->stopping && !s->destroyed && public_state(s->phase) != DIT_MESH_RESTARTING)
         dit_supervisor_fail(s, reason);
     else
         DIT_LOG(s->log, DIT_LOG_DEBUG, "mesh", "%s", reason);
@@ -792,7 +831,7 @@ static void on_startup_timeout(uv_timer_t *t)
     bool locals = true;
     for (int r = 0; r < s->L; r++)
         locals &= s->by_rank[r] != NULL;
-    if (!s->setup_sent && locals && s->L < s->N) {
+    if (s->phase == PH_GATHERING && locals && s->L < s->N) {
         /* Only joiners are missing: waiting for them has no deadline. */
         uv_timer_start(&s->startup_timer, on_startup_timeout,
                        (uint64_t)(s->cfg.startup_timeout_s * 1000), 0);
@@ -819,11 +858,8 @@ static void spawn_all(dit_supervisor *s)
     memset(s->rank_ready, 0, sizeof s->rank_ready);
     s->shm_name[0] = '\0';
     s->nccl_id_len = 0;
-    s->awaiting_mesh_id = false;
-    s->setup_sent = false;
-    s->torn_down = false;
     s->join_reminded_s = now_s(s);
-    set_state(s, DIT_MESH_STARTING);
+    set_phase(s, PH_GATHERING);
     /* The local workers must say hello in time; with remote ranks, the
      * deadline for loading starts again once every rank is present. */
     uv_timer_start(&s->startup_timer, on_startup_timeout,
@@ -1014,7 +1050,7 @@ dit_status dit_supervisor_create(uv_loop_t *loop, const dit_supervisor_config *c
         uv_timer_init(loop, timers[i]);
         timers[i]->data = s;
     }
-    s->state = DIT_MESH_STOPPED;
+    s->phase = PH_STOPPED;
     if (s->L < s->N) {
         const dit_joiners_config jc = {.secret = cfg->join_secret, .backend = cfg->backend,
                                        .world_size = s->N, .local_ranks = s->L, .log = cfg->log};
@@ -1039,12 +1075,12 @@ void dit_supervisor_start(dit_supervisor *s)
 
 dit_mesh_state dit_supervisor_state(const dit_supervisor *s)
 {
-    return s->state;
+    return public_state(s->phase);
 }
 
 bool dit_supervisor_idle(const dit_supervisor *s)
 {
-    return s->state == DIT_MESH_READY && !s->job_running && !s->stopping;
+    return s->phase == PH_READY && !s->stopping;
 }
 
 dit_status dit_supervisor_run(dit_supervisor *s, uint64_t job_id,
@@ -1059,7 +1095,7 @@ dit_status dit_supervisor_run(dit_supervisor *s, uint64_t job_id,
     Ditserve__Ipc__Envelope env = DITSERVE__IPC__ENVELOPE__INIT;
     env.msg_case = DITSERVE__IPC__ENVELOPE__MSG_JOB;
     env.job = &job;
-    s->job_running = true;
+    set_phase(s, PH_RUNNING);
     s->job_id = job_id;
     s->job_done_ranks = 0;
     memset(s->rank_done, 0, sizeof s->rank_done);
@@ -1080,7 +1116,7 @@ dit_status dit_supervisor_run(dit_supervisor *s, uint64_t job_id,
 
 void dit_supervisor_cancel(dit_supervisor *s, uint64_t job_id)
 {
-    if (!s->job_running || s->job_id != job_id)
+    if (s->phase != PH_RUNNING || s->job_id != job_id)
         return;
     Ditserve__Ipc__Cancel cancel = DITSERVE__IPC__CANCEL__INIT;
     cancel.job_id = job_id;
@@ -1106,13 +1142,15 @@ static void on_kill_timer(uv_timer_t *t)
 void dit_supervisor_stop(dit_supervisor *s, double grace_s, void (*done)(void *ctx), void *ctx)
 {
     s->stopping = true;
-    s->torn_down = false;
     s->stop_done = done;
     s->stop_ctx = ctx;
     uv_timer_stop(&s->backoff_timer);
     uv_timer_stop(&s->startup_timer);
-    finish_job(s, DIT_ERR_CANCELLED, "the server is shutting down");
-    set_state(s, DIT_MESH_STOPPING);
+    if (s->phase == PH_RUNNING) {
+        set_phase(s, PH_READY); /* the same public state: nobody hears of it */
+        finish_job(s, DIT_ERR_CANCELLED, "the server is shutting down");
+    }
+    set_phase(s, PH_STOPPING);
     Ditserve__Ipc__Shutdown sd = DITSERVE__IPC__SHUTDOWN__INIT;
     Ditserve__Ipc__Envelope env = DITSERVE__IPC__ENVELOPE__INIT;
     env.msg_case = DITSERVE__IPC__ENVELOPE__MSG_SHUTDOWN;
