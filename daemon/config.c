@@ -23,11 +23,11 @@ typedef struct raw {
 } raw;
 
 #define OFF(f) offsetof(raw, f)
-#define STR(name, def, arg, help, env, f) {name, 0, DIT_OPT_STRING, def, arg, help, env, OFF(f), 0, 0, NULL}
-#define INT(name, def, arg, help, env, f, lo, hi) {name, 0, DIT_OPT_INT, def, arg, help, env, OFF(f), lo, hi, NULL}
-#define BYTES(name, def, help, env, f, lo, hi) {name, 0, DIT_OPT_BYTES, def, "BYTES", help, env, OFF(f), lo, hi, NULL}
-#define SECS(name, def, help, env, f) {name, 0, DIT_OPT_SECONDS, def, "SECONDS", help, env, OFF(f), 0, 0, NULL}
-#define FLAG(name, help, env, f) {name, 0, DIT_OPT_FLAG, NULL, NULL, help, env, OFF(f), 0, 0, NULL}
+#define STR(name, def, arg, help, env, f) {name, 0, DIT_OPT_STRING, def, arg, help, env, OFF(f), 0, 0, NULL, false}
+#define INT(name, def, arg, help, env, f, lo, hi) {name, 0, DIT_OPT_INT, def, arg, help, env, OFF(f), lo, hi, NULL, false}
+#define BYTES(name, def, help, env, f, lo, hi) {name, 0, DIT_OPT_BYTES, def, "BYTES", help, env, OFF(f), lo, hi, NULL, false}
+#define SECS(name, def, help, env, f) {name, 0, DIT_OPT_SECONDS, def, "SECONDS", help, env, OFF(f), 0, 0, NULL, false}
+#define FLAG(name, help, env, f) {name, 0, DIT_OPT_FLAG, NULL, NULL, help, env, OFF(f), 0, 0, NULL, false}
 
 static const dit_option defs[] = {
     STR("model", NULL, "DIR", "diffusers pipeline folder to serve (required)", "DITD_MODEL", model),

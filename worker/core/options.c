@@ -130,6 +130,8 @@ void dit_options_print_help(const dit_options *o, FILE *out)
     fputs(any_env ? " (one with a [VARIABLE] is also read from it; the flag wins):\n" : ":\n", out);
     for (size_t i = 0; i < o->n_opts; i++) {
         const dit_option *d = &o->opts[i];
+        if (d->hidden)
+            continue;
         char left[80];
         char sh[8] = "";
         if (d->short_name)
@@ -159,7 +161,7 @@ void dit_options_print_help(const dit_options *o, FILE *out)
 
 int dit_options_parse(const dit_options *o, void *target, int argc, char **argv, int *first_arg)
 {
-    if (o->n_opts > MAX_OPTS) {
+    if (o->n_opts + o->n_foreign > MAX_OPTS) {
         fprintf(stderr, "%s: too many options in the table\n", o->prog);
         return 2;
     }
@@ -194,6 +196,20 @@ int dit_options_parse(const dit_options *o, void *target, int argc, char **argv,
                 shorts[ns++] = ':';
         }
     }
+    /* Sibling commands' options, unless this command has one of that name. */
+    for (size_t i = 0; i < o->n_foreign; i++) {
+        const dit_option *d = &o->foreign[i];
+        if (dit_options_find(o, d->name))
+            continue;
+        const bool has_arg = d->kind != DIT_OPT_FLAG;
+        lopts[n++] = (struct option){d->name, has_arg ? required_argument : no_argument, NULL,
+                                     LONG_BASE + MAX_OPTS + (int)i};
+        if (d->short_name && !memchr(shorts, d->short_name, ns)) {
+            shorts[ns++] = (char)d->short_name;
+            if (has_arg)
+                shorts[ns++] = ':';
+        }
+    }
     shorts[ns] = '\0';
     lopts[n++] = (struct option){"help", no_argument, NULL, OPT_HELP};
     if (o->version)
@@ -216,12 +232,24 @@ int dit_options_parse(const dit_options *o, void *target, int argc, char **argv,
             return 2;
         }
         const dit_option *d = NULL;
-        if (c >= LONG_BASE && c < LONG_BASE + (int)o->n_opts)
+        char foreign[80] = "";
+        if (c >= LONG_BASE + MAX_OPTS)
+            snprintf(foreign, sizeof foreign, "--%s", o->foreign[c - LONG_BASE - MAX_OPTS].name);
+        else if (c >= LONG_BASE && c < LONG_BASE + (int)o->n_opts)
             d = &o->opts[c - LONG_BASE];
-        else if (c != '?')
+        else if (c != '?' && c < LONG_BASE) {
             for (size_t i = 0; i < o->n_opts && !d; i++)
                 if (o->opts[i].short_name == c)
                     d = &o->opts[i];
+            for (size_t i = 0; i < o->n_foreign && !d && !foreign[0]; i++)
+                if (o->foreign[i].short_name == c)
+                    snprintf(foreign, sizeof foreign, "-%c", c);
+        }
+        if (foreign[0]) {
+            fprintf(stderr, "%s: option '%s' does not apply to this command (see --help)\n",
+                    o->prog, foreign);
+            return 2;
+        }
         if (!d && optopt >= LONG_BASE && optopt < LONG_BASE + (int)o->n_opts) {
             fprintf(stderr, "%s: option --%s takes no value (see --help)\n", o->prog,
                     o->opts[optopt - LONG_BASE].name);

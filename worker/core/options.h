@@ -50,6 +50,7 @@ typedef struct dit_option {
     size_t offset;     /* of the value in the target struct (offsetof) */
     double lo, hi;     /* range of INT, BYTES and DOUBLE values */
     dit_opt_setter set; /* DIT_OPT_CUSTOM only */
+    bool hidden;       /* internal (e.g. set by a launcher): parsed, left out of --help */
 } dit_option;
 
 typedef struct dit_options {
@@ -60,6 +61,11 @@ typedef struct dit_options {
     const dit_option *opts;
     size_t n_opts;
     bool positional;       /* arguments that are not options are allowed (returned in *first_arg) */
+    /* Options of sibling commands (ditrun forward's --inputs for ditrun
+     * generate): read with their values like the program's own, then
+     * refused with "option '--inputs' does not apply to this command". */
+    const dit_option *foreign;
+    size_t n_foreign;
 } dit_options;
 
 /* Sets every default, then the environment, then argv (argv[0] is the

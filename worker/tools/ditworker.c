@@ -754,24 +754,24 @@ static int set_rank(void *target, const char *val, char *err, size_t cap)
 #define WOFF(f) offsetof(worker_args, f)
 static const dit_option worker_opts[] = {
     {"connect", 0, DIT_OPT_STRING, NULL, "SOCKET", "the daemon's Unix socket", NULL, WOFF(connect),
-     0, 0, NULL},
+     0, 0, NULL, false},
     {"rank", 0, DIT_OPT_CUSTOM, NULL, "R",
      "with --connect: this worker's rank; with --join: ask for this remote rank (default: any "
-     "free one)", NULL, 0, 0, 0, set_rank},
+     "free one)", NULL, 0, 0, 0, set_rank, false},
     {"join", 0, DIT_OPT_STRING, NULL, "HOST:PORT", "the daemon's join address", "DITWORKER_JOIN",
-     WOFF(join), 0, 0, NULL},
+     WOFF(join), 0, 0, NULL, false},
     {"secret-file", 0, DIT_OPT_STRING, NULL, "FILE",
      "the shared secret (same bytes as ditd --join-secret-file)", "DITWORKER_SECRET_FILE",
-     WOFF(secret_file), 0, 0, NULL},
+     WOFF(secret_file), 0, 0, NULL, false},
     {"device", 0, DIT_OPT_INT, "0", "D", "GPU ordinal on this host", "DITWORKER_DEVICE",
-     WOFF(device), 0, 1023, NULL},
+     WOFF(device), 0, 1023, NULL, false},
     {"threads", 0, DIT_OPT_INT, NULL, "N", "cpu threads (default: the daemon's choice)", NULL,
-     WOFF(threads), 1, 4096, NULL},
+     WOFF(threads), 1, 4096, NULL, false},
     {"model", 0, DIT_OPT_STRING, NULL, "DIR",
      "the pipeline folder on this host (default: the daemon's path)", "DITWORKER_MODEL",
-     WOFF(model), 0, 0, NULL},
+     WOFF(model), 0, 0, NULL, false},
     {"once", 0, DIT_OPT_FLAG, NULL, NULL, "exit when the first mesh ends instead of joining again",
-     NULL, WOFF(once), 0, 0, NULL},
+     NULL, WOFF(once), 0, 0, NULL, false},
 };
 
 int main(int argc, char **argv)
