@@ -146,8 +146,8 @@ bool dit_joiners_handle(dit_joiners *j, dit_joiner *p, Ditserve__Ipc__Envelope *
         goto done;
     }
     if (!dit_join_mac_equal(r->mac.data, r->mac.len, want)) {
-        dit_joiners_refuse(j, p, true,
-                           "wrong secret (the worker's secret file differs from --join-secret-file)");
+        dit_joiners_refuse(
+            j, p, true, "wrong secret (the worker's secret file differs from --join-secret-file)");
         goto done;
     }
     if (strcmp(j->cfg.backend, "cpu") == 0 && N > 1 && strcmp(r->host_id, j->host_id) != 0) {

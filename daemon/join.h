@@ -37,8 +37,8 @@
  * are the module's; the owner reads addr and pid (for its log lines). */
 typedef struct dit_joiner {
     struct dit_joiner *next;
-    bool listed; /* handshaking or in the pool */
-    bool joined; /* proved the secret */
+    bool listed;  /* handshaking or in the pool */
+    bool joined;  /* proved the secret */
     uint64_t seq; /* arrival order */
     double since_s;
     int want_rank; /* -1: any */
@@ -72,7 +72,8 @@ void dit_joiners_destroy(dit_joiners *j);
 
 /* A new connection from addr at now_s: closes the oldest handshake past
  * the limit, then sends the challenge (or, when closing, refuses). */
-void dit_joiners_accept(dit_joiners *j, dit_joiner *p, const char *addr, double now_s, bool closing);
+void dit_joiners_accept(dit_joiners *j, dit_joiner *p, const char *addr, double now_s,
+                        bool closing);
 
 /* A frame from p before it joined (consumed). True when p has just joined
  * the pool: the owner may now hand out remote ranks. On anything else p is

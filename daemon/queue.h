@@ -26,8 +26,8 @@ typedef struct dit_queue {
 } dit_queue;
 
 /* The record that embeds an item: DIT_QUEUE_ENTRY(it, job, qi). */
-#define DIT_QUEUE_ENTRY(item, type, member) \
-    ((type *)(void *)((char *)(item) - offsetof(type, member)))
+#define DIT_QUEUE_ENTRY(item, type, member)                                                        \
+    ((type *)(void *)((char *)(item)-offsetof(type, member)))
 
 void dit_queue_init(dit_queue *q);
 

@@ -45,14 +45,15 @@ static int parse(dit_daemon_config *cfg, char *out, size_t outcap, char *err, si
     return rc;
 }
 
-#define PARSE(cfg, ...) parse(cfg, out, sizeof out, err, sizeof err, (const char *const[]){__VA_ARGS__, NULL})
+#define PARSE(cfg, ...)                                                                            \
+    parse(cfg, out, sizeof out, err, sizeof err, (const char *const[]){__VA_ARGS__, NULL})
 
 static void clear_env(void)
 {
     /* The variables these tests set; Check forks per test, but a run with
      * CK_FORK=no shares the environment. */
-    const char *vars[] = {"DITD_MODEL", "DITD_MAX_QUEUE", "DITD_LISTEN", "DITD_LOG_JSON",
-                          "DITD_DRAIN_TIMEOUT", "DITD_RING", "DITD_BACKEND"};
+    const char *vars[] = {"DITD_MODEL",         "DITD_MAX_QUEUE", "DITD_LISTEN", "DITD_LOG_JSON",
+                          "DITD_DRAIN_TIMEOUT", "DITD_RING",      "DITD_BACKEND"};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++)
         unsetenv(vars[i]);
 }
@@ -119,7 +120,8 @@ START_TEST(environment_sets_and_flags_win)
     ck_assert(cfg.log.json);
     ck_assert_double_eq(cfg.drain_timeout_s, 2.5);
     ck_assert_int_eq(cfg.log.level, DIT_LOG_DEBUG);
-    ck_assert_int_eq(PARSE(&cfg, "--max-queue", "7", "--model", "/m/other", "--drain-timeout", "9"), 0);
+    ck_assert_int_eq(PARSE(&cfg, "--max-queue", "7", "--model", "/m/other", "--drain-timeout", "9"),
+                     0);
     ck_assert_int_eq(cfg.max_queue, 7);
     ck_assert_str_eq(cfg.model, "/m/other");
     ck_assert_double_eq(cfg.drain_timeout_s, 9);
@@ -138,7 +140,8 @@ START_TEST(bad_environment_value_names_the_variable)
     setenv("DITD_MAX_QUEUE", "lots", 1);
     dit_daemon_config cfg;
     ck_assert_int_eq(PARSE(&cfg, "--model", "x"), 2);
-    ck_assert_msg(strstr(err, "DITD_MAX_QUEUE wants an integer from 0 to 100000, not 'lots'"), "%s", err);
+    ck_assert_msg(strstr(err, "DITD_MAX_QUEUE wants an integer from 0 to 100000, not 'lots'"), "%s",
+                  err);
     /* A flag's value does not rescue a bad variable: the variable is wrong. */
     setenv("DITD_MAX_QUEUE", "-1", 1);
     ck_assert_int_eq(PARSE(&cfg, "--model", "x"), 2);
@@ -146,7 +149,8 @@ START_TEST(bad_environment_value_names_the_variable)
     clear_env();
     setenv("DITD_LOG_JSON", "maybe", 1);
     ck_assert_int_eq(PARSE(&cfg, "--model", "x"), 2);
-    ck_assert_msg(strstr(err, "DITD_LOG_JSON wants 1/0, true/false or yes/no, not 'maybe'"), "%s", err);
+    ck_assert_msg(strstr(err, "DITD_LOG_JSON wants 1/0, true/false or yes/no, not 'maybe'"), "%s",
+                  err);
     clear_env();
 }
 END_TEST
@@ -156,9 +160,11 @@ START_TEST(bad_flag_values_say_what_is_wanted)
     clear_env();
     dit_daemon_config cfg;
     ck_assert_int_eq(PARSE(&cfg, "--model", "x", "--max-queue", "12x"), 2);
-    ck_assert_msg(strstr(err, "ditd: --max-queue wants an integer from 0 to 100000, not '12x'"), "%s", err);
+    ck_assert_msg(strstr(err, "ditd: --max-queue wants an integer from 0 to 100000, not '12x'"),
+                  "%s", err);
     ck_assert_int_eq(PARSE(&cfg, "--model", "x", "--drain-timeout", "0"), 2);
-    ck_assert_msg(strstr(err, "--drain-timeout wants a positive number of seconds, not '0'"), "%s", err);
+    ck_assert_msg(strstr(err, "--drain-timeout wants a positive number of seconds, not '0'"), "%s",
+                  err);
     ck_assert_int_eq(PARSE(&cfg, "--model", "x", "--metrics-port", "70000"), 2);
     ck_assert_msg(strstr(err, "--metrics-port wants an integer from -1 to 65535"), "%s", err);
     ck_assert_int_eq(PARSE(&cfg, "--model", "x", "--listen", "127.0.0.1:99999"), 2);
@@ -179,7 +185,8 @@ START_TEST(usage_mistakes)
     ck_assert_int_eq(PARSE(&cfg, "--max-queue", "3"), 2);
     ck_assert_msg(strstr(err, "--model (or DITD_MODEL) is required"), "%s", err);
     ck_assert_int_eq(PARSE(&cfg, "--model", "x", "--max-qeue", "3"), 2);
-    ck_assert_msg(strstr(err, "unknown option '--max-qeue'; did you mean '--max-queue'?"), "%s", err);
+    ck_assert_msg(strstr(err, "unknown option '--max-qeue'; did you mean '--max-queue'?"), "%s",
+                  err);
     ck_assert_int_eq(PARSE(&cfg, "--model", "x", "stray"), 2);
     ck_assert_msg(strstr(err, "unexpected argument 'stray'"), "%s", err);
     ck_assert_int_eq(PARSE(&cfg, "--model", "x", "--tls-cert", "c.pem"), 2);
@@ -208,7 +215,8 @@ START_TEST(parallel_layout_from_flags)
 {
     clear_env();
     dit_daemon_config cfg;
-    ck_assert_int_eq(PARSE(&cfg, "--model", "x", "--ring", "2", "--ulysses", "2", "--no-fp32-merge"), 0);
+    ck_assert_int_eq(
+        PARSE(&cfg, "--model", "x", "--ring", "2", "--ulysses", "2", "--no-fp32-merge"), 0);
     ck_assert_int_eq(cfg.pc.world_size, 4);
     ck_assert_int_eq(cfg.pc.ring_degree, 2);
     ck_assert_int_eq(cfg.pc.ulysses_degree, 2);
@@ -224,9 +232,19 @@ START_TEST(help_lists_every_flag_with_its_variable_and_default)
     clear_env();
     dit_daemon_config cfg;
     ck_assert_int_eq(PARSE(&cfg, "--help"), 1);
-    const char *want[] = {"--model DIR", "DITD_MODEL", "--max-queue N", "DITD_MAX_QUEUE", "16",
-                          "--drain-timeout SECONDS", "30", "--log-json", "DITD_LOG_JSON",
-                          "--join-secret-file FILE", "--metrics-port PORT", "--help", "--version",
+    const char *want[] = {"--model DIR",
+                          "DITD_MODEL",
+                          "--max-queue N",
+                          "DITD_MAX_QUEUE",
+                          "16",
+                          "--drain-timeout SECONDS",
+                          "30",
+                          "--log-json",
+                          "DITD_LOG_JSON",
+                          "--join-secret-file FILE",
+                          "--metrics-port PORT",
+                          "--help",
+                          "--version",
                           "SIGTERM"};
     for (size_t i = 0; i < sizeof want / sizeof *want; i++)
         ck_assert_msg(strstr(out, want[i]), "--help lacks '%s':\n%s", want[i], out);

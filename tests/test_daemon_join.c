@@ -19,7 +19,7 @@ typedef struct fake_peer {
     char refused[600];
 } fake_peer;
 
-#define PEER_OF(p) ((fake_peer *)(void *)((char *)(p) - offsetof(fake_peer, jp)))
+#define PEER_OF(p) ((fake_peer *)(void *)((char *)(p)-offsetof(fake_peer, jp)))
 
 static int fake_send(void *ctx, dit_joiner *p, const Ditserve__Ipc__Envelope *env)
 {
@@ -53,8 +53,8 @@ static dit_joiners *make(const char *backend)
     memset(&secret, 0, sizeof secret);
     memcpy(secret.bytes, "0123456789abcdef-secret", 23);
     secret.len = 23;
-    const dit_joiners_config cfg = {.secret = &secret, .backend = backend, .world_size = 4,
-                                    .local_ranks = 2, .log = &quiet};
+    const dit_joiners_config cfg = {
+        .secret = &secret, .backend = backend, .world_size = 4, .local_ranks = 2, .log = &quiet};
     const dit_joiners_io io = {.send = fake_send, .close = fake_close};
     dit_diag d;
     dit_diag_clear(&d);

@@ -85,7 +85,8 @@ START_TEST(images_take_one_frame_and_no_rate)
     ck_assert_int_eq(dit_model_info_check_frames(&m, 0, 0, &d), DIT_OK);
     ck_assert_int_eq(dit_model_info_check_frames(&m, 1, 0, &d), DIT_OK);
     ck_assert_int_eq(dit_model_info_check_frames(&m, 2, 0, &d), DIT_ERR_INVALID_ARG);
-    ck_assert_msg(strstr(d.msg, "num_frames 2") && strstr(d.msg, "FluxPipeline makes images"), "%s", d.msg);
+    ck_assert_msg(strstr(d.msg, "num_frames 2") && strstr(d.msg, "FluxPipeline makes images"), "%s",
+                  d.msg);
     dit_diag_clear(&d);
     ck_assert_int_eq(dit_model_info_check_frames(&m, -1, 0, &d), DIT_ERR_INVALID_ARG);
     dit_diag_clear(&d);

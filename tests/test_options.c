@@ -36,15 +36,17 @@ static const dit_option opts[] = {
      false},
     {"ratio", 0, DIT_OPT_DOUBLE, "0.5", "R", "a share", NULL, offsetof(args, ratio), 0, 1, NULL,
      false},
-    {"wait", 0, DIT_OPT_SECONDS, "2", "S", "patience", NULL, offsetof(args, wait), 0, 0, NULL, false},
-    {"verbose", 'v', DIT_OPT_FLAG, NULL, NULL, "say more", "TOPT_VERBOSE", offsetof(args, verbose), 0,
-     0, NULL, false},
+    {"wait", 0, DIT_OPT_SECONDS, "2", "S", "patience", NULL, offsetof(args, wait), 0, 0, NULL,
+     false},
+    {"verbose", 'v', DIT_OPT_FLAG, NULL, NULL, "say more", "TOPT_VERBOSE", offsetof(args, verbose),
+     0, 0, NULL, false},
     {"colour", 0, DIT_OPT_CUSTOM, "blue", "C", "red or blue", NULL, 0, 0, 0, set_custom, false},
     {"internal", 0, DIT_OPT_STRING, NULL, "X", "for launchers only", NULL, offsetof(args, internal),
      0, 0, NULL, true},
 };
 static const dit_option sibling[] = {
-    {"inputs", 'i', DIT_OPT_STRING, NULL, "FILE", "the other command's", NULL, 0, 0, 0, NULL, false},
+    {"inputs", 'i', DIT_OPT_STRING, NULL, "FILE", "the other command's", NULL, 0, 0, 0, NULL,
+     false},
 };
 
 static const dit_options table = {
@@ -167,10 +169,18 @@ START_TEST(help_comes_from_the_table)
 {
     args a;
     ck_assert_int_eq(RUN(&a, "--help"), 1);
-    const char *want[] = {"usage: topt", "-N, --name NAME", "who (default anon) [TOPT_NAME]",
-                          "-n, --count N", "how many (default 3) [TOPT_COUNT]", "--ratio R",
-                          "-v, --verbose", "--colour C", "(default blue)", "-h, --help",
-                          "--version", "The end."};
+    const char *want[] = {"usage: topt",
+                          "-N, --name NAME",
+                          "who (default anon) [TOPT_NAME]",
+                          "-n, --count N",
+                          "how many (default 3) [TOPT_COUNT]",
+                          "--ratio R",
+                          "-v, --verbose",
+                          "--colour C",
+                          "(default blue)",
+                          "-h, --help",
+                          "--version",
+                          "The end."};
     for (size_t i = 0; i < sizeof want / sizeof *want; i++)
         ck_assert_msg(strstr(out, want[i]), "'%s' not in:\n%s", want[i], out);
     ck_assert_msg(!strstr(out, "--internal"), "hidden options stay out of --help:\n%s", out);

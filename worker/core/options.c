@@ -228,7 +228,8 @@ int dit_options_parse(const dit_options *o, void *target, int argc, char **argv,
             return 1;
         }
         if (c == ':') {
-            fprintf(stderr, "%s: option %s needs a value (see --help)\n", o->prog, argv[optind - 1]);
+            fprintf(stderr, "%s: option %s needs a value (see --help)\n", o->prog,
+                    argv[optind - 1]);
             return 2;
         }
         const dit_option *d = NULL;

@@ -30,7 +30,8 @@ typedef enum dit_opt_kind {
     DIT_OPT_BYTES,   /* long long in [lo, hi], a byte count */
     DIT_OPT_DOUBLE,  /* double in [lo, hi] */
     DIT_OPT_SECONDS, /* double, above 0 and at most 1e7 */
-    DIT_OPT_FLAG,    /* bool; no value on the command line; 1/0, true/false, yes/no from the environment */
+    DIT_OPT_FLAG,    /* bool; no value on the command line; 1/0, true/false, yes/no from the
+                        environment */
     DIT_OPT_CUSTOM,  /* set() parses and stores the value */
 } dit_opt_kind;
 
@@ -40,27 +41,27 @@ typedef enum dit_opt_kind {
 typedef int (*dit_opt_setter)(void *target, const char *val, char *err, size_t errcap);
 
 typedef struct dit_option {
-    const char *name;  /* long name without dashes: "max-queue" */
-    int short_name;    /* 'n', or 0 for none */
+    const char *name; /* long name without dashes: "max-queue" */
+    int short_name;   /* 'n', or 0 for none */
     dit_opt_kind kind;
-    const char *def;   /* default as it would be written ("16", "0.0.0.0:50051"); NULL: none */
-    const char *arg;   /* metavariable in --help ("N"); NULL for flags */
-    const char *help;  /* one sentence; the default and the variable are appended */
-    const char *env;   /* environment variable read before argv, or NULL */
-    size_t offset;     /* of the value in the target struct (offsetof) */
-    double lo, hi;     /* range of INT, BYTES and DOUBLE values */
+    const char *def;    /* default as it would be written ("16", "0.0.0.0:50051"); NULL: none */
+    const char *arg;    /* metavariable in --help ("N"); NULL for flags */
+    const char *help;   /* one sentence; the default and the variable are appended */
+    const char *env;    /* environment variable read before argv, or NULL */
+    size_t offset;      /* of the value in the target struct (offsetof) */
+    double lo, hi;      /* range of INT, BYTES and DOUBLE values */
     dit_opt_setter set; /* DIT_OPT_CUSTOM only */
-    bool hidden;       /* internal (e.g. set by a launcher): parsed, left out of --help */
+    bool hidden;        /* internal (e.g. set by a launcher): parsed, left out of --help */
 } dit_option;
 
 typedef struct dit_options {
-    const char *prog;      /* program name in messages: "ditd", "ditrun generate" */
-    const char *usage;     /* --help's first lines, e.g. "usage: ditd --model DIR [options]\n" */
-    const char *epilog;    /* printed after the options, or NULL */
-    const char *version;   /* non-NULL: --version prints "PROG VERSION" */
+    const char *prog;    /* program name in messages: "ditd", "ditrun generate" */
+    const char *usage;   /* --help's first lines, e.g. "usage: ditd --model DIR [options]\n" */
+    const char *epilog;  /* printed after the options, or NULL */
+    const char *version; /* non-NULL: --version prints "PROG VERSION" */
     const dit_option *opts;
     size_t n_opts;
-    bool positional;       /* arguments that are not options are allowed (returned in *first_arg) */
+    bool positional; /* arguments that are not options are allowed (returned in *first_arg) */
     /* Options of sibling commands (ditrun forward's --inputs for ditrun
      * generate): read with their values like the program's own, then
      * refused with "option '--inputs' does not apply to this command". */
