@@ -174,7 +174,7 @@ START_TEST(bad_flag_values_say_what_is_wanted)
     ck_assert_int_eq(PARSE(&cfg, "--model", "x", "--log-level", "loud"), 2);
     ck_assert_msg(strstr(err, "log level 'loud'"), "%s", err);
     ck_assert_int_eq(PARSE(&cfg, "--model", "x", "--max-queue"), 2);
-    ck_assert_msg(strstr(err, "--max-queue needs a value"), "%s", err);
+    ck_assert_msg(strstr(err, "option '--max-queue' needs a value"), "%s", err);
 }
 END_TEST
 

@@ -188,7 +188,7 @@ START_TEST(test_usage_errors)
         {{"generate", "--prompt", "p", "-o", "x", "--true-cfg", "x"}, "--true-cfg wants"},
         {{"generate", "--prompt", "p", "-o", "x", "--max-sequence-length", "0"}, "--max-sequence"},
         {{"generate", "--prompt", "p", "-o", "x", "--priority", "high"}, "--priority wants"},
-        {{"generate", "--prompt", "p", "-o", ""}, "--output is empty"},
+        {{"generate", "--prompt", "p", "-o", ""}, "-o is empty"},
         {{"--timeout", "-1", "health"}, "--timeout wants"},
         {{"health", "--timeout", "soon"}, "--timeout wants"},
         {{"--target", "", "health"}, "--target is empty"},

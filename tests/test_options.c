@@ -151,7 +151,7 @@ START_TEST(usage_mistakes)
     ck_assert_int_eq(RUN(&a, "-x"), 2);
     ck_assert_msg(strstr(err, "unknown option '-x'"), "%s", err);
     ck_assert_int_eq(RUN(&a, "--count"), 2);
-    ck_assert_msg(strstr(err, "option --count needs a value"), "%s", err);
+    ck_assert_msg(strstr(err, "option '--count' needs a value"), "%s", err);
     ck_assert_int_eq(RUN(&a, "--verbose=1"), 2);
     ck_assert_msg(strstr(err, "option --verbose takes no value"), "%s", err);
     ck_assert_int_eq(RUN(&a, "stray"), 2);

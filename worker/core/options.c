@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -24,11 +25,15 @@ static int parse_value(const dit_option *opt, void *target, const char *val, cha
         return 0;
     case DIT_OPT_FLAG:
         if (!val || strcmp(val, "1") == 0 || strcmp(val, "true") == 0 || strcmp(val, "yes") == 0) {
+            if (opt->set)
+                return opt->set(target, "1", err, cap) == 0 ? 0 : -1;
             *(bool *)p = true;
             return 0;
         }
         if (strcmp(val, "0") == 0 || strcmp(val, "false") == 0 || strcmp(val, "no") == 0 ||
             strcmp(val, "") == 0) {
+            if (opt->set)
+                return opt->set(target, "0", err, cap) == 0 ? 0 : -1;
             *(bool *)p = false;
             return 0;
         }
@@ -77,20 +82,49 @@ static int parse_value(const dit_option *opt, void *target, const char *val, cha
     return -1;
 }
 
+/* "PROG: MESSAGE (see --help)", or the message and the program's own
+ * pointer to its help on the next line. */
+static int usage_error(const dit_options *o, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static int usage_error(const dit_options *o, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "%s: ", o->prog);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    if (o->see_also)
+        fprintf(stderr, "\n%s\n", o->see_also);
+    else
+        fputs(" (see --help)\n", stderr);
+    return 2;
+}
+
 int dit_options_set(const dit_options *o, const dit_option *opt, void *target, const char *val,
                     const char *origin)
 {
     char err[512];
     if (parse_value(opt, target, val, err, sizeof err) == 0)
         return 0;
+    if (o->see_also)
+        return usage_error(o, "%s %s", origin, err);
     fprintf(stderr, "%s: %s %s\n", o->prog, origin, err);
     return 2;
+}
+
+/* "--name", or "-n" for a short-only option. */
+static void display_name(const dit_option *d, char *buf, size_t cap)
+{
+    if (d->name)
+        snprintf(buf, cap, "--%s", d->name);
+    else
+        snprintf(buf, cap, "-%c", d->short_name);
 }
 
 const dit_option *dit_options_find(const dit_options *o, const char *name)
 {
     for (size_t i = 0; i < o->n_opts; i++)
-        if (strcmp(o->opts[i].name, name) == 0)
+        if (o->opts[i].name && strcmp(o->opts[i].name, name) == 0)
             return &o->opts[i];
     return NULL;
 }
@@ -120,36 +154,49 @@ static void put_wrapped(FILE *out, const char *text)
     fputc('\n', out);
 }
 
-void dit_options_print_help(const dit_options *o, FILE *out)
+void dit_options_print_list(const dit_option *opts, size_t n, FILE *out)
 {
-    fputs(o->usage, out);
-    fputs("\nOptions", out);
-    bool any_env = false;
-    for (size_t i = 0; i < o->n_opts; i++)
-        any_env |= o->opts[i].env != NULL;
-    fputs(any_env ? " (one with a [VARIABLE] is also read from it; the flag wins):\n" : ":\n", out);
-    for (size_t i = 0; i < o->n_opts; i++) {
-        const dit_option *d = &o->opts[i];
+    for (size_t i = 0; i < n; i++) {
+        const dit_option *d = &opts[i];
         if (d->hidden)
             continue;
+        const char *arg = d->arg ? d->arg : "";
+        const char *sp = d->arg ? " " : "";
         char left[80];
-        char sh[8] = "";
-        if (d->short_name)
-            snprintf(sh, sizeof sh, "-%c, ", d->short_name);
-        snprintf(left, sizeof left, "%s--%s%s%s", sh, d->name, d->arg ? " " : "",
-                 d->arg ? d->arg : "");
+        if (d->name && d->short_name)
+            snprintf(left, sizeof left, "-%c, --%s%s%s", d->short_name, d->name, sp, arg);
+        else if (d->name)
+            snprintf(left, sizeof left, "--%s%s%s", d->name, sp, arg);
+        else
+            snprintf(left, sizeof left, "-%c%s%s", d->short_name, sp, arg);
         char text[1024];
-        int n = snprintf(text, sizeof text, "%s", d->help);
-        if (d->def && d->kind != DIT_OPT_FLAG && n < (int)sizeof text)
-            n += snprintf(text + n, sizeof text - (size_t)n, " (default %s)", d->def);
-        if (d->env && n < (int)sizeof text)
-            snprintf(text + n, sizeof text - (size_t)n, " [%s]", d->env);
+        int len = snprintf(text, sizeof text, "%s", d->help);
+        if (d->def && d->kind != DIT_OPT_FLAG && len < (int)sizeof text)
+            len += snprintf(text + len, sizeof text - (size_t)len, " (default %s)", d->def);
+        if (d->env && len < (int)sizeof text)
+            snprintf(text + len, sizeof text - (size_t)len, " [%s]", d->env);
         if (strlen(left) > COL - 3)
             fprintf(out, "  %s\n%*s", left, COL, "");
         else
             fprintf(out, "  %-*s", COL - 2, left);
         put_wrapped(out, text);
     }
+}
+
+void dit_options_print_help(const dit_options *o, FILE *out)
+{
+    if (o->print_help) {
+        o->print_help(o, out);
+        return;
+    }
+    fputs(o->usage, out);
+    fputs("\nOptions", out);
+    bool any_env = false;
+    for (size_t i = 0; i < o->n_opts; i++)
+        any_env |= o->opts[i].env != NULL;
+    fputs(any_env ? " (one with a [VARIABLE] is also read from it; the flag wins):\n" : ":\n",
+          out);
+    dit_options_print_list(o->opts, o->n_opts, out);
     fprintf(out, "  %-*s%s\n", COL - 2, "-h, --help", "show this help");
     if (o->version)
         fprintf(out, "  %-*s%s\n", COL - 2, "--version", "print the version");
@@ -169,27 +216,32 @@ int dit_options_parse(const dit_options *o, void *target, int argc, char **argv,
     for (size_t i = 0; i < o->n_opts; i++) {
         const dit_option *d = &o->opts[i];
         if (d->def) {
-            char origin[96];
-            snprintf(origin, sizeof origin, "the default of --%s", d->name);
+            char name[80], origin[96];
+            display_name(d, name, sizeof name);
+            snprintf(origin, sizeof origin, "the default of %s", name);
             if ((rc = dit_options_set(o, d, target, d->def, origin)) != 0)
                 return rc;
         }
     }
     for (size_t i = 0; i < o->n_opts; i++) {
         const char *v = o->opts[i].env ? getenv(o->opts[i].env) : NULL;
+        if (v && !v[0] && o->empty_env_unset)
+            v = NULL;
         if (v && (rc = dit_options_set(o, &o->opts[i], target, v, o->opts[i].env)) != 0)
             return rc;
     }
     struct option lopts[MAX_OPTS + 3];
     /* ':' first: a missing value is reported as ':' rather than '?'. */
-    char shorts[2 * MAX_OPTS + 8] = ":h";
+    char shorts[2 * MAX_OPTS + 8];
+    snprintf(shorts, sizeof shorts, "%s", o->stop_at_positional ? "+:h" : ":h");
     size_t ns = strlen(shorts);
     size_t n = 0;
     for (size_t i = 0; i < o->n_opts; i++) {
         const dit_option *d = &o->opts[i];
         const bool has_arg = d->kind != DIT_OPT_FLAG;
-        lopts[n++] = (struct option){d->name, has_arg ? required_argument : no_argument, NULL,
-                                     LONG_BASE + (int)i};
+        if (d->name)
+            lopts[n++] = (struct option){d->name, has_arg ? required_argument : no_argument, NULL,
+                                         LONG_BASE + (int)i};
         if (d->short_name) {
             shorts[ns++] = (char)d->short_name;
             if (has_arg)
@@ -199,7 +251,7 @@ int dit_options_parse(const dit_options *o, void *target, int argc, char **argv,
     /* Sibling commands' options, unless this command has one of that name. */
     for (size_t i = 0; i < o->n_foreign; i++) {
         const dit_option *d = &o->foreign[i];
-        if (dit_options_find(o, d->name))
+        if (!d->name || dit_options_find(o, d->name))
             continue;
         const bool has_arg = d->kind != DIT_OPT_FLAG;
         lopts[n++] = (struct option){d->name, has_arg ? required_argument : no_argument, NULL,
@@ -227,11 +279,8 @@ int dit_options_parse(const dit_options *o, void *target, int argc, char **argv,
             printf("%s %s\n", o->prog, o->version);
             return 1;
         }
-        if (c == ':') {
-            fprintf(stderr, "%s: option %s needs a value (see --help)\n", o->prog,
-                    argv[optind - 1]);
-            return 2;
-        }
+        if (c == ':')
+            return usage_error(o, "option '%s' needs a value", argv[optind - 1]);
         const dit_option *d = NULL;
         char foreign[80] = "";
         if (c >= LONG_BASE + MAX_OPTS)
@@ -246,16 +295,10 @@ int dit_options_parse(const dit_options *o, void *target, int argc, char **argv,
                 if (o->foreign[i].short_name == c)
                     snprintf(foreign, sizeof foreign, "-%c", c);
         }
-        if (foreign[0]) {
-            fprintf(stderr, "%s: option '%s' does not apply to this command (see --help)\n",
-                    o->prog, foreign);
-            return 2;
-        }
-        if (!d && optopt >= LONG_BASE && optopt < LONG_BASE + (int)o->n_opts) {
-            fprintf(stderr, "%s: option --%s takes no value (see --help)\n", o->prog,
-                    o->opts[optopt - LONG_BASE].name);
-            return 2;
-        }
+        if (foreign[0])
+            return usage_error(o, "option '%s' does not apply to this command", foreign);
+        if (!d && optopt >= LONG_BASE && optopt < LONG_BASE + (int)o->n_opts)
+            return usage_error(o, "option --%s takes no value", o->opts[optopt - LONG_BASE].name);
         if (!d) {
             const char *bad = argv[optind - 1];
             char shortbuf[3] = {'-', (char)optopt, '\0'};
@@ -263,19 +306,21 @@ int dit_options_parse(const dit_options *o, void *target, int argc, char **argv,
             if (optopt && optopt < LONG_BASE && strncmp(bad, "--", 2) != 0)
                 bad = shortbuf;
             const char *near = strncmp(bad, "--", 2) == 0 ? dit_suggest_option(bad, lopts) : NULL;
-            fprintf(stderr, "%s: unknown option '%s'%s%s%s (see --help)\n", o->prog, bad,
-                    near ? "; did you mean '--" : "", near ? near : "", near ? "'?" : "");
-            return 2;
+            return usage_error(o, "unknown option '%s'%s%s%s", bad,
+                               near ? "; did you mean '--" : "", near ? near : "",
+                               near ? "'?" : "");
         }
+        /* Named the way it was written: "-n" or "--requests". */
         char origin[96];
-        snprintf(origin, sizeof origin, "--%s", d->name);
+        if (c < LONG_BASE)
+            snprintf(origin, sizeof origin, "-%c", c);
+        else
+            display_name(d, origin, sizeof origin);
         if ((rc = dit_options_set(o, d, target, optarg, origin)) != 0)
             return rc;
     }
-    if (!o->positional && optind < argc) {
-        fprintf(stderr, "%s: unexpected argument '%s' (see --help)\n", o->prog, argv[optind]);
-        return 2;
-    }
+    if (!o->positional && !o->stop_at_positional && optind < argc)
+        return usage_error(o, "unexpected argument '%s'", argv[optind]);
     if (first_arg)
         *first_arg = optind;
     return 0;

@@ -8,7 +8,8 @@
  * Values land in a caller struct at each option's offset: DIT_OPT_STRING in
  * a `const char *`, DIT_OPT_INT and DIT_OPT_BYTES in a `long long`,
  * DIT_OPT_DOUBLE and DIT_OPT_SECONDS in a `double`, DIT_OPT_FLAG in a
- * `bool`; DIT_OPT_CUSTOM calls the option's setter instead. Every option
+ * `bool`; DIT_OPT_CUSTOM calls the option's setter instead (and so does a
+ * DIT_OPT_FLAG that has one, with "1" or "0"). Every option
  * with a default is first set from it (parsed like a value the user wrote),
  * then from its environment variable, then from the command line: the
  * flags win. Strings point into the table, the environment or argv; nothing
@@ -41,7 +42,7 @@ typedef enum dit_opt_kind {
 typedef int (*dit_opt_setter)(void *target, const char *val, char *err, size_t errcap);
 
 typedef struct dit_option {
-    const char *name; /* long name without dashes: "max-queue" */
+    const char *name; /* long name without dashes: "max-queue"; NULL: short only */
     int short_name;   /* 'n', or 0 for none */
     dit_opt_kind kind;
     const char *def;    /* default as it would be written ("16", "0.0.0.0:50051"); NULL: none */
@@ -50,11 +51,12 @@ typedef struct dit_option {
     const char *env;    /* environment variable read before argv, or NULL */
     size_t offset;      /* of the value in the target struct (offsetof) */
     double lo, hi;      /* range of INT, BYTES and DOUBLE values */
-    dit_opt_setter set; /* DIT_OPT_CUSTOM only */
+    dit_opt_setter set; /* DIT_OPT_CUSTOM; optional for DIT_OPT_FLAG */
     bool hidden;        /* internal (e.g. set by a launcher): parsed, left out of --help */
 } dit_option;
 
-typedef struct dit_options {
+typedef struct dit_options dit_options;
+struct dit_options {
     const char *prog;    /* program name in messages: "ditd", "ditrun generate" */
     const char *usage;   /* --help's first lines, e.g. "usage: ditd --model DIR [options]\n" */
     const char *epilog;  /* printed after the options, or NULL */
@@ -67,7 +69,19 @@ typedef struct dit_options {
      * refused with "option '--inputs' does not apply to this command". */
     const dit_option *foreign;
     size_t n_foreign;
-} dit_options;
+    /* The first argument that is not an option ends the options (a command
+     * name: what follows is the command's). */
+    bool stop_at_positional;
+    /* An empty environment variable counts as unset. */
+    bool empty_env_unset;
+    /* Printed on its own line after a usage error instead of " (see
+     * --help)", e.g. "run 'ditctl health --help' for its options". */
+    const char *see_also;
+    /* --help prints with this instead of dit_options_print_help (for
+     * programs whose help has several option lists); help_ctx is theirs. */
+    void (*print_help)(const dit_options *o, FILE *out);
+    const void *help_ctx;
+};
 
 /* Sets every default, then the environment, then argv (argv[0] is the
  * program and is skipped). Returns 0 to run (*first_arg: the index of the
@@ -82,6 +96,10 @@ int dit_options_parse(const dit_options *o, void *target, int argc, char **argv,
  * the help, "(default DEF)" and "[ENV]"), then --help / --version and the
  * epilog. */
 void dit_options_print_help(const dit_options *o, FILE *out);
+
+/* The lines of one option list, as --help prints them (for programs that
+ * print several lists under their own headings). */
+void dit_options_print_list(const dit_option *opts, size_t n, FILE *out);
 
 /* Sets one option from a value the way the parser does (origin names where
  * the value came from, for the message). Returns 0 or 2 (message printed
