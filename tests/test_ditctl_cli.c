@@ -637,6 +637,26 @@ static void fake_handle(fake_server *s, grpc_call *call, const grpc_call_details
         si.mesh_state = (char *)"ready";
         si.comm = (char *)"shm";
         si.worker_restarts = 7;
+        /* A video model, so that the frame fields show. */
+        Ditserve__V1__ModelInfo m = DITSERVE__V1__MODEL_INFO__INIT;
+        m.name = (char *)"wan";
+        m.pipeline = (char *)"WanPipeline";
+        m.transformer = (char *)"WanTransformer3DModel";
+        m.task = DITSERVE__V1__TASK__TASK_TEXT_TO_VIDEO;
+        m.default_width = 832;
+        m.default_height = 480;
+        m.default_steps = 50;
+        m.default_num_frames = 81;
+        m.default_fps = 16;
+        Ditserve__V1__LayoutRules lr = DITSERVE__V1__LAYOUT_RULES__INIT;
+        lr.size_multiple = lr.pixels_per_token = 16;
+        lr.token_divisor = 1;
+        lr.max_pixels = 921600;
+        lr.max_steps = 1000;
+        lr.max_sequence_length = 512;
+        lr.frame_step = 4;
+        m.layout = &lr;
+        si.model = &m;
         srv_send(s, call, &si.base);
     } else if (strcmp(method, "/ditserve.v1.Generation/ListModels") == 0) {
         Ditserve__V1__ModelInfo m = DITSERVE__V1__MODEL_INFO__INIT;
@@ -872,7 +892,13 @@ START_TEST(test_fake_info_models_warmup)
                            "running: 1\n",
                            "mesh_state: ready\n",
                            "comm: shm\n",
-                           "worker_restarts: 7\n"};
+                           "worker_restarts: 7\n",
+                           "model: wan: WanPipeline (text-to-video), transformer "
+                           "WanTransformer3DModel, text encoders no\n"
+                           "  defaults: 832x480, 50 steps, 81 frames at 16 fps\n"
+                           "  allows: width and height multiples of 16, 16x16 pixels per token, "
+                           "token counts multiples of 1, at most 921600 pixels, 1000 steps, 512 "
+                           "text tokens, num_frames 4 x k + 1\n"};
     for (size_t i = 0; i < sizeof lines / sizeof lines[0]; i++)
         HAS(out, lines[i]);
     ck_assert_int_eq(ctl_run(out, NULL, "models", "--target", fs.target, NULL), 0);
