@@ -1,46 +1,17 @@
 #include "model_info.h"
 
-#include "serve/request.h"
-
-static void add_config(dit_model_info *m, const char *key, int64_t value)
+bool dit_model_info_add_config(dit_model_info *m, const char *key, int64_t value)
 {
-    if (m->n_config < DIT_MODEL_MAX_CONFIG)
-        m->config[m->n_config++] = (dit_model_config_value){key, value};
+    if (m->n_config >= DIT_MODEL_MAX_CONFIG)
+        return false;
+    m->config[m->n_config++] = (dit_model_config_value){key, value};
+    return true;
 }
 
-void dit_model_info_from_flux(const dit_pipeline_info *info, const dit_parallel_config *pc,
-                              int64_t max_pixels, dit_model_info *out)
+void dit_model_info_set_layout(dit_model_info *m, const dit_parallel_config *pc)
 {
-    const dit_flux_config *fc = &info->transformer;
-    *out = (dit_model_info){0};
-    out->pipeline_class = "FluxPipeline";
-    out->transformer_class = "FluxTransformer2DModel";
-    out->task = DIT_TASK_TEXT_TO_IMAGE;
-    out->has_text_encoders = info->has_text_encoders;
-    out->default_width = DIT_REQUEST_DEFAULT_SIZE;
-    out->default_height = DIT_REQUEST_DEFAULT_SIZE;
-    out->default_steps = DIT_REQUEST_DEFAULT_STEPS;
-    out->default_num_frames = 1;
-    out->default_fps = 0;
-    /* FluxPipeline packs 2x2 latent pixels into one token. */
-    out->size_multiple = 2 * info->vae_scale;
-    out->pixels_per_token = 2 * info->vae_scale;
     const int cp = pc->ring_degree * pc->ulysses_degree;
-    out->token_divisor = cp > 1 && !dit_parallel_uneven(pc) ? cp : 1;
-    out->max_pixels = max_pixels;
-    out->max_steps = 1000;
-    out->max_sequence_length = 512;
-    out->frame_step = 0;
-    add_config(out, "num_layers", fc->num_layers);
-    add_config(out, "num_single_layers", fc->num_single_layers);
-    add_config(out, "num_attention_heads", fc->num_attention_heads);
-    add_config(out, "attention_head_dim", fc->attention_head_dim);
-    add_config(out, "in_channels", fc->in_channels);
-    add_config(out, "joint_attention_dim", fc->joint_attention_dim);
-    add_config(out, "pooled_projection_dim", fc->pooled_projection_dim);
-    add_config(out, "guidance_embeds", fc->guidance_embeds ? 1 : 0);
-    add_config(out, "latent_channels", info->latent_channels);
-    add_config(out, "vae_scale_factor", info->vae_scale);
+    m->token_divisor = cp > 1 && !dit_parallel_uneven(pc) ? cp : 1;
 }
 
 dit_status dit_model_info_check_frames(const dit_model_info *m, int num_frames, int fps,

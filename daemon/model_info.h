@@ -5,8 +5,9 @@
  * tensors. ListModels and GetServerInfo report it; Generate checks
  * num_frames and fps against it.
  *
- * Filled once at start-up from the pipeline probe (today FLUX's; a
- * pipeline registry will fill it per family), then read-only.
+ * Filled once at start-up by ditd from the pipeline probe (today FLUX's,
+ * in ditd.c; a pipeline registry will fill it per family), then read-only.
+ * Nothing here knows a model family.
  *
  * Owner: main fills it; the loop thread reads it. */
 #ifndef DIT_DAEMON_MODEL_INFO_H
@@ -17,7 +18,6 @@
 
 #include "core/status.h"
 #include "parallel/mesh.h"
-#include "pipelines/flux_pipeline.h"
 
 typedef enum dit_task {
     DIT_TASK_TEXT_TO_IMAGE = 1, /* values as ditserve.v1.Task */
@@ -49,10 +49,14 @@ typedef struct dit_model_info {
     int n_config;
 } dit_model_info;
 
-/* Describes a probed FluxPipeline served on layout pc with --max-pixels
- * max_pixels. */
-void dit_model_info_from_flux(const dit_pipeline_info *info, const dit_parallel_config *pc,
-                              int64_t max_pixels, dit_model_info *out);
+/* The layout's rule for token counts: a multiple of the context-parallel
+ * size (ring x Ulysses) in the plain modes, any count (1) with one rank, TP
+ * alone, or an "anything" mode. */
+void dit_model_info_set_layout(dit_model_info *m, const dit_parallel_config *pc);
+
+/* Appends a config value (key in static storage). False when the table is
+ * full (DIT_MODEL_MAX_CONFIG). */
+bool dit_model_info_add_config(dit_model_info *m, const char *key, int64_t value);
 
 /* The request's frame count and rate against the task: a text-to-image
  * pipeline takes num_frames 0 or 1 and fps 0; a video pipeline takes

@@ -1,26 +1,10 @@
-/* The served model's description (daemon/model_info.c): what a probed
- * FluxPipeline reports, and the num_frames / fps rules per task. */
+/* The served model's description (daemon/model_info.c): config values,
+ * the layout's token rule, and the num_frames / fps rules per task. */
 #include <check.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "model_info.h"
-
-static dit_pipeline_info demo_info(void)
-{
-    dit_pipeline_info info;
-    memset(&info, 0, sizeof info);
-    info.transformer.num_layers = 2;
-    info.transformer.num_single_layers = 3;
-    info.transformer.joint_attention_dim = 32;
-    info.transformer.pooled_projection_dim = 32;
-    info.transformer.in_channels = 64;
-    info.transformer.guidance_embeds = true;
-    info.vae_scale = 8;
-    info.latent_channels = 16;
-    info.has_text_encoders = true;
-    return info;
-}
 
 static int64_t config_of(const dit_model_info *m, const char *key)
 {
@@ -30,56 +14,57 @@ static int64_t config_of(const dit_model_info *m, const char *key)
     return -1;
 }
 
-START_TEST(flux_is_text_to_image_with_its_rules)
+/* An image model as ditd describes FLUX (ditd.c), by hand. */
+static dit_model_info image_model(void)
 {
-    const dit_pipeline_info info = demo_info();
-    dit_parallel_config pc = dit_parallel_config_single();
-    dit_model_info m;
-    dit_model_info_from_flux(&info, &pc, 4194304, &m);
-    ck_assert_str_eq(m.pipeline_class, "FluxPipeline");
-    ck_assert_str_eq(m.transformer_class, "FluxTransformer2DModel");
-    ck_assert_int_eq(m.task, DIT_TASK_TEXT_TO_IMAGE);
-    ck_assert_str_eq(dit_task_name(m.task), "text-to-image");
-    ck_assert_int_eq(m.default_width, 1024);
-    ck_assert_int_eq(m.default_steps, 28);
-    ck_assert_int_eq(m.default_num_frames, 1);
-    ck_assert_int_eq(m.size_multiple, 16);
-    ck_assert_int_eq(m.token_divisor, 1);
-    ck_assert_int_eq(m.frame_step, 0);
-    ck_assert_int_eq(m.max_pixels, 4194304);
+    dit_model_info m = {0};
+    m.pipeline_class = "FluxPipeline";
+    m.transformer_class = "FluxTransformer2DModel";
+    m.task = DIT_TASK_TEXT_TO_IMAGE;
+    m.default_num_frames = 1;
+    return m;
+}
+
+START_TEST(config_values_keep_their_order_and_bound)
+{
+    dit_model_info m = image_model();
+    ck_assert(dit_model_info_add_config(&m, "joint_attention_dim", 32));
+    ck_assert(dit_model_info_add_config(&m, "guidance_embeds", 1));
     ck_assert_int_eq(config_of(&m, "joint_attention_dim"), 32);
     ck_assert_int_eq(config_of(&m, "guidance_embeds"), 1);
-    ck_assert_int_eq(config_of(&m, "vae_scale_factor"), 8);
+    ck_assert_str_eq(m.config[0].key, "joint_attention_dim");
+    for (int i = 2; i < DIT_MODEL_MAX_CONFIG; i++)
+        ck_assert(dit_model_info_add_config(&m, "k", i));
+    ck_assert(!dit_model_info_add_config(&m, "one_too_many", 0));
+    ck_assert_int_eq(m.n_config, DIT_MODEL_MAX_CONFIG);
 }
 END_TEST
 
 START_TEST(token_divisor_follows_the_layout)
 {
-    const dit_pipeline_info info = demo_info();
+    dit_model_info m = image_model();
     dit_parallel_config pc = dit_parallel_config_single();
+    dit_model_info_set_layout(&m, &pc);
+    ck_assert_int_eq(m.token_divisor, 1);
     pc.world_size = 4;
     pc.ring_degree = 2;
     pc.ulysses_degree = 2;
-    dit_model_info m;
-    dit_model_info_from_flux(&info, &pc, 1 << 20, &m);
+    dit_model_info_set_layout(&m, &pc);
     ck_assert_int_eq(m.token_divisor, 4);
     pc.ring_anything = true;
-    dit_model_info_from_flux(&info, &pc, 1 << 20, &m);
+    dit_model_info_set_layout(&m, &pc);
     ck_assert_int_eq(m.token_divisor, 1); /* uneven chunks allowed */
     pc = dit_parallel_config_single();
     pc.world_size = 2;
     pc.tp_degree = 2;
-    dit_model_info_from_flux(&info, &pc, 1 << 20, &m);
+    dit_model_info_set_layout(&m, &pc);
     ck_assert_int_eq(m.token_divisor, 1); /* TP does not split tokens */
 }
 END_TEST
 
 START_TEST(images_take_one_frame_and_no_rate)
 {
-    const dit_pipeline_info info = demo_info();
-    dit_parallel_config pc = dit_parallel_config_single();
-    dit_model_info m;
-    dit_model_info_from_flux(&info, &pc, 1 << 20, &m);
+    const dit_model_info m = image_model();
     dit_diag d;
     dit_diag_clear(&d);
     ck_assert_int_eq(dit_model_info_check_frames(&m, 0, 0, &d), DIT_OK);
@@ -120,7 +105,7 @@ int main(void)
 {
     Suite *s = suite_create("daemon_model_info");
     TCase *tc = tcase_create("describe");
-    tcase_add_test(tc, flux_is_text_to_image_with_its_rules);
+    tcase_add_test(tc, config_values_keep_their_order_and_bound);
     tcase_add_test(tc, token_divisor_follows_the_layout);
     tcase_add_test(tc, images_take_one_frame_and_no_rate);
     tcase_add_test(tc, video_frames_follow_the_frame_step);
