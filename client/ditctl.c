@@ -29,19 +29,6 @@ atomic_int ctl_interrupted;
  * probe script; generation and warmup take as long as they take. */
 #define QUICK_TIMEOUT_S 10.0
 
-const char ctl_common_help[] =
-    "Connection options (also accepted before the command name):\n"
-    "  --target HOST:PORT   the daemon (default $DITCTL_TARGET, else 127.0.0.1:50051);\n"
-    "                       a HOST alone means HOST:50051, ditd's port\n"
-    "  --timeout SECONDS    deadline of each call; 0: none (default 10 for health,\n"
-    "                       info and models; none for generate, warmup and bench)\n"
-    "  --tls                use TLS, verifying the server with the system's roots\n"
-    "  --ca FILE            use TLS, verifying the server with the PEM roots in FILE\n"
-    "  --cert FILE          client certificate chain (PEM) for mutual TLS; needs --key\n"
-    "  --key FILE           private key (PEM) of --cert\n"
-    "  --token TOKEN        bearer token, sent as 'authorization: Bearer TOKEN' on every\n"
-    "                       call but health checks (default $DITCTL_TOKEN)\n";
-
 #define EXIT_HELP                                                                                  \
     "Exit status: 0 on success, 1 on a gRPC error (printed as 'ditctl: STATUS: details'),\n"       \
     "2 on bad command-line arguments, 130 when interrupted (Ctrl-C; 143 for SIGTERM).\n"
@@ -61,79 +48,39 @@ static const char main_usage[] =
     "  bench      N generations, C at a time: latency percentiles, throughput, and\n"
     "             the daemon's overhead over the worker's compute\n"
     "\n"
-    "Options:\n"
-    "  --help, -h   this help; 'ditctl <command> --help' or 'ditctl help <command>'\n"
-    "               for a command's options\n"
-    "  --version    print the version\n"
-    "gRPC's own log lines are hidden unless GRPC_VERBOSITY is set (e.g. =debug).\n"
-    "\n"
-    "%s"
-    "\n" EXIT_HELP;
+    "'ditctl <command> --help' or 'ditctl help <command>' shows a command's options.\n"
+    "gRPC's own log lines are hidden unless GRPC_VERBOSITY is set (e.g. =debug).\n";
 
-static const char health_usage[] =
+static const ctl_help health_help = {
     "usage: ditctl health [--service NAME] [connection options]\n"
     "\n"
     "Calls grpc.health.v1.Health/Check and prints the state: SERVING, NOT_SERVING,\n"
-    "UNKNOWN or SERVICE_UNKNOWN. No token is sent (health checks are unauthenticated).\n"
-    "\n"
-    "  --service NAME   the service to ask about, e.g. ditserve.v1.Generation\n"
-    "                   (default '': the server as a whole)\n"
-    "\n"
-    "%s"
-    "\n"
+    "UNKNOWN or SERVICE_UNKNOWN. No token is sent (health checks are unauthenticated).\n",
     "Exit status: 0 only when SERVING; 1 for any other state or a gRPC error (printed as\n"
-    "'ditctl: STATUS: details'); 2 on bad command-line arguments; 130 when interrupted.\n";
+    "'ditctl: STATUS: details'); 2 on bad command-line arguments; 130 when interrupted.\n"};
 
-static const char info_usage[] = "usage: ditctl info [connection options]\n"
-                                 "\n"
-                                 "Calls GetServerInfo and prints its fields, one 'key: value' "
-                                 "per line.\n"
-                                 "\n"
-                                 "%s"
-                                 "\n" EXIT_HELP;
+static const ctl_help info_help = {
+    "usage: ditctl info [connection options]\n"
+    "\n"
+    "Calls GetServerInfo and prints its fields, one 'key: value' per line,\n"
+    "then the served model as 'ditctl models' shows it.\n",
+    EXIT_HELP};
 
-static const char models_usage[] = "usage: ditctl models [connection options]\n"
-                                   "\n"
-                                   "Calls ListModels and prints one line per model.\n"
-                                   "\n"
-                                   "%s"
-                                   "\n" EXIT_HELP;
+static const ctl_help models_help = {
+    "usage: ditctl models [connection options]\n"
+    "\n"
+    "Calls ListModels and prints each model: its pipeline, task, transformer and text\n"
+    "encoders, then the defaults a request's zeros stand for, the sizes the server\n"
+    "allows, and the config values a client needs to build tensors.\n",
+    EXIT_HELP};
 
-static const char warmup_usage[] =
+static const ctl_help warmup_help = {
     "usage: ditctl warmup [--model NAME] [--width W] [--height H] [--steps N]\n"
     "                     [connection options]\n"
     "\n"
     "Calls Warmup: the daemon runs one generation of this shape so that later requests\n"
-    "of the same shape start at full speed. Prints the time it took.\n"
-    "\n"
-    "  --model NAME    the model (default: the daemon's only model)\n"
-    "  --width W       pixels (default 0: the daemon's default, 1024)\n"
-    "  --height H      pixels (default 0: the daemon's default, 1024)\n"
-    "  --steps N       denoising steps (default 0: the daemon's default, 1)\n"
-    "\n"
-    "%s"
-    "\n" EXIT_HELP;
-
-const char ctl_request_help[] =
-    "Request options:\n"
-    "  --prompt TEXT          the prompt (required; may be empty: --prompt '')\n"
-    "  --prompt-2 TEXT        a different prompt for T5\n"
-    "  --negative-prompt TEXT with --true-cfg above 1: true classifier-free guidance\n"
-    "                         (either one alone has no effect: ditctl warns)\n"
-    "  --negative-prompt-2 TEXT  the negative prompt for T5\n"
-    "  --width W, --height H  pixels, multiples of 16 for FLUX (default: the daemon's, 1024)\n"
-    "  --steps N              denoising steps, 1 to 1000 (default: the daemon's, 28)\n"
-    "  --guidance G           distilled guidance scale (default: the daemon's, 3.5)\n"
-    "  --true-cfg S           true CFG scale (default: the daemon's, 1: off)\n"
-    "  --seed N               noise seed, 0 to 2^64-1 (default: random, reported)\n"
-    "  --max-sequence-length N  T5 tokens, 1 to 512 (default: the daemon's, 512)\n"
-    "  --priority P           higher runs first; equal priorities in arrival order\n"
-    "                         (default 0)\n"
-    "  --request-id ID        echoed in every event (default: the daemon makes one up)\n"
-    "  --model NAME           the model (default: the daemon's only model)\n"
-    "  --raw                  ask for the decoded image as an f32 tensor (3, H, W)\n"
-    "                         instead of a PNG\n"
-    "Range checks beyond 'is it a number' are the daemon's (INVALID_ARGUMENT).\n";
+    "of the same shape start at full speed. Prints the time it took.\n",
+    EXIT_HELP};
 
 /* gRPC logs handshake and connection failures itself; ditctl reports the
  * call's final status, which carries the same cause, so the log lines are
@@ -256,251 +203,323 @@ bool ctl_request_warn(const ctl_request *r)
     return false;
 }
 
-/* Option values: connection options, then request options. Commands use
- * single characters or values from CTL_OPT_CMD on. */
-enum {
-    OPT_TARGET = 1000,
-    OPT_TIMEOUT,
-    OPT_TLS,
-    OPT_CA,
-    OPT_CERT,
-    OPT_KEY,
-    OPT_TOKEN,
-    OPT_PROMPT = 1100,
-    OPT_PROMPT2,
-    OPT_NEG,
-    OPT_NEG2,
-    OPT_WIDTH,
-    OPT_HEIGHT,
-    OPT_STEPS,
-    OPT_GUIDANCE,
-    OPT_CFG,
-    OPT_SEED,
-    OPT_MAXSEQ,
-    OPT_PRIORITY,
-    OPT_REQID,
-    OPT_MODEL,
-    OPT_RAW,
-    OPT_VERSION = 1200,
-};
+/* ------------------------------------------------------------------------ */
+/* The option tables                                                          */
 
-static const struct option common_opts[] = {
-    {"target", required_argument, NULL, OPT_TARGET},
-    {"timeout", required_argument, NULL, OPT_TIMEOUT},
-    {"tls", no_argument, NULL, OPT_TLS},
-    {"ca", required_argument, NULL, OPT_CA},
-    {"cert", required_argument, NULL, OPT_CERT},
-    {"key", required_argument, NULL, OPT_KEY},
-    {"token", required_argument, NULL, OPT_TOKEN},
-};
-#define N_COMMON (sizeof common_opts / sizeof common_opts[0])
+/* Setters: each writes one field through the ctl_target. */
+#define CTL(t) ((ctl_target *)(t))
+#define UNUSED_ERR ((void)err, (void)cap)
 
-static const struct option request_opts[] = {
-    {"prompt", required_argument, NULL, OPT_PROMPT},
-    {"prompt-2", required_argument, NULL, OPT_PROMPT2},
-    {"negative-prompt", required_argument, NULL, OPT_NEG},
-    {"negative-prompt-2", required_argument, NULL, OPT_NEG2},
-    {"width", required_argument, NULL, OPT_WIDTH},
-    {"height", required_argument, NULL, OPT_HEIGHT},
-    {"steps", required_argument, NULL, OPT_STEPS},
-    {"guidance", required_argument, NULL, OPT_GUIDANCE},
-    {"true-cfg", required_argument, NULL, OPT_CFG},
-    {"seed", required_argument, NULL, OPT_SEED},
-    {"max-sequence-length", required_argument, NULL, OPT_MAXSEQ},
-    {"priority", required_argument, NULL, OPT_PRIORITY},
-    {"request-id", required_argument, NULL, OPT_REQID},
-    {"model", required_argument, NULL, OPT_MODEL},
-    {"raw", no_argument, NULL, OPT_RAW},
-};
-#define N_REQUEST (sizeof request_opts / sizeof request_opts[0])
-
-/* The option as the user wrote it, for messages. */
-static const char *opt_text(char **argv, int argc)
+static int set_target(void *t, const char *v, char *err, size_t cap)
 {
-    return optind - 1 < argc && optind >= 1 ? argv[optind - 1] : "?";
-}
-
-/* An unknown option, with the nearest known one when it looks like a typo. */
-static int unknown_option(const char *cmd, const char *text, const struct option *opts)
-{
-    const char *near = text[0] == '-' && text[1] == '-' ? dit_suggest_option(text, opts) : NULL;
-    if (near)
-        return ctl_usage_error(cmd, "unknown option '%s'; did you mean '--%s'?", text, near);
-    return ctl_usage_error(cmd, "unknown option '%s'", text);
-}
-
-static int common_option(const char *cmd, ctl_common *cm, int c, const char *arg)
-{
-    double d;
-    switch (c) {
-    case OPT_TARGET:
-        if (arg[0] == '\0')
-            return ctl_usage_error(cmd, "%s", "--target is empty");
-        cm->copts.target = arg;
-        return 0;
-    case OPT_TIMEOUT:
-        if (!ctl_parse_double(arg, 0, 1e7, &d))
-            return ctl_usage_error(cmd, "--timeout wants seconds (0 or more), not '%s'", arg);
-        cm->copts.timeout_s = d;
-        cm->timeout_set = true;
-        return 0;
-    case OPT_TLS:
-        cm->copts.tls = true;
-        return 0;
-    case OPT_CA:
-        cm->copts.ca_file = arg;
-        return 0;
-    case OPT_CERT:
-        cm->copts.cert_file = arg;
-        return 0;
-    case OPT_KEY:
-        cm->copts.key_file = arg;
-        return 0;
-    case OPT_TOKEN:
-        if (arg[0] == '\0' || strpbrk(arg, "\r\n"))
-            return ctl_usage_error(cmd, "%s", "--token is empty or holds a line break");
-        cm->copts.token = arg;
-        return 0;
-    default:
+    if (v[0] == '\0') {
+        snprintf(err, cap, "is empty");
         return -1;
     }
-}
-
-/* Integers of the request: int32 on the wire; the daemon checks ranges. */
-static int request_int(const char *cmd, const char *name, const char *arg, long lo, int32_t *out)
-{
-    long v;
-    if (!ctl_parse_long(arg, lo, INT32_MAX, &v))
-        return ctl_usage_error(cmd, "%s wants an integer from %ld, not '%s'", name, lo, arg);
-    *out = (int32_t)v;
+    CTL(t)->common->copts.target = v;
     return 0;
 }
 
-static int request_option(const char *cmd, ctl_request *r, int c, const char *arg)
+static int set_timeout(void *t, const char *v, char *err, size_t cap)
 {
     double d;
-    switch (c) {
-    case OPT_PROMPT:
-        r->req.prompt = (char *)arg;
-        r->have_prompt = true;
-        return 0;
-    case OPT_PROMPT2:
-        r->req.prompt_2 = (char *)arg;
-        return 0;
-    case OPT_NEG:
-        r->req.negative_prompt = (char *)arg;
-        return 0;
-    case OPT_NEG2:
-        r->req.negative_prompt_2 = (char *)arg;
-        return 0;
-    case OPT_WIDTH:
-        return request_int(cmd, "--width", arg, 1, &r->req.width);
-    case OPT_HEIGHT:
-        return request_int(cmd, "--height", arg, 1, &r->req.height);
-    case OPT_STEPS:
-        return request_int(cmd, "--steps", arg, 1, &r->req.num_inference_steps);
-    case OPT_MAXSEQ:
-        return request_int(cmd, "--max-sequence-length", arg, 1, &r->req.max_sequence_length);
-    case OPT_PRIORITY:
-        return request_int(cmd, "--priority", arg, INT32_MIN, &r->req.priority);
-    case OPT_GUIDANCE:
-    case OPT_CFG:
-        if (!ctl_parse_double(arg, -3.4e38, 3.4e38, &d))
-            return ctl_usage_error(cmd, "%s wants a number, not '%s'",
-                                   c == OPT_GUIDANCE ? "--guidance" : "--true-cfg", arg);
-        if (c == OPT_GUIDANCE) {
-            r->guidance.value = (float)d;
-            r->req.guidance_scale = &r->guidance;
-        } else {
-            r->true_cfg.value = (float)d;
-            r->req.true_cfg_scale = &r->true_cfg;
-        }
-        return 0;
-    case OPT_SEED:
-        if (!parse_u64(arg, &r->seed.value))
-            return ctl_usage_error(cmd, "--seed wants an integer from 0 to 2^64-1, not '%s'", arg);
-        r->req.seed = &r->seed;
-        return 0;
-    case OPT_REQID:
-        r->req.request_id = (char *)arg;
-        return 0;
-    case OPT_MODEL:
-        r->req.model = (char *)arg;
-        return 0;
-    case OPT_RAW:
-        r->raw = true;
-        r->req.output_format = DITSERVE__V1__OUTPUT_FORMAT__OUTPUT_FORMAT_RAW_TENSOR;
-        return 0;
-    default:
+    if (!ctl_parse_double(v, 0, 1e7, &d)) {
+        snprintf(err, cap, "wants seconds (0 or more), not '%s'", v);
         return -1;
     }
+    CTL(t)->common->copts.timeout_s = d;
+    CTL(t)->common->timeout_set = true;
+    return 0;
 }
 
-/* Command usages hold one %s for the connection options, those with request
- * options one more before it. */
-static void print_usage(const char *usage, bool with_request)
+static int set_tls(void *t, const char *v, char *err, size_t cap)
 {
-    if (with_request)
-        printf(usage, ctl_request_help, ctl_common_help);
-    else
-        printf(usage, ctl_common_help);
+    UNUSED_ERR;
+    CTL(t)->common->copts.tls = v[0] == '1';
+    return 0;
 }
 
-int ctl_parse(int argc, char **argv, const char *cmd, const char *usage,
-              const struct option *cmd_opts, const char *cmd_shortopts, ctl_opt_handler handle,
-              void *ctx, ctl_common *common, ctl_request *req)
+static int set_ca(void *t, const char *v, char *err, size_t cap)
 {
-    struct option opts[64];
-    size_t n = 0;
-    for (size_t i = 0; i < N_COMMON; i++)
-        opts[n++] = common_opts[i];
-    if (req)
-        for (size_t i = 0; i < N_REQUEST; i++)
-            opts[n++] = request_opts[i];
-    for (size_t i = 0; cmd_opts && cmd_opts[i].name && n < 62; i++)
-        opts[n++] = cmd_opts[i];
-    opts[n++] = (struct option){"help", no_argument, NULL, 'h'};
-    opts[n] = (struct option){NULL, 0, NULL, 0};
+    UNUSED_ERR;
+    CTL(t)->common->copts.ca_file = v;
+    return 0;
+}
 
-    char shortopts[32];
-    snprintf(shortopts, sizeof shortopts, ":h%s", cmd_shortopts ? cmd_shortopts : "");
+static int set_cert(void *t, const char *v, char *err, size_t cap)
+{
+    UNUSED_ERR;
+    CTL(t)->common->copts.cert_file = v;
+    return 0;
+}
 
-    /* optind = 0 makes glibc re-initialise completely: main parsed the
-     * global options with '+' (stop at the command), this parse permutes. */
-    optind = 0;
-    opterr = 0;
-    int c;
-    while ((c = getopt_long(argc, argv, shortopts, opts, NULL)) != -1) {
-        int rc;
-        if (c == 'h') {
-            print_usage(usage, req != NULL);
-            return CTL_HELP_SHOWN;
-        }
-        if (c == ':')
-            return ctl_usage_error(cmd, "option '%s' needs a value", opt_text(argv, argc));
-        if (c == '?') {
-            if (optopt && optopt < 256)
-                return ctl_usage_error(cmd, "unknown option '-%c'", optopt);
-            return unknown_option(cmd, opt_text(argv, argc), opts);
-        }
-        if ((rc = common_option(cmd, common, c, optarg)) >= 0) {
-            if (rc)
-                return rc;
-            continue;
-        }
-        if (req && (rc = request_option(cmd, req, c, optarg)) >= 0) {
-            if (rc)
-                return rc;
-            continue;
-        }
-        rc = handle ? handle(ctx, c, optarg) : -1;
-        if (rc < 0)
-            return unknown_option(cmd, opt_text(argv, argc), opts);
-        if (rc)
-            return rc;
+static int set_key(void *t, const char *v, char *err, size_t cap)
+{
+    UNUSED_ERR;
+    CTL(t)->common->copts.key_file = v;
+    return 0;
+}
+
+static int set_token(void *t, const char *v, char *err, size_t cap)
+{
+    if (v[0] == '\0' || strpbrk(v, "\r\n")) {
+        snprintf(err, cap, "is empty or holds a line break");
+        return -1;
     }
-    if (optind < argc)
-        return ctl_usage_error(cmd, "unexpected argument '%s'", argv[optind]);
+    CTL(t)->common->copts.token = v;
+    return 0;
+}
+
+#define CUSTOM(name, sh, arg, help, env, fn) \
+    {name, sh, DIT_OPT_CUSTOM, NULL, arg, help, env, 0, 0, 0, fn, false}
+#define CFLAG(name, help, fn) {name, 0, DIT_OPT_FLAG, NULL, NULL, help, NULL, 0, 0, 0, fn, false}
+
+/* Also accepted before the command name. */
+static const dit_option common_opts[] = {
+    CUSTOM("target", 0, "HOST:PORT",
+           "the daemon; a HOST alone means HOST:50051, ditd's port (default 127.0.0.1:50051)",
+           "DITCTL_TARGET", set_target),
+    CUSTOM("timeout", 0, "SECONDS",
+           "deadline of each call; 0: none (default 10 for health, info and models; none for "
+           "generate, warmup and bench)",
+           NULL, set_timeout),
+    CFLAG("tls", "use TLS, verifying the server with the system's roots", set_tls),
+    CUSTOM("ca", 0, "FILE", "use TLS, verifying the server with the PEM roots in FILE", NULL,
+           set_ca),
+    CUSTOM("cert", 0, "FILE", "client certificate chain (PEM) for mutual TLS; needs --key", NULL,
+           set_cert),
+    CUSTOM("key", 0, "FILE", "private key (PEM) of --cert", NULL, set_key),
+    CUSTOM("token", 0, "TOKEN",
+           "bearer token, sent as 'authorization: Bearer TOKEN' on every call but health checks",
+           "DITCTL_TOKEN", set_token),
+};
+#define N_COMMON (sizeof common_opts / sizeof common_opts[0])
+
+/* Integers of the request: int32 on the wire; the daemon checks ranges. */
+static int request_int(const char *v, long lo, int32_t *out, char *err, size_t cap)
+{
+    long n;
+    if (!ctl_parse_long(v, lo, INT32_MAX, &n)) {
+        snprintf(err, cap, "wants an integer from %ld, not '%s'", lo, v);
+        return -1;
+    }
+    *out = (int32_t)n;
+    return 0;
+}
+
+static int request_float(const char *v, Google__Protobuf__FloatValue *w,
+                         Google__Protobuf__FloatValue **field, char *err, size_t cap)
+{
+    double d;
+    if (!ctl_parse_double(v, -3.4e38, 3.4e38, &d)) {
+        snprintf(err, cap, "wants a number, not '%s'", v);
+        return -1;
+    }
+    w->value = (float)d;
+    *field = w;
+    return 0;
+}
+
+#define REQ(t) (CTL(t)->req)
+
+static int set_prompt(void *t, const char *v, char *err, size_t cap)
+{
+    UNUSED_ERR;
+    REQ(t)->req.prompt = (char *)v;
+    REQ(t)->have_prompt = true;
+    return 0;
+}
+
+static int set_prompt_2(void *t, const char *v, char *err, size_t cap)
+{
+    UNUSED_ERR;
+    REQ(t)->req.prompt_2 = (char *)v;
+    return 0;
+}
+
+static int set_neg(void *t, const char *v, char *err, size_t cap)
+{
+    UNUSED_ERR;
+    REQ(t)->req.negative_prompt = (char *)v;
+    return 0;
+}
+
+static int set_neg_2(void *t, const char *v, char *err, size_t cap)
+{
+    UNUSED_ERR;
+    REQ(t)->req.negative_prompt_2 = (char *)v;
+    return 0;
+}
+
+static int set_width(void *t, const char *v, char *err, size_t cap)
+{
+    return request_int(v, 1, &REQ(t)->req.width, err, cap);
+}
+
+static int set_height(void *t, const char *v, char *err, size_t cap)
+{
+    return request_int(v, 1, &REQ(t)->req.height, err, cap);
+}
+
+static int set_steps(void *t, const char *v, char *err, size_t cap)
+{
+    return request_int(v, 1, &REQ(t)->req.num_inference_steps, err, cap);
+}
+
+static int set_max_seq(void *t, const char *v, char *err, size_t cap)
+{
+    return request_int(v, 1, &REQ(t)->req.max_sequence_length, err, cap);
+}
+
+static int set_priority(void *t, const char *v, char *err, size_t cap)
+{
+    return request_int(v, INT32_MIN, &REQ(t)->req.priority, err, cap);
+}
+
+static int set_guidance(void *t, const char *v, char *err, size_t cap)
+{
+    return request_float(v, &REQ(t)->guidance, &REQ(t)->req.guidance_scale, err, cap);
+}
+
+static int set_true_cfg(void *t, const char *v, char *err, size_t cap)
+{
+    return request_float(v, &REQ(t)->true_cfg, &REQ(t)->req.true_cfg_scale, err, cap);
+}
+
+static int set_seed(void *t, const char *v, char *err, size_t cap)
+{
+    if (!parse_u64(v, &REQ(t)->seed.value)) {
+        snprintf(err, cap, "wants an integer from 0 to 2^64-1, not '%s'", v);
+        return -1;
+    }
+    REQ(t)->req.seed = &REQ(t)->seed;
+    return 0;
+}
+
+static int set_request_id(void *t, const char *v, char *err, size_t cap)
+{
+    UNUSED_ERR;
+    REQ(t)->req.request_id = (char *)v;
+    return 0;
+}
+
+static int set_model(void *t, const char *v, char *err, size_t cap)
+{
+    UNUSED_ERR;
+    REQ(t)->req.model = (char *)v;
+    return 0;
+}
+
+static int set_raw(void *t, const char *v, char *err, size_t cap)
+{
+    UNUSED_ERR;
+    REQ(t)->raw = v[0] == '1';
+    REQ(t)->req.output_format = REQ(t)->raw
+                                    ? DITSERVE__V1__OUTPUT_FORMAT__OUTPUT_FORMAT_RAW_TENSOR
+                                    : DITSERVE__V1__OUTPUT_FORMAT__OUTPUT_FORMAT_UNSPECIFIED;
+    return 0;
+}
+
+/* The request options of generate and bench. The defaults are the
+ * daemon's (an unset field means "yours"), so the table names them in
+ * words rather than setting them. */
+static const dit_option request_opts[] = {
+    CUSTOM("prompt", 0, "TEXT", "the prompt (required; may be empty: --prompt '')", NULL,
+           set_prompt),
+    CUSTOM("prompt-2", 0, "TEXT", "a different prompt for T5", NULL, set_prompt_2),
+    CUSTOM("negative-prompt", 0, "TEXT",
+           "with --true-cfg above 1: true classifier-free guidance (either one alone has no "
+           "effect: ditctl warns)",
+           NULL, set_neg),
+    CUSTOM("negative-prompt-2", 0, "TEXT", "the negative prompt for T5", NULL, set_neg_2),
+    CUSTOM("width", 0, "W", "pixels, a multiple of 16 for FLUX (default: the daemon's, 1024)",
+           NULL, set_width),
+    CUSTOM("height", 0, "H", "pixels, a multiple of 16 for FLUX (default: the daemon's, 1024)",
+           NULL, set_height),
+    CUSTOM("steps", 0, "N", "denoising steps, 1 to 1000 (default: the daemon's, 28)", NULL,
+           set_steps),
+    CUSTOM("guidance", 0, "G", "distilled guidance scale (default: the daemon's, 3.5)", NULL,
+           set_guidance),
+    CUSTOM("true-cfg", 0, "S", "true CFG scale (default: the daemon's, 1: off)", NULL,
+           set_true_cfg),
+    CUSTOM("seed", 0, "N", "noise seed, 0 to 2^64-1 (default: random, reported)", NULL, set_seed),
+    CUSTOM("max-sequence-length", 0, "N", "T5 tokens, 1 to 512 (default: the daemon's, 512)",
+           NULL, set_max_seq),
+    CUSTOM("priority", 0, "P",
+           "higher runs first; equal priorities in arrival order (default 0)", NULL,
+           set_priority),
+    CUSTOM("request-id", 0, "ID", "echoed in every event (default: the daemon makes one up)",
+           NULL, set_request_id),
+    CUSTOM("model", 0, "NAME", "the model (default: the daemon's only model)", NULL, set_model),
+    CFLAG("raw", "ask for the decoded image as an f32 tensor (3, H, W) instead of a PNG",
+          set_raw),
+};
+#define N_REQUEST (sizeof request_opts / sizeof request_opts[0])
+
+/* The connection options' lines with their variables (for --help). */
+static void print_common(FILE *out)
+{
+    fputs("Connection options (also accepted before the command name):\n", out);
+    dit_options_print_list(common_opts, N_COMMON, out);
+}
+
+typedef struct help_ctx {
+    const ctl_help *help;
+    const dit_option *cmd_opts;
+    size_t n_cmd;
+    bool request;
+} help_ctx;
+
+static void print_command_help(const dit_options *o, FILE *out)
+{
+    const help_ctx *h = o->help_ctx;
+    fputs(h->help->intro, out);
+    fputs("\nOptions:\n", out);
+    dit_options_print_list(h->cmd_opts, h->n_cmd, out);
+    fprintf(out, "  %-31s%s\n", "-h, --help", "this help");
+    if (h->request) {
+        fputs("\nRequest options (range checks beyond 'is it a number' are the daemon's:\n"
+              "INVALID_ARGUMENT):\n",
+              out);
+        dit_options_print_list(request_opts, N_REQUEST, out);
+    }
+    fputc('\n', out);
+    print_common(out);
+    fputc('\n', out);
+    fputs(h->help->epilog, out);
+}
+
+int ctl_parse(int argc, char **argv, const char *cmd, const ctl_help *help,
+              const dit_option *cmd_opts, size_t n_cmd, void *cmd_ctx, ctl_common *common,
+              ctl_request *req)
+{
+    /* The command's table: its own options, the request's, and the
+     * connection options once more (main read their variables already). */
+    dit_option opts[64];
+    size_t n = 0;
+    for (size_t i = 0; i < n_cmd && n < 64; i++)
+        opts[n++] = cmd_opts[i];
+    for (size_t i = 0; req && i < N_REQUEST && n < 64; i++)
+        opts[n++] = request_opts[i];
+    for (size_t i = 0; i < N_COMMON && n < 64; i++) {
+        opts[n] = common_opts[i];
+        opts[n++].env = NULL;
+    }
+    char see_also[96];
+    snprintf(see_also, sizeof see_also, "run 'ditctl %s --help' for its options", cmd);
+    const help_ctx hc = {.help = help, .cmd_opts = cmd_opts, .n_cmd = n_cmd, .request = req != NULL};
+    const dit_options table = {.prog = "ditctl",
+                               .opts = opts,
+                               .n_opts = n,
+                               .see_also = see_also,
+                               .print_help = print_command_help,
+                               .help_ctx = &hc};
+    ctl_target t = {.common = common, .req = req, .cmd = cmd_ctx};
+    const int rc = dit_options_parse(&table, &t, argc, argv, NULL);
+    if (rc == 1)
+        return CTL_HELP_SHOWN;
+    if (rc != 0)
+        return CTL_EXIT_USAGE;
     if (!common->copts.cert_file != !common->copts.key_file)
         return ctl_usage_error(cmd, "%s", "--cert and --key go together");
     if (req && !req->have_prompt)
@@ -515,25 +534,25 @@ typedef struct health_args {
     const char *service;
 } health_args;
 
-enum { OPT_SERVICE = 1300 };
-
-static int health_opt(void *ctx, int c, const char *arg)
+static int set_service(void *t, const char *v, char *err, size_t cap)
 {
-    health_args *a = ctx;
-    if (c != OPT_SERVICE)
-        return -1;
-    a->service = arg;
+    UNUSED_ERR;
+    ((health_args *)CTL(t)->cmd)->service = v;
     return 0;
 }
 
+static const dit_option health_opts[] = {
+    CUSTOM("service", 0, "NAME",
+           "the service to ask about, e.g. ditserve.v1.Generation (default '': the server as a "
+           "whole)",
+           NULL, set_service),
+};
+
 static int cmd_health(int argc, char **argv, ctl_common *common)
 {
-    static const struct option opts[] = {
-        {"service", required_argument, NULL, OPT_SERVICE},
-        {NULL, 0, NULL, 0},
-    };
     health_args a = {.service = ""};
-    int rc = ctl_parse(argc, argv, "health", health_usage, opts, "", health_opt, &a, common, NULL);
+    int rc = ctl_parse(argc, argv, "health", &health_help, health_opts,
+                       sizeof health_opts / sizeof *health_opts, &a, common, NULL);
     if (rc)
         return rc == CTL_HELP_SHOWN ? 0 : rc;
     dit_client *c;
@@ -555,9 +574,46 @@ static int cmd_health(int argc, char **argv, ctl_common *common)
 /* ------------------------------------------------------------------------ */
 /* info */
 
+/* One model as the server describes it: the pipeline and its task, the
+ * defaults a request's zeros stand for, the shapes the server allows, and
+ * the config values a client needs to build tensors. The first line starts
+ * with first, the others with two spaces. */
+static void print_model(const Ditserve__V1__ModelInfo *m, const char *first)
+{
+    const char *indent = "";
+    const bool video = m->task == DITSERVE__V1__TASK__TASK_TEXT_TO_VIDEO;
+    printf("%s%s: %s (%s), transformer %s, text encoders %s\n", first,
+           m->name && m->name[0] ? m->name : "(unnamed)", m->pipeline,
+           video ? "text-to-video"
+                 : m->task == DITSERVE__V1__TASK__TASK_TEXT_TO_IMAGE ? "text-to-image" : "task not reported",
+           m->transformer && m->transformer[0] ? m->transformer : "(not reported)",
+           m->has_text_encoders ? "yes" : "no");
+    printf("%s  defaults: %dx%d, %d steps", indent, m->default_width, m->default_height,
+           m->default_steps);
+    if (video)
+        printf(", %d frames at %d fps", m->default_num_frames, m->default_fps);
+    putchar('\n');
+    if (m->layout) {
+        const Ditserve__V1__LayoutRules *l = m->layout;
+        printf("%s  allows: width and height multiples of %d, %dx%d pixels per token, token counts "
+               "multiples of %d, at most %lld pixels, %d steps, %d text tokens",
+               indent, l->size_multiple, l->pixels_per_token, l->pixels_per_token, l->token_divisor,
+               (long long)l->max_pixels, l->max_steps, l->max_sequence_length);
+        if (l->frame_step > 0)
+            printf(", num_frames %d x k + 1", l->frame_step);
+        putchar('\n');
+    }
+    if (m->n_config) {
+        printf("%s  config:", indent);
+        for (size_t i = 0; i < m->n_config; i++)
+            printf("%s %s %lld", i ? "," : "", m->config[i]->key, (long long)m->config[i]->value);
+        putchar('\n');
+    }
+}
+
 static int cmd_info(int argc, char **argv, ctl_common *common)
 {
-    int rc = ctl_parse(argc, argv, "info", info_usage, NULL, "", NULL, NULL, common, NULL);
+    int rc = ctl_parse(argc, argv, "info", &info_help, NULL, 0, NULL, common, NULL);
     if (rc)
         return rc == CTL_HELP_SHOWN ? 0 : rc;
     dit_client *c;
@@ -601,6 +657,8 @@ static int cmd_info(int argc, char **argv, ctl_common *common)
         printf("mesh_state: %s\n", si->mesh_state);
     printf("comm: %s\n", si->comm);
     printf("worker_restarts: %lld\n", (long long)si->worker_restarts);
+    if (si->model)
+        print_model(si->model, "model: ");
 cleanup:
     if (si)
         ditserve__v1__server_info__free_unpacked(si, NULL);
@@ -613,7 +671,7 @@ cleanup:
 
 static int cmd_models(int argc, char **argv, ctl_common *common)
 {
-    int rc = ctl_parse(argc, argv, "models", models_usage, NULL, "", NULL, NULL, common, NULL);
+    int rc = ctl_parse(argc, argv, "models", &models_help, NULL, 0, NULL, common, NULL);
     if (rc)
         return rc == CTL_HELP_SHOWN ? 0 : rc;
     dit_client *c;
@@ -628,16 +686,8 @@ static int cmd_models(int argc, char **argv, ctl_common *common)
     }
     if (ml->n_models == 0)
         printf("(no models)\n");
-    for (size_t i = 0; i < ml->n_models; i++) {
-        const Ditserve__V1__ModelInfo *m = ml->models[i];
-        printf("%s: %s, %d double + %d single blocks, hidden %d, joint_attention_dim %d, "
-               "pooled_projection_dim %d, latent_channels %d, vae_scale_factor %d, "
-               "guidance_embeds %s, text encoders %s\n",
-               m->name[0] ? m->name : "(unnamed)", m->pipeline, m->num_layers, m->num_single_layers,
-               m->hidden_size, m->joint_attention_dim, m->pooled_projection_dim, m->latent_channels,
-               m->vae_scale_factor, m->guidance_embeds ? "yes" : "no",
-               m->has_text_encoders ? "yes" : "no");
-    }
+    for (size_t i = 0; i < ml->n_models; i++)
+        print_model(ml->models[i], "");
 cleanup:
     if (ml)
         ditserve__v1__list_models_response__free_unpacked(ml, NULL);
@@ -653,47 +703,54 @@ typedef struct warmup_args {
     int width, height, steps;
 } warmup_args;
 
-enum { OPT_W_MODEL = 1400, OPT_W_WIDTH, OPT_W_HEIGHT, OPT_W_STEPS };
-
-static int warmup_opt(void *ctx, int c, const char *arg)
+static int warmup_int(const char *v, int *out, char *err, size_t cap)
 {
-    warmup_args *a = ctx;
-    long v;
-    const char *name;
-    int *dst;
-    switch (c) {
-    case OPT_W_MODEL:
-        a->model = arg;
-        return 0;
-    case OPT_W_WIDTH:
-        name = "--width", dst = &a->width;
-        break;
-    case OPT_W_HEIGHT:
-        name = "--height", dst = &a->height;
-        break;
-    case OPT_W_STEPS:
-        name = "--steps", dst = &a->steps;
-        break;
-    default:
+    long n;
+    if (!ctl_parse_long(v, 0, INT32_MAX, &n)) {
+        snprintf(err, cap, "wants an integer from 0, not '%s'", v);
         return -1;
     }
-    if (!ctl_parse_long(arg, 0, INT32_MAX, &v))
-        return ctl_usage_error("warmup", "%s wants an integer from 0, not '%s'", name, arg);
-    *dst = (int)v;
+    *out = (int)n;
     return 0;
 }
 
+#define WARG(t) ((warmup_args *)CTL(t)->cmd)
+
+static int set_w_model(void *t, const char *v, char *err, size_t cap)
+{
+    UNUSED_ERR;
+    WARG(t)->model = v;
+    return 0;
+}
+
+static int set_w_width(void *t, const char *v, char *err, size_t cap)
+{
+    return warmup_int(v, &WARG(t)->width, err, cap);
+}
+
+static int set_w_height(void *t, const char *v, char *err, size_t cap)
+{
+    return warmup_int(v, &WARG(t)->height, err, cap);
+}
+
+static int set_w_steps(void *t, const char *v, char *err, size_t cap)
+{
+    return warmup_int(v, &WARG(t)->steps, err, cap);
+}
+
+static const dit_option warmup_opts[] = {
+    CUSTOM("model", 0, "NAME", "the model (default: the daemon's only model)", NULL, set_w_model),
+    CUSTOM("width", 0, "W", "pixels (default 0: the daemon's default, 1024)", NULL, set_w_width),
+    CUSTOM("height", 0, "H", "pixels (default 0: the daemon's default, 1024)", NULL, set_w_height),
+    CUSTOM("steps", 0, "N", "denoising steps (default 0: the daemon's default, 1)", NULL,
+           set_w_steps),
+};
+
 static int cmd_warmup(int argc, char **argv, ctl_common *common)
 {
-    static const struct option opts[] = {
-        {"model", required_argument, NULL, OPT_W_MODEL},
-        {"width", required_argument, NULL, OPT_W_WIDTH},
-        {"height", required_argument, NULL, OPT_W_HEIGHT},
-        {"steps", required_argument, NULL, OPT_W_STEPS},
-        {NULL, 0, NULL, 0},
-    };
     warmup_args a = {0};
-    int rc = ctl_parse(argc, argv, "warmup", warmup_usage, opts, "", warmup_opt, &a, common, NULL);
+    int rc = ctl_parse(argc, argv, "warmup", &warmup_help, warmup_opts,
+                       sizeof warmup_opts / sizeof *warmup_opts, &a, common, NULL);
     if (rc)
         return rc == CTL_HELP_SHOWN ? 0 : rc;
     dit_client *c;
@@ -724,6 +781,17 @@ static const command commands[] = {
     {"models", cmd_models},     {"warmup", cmd_warmup}, {"bench", ctl_bench},
 };
 
+static void print_main_help(const dit_options *o, FILE *out)
+{
+    (void)o;
+    fputs(main_usage, out);
+    fprintf(out, "\nOptions:\n  %-31s%s\n  %-31s%s\n\n", "-h, --help", "this help", "--version",
+            "print the version");
+    print_common(out);
+    fputc('\n', out);
+    fputs(EXIT_HELP, out);
+}
+
 static const char *const command_names[] = {"generate", "health", "info", "models",
                                             "warmup",   "bench",  "help", NULL};
 
@@ -747,53 +815,34 @@ int main(int argc, char **argv)
 {
     ctl_common common;
     memset(&common, 0, sizeof common);
-    const char *env = getenv("DITCTL_TARGET");
-    if (env && env[0])
-        common.copts.target = env;
-    env = getenv("DITCTL_TOKEN");
-    if (env && env[0])
-        common.copts.token = env;
-
-    struct option opts[N_COMMON + 3];
-    for (size_t i = 0; i < N_COMMON; i++)
-        opts[i] = common_opts[i];
-    opts[N_COMMON] = (struct option){"help", no_argument, NULL, 'h'};
-    opts[N_COMMON + 1] = (struct option){"version", no_argument, NULL, OPT_VERSION};
-    opts[N_COMMON + 2] = (struct option){NULL, 0, NULL, 0};
-
-    /* '+': stop at the command name; what follows is the command's. */
-    optind = 0;
-    opterr = 0;
-    int c;
-    while ((c = getopt_long(argc, argv, "+:h", opts, NULL)) != -1) {
-        int rc;
-        if (c == 'h') {
-            print_usage(main_usage, false);
-            return 0;
-        }
-        if (c == OPT_VERSION) {
-            printf("ditctl %s\n", DIT_VERSION);
-            return 0;
-        }
-        if (c == ':')
-            return ctl_usage_error(NULL, "option '%s' needs a value", opt_text(argv, argc));
-        if ((rc = common_option(NULL, &common, c, optarg)) < 0)
-            return unknown_option(NULL, opt_text(argv, argc), opts);
-        if (rc)
-            return rc;
-    }
-    if (optind >= argc)
+    /* The connection options before the command, and their variables (an
+     * empty one counts as unset); the command's own parse reads the same
+     * options after its name. */
+    const dit_options table = {.prog = "ditctl",
+                               .version = DIT_VERSION,
+                               .opts = common_opts,
+                               .n_opts = N_COMMON,
+                               .stop_at_positional = true,
+                               .empty_env_unset = true,
+                               .see_also = "run 'ditctl --help' for the commands",
+                               .print_help = print_main_help};
+    ctl_target t = {.common = &common};
+    int first = 0;
+    const int prc = dit_options_parse(&table, &t, argc, argv, &first);
+    if (prc != 0)
+        return prc == 1 ? 0 : CTL_EXIT_USAGE;
+    if (first >= argc)
         return ctl_usage_error(NULL, "%s", "a command is required");
-    const char *name = argv[optind];
+    const char *name = argv[first];
     if (strcmp(name, "help") == 0) {
-        if (optind + 1 >= argc) {
-            print_usage(main_usage, false);
+        if (first + 1 >= argc) {
+            print_main_help(NULL, stdout);
             return 0;
         }
-        const command *cmd = find_command(argv[optind + 1]);
+        const command *cmd = find_command(argv[first + 1]);
         if (!cmd)
-            return unknown_command(argv[optind + 1]);
-        char *help_argv[] = {argv[optind + 1], (char *)"--help", NULL};
+            return unknown_command(argv[first + 1]);
+        char *help_argv[] = {argv[first + 1], (char *)"--help", NULL};
         return cmd->run(2, help_argv, &common);
     }
     const command *cmd = find_command(name);
@@ -802,7 +851,7 @@ int main(int argc, char **argv)
     ctl_catch_signals();
     if (!getenv("GRPC_VERBOSITY"))
         gpr_set_log_function(drop_grpc_log);
-    const int rc = cmd->run(argc - optind, argv + optind, &common);
+    const int rc = cmd->run(argc - first, argv + first, &common);
     /* A call stopped by Ctrl-C ends CANCELLED; say "interrupted" the way
      * shells and scripts expect (128 + the signal: 130 for SIGINT, 143 for
      * SIGTERM), not "failed". */

@@ -3,10 +3,10 @@
 #ifndef DIT_CLIENT_DITCTL_H
 #define DIT_CLIENT_DITCTL_H
 
-#include <getopt.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 
+#include "core/options.h"
 #include "ditclient.h"
 
 enum {
@@ -48,10 +48,13 @@ int ctl_rpc_error(const dit_rpc_status *st);
  * Prints the reason and returns CTL_EXIT_FAIL on failure. */
 int ctl_open(const ctl_common *common, double default_timeout, dit_client **out);
 
-/* Help text for the connection options, shared by every command's help. */
-extern const char ctl_common_help[];
-/* Help text for the request options of generate and bench. */
-extern const char ctl_request_help[];
+/* Where the option setters write: connection options to common, request
+ * options to req, a command's own options to cmd (its argument struct). */
+typedef struct ctl_target {
+    ctl_common *common;
+    ctl_request *req;
+    void *cmd;
+} ctl_target;
 
 void ctl_request_init(ctl_request *r);
 
@@ -60,15 +63,21 @@ void ctl_request_init(ctl_request *r);
  * does. Returns true when it printed a warning. */
 bool ctl_request_warn(const ctl_request *r);
 
-/* Parses a command's arguments. The table `cmd_opts` (terminated by a zero
- * entry; may be NULL) holds the command's own options, which `handle` gets
- * with their getopt value; connection options, --help, and (when `req` is
- * not NULL) the request options are handled here. `usage` is printed for
- * --help. Returns 0, CTL_HELP_SHOWN, or CTL_EXIT_USAGE (already reported). */
-typedef int (*ctl_opt_handler)(void *ctx, int opt, const char *arg);
-int ctl_parse(int argc, char **argv, const char *cmd, const char *usage,
-              const struct option *cmd_opts, const char *cmd_shortopts, ctl_opt_handler handle,
-              void *ctx, ctl_common *common, ctl_request *req);
+/* A command's help: `intro` (the usage lines and what it does), its own
+ * options, the request options (with a request), the connection options,
+ * then `epilog` (its exit status). */
+typedef struct ctl_help {
+    const char *intro, *epilog;
+} ctl_help;
+
+/* Parses a command's arguments with one option table (core/options.h): the
+ * command's own options (`cmd_opts`, n_cmd of them; their setters get a
+ * ctl_target whose cmd is `cmd`), the request options when `req` is not
+ * NULL, and the connection options. --help prints from the same tables.
+ * Returns 0, CTL_HELP_SHOWN, or CTL_EXIT_USAGE (already reported). */
+int ctl_parse(int argc, char **argv, const char *cmd, const ctl_help *help,
+              const dit_option *cmd_opts, size_t n_cmd, void *cmd_ctx, ctl_common *common,
+              ctl_request *req);
 
 bool ctl_parse_long(const char *s, long lo, long hi, long *out);
 bool ctl_parse_double(const char *s, double lo, double hi, double *out);

@@ -18,7 +18,7 @@
 
 #include "ditctl.h"
 
-static const char bench_usage[] =
+static const ctl_help bench_help = {
     "usage: ditctl bench -n N -c C --prompt TEXT [request options] [--quiet]\n"
     "                    [connection options]\n"
     "\n"
@@ -33,18 +33,9 @@ static const char bench_usage[] =
     "    daemon overhead = latency - worker compute (mean and p50), also without the\n"
     "    queue wait and outside the server (latency - server total).\n"
     "The images are received and dropped. With --request-id ID the requests are\n"
-    "named ID-0, ID-1, ...; with --seed every request uses that seed.\n"
-    "\n"
-    "  -n, --requests N     requests to send (default 10)\n"
-    "  -c, --concurrency C  most requests in flight at once, 1 to 1024 (default 1)\n"
-    "  --quiet, -q          no progress line on stderr\n"
-    "\n"
-    "%s"
-    "\n"
-    "%s"
-    "\n"
+    "named ID-0, ID-1, ...; with --seed every request uses that seed.\n",
     "Exit status: 0 when every request ended OK; 1 when any failed or the run was\n"
-    "interrupted (the report is printed either way); 2 on bad command-line arguments.\n";
+    "interrupted (the report is printed either way); 2 on bad command-line arguments.\n"};
 
 typedef struct bench_args {
     ctl_request r;
@@ -52,25 +43,43 @@ typedef struct bench_args {
     bool quiet;
 } bench_args;
 
-static int bench_opt(void *ctx, int c, const char *arg)
+#define BARGS(t) ((bench_args *)((ctl_target *)(t))->cmd)
+
+static int set_requests(void *t, const char *v, char *err, size_t cap)
 {
-    bench_args *a = ctx;
-    switch (c) {
-    case 'n':
-        if (!ctl_parse_long(arg, 1, 10000000, &a->n))
-            return ctl_usage_error("bench", "-n wants a number of requests from 1, not '%s'", arg);
-        return 0;
-    case 'c':
-        if (!ctl_parse_long(arg, 1, 1024, &a->c))
-            return ctl_usage_error("bench", "-c wants a concurrency from 1 to 1024, not '%s'", arg);
-        return 0;
-    case 'q':
-        a->quiet = true;
-        return 0;
-    default:
+    if (!ctl_parse_long(v, 1, 10000000, &BARGS(t)->n)) {
+        snprintf(err, cap, "wants a number of requests from 1, not '%s'", v);
         return -1;
     }
+    return 0;
 }
+
+static int set_concurrency(void *t, const char *v, char *err, size_t cap)
+{
+    if (!ctl_parse_long(v, 1, 1024, &BARGS(t)->c)) {
+        snprintf(err, cap, "wants a concurrency from 1 to 1024, not '%s'", v);
+        return -1;
+    }
+    return 0;
+}
+
+static int set_quiet(void *t, const char *v, char *err, size_t cap)
+{
+    (void)err;
+    (void)cap;
+    BARGS(t)->quiet = v[0] == '1';
+    return 0;
+}
+
+/* The defaults are set through the setters, like any value. */
+static const dit_option bench_opts[] = {
+    {"requests", 'n', DIT_OPT_CUSTOM, "10", "N", "requests to send", NULL, 0, 0, 0, set_requests,
+     false},
+    {"concurrency", 'c', DIT_OPT_CUSTOM, "1", "C", "most requests in flight at once, 1 to 1024",
+     NULL, 0, 0, 0, set_concurrency, false},
+    {"quiet", 'q', DIT_OPT_FLAG, NULL, NULL, "no progress line on stderr", NULL, 0, 0, 0,
+     set_quiet, false},
+};
 
 typedef struct rec {
     int code; /* -1: not sent (interrupted) */
@@ -288,19 +297,11 @@ cleanup:
 
 int ctl_bench(int argc, char **argv, ctl_common *common)
 {
-    static const struct option opts[] = {
-        {"requests", required_argument, NULL, 'n'},
-        {"concurrency", required_argument, NULL, 'c'},
-        {"quiet", no_argument, NULL, 'q'},
-        {NULL, 0, NULL, 0},
-    };
     bench_args a;
     memset(&a, 0, sizeof a);
     ctl_request_init(&a.r);
-    a.n = 10;
-    a.c = 1;
-    int rc =
-        ctl_parse(argc, argv, "bench", bench_usage, opts, "n:c:q", bench_opt, &a, common, &a.r);
+    int rc = ctl_parse(argc, argv, "bench", &bench_help, bench_opts,
+                       sizeof bench_opts / sizeof *bench_opts, &a, common, &a.r);
     if (rc)
         return rc == CTL_HELP_SHOWN ? 0 : rc;
 

@@ -11,8 +11,8 @@
 #include "ditctl.h"
 #include "ditctl_output.h"
 
-static const char generate_usage[] =
-    "usage: ditctl generate --prompt TEXT -o OUT [request options] [--quiet]\n"
+static const ctl_help generate_help = {
+    "usage: ditctl generate --prompt TEXT -o FILE [request options] [--quiet]\n"
     "                       [connection options]\n"
     "\n"
     "Sends one Generate request and follows its events: the queue position, the start,\n"
@@ -20,23 +20,13 @@ static const char generate_usage[] =
     "Then writes the image and prints the request id, seed, size, the server's timings\n"
     "and the latency seen here.\n"
     "\n"
-    "  --output FILE, -o FILE  where to write the PNG; with --raw, a safetensors file\n"
-    "                       holding the tensor 'image' (3, H, W) in the dtype the daemon\n"
-    "                       sent (f32)\n"
-    "  --quiet, -q          print nothing but errors (no progress, no summary)\n"
-    "\n"
     "Progress goes to stderr: a bar when stderr is a terminal, otherwise a line for\n"
     "the queue, the start, every tenth of the steps and the VAE decode; both show the\n"
     "steps per second and the time left. The output path is checked before the request\n"
-    "is sent. Ctrl-C cancels the request (exit 130).\n"
-    "\n"
-    "%s"
-    "\n"
-    "%s"
-    "\n"
+    "is sent. Ctrl-C cancels the request (exit 130).\n",
     "Exit status: 0 on success; 1 on a gRPC error (printed as 'ditctl: STATUS: details',\n"
     "e.g. INVALID_ARGUMENT for a bad size, UNAVAILABLE when no daemon listens) or when\n"
-    "the output cannot be written; 2 on bad command-line arguments; 130 when interrupted.\n";
+    "the output cannot be written; 2 on bad command-line arguments; 130 when interrupted.\n"};
 
 typedef struct gen_args {
     ctl_request r;
@@ -44,22 +34,32 @@ typedef struct gen_args {
     bool quiet;
 } gen_args;
 
-static int gen_opt(void *ctx, int c, const char *arg)
+static int set_output(void *t, const char *v, char *err, size_t cap)
 {
-    gen_args *a = ctx;
-    switch (c) {
-    case 'o':
-        if (arg[0] == '\0')
-            return ctl_usage_error("generate", "%s", "--output is empty");
-        a->output = arg;
-        return 0;
-    case 'q':
-        a->quiet = true;
-        return 0;
-    default:
+    if (v[0] == '\0') {
+        snprintf(err, cap, "is empty");
         return -1;
     }
+    ((gen_args *)((ctl_target *)t)->cmd)->output = v;
+    return 0;
 }
+
+static int set_quiet(void *t, const char *v, char *err, size_t cap)
+{
+    (void)err;
+    (void)cap;
+    ((gen_args *)((ctl_target *)t)->cmd)->quiet = v[0] == '1';
+    return 0;
+}
+
+static const dit_option gen_opts[] = {
+    {"output", 'o', DIT_OPT_CUSTOM, NULL, "FILE",
+     "where to write the PNG; with --raw, a safetensors file holding the tensor 'image' (3, H, "
+     "W) in the dtype the daemon sent (f32)",
+     NULL, 0, 0, 0, set_output, false},
+    {"quiet", 'q', DIT_OPT_FLAG, NULL, NULL, "print nothing but errors (no progress, no summary)",
+     NULL, 0, 0, 0, set_quiet, false},
+};
 
 /* The live view on stderr. */
 typedef struct view {
@@ -186,16 +186,11 @@ static int on_result(void *user, const char *rid, const Ditserve__V1__Result *re
 
 int ctl_generate(int argc, char **argv, ctl_common *common)
 {
-    static const struct option opts[] = {
-        {"output", required_argument, NULL, 'o'},
-        {"quiet", no_argument, NULL, 'q'},
-        {NULL, 0, NULL, 0},
-    };
     gen_args a;
     memset(&a, 0, sizeof a);
     ctl_request_init(&a.r);
-    int rc =
-        ctl_parse(argc, argv, "generate", generate_usage, opts, "o:q", gen_opt, &a, common, &a.r);
+    int rc = ctl_parse(argc, argv, "generate", &generate_help, gen_opts,
+                       sizeof gen_opts / sizeof *gen_opts, &a, common, &a.r);
     if (rc)
         return rc == CTL_HELP_SHOWN ? 0 : rc;
     if (!a.output)

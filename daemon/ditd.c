@@ -13,6 +13,7 @@
 
 #include "config.h"
 #include "log.h"
+#include "model_info.h"
 #include "parallel/mesh.h"
 #include "pipelines/flux_pipeline.h"
 #include "reflection.h"
@@ -99,6 +100,43 @@ static dit_status check_warmup(const dit_daemon_config *cfg, const dit_pipeline_
         return dit_diag_set(diag, st, "--warmup %s: %s", cfg->warmup, why);
     }
     return DIT_OK;
+}
+
+/* What ListModels and GetServerInfo say about a probed FluxPipeline, in the
+ * family-neutral terms of model_info.h (a pipeline registry will do this
+ * per family). */
+static void describe_flux(const dit_pipeline_info *info, const dit_daemon_config *cfg,
+                          dit_model_info *m)
+{
+    const dit_flux_config *fc = &info->transformer;
+    *m = (dit_model_info){0};
+    m->pipeline_class = "FluxPipeline";
+    m->transformer_class = "FluxTransformer2DModel";
+    m->task = DIT_TASK_TEXT_TO_IMAGE;
+    m->has_text_encoders = info->has_text_encoders;
+    m->default_width = DIT_REQUEST_DEFAULT_SIZE;
+    m->default_height = DIT_REQUEST_DEFAULT_SIZE;
+    m->default_steps = DIT_REQUEST_DEFAULT_STEPS;
+    m->default_num_frames = 1;
+    m->default_fps = 0;
+    /* FluxPipeline packs 2x2 latent pixels into one token. */
+    m->size_multiple = 2 * info->vae_scale;
+    m->pixels_per_token = 2 * info->vae_scale;
+    dit_model_info_set_layout(m, &cfg->pc);
+    m->max_pixels = cfg->max_pixels;
+    m->max_steps = 1000;
+    m->max_sequence_length = 512;
+    m->frame_step = 0; /* images only */
+    dit_model_info_add_config(m, "num_layers", fc->num_layers);
+    dit_model_info_add_config(m, "num_single_layers", fc->num_single_layers);
+    dit_model_info_add_config(m, "num_attention_heads", fc->num_attention_heads);
+    dit_model_info_add_config(m, "attention_head_dim", fc->attention_head_dim);
+    dit_model_info_add_config(m, "in_channels", fc->in_channels);
+    dit_model_info_add_config(m, "joint_attention_dim", fc->joint_attention_dim);
+    dit_model_info_add_config(m, "pooled_projection_dim", fc->pooled_projection_dim);
+    dit_model_info_add_config(m, "guidance_embeds", fc->guidance_embeds ? 1 : 0);
+    dit_model_info_add_config(m, "latent_channels", info->latent_channels);
+    dit_model_info_add_config(m, "vae_scale_factor", info->vae_scale);
 }
 
 /* The bearer token: the file's first line, at least 16 bytes. */
@@ -270,6 +308,9 @@ int main(int argc, char **argv)
         rc = 2;
         goto cleanup;
     }
+    /* What ListModels and GetServerInfo report and Generate checks frames
+     * against: the probed pipeline's own description. */
+    describe_flux(&s->info, &d->cfg, &s->model);
     if (!s->info.has_text_encoders)
         DIT_LOG(lg, DIT_LOG_WARN, "main",
                 "%s has no text encoders: requests must bring prompt_embeds", d->cfg.model);

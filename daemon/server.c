@@ -8,13 +8,13 @@
 
 #include "grpc_health_v1_health.pb-c.h"
 #include "serve/request.h"
+#include "status_map.h"
 
 struct job {
-    job *next;
+    dit_queue_item qi; /* its place in dit_server.queue; qi.priority is the request's */
     dit_server *srv;
     job_kind kind;
     uint64_t id, seq;
-    int priority;
     char request_id[140];
     Ditserve__V1__GenerateRequest *req; /* owned */
     dit_rpc_call *call;                 /* NULL once the client is gone */
@@ -25,6 +25,8 @@ struct job {
     char warning[300];      /* a request field without effect; Result.warnings */
     char cancel_reason[200]; /* why a running job was cancelled, for the request log */
 };
+
+#define JOB_OF(it) DIT_QUEUE_ENTRY(it, job, qi)
 
 static double now_ms(void)
 {
@@ -74,31 +76,6 @@ static void send_queued(job *j, int position, int depth)
     ev.queued = &q;
     send_event(j, &ev);
     j->last_position = position;
-}
-
-static grpc_status_code grpc_code_of(dit_status st)
-{
-    switch (st) {
-    case DIT_OK:
-        return GRPC_STATUS_OK;
-    case DIT_ERR_CANCELLED:
-        return GRPC_STATUS_CANCELLED;
-    case DIT_ERR_INVALID_ARG:
-    case DIT_ERR_FORMAT:
-        return GRPC_STATUS_INVALID_ARGUMENT;
-    case DIT_ERR_NOT_FOUND:
-        return GRPC_STATUS_NOT_FOUND;
-    case DIT_ERR_NOMEM:
-        return GRPC_STATUS_RESOURCE_EXHAUSTED;
-    case DIT_ERR_PEER:
-    case DIT_ERR_TIMEOUT:
-    case DIT_ERR_DEVICE:
-        return GRPC_STATUS_UNAVAILABLE;
-    case DIT_ERR_UNSUPPORTED:
-        return GRPC_STATUS_UNIMPLEMENTED;
-    default:
-        return GRPC_STATUS_INTERNAL;
-    }
 }
 
 /* ------------------------------------------------------------------------ */
@@ -212,36 +189,23 @@ static void on_health_watch_cancel(void *ctx, dit_rpc_call *call)
 
 static void update_positions(dit_server *s)
 {
-    dit_metrics_gauges(s->metrics, s->queued, s->running ? 1 : 0);
+    const int queued = dit_queue_length(&s->queue);
+    dit_metrics_gauges(s->metrics, queued, s->running ? 1 : 0);
     /* The running job is ahead of every queued one: "0 ahead" must mean
      * "runs at once". Only Generate streams get the update: a Warmup call is
      * unary, and a second message before its WarmupResponse would break it. */
     int pos = s->running ? 1 : 0;
-    for (job *j = s->queue; j; j = j->next, pos++)
+    for (dit_queue_item *it = dit_queue_peek(&s->queue); it; it = dit_queue_next(it), pos++) {
+        job *j = JOB_OF(it);
         if (j->kind == JOB_GENERATE && j->last_position != pos)
-            send_queued(j, pos, s->queued);
+            send_queued(j, pos, queued);
+    }
 }
 
 static void enqueue(dit_server *s, job *j)
 {
-    job **pp = &s->queue;
-    while (*pp && (*pp)->priority >= j->priority)
-        pp = &(*pp)->next;
-    j->next = *pp;
-    *pp = j;
-    s->queued++;
+    dit_queue_push(&s->queue, &j->qi);
     j->last_position = -1;
-}
-
-static void unlink_queued(dit_server *s, job *j)
-{
-    job **pp = &s->queue;
-    while (*pp && *pp != j)
-        pp = &(*pp)->next;
-    if (*pp) {
-        *pp = j->next;
-        s->queued--;
-    }
 }
 
 static void fail_job(job *j, grpc_status_code code, const char *msg)
@@ -255,10 +219,8 @@ static void fail_job(job *j, grpc_status_code code, const char *msg)
 
 static void try_dispatch(dit_server *s)
 {
-    while (!s->running && s->queue && dit_supervisor_idle(s->sup)) {
-        job *j = s->queue;
-        s->queue = j->next;
-        s->queued--;
+    while (!s->running && dit_queue_peek(&s->queue) && dit_supervisor_idle(s->sup)) {
+        job *j = JOB_OF(dit_queue_pop(&s->queue));
         if (!j->call && j->kind != JOB_STARTUP_WARMUP) {
             job_free(j); /* the client left while it waited */
             continue;
@@ -336,8 +298,9 @@ static bool admit(dit_server *s, dit_rpc_call *call)
         dit_rpc_call_finish(call, GRPC_STATUS_UNAVAILABLE, msg);
         return false;
     }
-    if (s->queued >= s->cfg->max_queue) {
-        snprintf(msg, sizeof msg, "the queue is full (%d requests waiting); retry later", s->queued);
+    if (dit_queue_length(&s->queue) >= s->cfg->max_queue) {
+        snprintf(msg, sizeof msg, "the queue is full (%d requests waiting); retry later",
+                 dit_queue_length(&s->queue));
         dit_rpc_call_finish(call, GRPC_STATUS_RESOURCE_EXHAUSTED, msg);
         return false;
     }
@@ -399,7 +362,7 @@ static job *new_job(dit_server *s, job_kind kind, Ditserve__V1__GenerateRequest 
     j->req = r;
     j->call = call;
     j->arrived_ms = now_ms();
-    j->priority = kind == JOB_GENERATE ? r->priority : INT_MAX;
+    j->qi.priority = kind == JOB_GENERATE ? r->priority : INT_MAX;
     if (r->request_id && *r->request_id)
         snprintf(j->request_id, sizeof j->request_id, "%s", r->request_id);
     else
@@ -430,7 +393,8 @@ static void on_generate(void *ctx, dit_rpc_call *call, const uint8_t *req, size_
     }
     if (!model_ok(s, call, r->model))
         goto reject;
-    if (dit_request_validate(r, &s->info, &diag) != DIT_OK) {
+    if (dit_model_info_check_frames(&s->model, r->num_frames, r->fps, &diag) != DIT_OK ||
+        dit_request_validate(r, &s->info, &diag) != DIT_OK) {
         dit_rpc_call_finish(call, GRPC_STATUS_INVALID_ARGUMENT, dit_diag_msg(&diag));
         goto reject;
     }
@@ -494,7 +458,7 @@ static void on_job_cancel(void *ctx, dit_rpc_call *call)
         dit_log_request(s->log, j->request_id, s->cfg->model_name, j->width, j->height, j->steps,
                         now_ms() - j->arrived_ms, 0, "CANCELLED", "left the queue");
         dit_metrics_request(s->metrics, "CANCELLED", (now_ms() - j->arrived_ms) / 1e3, -1);
-        unlink_queued(s, j);
+        dit_queue_remove(&s->queue, &j->qi);
         job_free(j);
         update_positions(s);
     }
@@ -563,8 +527,8 @@ static void queue_startup_warmup(dit_server *s)
 {
     if (!s->cfg->warmup || s->warmed)
         return;
-    for (job *j = s->queue; j; j = j->next)
-        if (j->kind == JOB_STARTUP_WARMUP)
+    for (dit_queue_item *it = dit_queue_peek(&s->queue); it; it = dit_queue_next(it))
+        if (JOB_OF(it)->kind == JOB_STARTUP_WARMUP)
             return;
     if (s->running && s->running->kind == JOB_STARTUP_WARMUP)
         return;
@@ -688,7 +652,7 @@ static void on_done(void *ctx, uint64_t job_id, dit_status st, const char *messa
     }
     s->running = NULL;
     const double compute_ms = now_ms() - j->started_ms;
-    grpc_status_code code = grpc_code_of(st);
+    grpc_status_code code = dit_status_to_grpc(st);
     char detail[1300];
     if (st == DIT_OK && j->warning[0])
         snprintf(detail, sizeof detail, "warning: %s", j->warning);
@@ -773,6 +737,50 @@ dit_supervisor_events dit_server_mesh_events(dit_server *s)
 /* ------------------------------------------------------------------------ */
 /* Info, models, reflection                                                  */
 
+/* ditserve.v1.ModelInfo from the served pipeline's description; the
+ * pointers point into m, rules and entries (the caller's storage). */
+typedef struct model_msg {
+    Ditserve__V1__ModelInfo info;
+    Ditserve__V1__LayoutRules rules;
+    Ditserve__V1__ModelInfo__ConfigEntry entries[DIT_MODEL_MAX_CONFIG];
+    Ditserve__V1__ModelInfo__ConfigEntry *entry_ptrs[DIT_MODEL_MAX_CONFIG];
+} model_msg;
+
+static void fill_model_info(const dit_server *s, model_msg *out)
+{
+    const dit_model_info *m = &s->model;
+    ditserve__v1__model_info__init(&out->info);
+    ditserve__v1__layout_rules__init(&out->rules);
+    Ditserve__V1__ModelInfo *mi = &out->info;
+    mi->name = (char *)s->cfg->model_name;
+    mi->pipeline = (char *)m->pipeline_class;
+    mi->transformer = (char *)m->transformer_class;
+    mi->task = m->task == DIT_TASK_TEXT_TO_VIDEO ? DITSERVE__V1__TASK__TASK_TEXT_TO_VIDEO
+                                                 : DITSERVE__V1__TASK__TASK_TEXT_TO_IMAGE;
+    mi->has_text_encoders = m->has_text_encoders;
+    mi->default_width = m->default_width;
+    mi->default_height = m->default_height;
+    mi->default_steps = m->default_steps;
+    mi->default_num_frames = m->default_num_frames;
+    mi->default_fps = m->default_fps;
+    out->rules.size_multiple = m->size_multiple;
+    out->rules.pixels_per_token = m->pixels_per_token;
+    out->rules.token_divisor = m->token_divisor;
+    out->rules.max_pixels = m->max_pixels;
+    out->rules.max_steps = m->max_steps;
+    out->rules.max_sequence_length = m->max_sequence_length;
+    out->rules.frame_step = m->frame_step;
+    mi->layout = &out->rules;
+    for (int i = 0; i < m->n_config; i++) {
+        ditserve__v1__model_info__config_entry__init(&out->entries[i]);
+        out->entries[i].key = (char *)m->config[i].key;
+        out->entries[i].value = m->config[i].value;
+        out->entry_ptrs[i] = &out->entries[i];
+    }
+    mi->n_config = (size_t)m->n_config;
+    mi->config = out->entry_ptrs;
+}
+
 static void on_server_info(void *ctx, dit_rpc_call *call, const uint8_t *req, size_t len)
 {
     (void)req;
@@ -799,7 +807,7 @@ static void on_server_info(void *ctx, dit_rpc_call *call, const uint8_t *req, si
     }
     info.n_devices = (size_t)(pc->world_size < 64 ? pc->world_size : 64);
     info.devices = devices;
-    info.queue_depth = s->queued;
+    info.queue_depth = dit_queue_length(&s->queue);
     info.max_queue = s->cfg->max_queue;
     info.running = s->running ? 1 : 0;
     const dit_mesh_state ms = dit_supervisor_state(s->sup);
@@ -810,6 +818,9 @@ static void on_server_info(void *ctx, dit_rpc_call *call, const uint8_t *req, si
                                                            : (char *)dit_mesh_state_name(ms);
     info.comm = pc->world_size == 1 ? "none" : s->cfg->backend == DIT_BACKEND_CUDA ? "nccl" : "shm";
     info.worker_restarts = dit_supervisor_restarts(s->sup);
+    model_msg m;
+    fill_model_info(s, &m);
+    info.model = &m.info;
     send_packed(call, &info.base);
     dit_rpc_call_finish(call, GRPC_STATUS_OK, NULL);
 }
@@ -819,20 +830,9 @@ static void on_list_models(void *ctx, dit_rpc_call *call, const uint8_t *req, si
     (void)req;
     (void)len;
     dit_server *s = ctx;
-    const dit_flux_config *fc = &s->info.transformer;
-    Ditserve__V1__ModelInfo m = DITSERVE__V1__MODEL_INFO__INIT;
-    m.name = (char *)s->cfg->model_name;
-    m.pipeline = "FluxPipeline";
-    m.num_layers = fc->num_layers;
-    m.num_single_layers = fc->num_single_layers;
-    m.hidden_size = fc->inner_dim;
-    m.guidance_embeds = fc->guidance_embeds;
-    m.vae_scale_factor = s->info.vae_scale;
-    m.has_text_encoders = s->info.has_text_encoders;
-    m.joint_attention_dim = fc->joint_attention_dim;
-    m.pooled_projection_dim = fc->pooled_projection_dim;
-    m.latent_channels = s->info.latent_channels;
-    Ditserve__V1__ModelInfo *list[1] = {&m};
+    model_msg m;
+    fill_model_info(s, &m);
+    Ditserve__V1__ModelInfo *list[1] = {&m.info};
     Ditserve__V1__ListModelsResponse resp = DITSERVE__V1__LIST_MODELS_RESPONSE__INIT;
     resp.n_models = 1;
     resp.models = list;
@@ -898,15 +898,14 @@ void dit_server_drain(dit_server *s)
 
 int dit_server_pending(const dit_server *s)
 {
-    return s->queued + (s->running ? 1 : 0);
+    return dit_queue_length(&s->queue) + (s->running ? 1 : 0);
 }
 
 void dit_server_abort_pending(dit_server *s, const char *why)
 {
-    while (s->queue) {
-        job *j = s->queue;
-        s->queue = j->next;
-        s->queued--;
+    dit_queue_item *it;
+    while ((it = dit_queue_pop(&s->queue)) != NULL) {
+        job *j = JOB_OF(it);
         fail_job(j, GRPC_STATUS_UNAVAILABLE, why);
         job_free(j);
     }
@@ -920,11 +919,9 @@ void dit_server_abort_pending(dit_server *s, const char *why)
 
 void dit_server_free_jobs(dit_server *s)
 {
-    while (s->queue) {
-        job *j = s->queue;
-        s->queue = j->next;
-        job_free(j);
-    }
+    dit_queue_item *it;
+    while ((it = dit_queue_pop(&s->queue)) != NULL)
+        job_free(JOB_OF(it));
     job_free(s->running);
     s->running = NULL;
     free(s->watchers);

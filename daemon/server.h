@@ -13,6 +13,8 @@
 
 #include "config.h"
 #include "metrics.h"
+#include "model_info.h"
+#include "queue.h"
 #include "ditserve_v1_generation.pb-c.h"
 #include "pipelines/flux_pipeline.h"
 #include "reflection.h"
@@ -32,13 +34,13 @@ typedef struct dit_server {
     const dit_daemon_config *cfg;
     const dit_log *log;
     dit_pipeline_info info;
+    dit_model_info model; /* what clients are told about the served pipeline */
     dit_rpc_server *rpc;
     int port;
     dit_supervisor *sup;
     dit_reflection *refl;
     dit_metrics *metrics; /* NULL: no metrics endpoint */
-    job *queue;   /* waiting, highest priority first, then arrival */
-    int queued;
+    dit_queue queue; /* waiting jobs, highest priority first, then arrival */
     job *running;
     uint64_t next_job_id, next_seq;
     bool draining;

@@ -17,22 +17,31 @@
 
 #include "comm/shm/comm_shm.h"
 #include "ipc_wire.h"
+#include "join.h"
 
 #define SUP_MAX_RANKS DIT_SHM_MAX_RANKS
 #define SUP_BACKOFF_MIN_S 1.0
 #define SUP_BACKOFF_MAX_S 30.0
-/* A joining connection must finish the handshake within this, in frames of
- * at most SUP_PREAUTH_BYTES. */
-#define SUP_JOIN_AUTH_S 5.0
-#define SUP_PREAUTH_BYTES 4096
-/* Handshakes in progress at once; a new connection beyond this closes the
- * oldest one, so idle sockets cannot lock real workers out (an honest
- * handshake takes one round trip). */
-#define SUP_PREAUTH_MAX 32
 /* How often the pool of joined workers is looked at (and stale handshakes
  * dropped), and how often a mesh missing ranks says so. */
 #define SUP_JOIN_TICK_MS 500
 #define SUP_JOIN_REMIND_S 30.0
+
+/* Where the mesh is. Each phase maps to one public dit_mesh_state (the
+ * STARTING, READY and RESTARTING ones have steps callers need not see);
+ * `stopping` and `destroyed` stay apart, as requests that outlive the
+ * phases they are made in. */
+typedef enum sup_phase {
+    PH_STOPPED,   /* STOPPED: before the start, after the stop */
+    PH_GATHERING, /* STARTING: spawned, waiting for every rank's hello (or join) */
+    PH_MESH_ID,   /* STARTING: the setup went to rank 0, waiting for its NCCL id */
+    PH_LOADING,   /* STARTING: the setup went to every rank, waiting for each ready */
+    PH_READY,     /* READY: idle */
+    PH_RUNNING,   /* READY: a job is on the workers */
+    PH_TEARDOWN,  /* RESTARTING: waiting for the processes and connections to close */
+    PH_BACKOFF,   /* RESTARTING: torn down, waiting to start again */
+    PH_STOPPING,  /* STOPPING: waiting for the processes and connections to close */
+} sup_phase;
 
 typedef struct worker_slot {
     dit_supervisor *s;
@@ -54,20 +63,16 @@ typedef struct conn {
     dit_ipc_reader reader;
     int rank; /* -1 until hello (or, joined, until a rank is assigned) */
     bool closing;
-    /* Joined workers only. */
-    bool tcp, authed;
+    bool tcp; /* a worker that joins over TCP: read by the join handshake until it has joined */
     /* Part of the mesh: a spawned worker's connection, or a joined one
      * with a rank. Teardowns wait for these alone (open_conns); the pool
      * and handshakes in progress are counted in open_joiners. */
     bool counted;
-    int want_rank; /* -1: any */
-    double since_s; /* when the connection was accepted */
-    uint64_t seq;   /* arrival order */
-    unsigned char nonce[DIT_JOIN_NONCE_BYTES];
-    char peer[80];
-    int pid;
+    dit_joiner jp; /* TCP only: the handshake's state (join.h) */
     struct conn *next;
 } conn;
+
+#define CONN_OF_JOINER(p) ((conn *)(void *)((char *)(p) - offsetof(conn, jp)))
 
 struct dit_supervisor {
     uv_loop_t *loop;
@@ -84,25 +89,20 @@ struct dit_supervisor {
     bool join_open;
     int join_port;
     double join_reminded_s;
-    char host_id[320];
+    dit_joiners *joiners; /* with remote ranks: the handshake and the pool */
     unsigned char nccl_id[256];
     size_t nccl_id_len;
-    bool awaiting_mesh_id;
-    bool setup_sent; /* this mesh's setup went out (every rank was present) */
     int handles_open; /* closed in destroy; free when 0 */
     conn *conns;
     conn *by_rank[SUP_MAX_RANKS];
     int open_procs, open_conns, open_joiners;
-    uint64_t conn_seq;
-    bool torn_down; /* check_torn_down acted for this teardown */
     bool destroyed; /* destroy was called: free once handles_open is 0 */
     dit_shm_segment *seg;
     char shm_name[64];
-    dit_mesh_state state;
+    sup_phase phase;
     int hellos, readies;
     bool rank_ready[SUP_MAX_RANKS], rank_done[SUP_MAX_RANKS]; /* counted once each */
-    /* The job on the workers. */
-    bool job_running;
+    /* The job on the workers (PH_RUNNING). */
     uint64_t job_id;
     int job_done_ranks;
     dit_status job_status;
@@ -123,14 +123,37 @@ const char *dit_mesh_state_name(dit_mesh_state s)
     return (unsigned)s < 5 ? names[s] : "unknown";
 }
 
-static void set_state(dit_supervisor *s, dit_mesh_state st)
+static dit_mesh_state public_state(sup_phase ph)
 {
-    if (s->state == st)
+    switch (ph) {
+    case PH_GATHERING:
+    case PH_MESH_ID:
+    case PH_LOADING:
+        return DIT_MESH_STARTING;
+    case PH_READY:
+    case PH_RUNNING:
+        return DIT_MESH_READY;
+    case PH_TEARDOWN:
+    case PH_BACKOFF:
+        return DIT_MESH_RESTARTING;
+    case PH_STOPPING:
+        return DIT_MESH_STOPPING;
+    case PH_STOPPED:
+        break;
+    }
+    return DIT_MESH_STOPPED;
+}
+
+/* Moves to ph; callers hear of it only when the public state changes. */
+static void set_phase(dit_supervisor *s, sup_phase ph)
+{
+    const dit_mesh_state before = public_state(s->phase), after = public_state(ph);
+    s->phase = ph;
+    if (before == after)
         return;
-    s->state = st;
-    DIT_LOG(s->log, DIT_LOG_INFO, "mesh", "state: %s", dit_mesh_state_name(st));
+    DIT_LOG(s->log, DIT_LOG_INFO, "mesh", "state: %s", dit_mesh_state_name(after));
     if (s->ev.state_changed)
-        s->ev.state_changed(s->ev.ctx, st);
+        s->ev.state_changed(s->ev.ctx, after);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -177,8 +200,10 @@ static void check_torn_down(dit_supervisor *s);
 static void maybe_free(dit_supervisor *s)
 {
     if (s->destroyed && s->handles_open == 0 && s->open_conns == 0 && s->open_joiners == 0 &&
-        s->open_procs == 0)
+        s->open_procs == 0) {
+        dit_joiners_destroy(s->joiners);
         free(s);
+    }
 }
 
 static void on_conn_closed(uv_handle_t *h)
@@ -203,6 +228,8 @@ static void detach_conn(conn *c)
     dit_supervisor *s = c->s;
     if (c->rank >= 0 && s->by_rank[c->rank] == c)
         s->by_rank[c->rank] = NULL;
+    if (c->tcp && s->joiners)
+        dit_joiners_remove(s->joiners, &c->jp);
     conn **pp = &s->conns;
     while (*pp && *pp != c)
         pp = &(*pp)->next;
@@ -243,11 +270,11 @@ static void close_conn_flushed(conn *c)
     uv_close(&c->h.handle, on_conn_closed);
 }
 
+/* Reports the job that was on the workers as ended; the caller has moved the
+ * phase on from PH_RUNNING first (so that whoever hears of it sees where
+ * the mesh now is). */
 static void finish_job(dit_supervisor *s, dit_status st, const char *msg)
 {
-    if (!s->job_running)
-        return;
-    s->job_running = false;
     uv_timer_stop(&s->watchdog_timer);
     Ditserve__Ipc__Envelope *res = st == DIT_OK ? s->job_result : NULL;
     if (st != DIT_OK && s->job_result)
@@ -271,17 +298,16 @@ static void on_backoff(uv_timer_t *t)
 
 static void check_torn_down(dit_supervisor *s)
 {
-    if (s->open_procs > 0 || s->open_conns > 0 || s->torn_down || s->destroyed)
+    if (s->open_procs > 0 || s->open_conns > 0 || s->destroyed)
         return;
-    if (s->state != DIT_MESH_RESTARTING && s->state != DIT_MESH_STOPPING)
+    if (s->phase != PH_TEARDOWN && s->phase != PH_STOPPING)
         return;
-    s->torn_down = true;
     if (s->seg) {
         dit_shm_segment_destroy(s->seg);
         s->seg = NULL;
     }
     if (s->stopping) {
-        set_state(s, DIT_MESH_STOPPED);
+        set_phase(s, PH_STOPPED);
         uv_timer_stop(&s->kill_timer);
         if (s->stop_done) {
             void (*done)(void *) = s->stop_done;
@@ -290,6 +316,7 @@ static void check_torn_down(dit_supervisor *s)
         }
         return;
     }
+    set_phase(s, PH_BACKOFF);
     DIT_LOG(s->log, DIT_LOG_INFO, "mesh", "restarting the workers in %.0f s", s->backoff_s);
     uv_timer_start(&s->backoff_timer, on_backoff, (uint64_t)(s->backoff_s * 1000), 0);
     s->backoff_s = s->backoff_s * 2 > SUP_BACKOFF_MAX_S ? SUP_BACKOFF_MAX_S : s->backoff_s * 2;
@@ -304,8 +331,9 @@ static void kill_all(dit_supervisor *s)
 
 void dit_supervisor_fail(dit_supervisor *s, const char *reason)
 {
-    if (s->state == DIT_MESH_RESTARTING || s->state == DIT_MESH_STOPPED ||
-        (s->state == DIT_MESH_STOPPING && !s->job_running))
+    const dit_mesh_state st = public_state(s->phase);
+    /* No job runs while the mesh stops (the stop ended it). */
+    if (st == DIT_MESH_RESTARTING || st == DIT_MESH_STOPPED || st == DIT_MESH_STOPPING)
         return;
     DIT_LOG(s->log, DIT_LOG_ERROR, "mesh", "%s; tearing the mesh down", reason);
     if (s->seg)
@@ -314,9 +342,11 @@ void dit_supervisor_fail(dit_supervisor *s, const char *reason)
     uv_timer_stop(&s->watchdog_timer);
     /* The state changes first, so that whoever hears of the failed job does
      * not hand the next one to this mesh. */
+    const bool job = s->phase == PH_RUNNING;
     if (!s->stopping)
-        set_state(s, DIT_MESH_RESTARTING);
-    finish_job(s, DIT_ERR_PEER, reason);
+        set_phase(s, PH_TEARDOWN);
+    if (job)
+        finish_job(s, DIT_ERR_PEER, reason);
     kill_all(s);
     /* The mesh's connections go; joined workers waiting for a rank stay for
      * the next mesh. */
@@ -378,7 +408,6 @@ static void send_setup(dit_supervisor *s)
 {
     dit_diag diag;
     dit_diag_clear(&diag);
-    s->setup_sent = true;
     if (s->L < s->N) {
         /* Every rank is here: from now on, loading has a deadline. */
         uv_timer_start(&s->startup_timer, on_startup_timeout,
@@ -390,7 +419,7 @@ static void send_setup(dit_supervisor *s)
         /* Rank 0 makes the NCCL id (and runs its bootstrap root); the others
          * get it once rank 0 has sent it (MeshId). */
         s->nccl_id_len = 0;
-        s->awaiting_mesh_id = true;
+        set_phase(s, PH_MESH_ID);
         send_setup_range(s, 0, 1);
         return;
     }
@@ -403,6 +432,7 @@ static void send_setup(dit_supervisor *s)
         }
         snprintf(s->shm_name, sizeof s->shm_name, "%s", sc.name);
     }
+    set_phase(s, PH_LOADING);
     send_setup_range(s, 0, s->N);
 }
 
@@ -413,7 +443,7 @@ static void drop_conn(conn *c, const char *why)
     dit_supervisor *s = c->s;
     const int rank = c->rank;
     DIT_LOG(s->log, DIT_LOG_WARN, "mesh", "%s from %s%d; closing it", why,
-            rank >= 0 ? "rank " : "a worker without a rank, pid ", rank >= 0 ? rank : c->pid);
+            rank >= 0 ? "rank " : "a worker without a rank, pid ", rank >= 0 ? rank : c->jp.pid);
     close_conn(c);
     if (rank >= 0 && !s->stopping) {
         char reason[200];
@@ -450,13 +480,13 @@ static void handle(conn *c, Ditserve__Ipc__Envelope *env)
     }
     case DITSERVE__IPC__ENVELOPE__MSG_MESH_ID: {
         const ProtobufCBinaryData *id = &env->mesh_id->nccl_id;
-        if (c->rank != 0 || !s->awaiting_mesh_id || id->len == 0 || id->len > sizeof s->nccl_id) {
+        if (c->rank != 0 || s->phase != PH_MESH_ID || id->len == 0 || id->len > sizeof s->nccl_id) {
             DIT_LOG(s->log, DIT_LOG_WARN, "mesh", "unexpected mesh id from rank %d; ignored", c->rank);
             break;
         }
         memcpy(s->nccl_id, id->data, id->len);
         s->nccl_id_len = id->len;
-        s->awaiting_mesh_id = false;
+        set_phase(s, PH_LOADING);
         send_setup_range(s, 1, s->N);
         break;
     }
@@ -478,11 +508,11 @@ static void handle(conn *c, Ditserve__Ipc__Envelope *env)
              * load): its name can go, so a killed ditd leaves nothing in
              * /dev/shm. */
             dit_shm_segment_unlink(s->seg);
-            set_state(s, DIT_MESH_READY);
+            set_phase(s, PH_READY);
         }
         break;
     case DITSERVE__IPC__ENVELOPE__MSG_PROGRESS:
-        if (s->job_running && env->progress->job_id == s->job_id && c->rank == 0) {
+        if (s->phase == PH_RUNNING && env->progress->job_id == s->job_id && c->rank == 0) {
             uv_timer_again(&s->watchdog_timer);
             if (s->ev.job_progress)
                 s->ev.job_progress(s->ev.ctx, s->job_id, env->progress->step,
@@ -496,8 +526,8 @@ static void handle(conn *c, Ditserve__Ipc__Envelope *env)
         const Ditserve__Ipc__JobDone *d = env->done;
         if (d->memory && s->ev.worker_memory && c->rank >= 0)
             s->ev.worker_memory(s->ev.ctx, c->rank, d->memory);
-        if (!s->job_running || d->job_id != s->job_id) {
-            if (d->status != DIT_OK && s->state == DIT_MESH_STARTING) {
+        if (s->phase != PH_RUNNING || d->job_id != s->job_id) {
+            if (d->status != DIT_OK && public_state(s->phase) == DIT_MESH_STARTING) {
                 /* A worker could not set up: no point waiting for the rest. */
                 snprintf(reason, sizeof reason, "worker rank %d failed to start: %s", c->rank,
                          d->message ? d->message : "");
@@ -521,6 +551,7 @@ static void handle(conn *c, Ditserve__Ipc__Envelope *env)
         if (++s->job_done_ranks == s->N) {
             if (s->job_status == DIT_OK)
                 s->backoff_s = SUP_BACKOFF_MIN_S; /* the mesh works: forget old failures */
+            set_phase(s, PH_READY);
             finish_job(s, s->job_status, s->job_msg);
         }
         break;
@@ -549,27 +580,22 @@ static double now_s(const dit_supervisor *s)
     return (double)uv_now(s->loop) / 1e3;
 }
 
-/* Tells the worker why, then closes. */
-static void refuse(conn *c, bool permanent, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void refuse(conn *c, bool permanent, const char *fmt, ...)
+/* The join handshake's transport: frames and closes go through the
+ * connection that embeds the joiner. */
+static int join_send(void *ctx, dit_joiner *p, const Ditserve__Ipc__Envelope *env)
 {
-    dit_supervisor *s = c->s;
-    char reason[600];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(reason, sizeof reason, fmt, ap);
-    va_end(ap);
-    DIT_LOG(s->log, permanent ? DIT_LOG_WARN : DIT_LOG_INFO, "join", "refused the worker at %s: %s",
-            c->peer, reason);
-    Ditserve__Ipc__JoinRefused r = DITSERVE__IPC__JOIN_REFUSED__INIT;
-    r.reason = reason;
-    r.permanent = permanent;
-    Ditserve__Ipc__Envelope env = DITSERVE__IPC__ENVELOPE__INIT;
-    env.msg_case = DITSERVE__IPC__ENVELOPE__MSG_REFUSED;
-    env.refused = &r;
-    send_to(c, &env);
-    close_conn_flushed(c);
+    (void)ctx;
+    return send_to(CONN_OF_JOINER(p), env);
+}
+
+static void join_close(void *ctx, dit_joiner *p, bool flush)
+{
+    (void)ctx;
+    conn *c = CONN_OF_JOINER(p);
+    if (flush)
+        close_conn_flushed(c);
+    else
+        close_conn(c);
 }
 
 /* Gives the free remote ranks of a starting mesh to the joined workers that
@@ -577,119 +603,38 @@ static void refuse(conn *c, bool permanent, const char *fmt, ...)
  * first. */
 static void assign_remote(dit_supervisor *s)
 {
-    if (s->state != DIT_MESH_STARTING || s->stopping)
+    if (public_state(s->phase) != DIT_MESH_STARTING || s->stopping || !s->joiners)
         return;
     for (int pass = 0; pass < 2; pass++) {
         for (int r = s->L; r < s->N; r++) {
             if (s->by_rank[r])
                 continue;
-            conn *best = NULL;
-            for (conn *c = s->conns; c; c = c->next) {
-                if (!c->tcp || !c->authed || c->rank >= 0 || c->closing)
-                    continue;
-                if (pass == 0 ? c->want_rank != r : c->want_rank >= 0)
-                    continue;
-                if (!best || c->seq < best->seq)
-                    best = c;
-            }
-            if (!best)
+            dit_joiner *p = dit_joiners_take(s->joiners, r, pass == 1);
+            if (!p)
                 continue;
+            conn *best = CONN_OF_JOINER(p);
             best->rank = r;
             s->by_rank[r] = best;
             best->counted = true;
             s->open_joiners--;
             s->open_conns++;
             DIT_LOG(s->log, DIT_LOG_INFO, "join", "rank %d: the worker at %s (pid %d)", r,
-                    best->peer, best->pid);
+                    p->addr, p->pid);
             if (++s->hellos == s->N)
                 send_setup(s);
-            if (s->state != DIT_MESH_STARTING)
+            if (public_state(s->phase) != DIT_MESH_STARTING)
                 return; /* the setup failed */
         }
     }
-}
-
-static void handle_join(conn *c, Ditserve__Ipc__Envelope *env)
-{
-    dit_supervisor *s = c->s;
-    dit_diag diag;
-    dit_diag_clear(&diag);
-    unsigned char want[DIT_JOIN_MAC_BYTES];
-    if (env->msg_case != DITSERVE__IPC__ENVELOPE__MSG_JOIN) {
-        refuse(c, true, "expected a join request (message %d)", (int)env->msg_case);
-        goto done;
-    }
-    const Ditserve__Ipc__JoinRequest *j = env->join;
-    if (j->protocol != DIT_JOIN_PROTOCOL) {
-        refuse(c, true, "join protocol %d; this daemon speaks %d (use matching versions)",
-               j->protocol, DIT_JOIN_PROTOCOL);
-        goto done;
-    }
-    if (j->nonce.len != DIT_JOIN_NONCE_BYTES) {
-        refuse(c, true, "malformed join request");
-        goto done;
-    }
-    if (dit_join_mac(s->cfg.join_secret, "worker", c->nonce, sizeof c->nonce, j->nonce.data,
-                     j->nonce.len, want, &diag) != DIT_OK) {
-        refuse(c, false, "%s", dit_diag_msg(&diag));
-        goto done;
-    }
-    if (!dit_join_mac_equal(j->mac.data, j->mac.len, want)) {
-        refuse(c, true, "wrong secret (the worker's secret file differs from --join-secret-file)");
-        goto done;
-    }
-    if (strcmp(s->cfg.backend, "cpu") == 0 && s->N > 1 && strcmp(j->host_id, s->host_id) != 0) {
-        refuse(c, true,
-               "the cpu backend's shared-memory mesh needs every rank on the daemon's host (%s), "
-               "and this worker is on %s; across hosts, use the cuda backend (NCCL)",
-               s->host_id, j->host_id);
-        goto done;
-    }
-    if (j->rank != -1 && (j->rank < s->L || j->rank >= s->N)) {
-        refuse(c, true, "rank %d is not a remote rank of this mesh (remote ranks: %d to %d)",
-               j->rank, s->L, s->N - 1);
-        goto done;
-    }
-    Ditserve__Ipc__JoinAccept acc = DITSERVE__IPC__JOIN_ACCEPT__INIT;
-    if (dit_join_mac(s->cfg.join_secret, "daemon", j->nonce.data, j->nonce.len, c->nonce,
-                     sizeof c->nonce, want, &diag) != DIT_OK) {
-        refuse(c, false, "%s", dit_diag_msg(&diag));
-        goto done;
-    }
-    acc.mac.data = want;
-    acc.mac.len = sizeof want;
-    Ditserve__Ipc__Envelope out = DITSERVE__IPC__ENVELOPE__INIT;
-    out.msg_case = DITSERVE__IPC__ENVELOPE__MSG_ACCEPT;
-    out.accept = &acc;
-    if (send_to(c, &out) != 0) {
-        close_conn(c);
-        goto done;
-    }
-    c->authed = true;
-    c->want_rank = j->rank;
-    c->pid = j->pid;
-    char asks[48] = "";
-    if (j->rank >= 0)
-        snprintf(asks, sizeof asks, ", asks for rank %d", j->rank);
-    DIT_LOG(s->log, DIT_LOG_INFO, "join", "worker pid %d at %s joined (host %s%s)", c->pid, c->peer,
-            j->host_id, asks);
-    assign_remote(s);
-done:
-    ditserve__ipc__envelope__free_unpacked(env, NULL);
 }
 
 static void on_join_tick(uv_timer_t *t)
 {
     dit_supervisor *s = t->data;
     const double now = now_s(s);
-    conn *next;
-    for (conn *c = s->conns; c; c = next) {
-        next = c->next;
-        if (c->tcp && !c->authed && now - c->since_s > SUP_JOIN_AUTH_S)
-            refuse(c, false, "no join request within %.0f s", SUP_JOIN_AUTH_S);
-    }
+    dit_joiners_expire(s->joiners, now);
     assign_remote(s);
-    if (s->state == DIT_MESH_STARTING && s->hellos < s->N &&
+    if (public_state(s->phase) == DIT_MESH_STARTING && s->hellos < s->N &&
         now - s->join_reminded_s >= SUP_JOIN_REMIND_S) {
         s->join_reminded_s = now;
         char missing[256] = "";
@@ -710,9 +655,10 @@ static void on_read(uv_stream_t *stream, ssize_t n, const uv_buf_t *buf)
 {
     conn *c = stream->data;
     dit_supervisor *s = c->s;
-    if (n > 0 && !c->authed && c->reader.len + (size_t)n > SUP_PREAUTH_BYTES) {
+    const bool preauth = c->tcp && !dit_joiners_joined(&c->jp);
+    if (n > 0 && preauth && c->reader.len + (size_t)n > DIT_JOINERS_PREAUTH_BYTES) {
         free(buf->base);
-        refuse(c, true, "join request too large");
+        dit_joiners_refuse(s->joiners, &c->jp, true, "join request too large");
         return;
     }
     if (n > 0 && dit_ipc_reader_feed(&c->reader, buf->base, (size_t)n) != 0)
@@ -725,22 +671,22 @@ static void on_read(uv_stream_t *stream, ssize_t n, const uv_buf_t *buf)
             char reason[200];
             if (c->tcp)
                 snprintf(reason, sizeof reason, "lost the connection to worker rank %d (at %s)",
-                         rank, c->peer);
+                         rank, c->jp.addr);
             else
                 snprintf(reason, sizeof reason, "lost the connection to worker rank %d", rank);
             dit_supervisor_fail(s, reason);
         } else if (c->tcp && rank < 0) {
-            DIT_LOG(s->log, DIT_LOG_DEBUG, "join", "the waiting worker at %s left", c->peer);
+            DIT_LOG(s->log, DIT_LOG_DEBUG, "join", "the waiting worker at %s left", c->jp.addr);
         }
         return;
     }
     Ditserve__Ipc__Envelope *env;
     int got;
     while (!c->closing && (got = dit_ipc_reader_next(&c->reader, &env)) == 1) {
-        if (c->authed)
+        if (!c->tcp || dit_joiners_joined(&c->jp))
             handle(c, env);
-        else
-            handle_join(c, env);
+        else if (dit_joiners_handle(s->joiners, &c->jp, env))
+            assign_remote(s);
     }
     if (!c->closing && got < 0) {
         const int rank = c->rank;
@@ -751,7 +697,7 @@ static void on_read(uv_stream_t *stream, ssize_t n, const uv_buf_t *buf)
             dit_supervisor_fail(s, reason);
         } else {
             DIT_LOG(s->log, DIT_LOG_WARN, "join", "corrupt message stream from %s; closed",
-                    c->peer);
+                    c->jp.addr);
         }
     }
 }
@@ -776,11 +722,9 @@ static conn *new_conn(dit_supervisor *s, bool tcp)
         return NULL;
     c->s = s;
     c->rank = -1;
-    c->want_rank = -1;
+    /* A spawned worker needs no handshake: the Unix socket's folder is
+     * this user's alone. */
     c->tcp = tcp;
-    c->authed = !tcp; /* the Unix socket's folder is this user's alone */
-    c->since_s = now_s(s);
-    c->seq = ++s->conn_seq;
     dit_ipc_reader_init(&c->reader);
     if (tcp)
         uv_tcp_init(s->loop, &c->h.tcp);
@@ -815,19 +759,10 @@ static void on_join_connection(uv_stream_t *server, int status)
     dit_supervisor *s = server->data;
     if (status < 0)
         return;
-    int pending = 0;
-    conn *oldest = NULL;
-    for (conn *o = s->conns; o; o = o->next) {
-        if (!o->tcp || o->authed || o->closing)
-            continue;
-        pending++;
-        if (!oldest || o->seq < oldest->seq)
-            oldest = o;
-    }
     conn *c = new_conn(s, true);
     if (!c)
         return;
-    snprintf(c->peer, sizeof c->peer, "an unknown address");
+    char addr[80] = "an unknown address";
     if (uv_accept(server, &c->h.stream) != 0) {
         close_conn(c);
         return;
@@ -841,19 +776,13 @@ static void on_join_connection(uv_stream_t *server, int status)
             const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)&sa;
             uv_ip6_name(a, ip, sizeof ip);
             port = ntohs(a->sin6_port);
-            snprintf(c->peer, sizeof c->peer, "[%s]:%d", ip, port);
+            snprintf(addr, sizeof addr, "[%s]:%d", ip, port);
         } else {
             const struct sockaddr_in *a = (const struct sockaddr_in *)&sa;
             uv_ip4_name(a, ip, sizeof ip);
             port = ntohs(a->sin_port);
-            snprintf(c->peer, sizeof c->peer, "%s:%d", ip, port);
+            snprintf(addr, sizeof addr, "%s:%d", ip, port);
         }
-    }
-    if (pending >= SUP_PREAUTH_MAX && oldest) {
-        DIT_LOG(s->log, DIT_LOG_WARN, "join",
-                "%d handshakes in progress; closed the oldest, from %s, for one from %s", pending,
-                oldest->peer, c->peer);
-        close_conn(oldest);
     }
     uv_tcp_nodelay(&c->h.tcp, 1);
     keepalive(&c->h.tcp);
@@ -861,25 +790,8 @@ static void on_join_connection(uv_stream_t *server, int status)
         close_conn(c);
         return;
     }
-    if (s->stopping) {
-        refuse(c, false, "the daemon is shutting down");
-        return;
-    }
-    dit_diag diag;
-    dit_diag_clear(&diag);
-    if (dit_join_nonce(c->nonce, &diag) != DIT_OK) {
-        refuse(c, false, "%s", dit_diag_msg(&diag));
-        return;
-    }
-    Ditserve__Ipc__JoinChallenge ch = DITSERVE__IPC__JOIN_CHALLENGE__INIT;
-    ch.protocol = DIT_JOIN_PROTOCOL;
-    ch.nonce.data = c->nonce;
-    ch.nonce.len = sizeof c->nonce;
-    Ditserve__Ipc__Envelope env = DITSERVE__IPC__ENVELOPE__INIT;
-    env.msg_case = DITSERVE__IPC__ENVELOPE__MSG_CHALLENGE;
-    env.challenge = &ch;
-    if (send_to(c, &env) != 0)
-        close_conn(c);
+    /* The oldest handshake goes past the limit; then the challenge. */
+    dit_joiners_accept(s->joiners, &c->jp, addr, now_s(s), s->stopping);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -906,7 +818,7 @@ static void on_exit_cb(uv_process_t *p, int64_t status, int term_signal)
     else
         snprintf(reason, sizeof reason, "worker rank %d (pid %d) exited with status %lld", w->rank,
                  w->pid, (long long)status);
-    if (!s->stopping && !s->destroyed && s->state != DIT_MESH_RESTARTING)
+    if (!s->stopping && !s->destroyed && public_state(s->phase) != DIT_MESH_RESTARTING)
         dit_supervisor_fail(s, reason);
     else
         DIT_LOG(s->log, DIT_LOG_DEBUG, "mesh", "%s", reason);
@@ -919,7 +831,7 @@ static void on_startup_timeout(uv_timer_t *t)
     bool locals = true;
     for (int r = 0; r < s->L; r++)
         locals &= s->by_rank[r] != NULL;
-    if (!s->setup_sent && locals && s->L < s->N) {
+    if (s->phase == PH_GATHERING && locals && s->L < s->N) {
         /* Only joiners are missing: waiting for them has no deadline. */
         uv_timer_start(&s->startup_timer, on_startup_timeout,
                        (uint64_t)(s->cfg.startup_timeout_s * 1000), 0);
@@ -946,11 +858,8 @@ static void spawn_all(dit_supervisor *s)
     memset(s->rank_ready, 0, sizeof s->rank_ready);
     s->shm_name[0] = '\0';
     s->nccl_id_len = 0;
-    s->awaiting_mesh_id = false;
-    s->setup_sent = false;
-    s->torn_down = false;
     s->join_reminded_s = now_s(s);
-    set_state(s, DIT_MESH_STARTING);
+    set_phase(s, PH_GATHERING);
     /* The local workers must say hello in time; with remote ranks, the
      * deadline for loading starts again once every rank is present. */
     uv_timer_start(&s->startup_timer, on_startup_timeout,
@@ -1098,7 +1007,6 @@ dit_status dit_supervisor_create(uv_loop_t *loop, const dit_supervisor_config *c
     s->L = cfg->local_ranks;
     s->join_port = -1;
     s->backoff_s = SUP_BACKOFF_MIN_S;
-    dit_join_host_id(s->host_id, sizeof s->host_id);
     if (s->L < 0 || s->L > s->N || (s->L < s->N && (!cfg->join_listen || !cfg->join_secret))) {
         free(s);
         return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
@@ -1142,9 +1050,14 @@ dit_status dit_supervisor_create(uv_loop_t *loop, const dit_supervisor_config *c
         uv_timer_init(loop, timers[i]);
         timers[i]->data = s;
     }
-    s->state = DIT_MESH_STOPPED;
+    s->phase = PH_STOPPED;
     if (s->L < s->N) {
-        dit_status st = open_join_port(s, diag);
+        const dit_joiners_config jc = {.secret = cfg->join_secret, .backend = cfg->backend,
+                                       .world_size = s->N, .local_ranks = s->L, .log = cfg->log};
+        const dit_joiners_io io = {.ctx = s, .send = join_send, .close = join_close};
+        dit_status st = dit_joiners_create(&jc, &io, &s->joiners, diag);
+        if (st == DIT_OK)
+            st = open_join_port(s, diag);
         if (st != DIT_OK) {
             /* Everything is a loop handle now: let destroy free it. */
             dit_supervisor_destroy(s);
@@ -1162,12 +1075,12 @@ void dit_supervisor_start(dit_supervisor *s)
 
 dit_mesh_state dit_supervisor_state(const dit_supervisor *s)
 {
-    return s->state;
+    return public_state(s->phase);
 }
 
 bool dit_supervisor_idle(const dit_supervisor *s)
 {
-    return s->state == DIT_MESH_READY && !s->job_running && !s->stopping;
+    return s->phase == PH_READY && !s->stopping;
 }
 
 dit_status dit_supervisor_run(dit_supervisor *s, uint64_t job_id,
@@ -1182,7 +1095,7 @@ dit_status dit_supervisor_run(dit_supervisor *s, uint64_t job_id,
     Ditserve__Ipc__Envelope env = DITSERVE__IPC__ENVELOPE__INIT;
     env.msg_case = DITSERVE__IPC__ENVELOPE__MSG_JOB;
     env.job = &job;
-    s->job_running = true;
+    set_phase(s, PH_RUNNING);
     s->job_id = job_id;
     s->job_done_ranks = 0;
     memset(s->rank_done, 0, sizeof s->rank_done);
@@ -1203,7 +1116,7 @@ dit_status dit_supervisor_run(dit_supervisor *s, uint64_t job_id,
 
 void dit_supervisor_cancel(dit_supervisor *s, uint64_t job_id)
 {
-    if (!s->job_running || s->job_id != job_id)
+    if (s->phase != PH_RUNNING || s->job_id != job_id)
         return;
     Ditserve__Ipc__Cancel cancel = DITSERVE__IPC__CANCEL__INIT;
     cancel.job_id = job_id;
@@ -1229,13 +1142,15 @@ static void on_kill_timer(uv_timer_t *t)
 void dit_supervisor_stop(dit_supervisor *s, double grace_s, void (*done)(void *ctx), void *ctx)
 {
     s->stopping = true;
-    s->torn_down = false;
     s->stop_done = done;
     s->stop_ctx = ctx;
     uv_timer_stop(&s->backoff_timer);
     uv_timer_stop(&s->startup_timer);
-    finish_job(s, DIT_ERR_CANCELLED, "the server is shutting down");
-    set_state(s, DIT_MESH_STOPPING);
+    if (s->phase == PH_RUNNING) {
+        set_phase(s, PH_READY); /* the same public state: nobody hears of it */
+        finish_job(s, DIT_ERR_CANCELLED, "the server is shutting down");
+    }
+    set_phase(s, PH_STOPPING);
     Ditserve__Ipc__Shutdown sd = DITSERVE__IPC__SHUTDOWN__INIT;
     Ditserve__Ipc__Envelope env = DITSERVE__IPC__ENVELOPE__INIT;
     env.msg_case = DITSERVE__IPC__ENVELOPE__MSG_SHUTDOWN;
@@ -1243,10 +1158,10 @@ void dit_supervisor_stop(dit_supervisor *s, double grace_s, void (*done)(void *c
     conn *next;
     for (conn *c = s->conns; c; c = next) {
         next = c->next;
-        if (c->authed)
+        if (!c->tcp || dit_joiners_joined(&c->jp))
             send_to(c, &env);
         else
-            refuse(c, false, "the daemon is shutting down");
+            dit_joiners_refuse(s->joiners, &c->jp, false, "the daemon is shutting down");
     }
     uv_timer_start(&s->kill_timer, on_kill_timer, (uint64_t)(grace_s * 1000), 0);
     /* Connections close as workers exit (EOF); processes close from their

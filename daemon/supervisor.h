@@ -8,7 +8,8 @@
  *
  * Multi-node: ranks local_ranks .. world_size-1 are played by workers on
  * other hosts that connect to the join port over TCP (`ditworker --join`)
- * and prove they hold the shared secret (serve/join_auth.h). Joined
+ * and prove they hold the shared secret (the handshake and the pool are
+ * join.h's; the supervisor owns the listener and the sockets). Joined
  * workers wait in a pool; each time the mesh starts, the free remote ranks
  * go to them in arrival order (a worker may ask for a given rank). While
  * ranks are missing the mesh stays STARTING, without a timeout: the startup

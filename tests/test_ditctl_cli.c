@@ -188,7 +188,7 @@ START_TEST(test_usage_errors)
         {{"generate", "--prompt", "p", "-o", "x", "--true-cfg", "x"}, "--true-cfg wants"},
         {{"generate", "--prompt", "p", "-o", "x", "--max-sequence-length", "0"}, "--max-sequence"},
         {{"generate", "--prompt", "p", "-o", "x", "--priority", "high"}, "--priority wants"},
-        {{"generate", "--prompt", "p", "-o", ""}, "--output is empty"},
+        {{"generate", "--prompt", "p", "-o", ""}, "-o is empty"},
         {{"--timeout", "-1", "health"}, "--timeout wants"},
         {{"health", "--timeout", "soon"}, "--timeout wants"},
         {{"--target", "", "health"}, "--target is empty"},
@@ -637,20 +637,53 @@ static void fake_handle(fake_server *s, grpc_call *call, const grpc_call_details
         si.mesh_state = (char *)"ready";
         si.comm = (char *)"shm";
         si.worker_restarts = 7;
+        /* A video model, so that the frame fields show. */
+        Ditserve__V1__ModelInfo m = DITSERVE__V1__MODEL_INFO__INIT;
+        m.name = (char *)"wan";
+        m.pipeline = (char *)"WanPipeline";
+        m.transformer = (char *)"WanTransformer3DModel";
+        m.task = DITSERVE__V1__TASK__TASK_TEXT_TO_VIDEO;
+        m.default_width = 832;
+        m.default_height = 480;
+        m.default_steps = 50;
+        m.default_num_frames = 81;
+        m.default_fps = 16;
+        Ditserve__V1__LayoutRules lr = DITSERVE__V1__LAYOUT_RULES__INIT;
+        lr.size_multiple = lr.pixels_per_token = 16;
+        lr.token_divisor = 1;
+        lr.max_pixels = 921600;
+        lr.max_steps = 1000;
+        lr.max_sequence_length = 512;
+        lr.frame_step = 4;
+        m.layout = &lr;
+        si.model = &m;
         srv_send(s, call, &si.base);
     } else if (strcmp(method, "/ditserve.v1.Generation/ListModels") == 0) {
         Ditserve__V1__ModelInfo m = DITSERVE__V1__MODEL_INFO__INIT;
         m.name = (char *)"demo";
         m.pipeline = (char *)"FluxPipeline";
-        m.num_layers = 2;
-        m.num_single_layers = 3;
-        m.hidden_size = 32;
-        m.guidance_embeds = 1;
-        m.vae_scale_factor = 8;
+        m.transformer = (char *)"FluxTransformer2DModel";
+        m.task = DITSERVE__V1__TASK__TASK_TEXT_TO_IMAGE;
         m.has_text_encoders = 1;
-        m.joint_attention_dim = 64;
-        m.pooled_projection_dim = 48;
-        m.latent_channels = 16;
+        m.default_width = m.default_height = 1024;
+        m.default_steps = 28;
+        m.default_num_frames = 1;
+        Ditserve__V1__LayoutRules l = DITSERVE__V1__LAYOUT_RULES__INIT;
+        l.size_multiple = l.pixels_per_token = 16;
+        l.token_divisor = 2;
+        l.max_pixels = 4194304;
+        l.max_steps = 1000;
+        l.max_sequence_length = 512;
+        m.layout = &l;
+        Ditserve__V1__ModelInfo__ConfigEntry e[2] = {DITSERVE__V1__MODEL_INFO__CONFIG_ENTRY__INIT,
+                                                     DITSERVE__V1__MODEL_INFO__CONFIG_ENTRY__INIT};
+        e[0].key = (char *)"joint_attention_dim";
+        e[0].value = 64;
+        e[1].key = (char *)"pooled_projection_dim";
+        e[1].value = 48;
+        Ditserve__V1__ModelInfo__ConfigEntry *ep[] = {&e[0], &e[1]};
+        m.n_config = 2;
+        m.config = ep;
         Ditserve__V1__ModelInfo *ms[] = {&m};
         Ditserve__V1__ListModelsResponse r = DITSERVE__V1__LIST_MODELS_RESPONSE__INIT;
         r.n_models = 1;
@@ -859,13 +892,22 @@ START_TEST(test_fake_info_models_warmup)
                            "running: 1\n",
                            "mesh_state: ready\n",
                            "comm: shm\n",
-                           "worker_restarts: 7\n"};
+                           "worker_restarts: 7\n",
+                           "model: wan: WanPipeline (text-to-video), transformer "
+                           "WanTransformer3DModel, text encoders no\n"
+                           "  defaults: 832x480, 50 steps, 81 frames at 16 fps\n"
+                           "  allows: width and height multiples of 16, 16x16 pixels per token, "
+                           "token counts multiples of 1, at most 921600 pixels, 1000 steps, 512 "
+                           "text tokens, num_frames 4 x k + 1\n"};
     for (size_t i = 0; i < sizeof lines / sizeof lines[0]; i++)
         HAS(out, lines[i]);
     ck_assert_int_eq(ctl_run(out, NULL, "models", "--target", fs.target, NULL), 0);
-    HAS(out, "demo: FluxPipeline, 2 double + 3 single blocks, hidden 32, joint_attention_dim 64, "
-             "pooled_projection_dim 48, latent_channels 16, vae_scale_factor 8, guidance_embeds "
-             "yes, text encoders yes\n");
+    HAS(out, "demo: FluxPipeline (text-to-image), transformer FluxTransformer2DModel, text "
+             "encoders yes\n"
+             "  defaults: 1024x1024, 28 steps\n"
+             "  allows: width and height multiples of 16, 16x16 pixels per token, token counts "
+             "multiples of 2, at most 4194304 pixels, 1000 steps, 512 text tokens\n"
+             "  config: joint_attention_dim 64, pooled_projection_dim 48\n");
     ck_assert_int_eq(ctl_run(out, NULL, "warmup", "--target", fs.target, "--width", "64",
                              "--height", "32", "--steps", "2", NULL),
                      0);

@@ -147,7 +147,17 @@ def generate():
         assert info.mesh_state == "ready" and len(info.devices) == 2 and info.comm == "shm", info
         models = api.list_models(d.channel)(api.msg("ditserve.v1.ListModelsRequest")(), timeout=10)
         assert [m.name for m in models.models] == ["demo"], models
-        assert models.models[0].pipeline == "FluxPipeline" and models.models[0].has_text_encoders
+        m = models.models[0]
+        assert m.pipeline == "FluxPipeline" and m.has_text_encoders, m
+        assert m.task == api.enum("ditserve.v1.Task", "TASK_TEXT_TO_IMAGE"), m
+        assert m.transformer == "FluxTransformer2DModel", m
+        assert (m.default_width, m.default_height, m.default_steps) == (1024, 1024, 28), m
+        assert (m.default_num_frames, m.default_fps) == (1, 0), m
+        # ring 2 without an "anything" mode: token counts must split in two.
+        assert (m.layout.size_multiple, m.layout.pixels_per_token, m.layout.token_divisor,
+                m.layout.frame_step) == (16, 16, 2, 0), m
+        assert m.config["joint_attention_dim"] == 32 and m.config["vae_scale_factor"] == 8, m
+        assert info.model == m, info
         wr = api.warmup(d.channel)(api.msg("ditserve.v1.WarmupRequest")(width=64, height=64,
                                                                          num_inference_steps=1),
                                    timeout=60)
@@ -256,6 +266,8 @@ def bad_requests():
             (gen(**dict(SMALL, guidance_scale=float("nan"))), "INVALID_ARGUMENT", "guidance_scale"),
             (gen(**dict(SMALL, true_cfg_scale=-1.0)), "INVALID_ARGUMENT", "true_cfg_scale"),
             (gen(**dict(SMALL, max_sequence_length=600)), "INVALID_ARGUMENT", "max_sequence_length"),
+            (gen(**dict(SMALL, num_frames=5)), "INVALID_ARGUMENT", "num_frames 5", "images"),
+            (gen(**dict(SMALL, fps=24)), "INVALID_ARGUMENT", "fps 24"),
             (gen(**dict(SMALL, model="sdxl")), "NOT_FOUND", "sdxl", "demo"),
             (gen(**dict(SMALL, request_id="x" * 200)), "INVALID_ARGUMENT", "request_id"),
             # output_format = 7 (field 12, varint), past the enum's values.

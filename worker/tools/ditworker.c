@@ -20,7 +20,6 @@
  * A worker never speaks gRPC. It exits non-zero when its mesh breaks; the
  * daemon then rebuilds the mesh. */
 #include <errno.h>
-#include <getopt.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -39,6 +38,7 @@
 #include "ipc_wire.h"
 #include "parallel/mesh.h"
 #include "pipelines/flux_pipeline.h"
+#include "core/options.h"
 #include "serve/join_auth.h"
 #include "serve/request.h"
 #include "runtime/runner.h"
@@ -52,23 +52,11 @@ static const char *const usage =
     "       ditworker --join HOST:PORT --secret-file FILE [options]\n"
     "\n"
     "One rank of a ditd mesh; it receives the mesh setup and the model to load from\n"
-    "the daemon and runs the jobs it is sent.\n"
-    "\n"
-    "  --connect SOCKET    the daemon's Unix socket (ditd starts local workers this\n"
-    "                      way itself; by hand it is only useful for debugging)\n"
-    "  --rank R            with --connect: this worker's rank; with --join: ask for\n"
-    "                      this remote rank (default: any free one)\n"
-    "\n"
-    "Joining a daemon on another host (ditd --join-listen, --local-ranks):\n"
-    "  --join HOST:PORT    the daemon's join address          [DITWORKER_JOIN]\n"
-    "  --secret-file FILE  the shared secret (same bytes as ditd --join-secret-file)\n"
-    "                                                         [DITWORKER_SECRET_FILE]\n"
-    "  --device D          GPU ordinal on this host (default 0) [DITWORKER_DEVICE]\n"
-    "  --threads N         cpu threads (default: the daemon's choice)\n"
-    "  --model DIR         the pipeline folder on this host (default: the daemon's path)\n"
-    "                                                         [DITWORKER_MODEL]\n"
-    "  --once              exit when the first mesh ends instead of joining again\n"
-    "\n"
+    "the daemon and runs the jobs it is sent. --connect SOCKET is how ditd starts its\n"
+    "local workers (by hand it is only useful for debugging); --join and the options\n"
+    "after it join a daemon on another host (ditd --join-listen, --local-ranks).\n";
+
+static const char *const epilog =
     "A joined worker reconnects (1 s, doubling to 30 s) whenever its mesh ends or the\n"
     "daemon cannot be reached, until SIGTERM. Exit status: 0 after a clean end, 1 on\n"
     "a failure, 2 on bad usage, 3 when the daemon refused it for good (wrong secret,\n"
@@ -739,113 +727,85 @@ static int run_joined(const join_opts *jo)
     return rc;
 }
 
-static bool parse_int(const char *s, long lo, long hi, long *out)
+/* The command line, filled from the option table below. */
+typedef struct worker_args {
+    const char *connect, *join, *secret_file, *model;
+    long long rank, device, threads;
+    bool rank_given, once;
+} worker_args;
+
+/* --rank: 0 .. DIT_SHM_MAX_RANKS-1; whether it was given matters (with
+ * --connect it is required, with --join it asks for a rank). */
+static int set_rank(void *target, const char *val, char *err, size_t cap)
 {
+    worker_args *a = target;
     char *end;
     errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || *s == '\0' || *end != '\0' || v < lo || v > hi)
-        return false;
-    *out = v;
-    return true;
+    const long v = strtol(val, &end, 10);
+    if (errno || *val == '\0' || *end != '\0' || v < 0 || v >= DIT_SHM_MAX_RANKS) {
+        snprintf(err, cap, "wants 0 to %d, not '%s'", DIT_SHM_MAX_RANKS - 1, val);
+        return -1;
+    }
+    a->rank = v;
+    a->rank_given = true;
+    return 0;
 }
+
+#define WOFF(f) offsetof(worker_args, f)
+static const dit_option worker_opts[] = {
+    {"connect", 0, DIT_OPT_STRING, NULL, "SOCKET", "the daemon's Unix socket", NULL, WOFF(connect),
+     0, 0, NULL, false},
+    {"rank", 0, DIT_OPT_CUSTOM, NULL, "R",
+     "with --connect: this worker's rank; with --join: ask for this remote rank (default: any "
+     "free one)", NULL, 0, 0, 0, set_rank, false},
+    {"join", 0, DIT_OPT_STRING, NULL, "HOST:PORT", "the daemon's join address", "DITWORKER_JOIN",
+     WOFF(join), 0, 0, NULL, false},
+    {"secret-file", 0, DIT_OPT_STRING, NULL, "FILE",
+     "the shared secret (same bytes as ditd --join-secret-file)", "DITWORKER_SECRET_FILE",
+     WOFF(secret_file), 0, 0, NULL, false},
+    {"device", 0, DIT_OPT_INT, "0", "D", "GPU ordinal on this host", "DITWORKER_DEVICE",
+     WOFF(device), 0, 1023, NULL, false},
+    {"threads", 0, DIT_OPT_INT, NULL, "N", "cpu threads (default: the daemon's choice)", NULL,
+     WOFF(threads), 1, 4096, NULL, false},
+    {"model", 0, DIT_OPT_STRING, NULL, "DIR",
+     "the pipeline folder on this host (default: the daemon's path)", "DITWORKER_MODEL",
+     WOFF(model), 0, 0, NULL, false},
+    {"once", 0, DIT_OPT_FLAG, NULL, NULL, "exit when the first mesh ends instead of joining again",
+     NULL, WOFF(once), 0, 0, NULL, false},
+};
 
 int main(int argc, char **argv)
 {
-    const char *path = NULL;
-    long rank = -1;
-    bool rank_given = false;
-    join_opts jo = {.address = getenv("DITWORKER_JOIN"),
-                    .secret_file = getenv("DITWORKER_SECRET_FILE"),
+    worker_args wa = {0};
+    const dit_options table = {.prog = "ditworker", .usage = usage, .epilog = epilog,
+                               .opts = worker_opts,
+                               .n_opts = sizeof worker_opts / sizeof worker_opts[0]};
+    const int prc = dit_options_parse(&table, &wa, argc, argv, NULL);
+    if (prc != 0)
+        return prc == 1 ? 0 : 2;
+    const char *path = wa.connect;
+    const bool rank_given = wa.rank_given;
+    const long rank = (long)wa.rank;
+    join_opts jo = {.address = wa.join,
+                    .secret_file = wa.secret_file,
                     .want_rank = -1,
-                    .model = getenv("DITWORKER_MODEL")};
-    long v;
-    const char *dev_env = getenv("DITWORKER_DEVICE");
-    if (dev_env) {
-        if (!parse_int(dev_env, 0, 1023, &v)) {
-            fprintf(stderr, "ditworker: DITWORKER_DEVICE wants a GPU ordinal, not '%s'\n", dev_env);
-            return 2;
-        }
-        jo.device = (int)v;
-    }
-    enum { O_JOIN = 1000, O_SECRET, O_DEVICE, O_THREADS, O_MODEL, O_ONCE };
-    static const struct option opts[] = {
-        {"connect", required_argument, NULL, 'c'},
-        {"rank", required_argument, NULL, 'r'},
-        {"join", required_argument, NULL, O_JOIN},
-        {"secret-file", required_argument, NULL, O_SECRET},
-        {"device", required_argument, NULL, O_DEVICE},
-        {"threads", required_argument, NULL, O_THREADS},
-        {"model", required_argument, NULL, O_MODEL},
-        {"once", no_argument, NULL, O_ONCE},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
-    };
-    int c;
-    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        switch (c) {
-        case 'c':
-            path = optarg;
-            break;
-        case 'r':
-            if (!parse_int(optarg, 0, DIT_SHM_MAX_RANKS - 1, &rank)) {
-                fprintf(stderr, "ditworker: --rank wants 0 to %d, not '%s'\n", DIT_SHM_MAX_RANKS - 1,
-                        optarg);
-                return 2;
-            }
-            rank_given = true;
-            break;
-        case O_JOIN:
-            jo.address = optarg;
-            break;
-        case O_SECRET:
-            jo.secret_file = optarg;
-            break;
-        case O_DEVICE:
-            if (!parse_int(optarg, 0, 1023, &v)) {
-                fprintf(stderr, "ditworker: --device wants a GPU ordinal, not '%s'\n", optarg);
-                return 2;
-            }
-            jo.device = (int)v;
-            break;
-        case O_THREADS:
-            if (!parse_int(optarg, 1, 4096, &v)) {
-                fprintf(stderr, "ditworker: --threads wants 1 to 4096, not '%s'\n", optarg);
-                return 2;
-            }
-            jo.threads = (int)v;
-            break;
-        case O_MODEL:
-            jo.model = optarg;
-            break;
-        case O_ONCE:
-            jo.once = true;
-            break;
-        case 'h':
-            fputs(usage, stdout);
-            return 0;
-        default:
-            fputs(usage, stderr);
-            return 2;
-        }
-    }
-    if (optind < argc) {
-        fprintf(stderr, "ditworker: unexpected argument '%s'\n\n%s", argv[optind], usage);
-        return 2;
-    }
+                    .device = (int)wa.device,
+                    .threads = (int)wa.threads,
+                    .model = wa.model,
+                    .once = wa.once};
     if (path && jo.address && getenv("DITWORKER_JOIN") != jo.address) {
         fprintf(stderr, "ditworker: --connect and --join exclude each other\n");
         return 2;
     }
     if (path) {
         if (!rank_given) {
-            fprintf(stderr, "ditworker: --connect needs --rank\n\n%s", usage);
+            fprintf(stderr, "ditworker: --connect needs --rank (see --help)\n");
             return 2;
         }
         return run_local(path, (int)rank);
     }
     if (!jo.address) {
-        fprintf(stderr, "ditworker: --connect SOCKET or --join HOST:PORT is required\n\n%s", usage);
+        fprintf(stderr, "ditworker: --connect SOCKET or --join HOST:PORT is required (see --help)\n");
         return 2;
     }
     if (!jo.secret_file) {
