@@ -14,7 +14,6 @@
 #include "config.h"
 #include "log.h"
 #include "parallel/mesh.h"
-#include "pipelines/flux_pipeline.h"
 #include "reflection.h"
 #include "serve/request.h"
 #include "rpc.h"
@@ -260,7 +259,7 @@ int main(int argc, char **argv)
     rc = 1;
 
     if (dit_pipeline_probe(d->cfg.model, &s->info, &diag) != DIT_OK ||
-        dit_parallel_validate_model(&d->cfg.pc, &s->info.transformer, 0, 0, &diag) != DIT_OK ||
+        dit_parallel_validate_model(&d->cfg.pc, &s->info.parallel, NULL, &diag) != DIT_OK ||
         (d->cfg.warmup && check_warmup(&d->cfg, &s->info, &diag) != DIT_OK) ||
         find_worker(d->cfg.worker_path, worker, sizeof worker, &diag) != DIT_OK ||
         (d->cfg.auth_token_file &&

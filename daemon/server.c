@@ -819,7 +819,7 @@ static void on_list_models(void *ctx, dit_rpc_call *call, const uint8_t *req, si
     (void)req;
     (void)len;
     dit_server *s = ctx;
-    const dit_flux_config *fc = &s->info.transformer;
+    const dit_transformer_info *fc = &s->info.transformer;
     Ditserve__V1__ModelInfo m = DITSERVE__V1__MODEL_INFO__INIT;
     m.name = (char *)s->cfg->model_name;
     m.pipeline = "FluxPipeline";

@@ -14,7 +14,7 @@
 #include "config.h"
 #include "metrics.h"
 #include "ditserve_v1_generation.pb-c.h"
-#include "pipelines/flux_pipeline.h"
+#include "serve/request.h"
 #include "reflection.h"
 #include "rpc.h"
 #include "supervisor.h"

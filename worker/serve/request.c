@@ -202,7 +202,7 @@ dit_status dit_request_validate(const Ditserve__V1__GenerateRequest *req,
                             (int)req->output_format);
     dit_gen_params gp;
     fill_params(req, &gp);
-    const dit_flux_config *fc = &info->transformer;
+    const dit_transformer_info *fc = &info->transformer;
     if (req->prompt_embeds) {
         const int64_t s[3] = {1, -1, fc->joint_attention_dim};
         if ((st = check_tensor("prompt_embeds", req->prompt_embeds, 3, s, 4096, diag)) != DIT_OK)
@@ -230,9 +230,9 @@ dit_status dit_request_validate(const Ditserve__V1__GenerateRequest *req,
     if ((st = dit_gen_check(info, &gp, diag)) != DIT_OK)
         return st;
     if (req->latents) {
-        const int mult = 2 * info->vae_scale;
+        const int mult = info->size_multiple;
         const int64_t s[3] = {1, (int64_t)(gp.height / mult) * (gp.width / mult),
-                              4 * info->latent_channels};
+                              info->latent_dim};
         if ((st = check_tensor("latents", req->latents, 3, s, 0, diag)) != DIT_OK)
             return st;
     }
@@ -247,11 +247,7 @@ dit_status dit_request_validate_mesh(const Ditserve__V1__GenerateRequest *req,
         return DIT_OK;
     dit_gen_params gp;
     fill_params(req, &gp);
-    const int mult = 2 * info->vae_scale;
-    const int64_t img = (int64_t)(gp.height / mult) * (gp.width / mult);
-    const int64_t txt = gp.prompt_embeds ? gp.prompt_embeds_len
-                                         : (gp.max_sequence_length ? gp.max_sequence_length : 512);
-    return dit_parallel_validate_model(pc, &info->transformer, img, txt, diag);
+    return dit_gen_check_mesh(info, &gp, pc, diag);
 }
 
 /* Adds "WxH" to a list of at most 4 sizes. */
@@ -302,7 +298,7 @@ void dit_request_mesh_advice(const Ditserve__V1__GenerateRequest *req,
     dit_gen_params gp;
     fill_params(req, &gp);
     const int C = pc->ring_degree * pc->ulysses_degree;
-    const int mult = 2 * info->vae_scale;
+    const int mult = info->size_multiple;
     const int64_t img = (int64_t)(gp.height / mult) * (gp.width / mult);
     const int64_t txt = gp.prompt_embeds ? gp.prompt_embeds_len
                                          : (gp.max_sequence_length ? gp.max_sequence_length : 512);

@@ -13,7 +13,7 @@
 
 #include "ditserve_v1_generation.pb-c.h"
 #include "parallel/mesh.h"
-#include "pipelines/flux_pipeline.h"
+#include "pipelines/probe.h"
 
 #define DIT_REQUEST_DEFAULT_SIZE 1024
 #define DIT_REQUEST_DEFAULT_STEPS 28

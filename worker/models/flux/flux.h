@@ -24,35 +24,16 @@
 #include "core/status.h"
 #include "core/tensor.h"
 #include "models/flux/flux_config.h"
+#include "models/model.h"
 
 typedef struct dit_flux dit_flux;
 
 /* Which tensor-parallel slice of the weights this rank holds: heads
  * [r H/T, (r+1) H/T) and MLP columns [r F/T, (r+1) F/T). */
-typedef struct dit_flux_shard {
-    int tp_degree; /* 1 = the whole model */
-    int tp_rank;
-} dit_flux_shard;
+typedef dit_shard dit_flux_shard;
 
-/* Cross-rank operations of the forward pass. A NULL function means "this rank
- * is alone in that group". */
-typedef struct dit_flux_hooks {
-    void *ctx;
-    /* Attention of the local queries against the keys and values of the whole
-     * context-parallel group. q, k, v, out (B, S_local, H_local, D). */
-    dit_status (*attention)(void *ctx, dit_arena *arena, const dit_tensor *out,
-                            const dit_tensor *q, const dit_tensor *k, const dit_tensor *v,
-                            float scale, dit_diag *diag);
-    /* full (B, T n) = the tensor-parallel group's local (B, n) slices side by
-     * side, in rank order. */
-    dit_status (*tp_all_gather)(void *ctx, dit_arena *arena, const dit_tensor *local,
-                                const dit_tensor *full, dit_diag *diag);
-    /* In-place sum over the tensor-parallel group. x (B, S, C). */
-    dit_status (*tp_all_reduce)(void *ctx, const dit_tensor *x, dit_diag *diag);
-    /* Called after every transformer block (double blocks first, then single
-     * blocks, counted from 0); a status other than DIT_OK stops the pass. */
-    dit_status (*block_done)(void *ctx, int index, dit_diag *diag);
-} dit_flux_hooks;
+/* Cross-rank operations of the forward pass (models/model.h). */
+typedef dit_model_hooks dit_flux_hooks;
 
 /* Loads `dir` (a diffusers transformer folder: config.json and
  * diffusion_pytorch_model.safetensors or its sharded index), keeping only
