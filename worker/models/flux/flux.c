@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/graph_cache.h"
 #include "loader/safetensors.h"
 
 /* ------------------------------------------------------------------------ */
@@ -48,22 +49,10 @@ typedef struct flux_graph_key {
     void *arena_first, *arena_x, *arena_last;
 } flux_graph_key;
 
-/* Graphs of the last few shapes (a server alternates between a handful of
- * request sizes); the least recently used one makes room. */
-#define FLUX_GRAPHS 4
-typedef struct flux_graph {
-    flux_graph_key key;
-    dit_backend_graph *g; /* NULL: free slot */
-    uint64_t used;
-} flux_graph;
-
 struct dit_flux {
     dit_backend *be;
     /* CUDA-graph replay of the per-step forward (see dit_flux_set_graphs). */
-    bool graphs, graph_broken, pending_set;
-    flux_graph graph[FLUX_GRAPHS];
-    uint64_t graph_clock;
-    flux_graph_key pending_key;
+    dit_graph_cache *graphs;
     /* The RoPE tables of the last ids seen: every denoising step of a
      * request has the same ids, and the tables cost ~S D pow/cos/sin. */
     float *rope_ids, *rope_cos, *rope_sin;
@@ -517,6 +506,12 @@ static dit_status flux_alloc(dit_backend *be, const dit_flux_config *cfg,
     m->be = be;
     m->cfg = *cfg;
     m->shard = sh;
+    dit_status gst = dit_graph_cache_create(be, sizeof(flux_graph_key), "flux forward", &m->graphs,
+                                            diag);
+    if (gst != DIT_OK) {
+        free(m);
+        return gst;
+    }
     m->dbl = calloc((size_t)cfg->num_layers + 1, sizeof *m->dbl);
     m->sgl = calloc((size_t)cfg->num_single_layers + 1, sizeof *m->sgl);
     memset(plan, 0, sizeof *plan);
@@ -586,7 +581,7 @@ void dit_flux_destroy(dit_flux *m)
 {
     if (!m)
         return;
-    dit_flux_set_graphs(m, false);
+    dit_graph_cache_destroy(m->graphs);
     free(m->rope_ids);
     free(m->rope_cos);
     free(m->rope_sin);
@@ -1128,16 +1123,22 @@ static bool flux_has_hooks(const dit_flux *m)
            m->hooks.block_done;
 }
 
-/* Runs forward_compute eagerly, or through a graph: the first pass at a
- * given key runs eagerly (it picks GEMM algorithms and sizes scratch), the
- * second captures and replays, later ones replay. A failed capture turns
- * graphs off for this model and runs eagerly. */
+static dit_status forward_body(void *ctx, dit_diag *diag)
+{
+    fwd *f = ctx;
+    dit_diag *user_diag = f->diag;
+    f->diag = diag;
+    dit_status st = forward_compute(f);
+    f->diag = user_diag;
+    return st;
+}
+
+/* Runs forward_compute through the graph cache (backend/graph_cache.h),
+ * keyed by shapes and every device address the pass touches; eagerly while
+ * any hook is set (comm and per-block callbacks run on the host). */
 static dit_status forward_run(fwd *f)
 {
     dit_flux *m = f->m;
-    dit_backend *be = f->be;
-    if (!m->graphs || m->graph_broken || !be->ops->graph_begin || flux_has_hooks(m))
-        return forward_compute(f);
     flux_graph_key k;
     memset(&k, 0, sizeof k);
     k.B = f->B;
@@ -1152,82 +1153,17 @@ static dit_status forward_run(fwd *f)
     k.arena_first = f->tp.data;
     k.arena_x = f->x.data;
     k.arena_last = f->emb_local.data;
-    dit_status st;
-    flux_graph *slot = &m->graph[0];
-    for (int i = 0; i < FLUX_GRAPHS; i++) {
-        flux_graph *gi = &m->graph[i];
-        if (gi->g && memcmp(&k, &gi->key, sizeof k) == 0) {
-            gi->used = ++m->graph_clock;
-            st = be->ops->graph_launch(be, gi->g);
-            if (st != DIT_OK)
-                st = dit_diag_set(f->diag, st, "flux forward: graph replay failed: %s",
-                                  be->ops->last_error ? be->ops->last_error(be) : "");
-            return st;
-        }
-        if (!gi->g ? slot->g != NULL : (slot->g && gi->used < slot->used))
-            slot = gi; /* a free slot, else the least recently used */
-    }
-    if (!m->pending_set || memcmp(&k, &m->pending_key, sizeof k) != 0) {
-        m->pending_key = k;
-        m->pending_set = true;
-        return forward_compute(f);
-    }
-    if (slot->g) {
-        be->ops->graph_destroy(be, slot->g);
-        slot->g = NULL;
-    }
-    /* Messages of a failed capture must not reach the caller's diag. */
-    dit_diag cap_diag;
-    dit_diag_clear(&cap_diag);
-    dit_diag *user_diag = f->diag;
-    f->diag = &cap_diag;
-    dit_backend_graph *g = NULL;
-    st = be->ops->graph_begin(be);
-    if (st == DIT_OK) {
-        st = forward_compute(f);
-        dit_status st_end = be->ops->graph_end(be, &g);
-        if (st == DIT_OK)
-            st = st_end;
-    }
-    f->diag = user_diag;
-    if (st == DIT_OK && g) {
-        slot->g = g;
-        slot->key = k;
-        slot->used = ++m->graph_clock;
-        m->pending_set = false;
-        st = be->ops->graph_launch(be, g);
-        if (st != DIT_OK)
-            st = dit_diag_set(f->diag, st, "flux forward: graph launch failed: %s",
-                              be->ops->last_error ? be->ops->last_error(be) : "");
-        return st;
-    }
-    if (g)
-        be->ops->graph_destroy(be, g);
-    fprintf(stderr, "flux: graph capture failed (%s%s%s); running eagerly from now on\n",
-            dit_diag_msg(&cap_diag), be->ops->last_error ? ": " : "",
-            be->ops->last_error ? be->ops->last_error(be) : "");
-    m->graph_broken = true;
-    return forward_compute(f);
+    return dit_graph_cache_run(m->graphs, &k, flux_has_hooks(m), forward_body, f, f->diag);
 }
 
 void dit_flux_set_graphs(dit_flux *m, bool on)
 {
-    m->graphs = on;
-    m->graph_broken = false;
-    m->pending_set = false;
-    for (int i = 0; !on && i < FLUX_GRAPHS; i++) {
-        if (m->graph[i].g)
-            m->be->ops->graph_destroy(m->be, m->graph[i].g);
-        m->graph[i].g = NULL;
-    }
+    dit_graph_cache_set_enabled(m->graphs, on);
 }
 
 bool dit_flux_graph_captured(const dit_flux *m)
 {
-    for (int i = 0; i < FLUX_GRAPHS; i++)
-        if (m->graph[i].g)
-            return true;
-    return false;
+    return dit_graph_cache_captured(m->graphs);
 }
 
 dit_status dit_flux_forward(dit_flux *m, dit_arena *arena, const dit_flux_inputs *in,

@@ -74,14 +74,11 @@ typedef struct dit_flux_inputs {
 dit_status dit_flux_forward(dit_flux *m, dit_arena *arena, const dit_flux_inputs *in,
                             const dit_tensor *sample, dit_diag *diag);
 
-/* CUDA-graph replay of the per-step forward, for backends with graph ops
- * (cuda; ignored on cpu). With it on, the first forward at a given shape and
- * set of device addresses (inputs, output, arena) runs eagerly, the second
- * is captured and replayed, later ones only upload the step's timestep and
- * RoPE tables and replay. Graphs of the last 4 such keys are kept (least
- * recently used goes first). Graphs stay off while any hook is set (comm and
- * per-block callbacks run on the host). A failed capture falls back to eager
- * passes for good. Off by default. */
+/* CUDA-graph replay of the per-step forward (backend/graph_cache.h), for
+ * backends with graph ops (cuda; ignored on cpu), keyed by the shapes and
+ * the device addresses of inputs, output and arena; replays upload only the
+ * step's timestep and RoPE tables first. Graphs stay off while any hook is
+ * set. Off by default. */
 void dit_flux_set_graphs(dit_flux *m, bool on);
 
 /* Whether a captured graph is held (for tests and benchmarks). */
