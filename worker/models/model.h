@@ -30,6 +30,7 @@
 #include "core/tensor.h"
 #include "parallel/cp_plan.h"
 #include "parallel/mesh.h"
+#include "parallel/tp_plan.h"
 
 /* Which tensor-parallel slice of the weights this rank holds. */
 typedef struct dit_shard {
@@ -81,6 +82,10 @@ struct dit_model_class {
     /* The context-parallel plan (parallel/cp_plan.h). */
     const dit_cp_rule *cp_plan;
     int n_cp;
+    /* The tensor-parallel plan (parallel/tp_plan.h) the class's load slices
+     * by (through dit_tp_add_*), for tools and checks. */
+    const dit_tp_rule *tp_plan;
+    const int *n_tp;
     /* Loads dir (config.json and the safetensors) keeping this rank's shard
      * (NULL: whole). */
     dit_status (*load)(dit_backend *be, const char *dir, const dit_shard *shard, void **out,

@@ -75,7 +75,7 @@ struct dit_flux {
  * is written for exactly this split: heads [r H/T, (r+1) H/T) and MLP
  * columns [r F/T, (r+1) F/T) per rank, one all-reduce after each row-split
  * sub-layer. */
-static const dit_tp_rule flux_tp_rules[] = {
+const dit_tp_rule dit_flux_tp_plan[] = {
     {"transformer_blocks.*.norm1.linear", DIT_TP_COLWISE_GATHER},
     {"transformer_blocks.*.norm1_context.linear", DIT_TP_COLWISE_GATHER},
     {"transformer_blocks.*.attn.to_q", DIT_TP_COLWISE},
@@ -98,14 +98,15 @@ static const dit_tp_rule flux_tp_rules[] = {
     {"single_transformer_blocks.*.proj_out", DIT_TP_PACKED_ROWS},
     {"norm_out.linear", DIT_TP_COLWISE_GATHER},
 };
+const int dit_flux_tp_plan_len = (int)(sizeof dit_flux_tp_plan / sizeof dit_flux_tp_plan[0]);
 
 static dit_status plan_build(dit_weight_plan *p, dit_flux *m)
 {
     const dit_flux_config *c = &m->cfg;
     const int64_t C = c->inner_dim, D = c->attention_head_dim, F = c->mlp_dim;
     const dit_tp_plan tp = {
-        .rules = flux_tp_rules,
-        .n_rules = (int)(sizeof flux_tp_rules / sizeof flux_tp_rules[0]),
+        .rules = dit_flux_tp_plan,
+        .n_rules = dit_flux_tp_plan_len,
         .tp_degree = m->shard.tp_degree,
         .tp_rank = m->shard.tp_rank,
     };

@@ -25,6 +25,7 @@
 #include "core/tensor.h"
 #include "models/flux/flux_config.h"
 #include "models/model.h"
+#include "parallel/tp_plan.h"
 
 typedef struct dit_flux dit_flux;
 
@@ -34,6 +35,11 @@ typedef dit_shard dit_flux_shard;
 
 /* Cross-rank operations of the forward pass (models/model.h). */
 typedef dit_model_hooks dit_flux_hooks;
+
+/* FluxTransformer2DModel's tensor-parallel plan (parallel/tp_plan.h), the
+ * table its loader slices by. */
+extern const dit_tp_rule dit_flux_tp_plan[];
+extern const int dit_flux_tp_plan_len;
 
 /* Loads `dir` (a diffusers transformer folder: config.json and
  * diffusion_pytorch_model.safetensors or its sharded index), keeping only
