@@ -134,6 +134,13 @@ dit_status dit_gen_check_mesh(const dit_pipeline_info *info, const dit_gen_param
     return dit_parallel_validate_model(pc, &info->parallel, lens, diag);
 }
 
+bool dit_gen_mesh_advice(const dit_pipeline_info *info, const dit_gen_params *gp,
+                         const dit_parallel_config *pc, char *buf, size_t cap)
+{
+    const dit_pipeline_probe_class *c = dit_pipeline_probe_class_of(info);
+    return c && c->mesh_advice && c->mesh_advice(info, gp, pc, buf, cap);
+}
+
 bool dit_gen_true_cfg(const dit_gen_params *gp)
 {
     return gp->true_cfg_scale > 1.0f && (gp->negative_prompt || gp->negative_prompt_embeds);

@@ -81,6 +81,10 @@ typedef struct dit_pipeline_probe_class {
     /* The lengths of the sequences parallel.seq_names name, for a checked
      * request. */
     void (*seq_lens)(const dit_pipeline_info *info, const dit_gen_params *gp, int64_t *lens);
+    /* Optional: for a request the mesh refuses, what the client can change,
+     * in request fields, into buf; false to let the mesh's message stand. */
+    bool (*mesh_advice)(const dit_pipeline_info *info, const dit_gen_params *gp,
+                        const dit_parallel_config *pc, char *buf, size_t cap);
 } dit_pipeline_probe_class;
 
 /* Reads dir/model_index.json, finds the class and probes. A folder that is
@@ -99,6 +103,11 @@ dit_status dit_gen_check(const dit_pipeline_info *info, const dit_gen_params *gp
 void dit_gen_seq_lens(const dit_pipeline_info *info, const dit_gen_params *gp, int64_t *lens);
 dit_status dit_gen_check_mesh(const dit_pipeline_info *info, const dit_gen_params *gp,
                               const dit_parallel_config *pc, dit_diag *diag);
+
+/* The pipeline's advice for a request the mesh refuses (see mesh_advice):
+ * false when it has none. */
+bool dit_gen_mesh_advice(const dit_pipeline_info *info, const dit_gen_params *gp,
+                         const dit_parallel_config *pc, char *buf, size_t cap);
 
 /* Whether the generation runs true classifier-free guidance: a scale above
  * 1 and a negative prompt (text or embeddings), as diffusers decides it. */

@@ -250,41 +250,6 @@ dit_status dit_request_validate_mesh(const Ditserve__V1__GenerateRequest *req,
     return dit_gen_check_mesh(info, &gp, pc, diag);
 }
 
-/* Adds "WxH" to a list of at most 4 sizes. */
-static void add_size(char *list, size_t cap, int *n, int64_t w, int64_t h)
-{
-    if (*n >= 4)
-        return;
-    const size_t used = strlen(list);
-    snprintf(list + used, cap - used, "%s%lldx%lld", *n ? ", " : "", (long long)w, (long long)h);
-    (*n)++;
-}
-
-/* The sizes nearest to w x h, changing one side in steps of mult, whose
- * token count (w / mult) * (h / mult) is a multiple of C. */
-static void nearest_sizes(int64_t w, int64_t h, int mult, int C, char *list, size_t cap)
-{
-    int n = 0;
-    list[0] = '\0';
-    for (int side = 0; side < 2; side++) {
-        /* Within C steps one of the candidates divides: (w/mult + k) runs
-         * through every residue mod C. */
-        for (int k = 1; k <= C; k++) {
-            bool found = false;
-            for (int sign = -1; sign <= 1; sign += 2) {
-                const int64_t nw = side == 0 ? w + sign * k * mult : w;
-                const int64_t nh = side == 1 ? h + sign * k * mult : h;
-                if (nw < mult || nh < mult || ((nw / mult) * (nh / mult)) % C != 0)
-                    continue;
-                add_size(list, cap, &n, nw, nh);
-                found = true;
-            }
-            if (found)
-                break;
-        }
-    }
-}
-
 void dit_request_mesh_advice(const Ditserve__V1__GenerateRequest *req,
                              const dit_pipeline_info *info, const dit_parallel_config *pc,
                              char *buf, size_t cap)
@@ -297,45 +262,8 @@ void dit_request_mesh_advice(const Ditserve__V1__GenerateRequest *req,
     }
     dit_gen_params gp;
     fill_params(req, &gp);
-    const int C = pc->ring_degree * pc->ulysses_degree;
-    const int mult = info->size_multiple;
-    const int64_t img = (int64_t)(gp.height / mult) * (gp.width / mult);
-    const int64_t txt = gp.prompt_embeds ? gp.prompt_embeds_len
-                                         : (gp.max_sequence_length ? gp.max_sequence_length : 512);
-    const bool plain = C > 1 && !dit_parallel_uneven(pc);
-    if (plain && img % C != 0) {
-        char sizes[128];
-        nearest_sizes(gp.width, gp.height, mult, C, sizes, sizeof sizes);
-        snprintf(buf, cap,
-                 "a %dx%d image is %lld tokens (one per %dx%d pixels), which this server's %d "
-                 "context-parallel ranks cannot split evenly: it needs a multiple of %d. The "
-                 "nearest sizes that work: %s",
-                 gp.width, gp.height, (long long)img, mult, mult, C, C, sizes);
-    } else if (plain && txt % C != 0) {
-        const int64_t down = txt - txt % C, up = down + C;
-        if (gp.prompt_embeds)
-            snprintf(buf, cap,
-                     "prompt_embeds has %lld tokens, which this server's %d context-parallel "
-                     "ranks cannot split evenly: it needs a multiple of %d (e.g. %lld)",
-                     (long long)txt, C, C, (long long)up);
-        else if (down > 0 && up <= 512)
-            snprintf(buf, cap,
-                     "max_sequence_length %lld cannot be split evenly over this server's %d "
-                     "context-parallel ranks: use a multiple of %d, e.g. %lld or %lld",
-                     (long long)txt, C, C, (long long)down, (long long)up);
-        else if (down > 0)
-            snprintf(buf, cap,
-                     "max_sequence_length %lld cannot be split evenly over this server's %d "
-                     "context-parallel ranks: use a multiple of %d, e.g. %lld",
-                     (long long)txt, C, C, (long long)down);
-        else
-            snprintf(buf, cap,
-                     "max_sequence_length %lld cannot be split evenly over this server's %d "
-                     "context-parallel ranks: use a multiple of %d, e.g. %d",
-                     (long long)txt, C, C, C);
-    } else {
+    if (!dit_gen_mesh_advice(info, &gp, pc, buf, cap))
         snprintf(buf, cap, "%s", dit_diag_msg(&diag));
-    }
 }
 
 bool dit_request_warning(const Ditserve__V1__GenerateRequest *req, char *buf, size_t cap)
