@@ -145,7 +145,11 @@ static dit_status check_tensor(const char *name, const Ditserve__V1__Tensor *t, 
 
 /* Fills gp from req with defaults; pointers to caller tensors are set to
  * their raw bytes (presence only) and replaced by f32 copies in resolve. */
-static void fill_params(const Ditserve__V1__GenerateRequest *req, dit_gen_params *gp)
+/* The request as pipeline parameters; fields the request leaves unset take
+ * the pipeline's defaults (probe). info NULL leaves them 0 (for readers of
+ * the prompts and scales only). */
+static void fill_params(const Ditserve__V1__GenerateRequest *req, const dit_pipeline_info *info,
+                        dit_gen_params *gp)
 {
     memset(gp, 0, sizeof *gp);
     gp->prompt = req->prompt ? req->prompt : "";
@@ -153,10 +157,12 @@ static void fill_params(const Ditserve__V1__GenerateRequest *req, dit_gen_params
     gp->negative_prompt = req->negative_prompt && req->negative_prompt[0] ? req->negative_prompt : NULL;
     gp->negative_prompt_2 =
         req->negative_prompt_2 && req->negative_prompt_2[0] ? req->negative_prompt_2 : NULL;
-    gp->width = req->width ? req->width : DIT_REQUEST_DEFAULT_SIZE;
-    gp->height = req->height ? req->height : DIT_REQUEST_DEFAULT_SIZE;
-    gp->steps = req->num_inference_steps ? req->num_inference_steps : DIT_REQUEST_DEFAULT_STEPS;
-    gp->guidance_scale = req->guidance_scale ? req->guidance_scale->value : DIT_REQUEST_DEFAULT_GUIDANCE;
+    gp->width = req->width ? req->width : info ? info->default_width : 0;
+    gp->height = req->height ? req->height : info ? info->default_height : 0;
+    gp->steps = req->num_inference_steps ? req->num_inference_steps : info ? info->default_steps : 0;
+    gp->guidance_scale = req->guidance_scale ? req->guidance_scale->value
+                         : info                ? info->default_guidance
+                                               : 0.0f;
     gp->true_cfg_scale = req->true_cfg_scale ? req->true_cfg_scale->value : 1.0f;
     gp->seed = req->seed ? req->seed->value : 0;
     gp->max_sequence_length = req->max_sequence_length;
@@ -201,7 +207,7 @@ dit_status dit_request_validate(const Ditserve__V1__GenerateRequest *req,
                             "output_format %d is not OUTPUT_FORMAT_PNG or OUTPUT_FORMAT_RAW_TENSOR",
                             (int)req->output_format);
     dit_gen_params gp;
-    fill_params(req, &gp);
+    fill_params(req, info, &gp);
     const dit_transformer_info *fc = &info->transformer;
     if (req->prompt_embeds) {
         const int64_t s[3] = {1, -1, fc->joint_attention_dim};
@@ -246,7 +252,7 @@ dit_status dit_request_validate_mesh(const Ditserve__V1__GenerateRequest *req,
     if (pc->world_size <= 1)
         return DIT_OK;
     dit_gen_params gp;
-    fill_params(req, &gp);
+    fill_params(req, info, &gp);
     return dit_gen_check_mesh(info, &gp, pc, diag);
 }
 
@@ -261,7 +267,7 @@ void dit_request_mesh_advice(const Ditserve__V1__GenerateRequest *req,
         return;
     }
     dit_gen_params gp;
-    fill_params(req, &gp);
+    fill_params(req, info, &gp);
     if (!dit_gen_mesh_advice(info, &gp, pc, buf, cap))
         snprintf(buf, cap, "%s", dit_diag_msg(&diag));
 }
@@ -269,7 +275,7 @@ void dit_request_mesh_advice(const Ditserve__V1__GenerateRequest *req,
 bool dit_request_warning(const Ditserve__V1__GenerateRequest *req, char *buf, size_t cap)
 {
     dit_gen_params gp;
-    fill_params(req, &gp);
+    fill_params(req, NULL, &gp);
     return dit_gen_true_cfg_warning(&gp, "negative_prompt", "true_cfg_scale", buf, cap);
 }
 
@@ -295,7 +301,7 @@ dit_status dit_request_resolve(const Ditserve__V1__GenerateRequest *req,
     dit_status st = dit_request_validate(req, info, diag);
     if (st != DIT_OK)
         return st;
-    fill_params(req, &out->gp);
+    fill_params(req, info, &out->gp);
     out->seed_set = req->seed != NULL;
     if (!out->seed_set)
         out->gp.seed = seed_fallback;
