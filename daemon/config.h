@@ -9,7 +9,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "backend/backend.h"
+#include "serve/host.h"
 #include "log.h"
 #include "parallel/mesh.h"
 

@@ -15,7 +15,6 @@
 #include "log.h"
 #include "model_info.h"
 #include "parallel/mesh.h"
-#include "pipelines/flux_pipeline.h"
 #include "reflection.h"
 #include "serve/request.h"
 #include "rpc.h"
@@ -102,39 +101,41 @@ static dit_status check_warmup(const dit_daemon_config *cfg, const dit_pipeline_
     return DIT_OK;
 }
 
-/* What ListModels and GetServerInfo say about a probed FluxPipeline, in the
- * family-neutral terms of model_info.h (a pipeline registry will do this
- * per family). */
-static void describe_flux(const dit_pipeline_info *info, const dit_daemon_config *cfg,
-                          dit_model_info *m)
+/* What ListModels and GetServerInfo say about the probed pipeline, in the
+ * family-neutral terms of model_info.h: everything comes from the probe
+ * (pipelines/probe.h), so another pipeline class needs nothing here. */
+static void describe_pipeline(const dit_pipeline_info *info, const dit_daemon_config *cfg,
+                              dit_model_info *m)
 {
-    const dit_flux_config *fc = &info->transformer;
+    const dit_transformer_info *t = &info->transformer;
     *m = (dit_model_info){0};
-    m->pipeline_class = "FluxPipeline";
-    m->transformer_class = "FluxTransformer2DModel";
-    m->task = DIT_TASK_TEXT_TO_IMAGE;
+    m->pipeline_class = info->class_name;
+    m->transformer_class = t->class_name;
+    m->task = info->task && strcmp(info->task, "text-to-video") == 0 ? DIT_TASK_TEXT_TO_VIDEO
+                                                                     : DIT_TASK_TEXT_TO_IMAGE;
     m->has_text_encoders = info->has_text_encoders;
-    m->default_width = DIT_REQUEST_DEFAULT_SIZE;
-    m->default_height = DIT_REQUEST_DEFAULT_SIZE;
-    m->default_steps = DIT_REQUEST_DEFAULT_STEPS;
-    m->default_num_frames = 1;
+    m->default_width = info->default_width;
+    m->default_height = info->default_height;
+    m->default_steps = info->default_steps;
+    m->default_num_frames = info->default_frames;
     m->default_fps = 0;
-    /* FluxPipeline packs 2x2 latent pixels into one token. */
-    m->size_multiple = 2 * info->vae_scale;
-    m->pixels_per_token = 2 * info->vae_scale;
+    /* One token per size_multiple x size_multiple pixels (VAE factor x patch). */
+    m->size_multiple = info->size_multiple;
+    m->pixels_per_token = info->size_multiple;
     dit_model_info_set_layout(m, &cfg->pc);
     m->max_pixels = cfg->max_pixels;
     m->max_steps = 1000;
-    m->max_sequence_length = 512;
-    m->frame_step = 0; /* images only */
-    dit_model_info_add_config(m, "num_layers", fc->num_layers);
-    dit_model_info_add_config(m, "num_single_layers", fc->num_single_layers);
-    dit_model_info_add_config(m, "num_attention_heads", fc->num_attention_heads);
-    dit_model_info_add_config(m, "attention_head_dim", fc->attention_head_dim);
-    dit_model_info_add_config(m, "in_channels", fc->in_channels);
-    dit_model_info_add_config(m, "joint_attention_dim", fc->joint_attention_dim);
-    dit_model_info_add_config(m, "pooled_projection_dim", fc->pooled_projection_dim);
-    dit_model_info_add_config(m, "guidance_embeds", fc->guidance_embeds ? 1 : 0);
+    m->max_sequence_length = info->default_max_sequence_length;
+    m->frame_step = 0; /* images only so far */
+    dit_model_info_add_config(m, "num_layers", t->num_layers);
+    dit_model_info_add_config(m, "num_single_layers", t->num_single_layers);
+    dit_model_info_add_config(m, "num_attention_heads", info->parallel.num_heads);
+    if (info->parallel.num_heads > 0)
+        dit_model_info_add_config(m, "attention_head_dim", t->inner_dim / info->parallel.num_heads);
+    dit_model_info_add_config(m, "in_channels", t->in_channels);
+    dit_model_info_add_config(m, "joint_attention_dim", t->joint_attention_dim);
+    dit_model_info_add_config(m, "pooled_projection_dim", t->pooled_projection_dim);
+    dit_model_info_add_config(m, "guidance_embeds", t->guidance_embeds ? 1 : 0);
     dit_model_info_add_config(m, "latent_channels", info->latent_channels);
     dit_model_info_add_config(m, "vae_scale_factor", info->vae_scale);
 }
@@ -298,7 +299,7 @@ int main(int argc, char **argv)
     rc = 1;
 
     if (dit_pipeline_probe(d->cfg.model, &s->info, &diag) != DIT_OK ||
-        dit_parallel_validate_model(&d->cfg.pc, &s->info.transformer, 0, 0, &diag) != DIT_OK ||
+        dit_parallel_validate_model(&d->cfg.pc, &s->info.parallel, NULL, &diag) != DIT_OK ||
         (d->cfg.warmup && check_warmup(&d->cfg, &s->info, &diag) != DIT_OK) ||
         find_worker(d->cfg.worker_path, worker, sizeof worker, &diag) != DIT_OK ||
         (d->cfg.auth_token_file &&
@@ -310,7 +311,7 @@ int main(int argc, char **argv)
     }
     /* What ListModels and GetServerInfo report and Generate checks frames
      * against: the probed pipeline's own description. */
-    describe_flux(&s->info, &d->cfg, &s->model);
+    describe_pipeline(&s->info, &d->cfg, &s->model);
     if (!s->info.has_text_encoders)
         DIT_LOG(lg, DIT_LOG_WARN, "main",
                 "%s has no text encoders: requests must bring prompt_embeds", d->cfg.model);

@@ -321,8 +321,8 @@ static bool model_ok(dit_server *s, dit_rpc_call *call, const char *model)
 /* The server's own limit on image size, beyond what the model allows. */
 static bool size_ok(dit_server *s, dit_rpc_call *call, int width, int height)
 {
-    const int64_t w = width ? width : DIT_REQUEST_DEFAULT_SIZE;
-    const int64_t h = height ? height : DIT_REQUEST_DEFAULT_SIZE;
+    const int64_t w = width ? width : s->info.default_width;
+    const int64_t h = height ? height : s->info.default_height;
     if (w * h <= s->cfg->max_pixels)
         return true;
     char msg[300];
@@ -367,9 +367,9 @@ static job *new_job(dit_server *s, job_kind kind, Ditserve__V1__GenerateRequest 
         snprintf(j->request_id, sizeof j->request_id, "%s", r->request_id);
     else
         snprintf(j->request_id, sizeof j->request_id, "req-%llu", (unsigned long long)j->id);
-    j->width = r->width ? r->width : DIT_REQUEST_DEFAULT_SIZE;
-    j->height = r->height ? r->height : DIT_REQUEST_DEFAULT_SIZE;
-    j->steps = r->num_inference_steps ? r->num_inference_steps : DIT_REQUEST_DEFAULT_STEPS;
+    j->width = r->width ? r->width : s->info.default_width;
+    j->height = r->height ? r->height : s->info.default_height;
+    j->steps = r->num_inference_steps ? r->num_inference_steps : s->info.default_steps;
     if (call)
         dit_rpc_call_set_user(call, j);
     return j;

@@ -16,7 +16,7 @@
 #include "model_info.h"
 #include "queue.h"
 #include "ditserve_v1_generation.pb-c.h"
-#include "pipelines/flux_pipeline.h"
+#include "serve/request.h"
 #include "reflection.h"
 #include "rpc.h"
 #include "supervisor.h"

@@ -15,7 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "comm/shm/comm_shm.h"
+#include "serve/host.h"
 #include "ipc_wire.h"
 #include "join.h"
 

@@ -11,6 +11,7 @@
 
 #include "backend/backend.h"
 #include "models/flux/flux.h"
+#include "models/flux/flux_model.h"
 #include "parallel/mesh.h"
 #include "test_proc.h"
 
@@ -161,7 +162,9 @@ static void expect_model_error(const dit_parallel_config *pc, int heads, int64_t
     ck_assert_int_eq(dit_flux_config_finish(&mc, "test", NULL), DIT_OK);
     dit_diag diag;
     dit_diag_clear(&diag);
-    ck_assert_int_eq(dit_parallel_validate_model(pc, &mc, img, txt, &diag), DIT_ERR_INVALID_ARG);
+    const dit_parallel_req req = dit_flux_model_class.parallel_req(&mc);
+    const int64_t lens[2] = {img, txt};
+    ck_assert_int_eq(dit_parallel_validate_model(pc, &req, lens, &diag), DIT_ERR_INVALID_ARG);
     ck_assert_msg(strstr(diag.msg, needle), "'%s' not in: %s", needle, diag.msg);
 }
 
@@ -194,7 +197,9 @@ START_TEST(model_rules_have_clear_messages)
     pc = layout(3, 1, 1, 3);
     dit_diag diag;
     dit_diag_clear(&diag);
-    ck_assert_int_eq(dit_parallel_validate_model(&pc, &mc, 8, 8, &diag), DIT_ERR_INVALID_ARG);
+    dit_parallel_req req = dit_flux_model_class.parallel_req(&mc);
+    const int64_t lens88[2] = {8, 8};
+    ck_assert_int_eq(dit_parallel_validate_model(&pc, &req, lens88, &diag), DIT_ERR_INVALID_ARG);
     ck_assert_ptr_nonnull(strstr(diag.msg, "FFN width (25) must be divisible by tp_degree (3)"));
     /* anything modes lift the divisibility rules */
     pc = layout(2, 1, 2, 1);
@@ -202,7 +207,9 @@ START_TEST(model_rules_have_clear_messages)
     mc = dit_flux_config_flux1_dev();
     mc.num_attention_heads = 3;
     ck_assert_int_eq(dit_flux_config_finish(&mc, "test", NULL), DIT_OK);
-    ck_assert_int_eq(dit_parallel_validate_model(&pc, &mc, 35, 7, NULL), DIT_OK);
+    req = dit_flux_model_class.parallel_req(&mc);
+    const int64_t lens357[2] = {35, 7};
+    ck_assert_int_eq(dit_parallel_validate_model(&pc, &req, lens357, NULL), DIT_OK);
 }
 END_TEST
 

@@ -103,7 +103,8 @@ START_TEST(pipeline_matches_diffusers)
     dit_runner *runner = NULL;
     ck_assert_int_eq(dit_runner_create(be, dit_pipeline_transformer(p), NULL, &runner, NULL), DIT_OK);
     dit_gen_result res;
-    ck_assert_msg(dit_pipeline_generate(p, runner, &cp.gp, true, NULL, NULL, &res, &diag) == DIT_OK,
+    const dit_denoiser den = dit_runner_denoiser(runner);
+    ck_assert_msg(dit_pipeline_generate(p, &den, &cp.gp, true, NULL, NULL, &res, &diag) == DIT_OK,
                   "%s: %s", name, diag.msg);
 
     char path[1200];

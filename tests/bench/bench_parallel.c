@@ -22,6 +22,7 @@
 
 #include "comm/shm/comm_shm.h"
 #include "models/flux/flux.h"
+#include "models/flux/flux_model.h"
 #include "parallel/mesh.h"
 #include "runtime/runner.h"
 
@@ -68,6 +69,7 @@ static int rank_main(const bench_cfg *bc, const layout *lo, const char *shm, int
     dit_mesh *mesh = NULL;
     dit_backend *be = NULL;
     dit_flux *m = NULL;
+    dit_model *model = NULL;
     dit_runner *runner = NULL;
     float *buf = NULL;
     dit_parallel_config pc = dit_parallel_config_single();
@@ -85,8 +87,11 @@ static int rank_main(const bench_cfg *bc, const layout *lo, const char *shm, int
     DIT_CHECK(dit_backend_create(&bcfg, &be, &diag));
     dit_flux_shard shard = {.tp_degree = lo->T, .tp_rank = mesh ? dit_mesh_tp_rank(mesh) : 0};
     DIT_CHECK(dit_flux_create_random(be, &bc->mc, &shard, 7, &m, &diag));
-    const dit_flux_config *c = dit_flux_config_of(m);
-    DIT_CHECK(dit_runner_create(be, m, mesh, &runner, &diag));
+    const dit_flux_config *c = &bc->mc;
+    st = dit_model_wrap(&dit_flux_model_class, m, &model, &diag);
+    m = NULL;
+    DIT_CHECK(st);
+    DIT_CHECK(dit_runner_create(be, model, mesh, &runner, &diag));
 
     const int64_t B = 1, Si = bc->img, St = bc->txt;
     const size_t n_hs = (size_t)(B * Si * c->in_channels), n_ehs = (size_t)(B * St * c->joint_attention_dim);
@@ -112,21 +117,37 @@ static int rank_main(const bench_cfg *bc, const layout *lo, const char *shm, int
     }
     ts[0] = 0.5f;
     ts[1] = 3.5f;
-    dit_forward_inputs in = {
-        .batch = B, .img_tokens = Si, .txt_tokens = St,
-        .hidden_states = buf, .encoder_hidden_states = buf + n_hs,
-        .pooled_projections = buf + n_hs + n_ehs, .timestep = ts,
-        .guidance = c->guidance_embeds ? ts + 1 : NULL,
-        .txt_ids = ids, .img_ids = ids + St * c->n_axes,
-    };
-    DIT_CHECK(dit_runner_forward(runner, &in, out, &diag)); /* warm-up */
+    dit_named_tensors in = {0};
+    {
+        const int64_t sh_hs[3] = {B, Si, c->in_channels}, sh_ehs[3] = {B, St, c->joint_attention_dim};
+        const int64_t sh_pool[2] = {B, c->pooled_projection_dim}, sh_b[1] = {B};
+        const int64_t sh_txt[2] = {St, c->n_axes}, sh_img[2] = {Si, c->n_axes};
+        const dit_tensor t_hs = dit_tensor_make(buf, DIT_F32, 3, sh_hs);
+        const dit_tensor t_ehs = dit_tensor_make(buf + n_hs, DIT_F32, 3, sh_ehs);
+        const dit_tensor t_pool = dit_tensor_make(buf + n_hs + n_ehs, DIT_F32, 2, sh_pool);
+        const dit_tensor t_t = dit_tensor_make(ts, DIT_F32, 1, sh_b);
+        const dit_tensor t_g = dit_tensor_make(ts + 1, DIT_F32, 1, sh_b);
+        const dit_tensor t_txt = dit_tensor_make(ids, DIT_F32, 2, sh_txt);
+        const dit_tensor t_img = dit_tensor_make(ids + St * c->n_axes, DIT_F32, 2, sh_img);
+        dit_named_tensors_set(&in, "hidden_states", &t_hs);
+        dit_named_tensors_set(&in, "encoder_hidden_states", &t_ehs);
+        dit_named_tensors_set(&in, "pooled_projections", &t_pool);
+        dit_named_tensors_set(&in, "timestep", &t_t);
+        if (c->guidance_embeds)
+            dit_named_tensors_set(&in, "guidance", &t_g);
+        dit_named_tensors_set(&in, "txt_ids", &t_txt);
+        dit_named_tensors_set(&in, "img_ids", &t_img);
+    }
+    const int64_t sh_out[3] = {B, Si, c->out_dim};
+    const dit_tensor t_out = dit_tensor_make(out, DIT_F32, 3, sh_out);
+    DIT_CHECK(dit_runner_forward(runner, &in, &t_out, &diag)); /* warm-up */
     dit_runner_stats s0 = dit_runner_get_stats(runner);
     double best = INFINITY;
     for (int i = 0; i < bc->iters; i++) {
         if (world)
             DIT_CHECK(world->ops->barrier(world, &diag));
         double t0 = now_ms();
-        DIT_CHECK(dit_runner_forward(runner, &in, out, &diag));
+        DIT_CHECK(dit_runner_forward(runner, &in, &t_out, &diag));
         double dt = now_ms() - t0;
         best = dt < best ? dt : best;
     }
@@ -137,7 +158,7 @@ static int rank_main(const bench_cfg *bc, const layout *lo, const char *shm, int
         res->attn_mib = (double)(s1.attention_bytes_sent - s0.attention_bytes_sent) / mib;
         res->tp_mib = (double)(s1.tp_bytes_reduced - s0.tp_bytes_reduced) / mib;
         res->gather_mib = (double)(s1.gather_bytes - s0.gather_bytes) / mib;
-        res->weights_mib = (double)dit_flux_weight_bytes(m) / 1048576.0;
+        res->weights_mib = (double)dit_flux_weight_bytes(model->impl) / 1048576.0;
         res->act_mib = (double)s1.activation_bytes / 1048576.0;
         res->ok = 1;
     }
@@ -148,6 +169,7 @@ cleanup:
         world->ops->abort(world);
     free(buf);
     dit_runner_destroy(runner);
+    dit_model_destroy(model);
     dit_flux_destroy(m);
     dit_backend_destroy(be);
     dit_mesh_destroy(mesh);

@@ -7,19 +7,6 @@
 #include "backend/cuda/cuda_backend.h"
 #endif
 
-dit_status dit_backend_kind_parse(const char *s, dit_backend_kind *out)
-{
-    if (strcmp(s, "cpu") == 0) {
-        *out = DIT_BACKEND_CPU;
-        return DIT_OK;
-    }
-    if (strcmp(s, "cuda") == 0) {
-        *out = DIT_BACKEND_CUDA;
-        return DIT_OK;
-    }
-    return DIT_ERR_INVALID_ARG;
-}
-
 bool dit_backend_available(dit_backend_kind kind)
 {
     switch (kind) {

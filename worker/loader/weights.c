@@ -1,5 +1,6 @@
 #include "loader/weights.h"
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -141,3 +142,252 @@ cleanup:
     free(found);
     return st;
 }
+
+/* ------------------------------------------------------------------------ */
+/* Sliced loading                                                            */
+
+void dit_weight_plan_init(dit_weight_plan *p, dit_dtype mat_dtype)
+{
+    memset(p, 0, sizeof *p);
+    p->mat_dtype = mat_dtype;
+}
+
+
+void dit_weight_plan_free(dit_weight_plan *p)
+{
+    free(p->items);
+    free(p->tensors);
+}
+
+/* Reserves space for a destination tensor; its data pointer holds the byte
+ * offset until dit_weight_plan_place() adds the buffer base. */
+void dit_weight_plan_tensor(dit_weight_plan *p, dit_tensor *t, dit_dtype dt, int ndim, int64_t n0, int64_t n1)
+{
+    int64_t shape[2] = {n0, n1};
+    *t = dit_tensor_make(NULL, dt, ndim, shape);
+    t->data = (void *)(uintptr_t)p->bytes;
+    p->bytes += (dit_tensor_nbytes(t) + WEIGHT_ALIGN - 1) / WEIGHT_ALIGN * WEIGHT_ALIGN;
+    if (p->nt == p->tcap) {
+        size_t cap = p->tcap ? p->tcap * 2 : 256;
+        dit_tensor **nt = realloc(p->tensors, cap * sizeof *nt);
+        if (!nt) {
+            p->oom = true;
+            return;
+        }
+        p->tensors = nt;
+        p->tcap = cap;
+    }
+    p->tensors[p->nt++] = t;
+}
+
+void dit_weight_plan_place(dit_weight_plan *p, void *base)
+{
+    for (size_t i = 0; i < p->nt; i++)
+        p->tensors[i]->data = (char *)base + (uintptr_t)p->tensors[i]->data;
+}
+
+dit_weight_piece *dit_weight_plan_piece(dit_weight_plan *p, const char *name, int ndim, int64_t s0, int64_t s1)
+{
+    if (p->n == p->cap) {
+        size_t cap = p->cap ? p->cap * 2 : 512;
+        dit_weight_piece *ni = realloc(p->items, cap * sizeof *ni);
+        if (!ni) {
+            p->oom = true;
+            return NULL;
+        }
+        p->items = ni;
+        p->cap = cap;
+    }
+    dit_weight_piece *w = &p->items[p->n++];
+    memset(w, 0, sizeof *w);
+    snprintf(w->name, sizeof w->name, "%s", name);
+    w->ndim = ndim;
+    w->shape[0] = s0;
+    w->shape[1] = s1;
+    w->r0 = 0;
+    w->nr = s0;
+    w->c0 = 0;
+    w->nc = s1;
+    return w;
+}
+
+void dit_weight_plan_vector(dit_weight_plan *p, dit_tensor *dst, const char *name, int64_t n)
+{
+    dit_weight_plan_tensor(p, dst, DIT_F32, 1, n, 0);
+    dit_weight_piece *w = dit_weight_plan_piece(p, name, 1, n, 0);
+    if (w)
+        w->dst = dst;
+}
+
+/* A whole (replicated) linear: name.weight (N, K), name.bias (N). */
+/* Host view of the slice a piece takes from a checkpoint tensor. */
+static dit_tensor piece_src(const dit_weight_piece *w, const dit_tensor *full)
+{
+    dit_tensor v = dit_tensor_narrow(full, 0, w->r0, w->nr);
+    if (w->ndim == 2)
+        v = dit_tensor_narrow(&v, 1, w->c0, w->nc);
+    return v;
+}
+
+static dit_tensor piece_dst(const dit_weight_piece *w)
+{
+    return dit_tensor_narrow(w->dst, 0, w->dst_row0, w->nr);
+}
+
+static void shape_str(const int64_t *s, int ndim, char *buf, size_t cap)
+{
+    if (ndim == 1)
+        snprintf(buf, cap, "(%lld)", (long long)s[0]);
+    else
+        snprintf(buf, cap, "(%lld, %lld)", (long long)s[0], (long long)s[1]);
+}
+
+dit_status dit_weight_plan_load(dit_weight_plan *p, dit_backend *be, const dit_st_set *set,
+                                const char *dir, const char *model_class, dit_diag *diag)
+{
+    if (p->bad)
+        return dit_diag_set(diag, DIT_ERR_INTERNAL, "%s: %s", dir, p->bad_msg);
+    dit_status st = DIT_OK;
+    size_t count = dit_st_set_count(set);
+    bool *used = calloc(count ? count : 1, sizeof *used);
+    if (!used)
+        return dit_diag_set(diag, DIT_ERR_NOMEM, "%s: out of memory", dir);
+
+    size_t missing = 0;
+    char first_missing[3][160];
+    for (size_t i = 0; i < p->n; i++) {
+        const dit_weight_piece *w = &p->items[i];
+        const dit_st_entry *e = dit_st_set_find(set, w->name);
+        if (!e) {
+            if (missing < 3)
+                snprintf(first_missing[missing], sizeof first_missing[0], "%s", w->name);
+            missing++;
+            continue;
+        }
+        used[e - dit_st_set_at(set, 0)] = true;
+        bool ok = e->view.ndim == w->ndim && e->view.ne[0] == w->shape[0] &&
+                  (w->ndim == 1 || e->view.ne[1] == w->shape[1]);
+        if (!ok) {
+            char want[64], got[64];
+            shape_str(w->shape, w->ndim, want, sizeof want);
+            dit_tensor_shape_str(&e->view, got, sizeof got);
+            st = dit_diag_set(diag, DIT_ERR_FORMAT,
+                              "%s: tensor '%s' has shape %s, but config.json implies %s",
+                              e->file, w->name, got, want);
+            goto cleanup;
+        }
+        if (!w->dst)
+            continue;
+        dit_tensor src = piece_src(w, &e->view);
+        dit_tensor dst = piece_dst(w);
+        st = be->ops->upload(be, &dst, &src);
+        if (st != DIT_OK) {
+            st = dit_diag_set(diag, st, "%s: uploading tensor '%s' failed", e->file, w->name);
+            goto cleanup;
+        }
+    }
+    if (missing) {
+        st = dit_diag_set(diag, DIT_ERR_FORMAT,
+                          "%s: %zu tensor(s) the config needs are missing from the checkpoint, "
+                          "e.g. '%s'%s%s%s%s (does config.json belong to these weights?)",
+                          dir, missing, first_missing[0], missing > 1 ? ", '" : "",
+                          missing > 1 ? first_missing[1] : "", missing > 1 ? "'" : "",
+                          missing > 2 ? ", ..." : "");
+        goto cleanup;
+    }
+    for (size_t i = 0; i < count; i++) {
+        if (!used[i]) {
+            const dit_st_entry *e = dit_st_set_at(set, i);
+            st = dit_diag_set(diag, DIT_ERR_FORMAT,
+                              "%s: unexpected tensor '%s': %s with this config.json has no such "
+                              "parameter",
+                              e->file, e->name, model_class);
+            goto cleanup;
+        }
+    }
+cleanup:
+    free(used);
+    return st;
+}
+
+/* splitmix64: a tiny, well-mixed generator for reproducible random weights. */
+static uint64_t splitmix64(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static uint64_t hash_str(const char *s, uint64_t h)
+{
+    for (; *s; s++)
+        h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
+    return h;
+}
+
+dit_status dit_weight_plan_randomize(dit_weight_plan *p, dit_backend *be, uint64_t seed, dit_diag *diag)
+{
+    if (p->bad)
+        return dit_diag_set(diag, DIT_ERR_INTERNAL, "%s", p->bad_msg);
+    dit_status st = DIT_OK;
+    float *host = NULL;
+    size_t host_cap = 0;
+    for (size_t i = 0; i < p->n; i++) {
+        const dit_weight_piece *w = &p->items[i];
+        if (!w->dst)
+            continue;
+        size_t n = (size_t)w->nr * (size_t)(w->ndim == 2 ? w->nc : 1);
+        if (n > host_cap && !be->ops->init_uniform) {
+            free(host);
+            host = malloc(n * sizeof *host);
+            host_cap = n;
+            if (!host) {
+                st = dit_diag_set(diag, DIT_ERR_NOMEM, "random weights: out of memory");
+                goto cleanup;
+            }
+        }
+        const bool is_bias = strstr(w->name, ".bias") != NULL;
+        const bool is_norm = w->ndim == 1 && !is_bias;
+        /* Uniform(-a, a) with a = 1/sqrt(fan_in), like nn.Linear's default. */
+        const float a = w->ndim == 2 ? 1.0f / sqrtf((float)w->shape[1]) : 0.02f;
+        const uint64_t base = hash_str(w->name, 0xcbf29ce484222325ull ^ seed);
+        if (be->ops->init_uniform) {
+            /* The same numbers generated on the device: FLUX.1-dev's 12 B
+             * parameters need no host buffer and no transfer. */
+            dit_tensor dst = piece_dst(w);
+            st = is_norm ? be->ops->fill(be, &dst, 1.0f)
+                         : be->ops->init_uniform(be, &dst, base, w->r0, w->c0, a);
+            if (st != DIT_OK) {
+                st = dit_diag_set(diag, st, "random weights: init of '%s' failed", w->name);
+                goto cleanup;
+            }
+            continue;
+        }
+        const int64_t cols = w->ndim == 2 ? w->nc : 1;
+#pragma omp parallel for schedule(static)
+        for (int64_t r = 0; r < w->nr; r++) {
+            /* Seeded by the global row, so slices of a split tensor are
+             * slices of the same whole. */
+            uint64_t s = base + (uint64_t)(w->r0 + r) * 0x2545f4914f6cdd1dull;
+            for (int64_t k = 0; k < w->c0; k++)
+                splitmix64(&s);
+            for (int64_t cidx = 0; cidx < cols; cidx++) {
+                double u = (double)(splitmix64(&s) >> 11) * 0x1.0p-53;
+                host[r * cols + cidx] = is_norm ? 1.0f : (float)((2.0 * u - 1.0) * a);
+            }
+        }
+        dit_tensor src = w->ndim == 2 ? dit_tensor_2d(host, DIT_F32, w->nr, w->nc)
+                                      : dit_tensor_1d(host, DIT_F32, w->nr);
+        dit_tensor dst = piece_dst(w);
+        st = be->ops->upload(be, &dst, &src);
+        if (st != DIT_OK) {
+            st = dit_diag_set(diag, st, "random weights: upload of '%s' failed", w->name);
+            goto cleanup;
+        }
+    }
+cleanup:
+    free(host);
+    return st;
+}
+

@@ -22,7 +22,6 @@
 
 #include "comm/comm.h"
 #include "core/status.h"
-#include "models/flux/flux_config.h"
 
 typedef struct dit_parallel_config {
     int world_size;
@@ -43,11 +42,31 @@ dit_parallel_config dit_parallel_config_single(void);
  * rules. */
 dit_status dit_parallel_validate(const dit_parallel_config *pc, dit_diag *diag);
 
-/* Rules that depend on the model and the request: heads and FFN width
- * divisible by T, heads divisible by U (plain Ulysses), token counts
- * divisible by the CP size (plain modes). */
-dit_status dit_parallel_validate_model(const dit_parallel_config *pc, const dit_flux_config *mc,
-                                       int64_t img_tokens, int64_t txt_tokens, dit_diag *diag);
+#define DIT_PARALLEL_MAX_WIDTHS 4
+#define DIT_PARALLEL_MAX_SEQS 4
+
+/* What a model asks of a parallel layout, from its config alone (a model
+ * class's parallel_req): the attention heads that Ulysses and TP split, the
+ * feature widths TP splits by columns (FFN widths), and the sequences its
+ * context-parallel plan splits, in the order their lengths are passed.
+ * Names are string literals, used in messages.
+ *
+ * Owner: plain value. */
+typedef struct dit_parallel_req {
+    int num_heads;
+    int n_widths;
+    int widths[DIT_PARALLEL_MAX_WIDTHS];
+    const char *width_names[DIT_PARALLEL_MAX_WIDTHS]; /* "the FFN width" */
+    int n_seqs;
+    const char *seq_names[DIT_PARALLEL_MAX_SEQS]; /* "image tokens", "text tokens" */
+} dit_parallel_req;
+
+/* Rules that depend on the model and the request: heads and every width
+ * divisible by T, heads divisible by U (plain Ulysses), and (when seq_lens,
+ * req->n_seqs lengths, is not NULL) every split sequence divisible by the CP
+ * size (plain modes). */
+dit_status dit_parallel_validate_model(const dit_parallel_config *pc, const dit_parallel_req *req,
+                                       const int64_t *seq_lens, dit_diag *diag);
 
 /* Whether some uneven split is allowed. */
 bool dit_parallel_uneven(const dit_parallel_config *pc);

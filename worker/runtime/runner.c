@@ -5,10 +5,12 @@
 
 #include "backend/arena.h"
 #include "parallel/cp_attention.h"
+#include "parallel/cp_plan.h"
 
 struct dit_runner {
     dit_backend *be;
-    dit_flux *model;
+    dit_model *model;
+    dit_parallel_req req;
     dit_mesh *mesh;
     dit_cp_attention *cpa;
     dit_arena *arena;
@@ -72,17 +74,17 @@ static dit_status hook_block(void *ctx, int block, dit_diag *diag)
 static void set_hooks(dit_runner *r)
 {
     const dit_mesh *mesh = r->mesh;
-    dit_flux_hooks hooks = {
+    dit_model_hooks hooks = {
         .ctx = r,
         .attention = r->cpa ? hook_attention : NULL,
         .tp_all_reduce = mesh && dit_mesh_tp(mesh) ? hook_all_reduce : NULL,
         .tp_all_gather = mesh && dit_mesh_tp(mesh) ? hook_all_gather : NULL,
         .block_done = r->block_fn ? hook_block : NULL,
     };
-    dit_flux_set_hooks(r->model, &hooks);
+    r->model->cls->set_hooks(r->model->impl, &hooks);
 }
 
-dit_status dit_runner_create(dit_backend *be, dit_flux *model, dit_mesh *mesh, dit_runner **out,
+dit_status dit_runner_create(dit_backend *be, dit_model *model, dit_mesh *mesh, dit_runner **out,
                              dit_diag *diag)
 {
     dit_runner *r = calloc(1, sizeof *r);
@@ -91,6 +93,7 @@ dit_status dit_runner_create(dit_backend *be, dit_flux *model, dit_mesh *mesh, d
     r->be = be;
     r->model = model;
     r->mesh = mesh;
+    r->req = model->cls->parallel_req(dit_model_config(model));
     dit_status st = dit_arena_create(be, 0, &r->arena);
     if (st != DIT_OK) {
         free(r);
@@ -106,7 +109,8 @@ dit_status dit_runner_create(dit_backend *be, dit_flux *model, dit_mesh *mesh, d
     set_hooks(r);
     /* Per-step CUDA graphs where the backend has them and nothing runs on the
      * host in the middle of the forward (no comm or block hooks). */
-    dit_flux_set_graphs(model, true);
+    if (model->cls->set_graphs)
+        model->cls->set_graphs(model->impl, true);
     *out = r;
     return DIT_OK;
 }
@@ -115,7 +119,7 @@ void dit_runner_destroy(dit_runner *r)
 {
     if (!r)
         return;
-    dit_flux_set_hooks(r->model, NULL);
+    r->model->cls->set_hooks(r->model->impl, NULL);
     dit_cp_attention_destroy(r->cpa);
     dit_arena_destroy(r->arena);
     free(r);
@@ -137,94 +141,48 @@ dit_runner_stats dit_runner_get_stats(const dit_runner *r)
     return s;
 }
 
-#define ALLOC(t, nd, ...)                                                                   \
-    do {                                                                                    \
-        const int64_t shp_[] = {__VA_ARGS__};                                               \
-        st = dit_arena_tensor(r->arena, DIT_F32, nd, shp_, &(t));                           \
-        if (st != DIT_OK) {                                                                 \
-            st = dit_diag_set(diag, st, "forward: out of device memory for inputs");        \
-            goto cleanup;                                                                   \
-        }                                                                                   \
-    } while (0)
-
-dit_status dit_runner_forward(dit_runner *r, const dit_forward_inputs *in, float *sample,
+dit_status dit_runner_forward(dit_runner *r, const dit_named_tensors *in, const dit_tensor *out,
                               dit_diag *diag)
 {
     dit_status st = DIT_OK;
-    dit_backend *be = r->be;
-    const dit_flux_config *c = dit_flux_config_of(r->model);
-    const int64_t B = in->batch, Si = in->img_tokens, St = in->txt_tokens;
+    const dit_model_class *cls = r->model->cls;
     const int C = r->mesh ? dit_mesh_cp_size(r->mesh) : 1;
     const int cp = r->mesh ? dit_mesh_cp_rank(r->mesh) : 0;
-    const int nax = c->n_axes;
+    dit_cp_layout lay;
+    dit_named_tensors local;
+    dit_tensor out_local;
 
-    if (r->mesh) {
-        DIT_CHECK(dit_parallel_validate_model(dit_mesh_config(r->mesh), c, Si, St, diag));
-    }
-    /* The context-parallel plan: every rank takes chunk `cp` of the image
-     * tokens and of the text tokens (torch.tensor_split sizes). */
-    int64_t img_off[64], img_len[64], txt_off[64], txt_len[64], lens[64];
-    for (int j = 0; j < C; j++) {
-        dit_partition(Si, C, j, &img_off[j], &img_len[j]);
-        dit_partition(St, C, j, &txt_off[j], &txt_len[j]);
-        lens[j] = img_len[j] + txt_len[j];
-    }
+    DIT_CHECK(dit_cp_plan_layout(cls->cp_plan, cls->n_cp, r->req.n_seqs, in, C, cp, &lay, diag));
+    if (r->mesh)
+        DIT_CHECK(dit_parallel_validate_model(dit_mesh_config(r->mesh), &r->req, lay.seq_len, diag));
     if (r->cpa)
-        DIT_CHECK(dit_cp_attention_set_lengths(r->cpa, lens, C, diag));
-
-    dit_tensor hs, ehs, pooled, out_local;
-    ALLOC(hs, 3, B, img_len[cp], c->in_channels);
-    ALLOC(ehs, 3, B, txt_len[cp], c->joint_attention_dim);
-    ALLOC(pooled, 2, B, c->pooled_projection_dim);
-    ALLOC(out_local, 3, B, img_len[cp], c->out_dim);
+        DIT_CHECK(dit_cp_attention_set_lengths(r->cpa, lay.attn_len, C, diag));
+    DIT_CHECK(dit_cp_plan_scatter(cls->cp_plan, cls->n_cp, &lay, r->be, r->arena, in, &local, diag));
     {
-        dit_tensor h_hs = dit_tensor_3d((void *)in->hidden_states, DIT_F32, B, Si, c->in_channels);
-        dit_tensor h_ehs = dit_tensor_3d((void *)in->encoder_hidden_states, DIT_F32, B, St,
-                                         c->joint_attention_dim);
-        dit_tensor h_pool = dit_tensor_2d((void *)in->pooled_projections, DIT_F32, B,
-                                          c->pooled_projection_dim);
-        dit_tensor my_hs = dit_tensor_narrow(&h_hs, 1, img_off[cp], img_len[cp]);
-        dit_tensor my_ehs = dit_tensor_narrow(&h_ehs, 1, txt_off[cp], txt_len[cp]);
-        DIT_CHECK(be->ops->upload(be, &hs, &my_hs));
-        DIT_CHECK(be->ops->upload(be, &ehs, &my_ehs));
-        DIT_CHECK(be->ops->upload(be, &pooled, &h_pool));
-    }
-    dit_flux_inputs fin = {
-        .hidden_states = hs,
-        .encoder_hidden_states = ehs,
-        .pooled_projections = pooled,
-        .timestep = in->timestep,
-        .guidance = in->guidance,
-        .img_ids = in->img_ids + img_off[cp] * nax,
-        .txt_ids = in->txt_ids + txt_off[cp] * nax,
-    };
-    DIT_CHECK(dit_flux_forward(r->model, r->arena, &fin, &out_local, diag));
-
-    dit_tensor h_out = dit_tensor_3d(sample, DIT_F32, B, Si, c->out_dim);
-    if (C == 1) {
-        DIT_CHECK(be->ops->download(be, &h_out, &out_local));
-    } else {
-        /* Gather the image-token chunks of the cp group, then put them back
-         * in sequence order per batch entry on the device. */
-        dit_comm *cpc = dit_mesh_cp(r->mesh);
-        size_t counts[64];
-        for (int j = 0; j < C; j++)
-            counts[j] = (size_t)(B * img_len[j] * c->out_dim) * sizeof(float);
-        dit_tensor packed, whole;
-        ALLOC(packed, 1, B * Si * c->out_dim);
-        ALLOC(whole, 3, B, Si, c->out_dim);
-        DIT_CHECK(cpc->ops->all_gather_v(cpc, out_local.data, packed.data, counts, diag));
-        r->stats.gather_bytes += counts[cp];
-        float *p = packed.data;
-        for (int j = 0; j < C; j++) {
-            dit_tensor src = dit_tensor_3d(p, DIT_F32, B, img_len[j], c->out_dim);
-            dit_tensor dst = dit_tensor_narrow(&whole, 1, img_off[j], img_len[j]);
-            DIT_CHECK(be->ops->copy(be, &dst, &src));
-            p += B * img_len[j] * c->out_dim;
+        dit_tensor shape = dit_cp_plan_local_output_shape(cls->cp_plan, cls->n_cp, &lay, out);
+        st = dit_arena_tensor(r->arena, DIT_F32, shape.ndim, shape.ne, &out_local);
+        if (st != DIT_OK) {
+            st = dit_diag_set(diag, st, "forward: out of device memory for inputs");
+            goto cleanup;
         }
-        DIT_CHECK(be->ops->download(be, &h_out, &whole));
     }
+    DIT_CHECK(cls->forward(r->model->impl, r->arena, &local, &out_local, diag));
+    DIT_CHECK(dit_cp_plan_gather(cls->cp_plan, cls->n_cp, &lay, r->be, r->arena,
+                                 r->mesh ? dit_mesh_cp(r->mesh) : NULL, &out_local, out,
+                                 &r->stats.gather_bytes, diag));
 cleanup:
     dit_arena_reset(r->arena);
     return st;
+}
+
+static dit_status denoiser_forward(void *ctx, const dit_named_tensors *in, const dit_tensor *out,
+                                   dit_diag *diag)
+{
+    return dit_runner_forward(ctx, in, out, diag);
+}
+
+dit_denoiser dit_runner_denoiser(dit_runner *r)
+{
+    dit_denoiser d = {.ctx = r, .forward = denoiser_forward};
+    return d;
 }

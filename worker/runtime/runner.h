@@ -1,8 +1,9 @@
-/* One forward pass of the Flux transformer on one rank of a mesh (or alone):
- * takes this rank's share of the inputs (the context-parallel plan: image
- * and text tokens and their position ids split on the sequence), runs the
- * model with the mesh's attention and all-reduce, and gathers the output.
- * ditrun uses it directly; the daemon's workers will too.
+/* One forward pass of a model (models/model.h) on one rank of a mesh (or
+ * alone): takes this rank's share of the whole inputs by the model class's
+ * context-parallel plan (parallel/cp_plan.h), runs the model with the
+ * mesh's attention and tensor-parallel all-reduce as its hooks, and
+ * gathers the output. Nothing here knows a particular model. ditrun and
+ * ditworker use it, and hand pipelines its dit_denoiser.
  *
  * Owner: the rank's thread. */
 #ifndef DIT_RUNTIME_RUNNER_H
@@ -11,21 +12,10 @@
 #include <stdint.h>
 
 #include "backend/backend.h"
-#include "models/flux/flux.h"
+#include "core/named_tensors.h"
+#include "models/denoiser.h"
+#include "models/model.h"
 #include "parallel/mesh.h"
-
-/* Host inputs of one forward pass, whole (every rank holds all of them),
- * shaped as diffusers' FluxTransformer2DModel.forward takes them. */
-typedef struct dit_forward_inputs {
-    int64_t batch, img_tokens, txt_tokens;
-    const float *hidden_states;         /* (B, Si, in_channels) */
-    const float *encoder_hidden_states; /* (B, St, joint_attention_dim) */
-    const float *pooled_projections;    /* (B, pooled_projection_dim) */
-    const float *timestep;              /* (B) */
-    const float *guidance;              /* (B), or NULL without guidance embeds */
-    const float *img_ids;               /* (Si, n_axes) */
-    const float *txt_ids;               /* (St, n_axes) */
-} dit_forward_inputs;
 
 typedef struct dit_runner dit_runner;
 
@@ -33,16 +23,20 @@ typedef struct dit_runner dit_runner;
 typedef dit_status (*dit_block_fn)(void *ctx, int block, dit_diag *diag);
 
 /* mesh may be NULL (one rank). The runner borrows be, model and mesh. */
-dit_status dit_runner_create(dit_backend *be, dit_flux *model, dit_mesh *mesh, dit_runner **out,
+dit_status dit_runner_create(dit_backend *be, dit_model *model, dit_mesh *mesh, dit_runner **out,
                              dit_diag *diag);
 void dit_runner_destroy(dit_runner *r);
 
 void dit_runner_set_block_callback(dit_runner *r, dit_block_fn fn, void *ctx);
 
-/* Runs the pass; every rank receives the whole output in `sample` (host,
- * (B, Si, out_dim) f32). */
-dit_status dit_runner_forward(dit_runner *r, const dit_forward_inputs *in, float *sample,
+/* Runs the pass. `in`: whole host f32 inputs named as the model's forward
+ * arguments; every rank receives the whole output in `out` (host f32, the
+ * shape the model class's output_shape gives). */
+dit_status dit_runner_forward(dit_runner *r, const dit_named_tensors *in, const dit_tensor *out,
                               dit_diag *diag);
+
+/* The runner as the seam pipelines call (valid while the runner lives). */
+dit_denoiser dit_runner_denoiser(dit_runner *r);
 
 typedef struct dit_runner_stats {
     uint64_t attention_bytes_sent; /* context-parallel K/V and head exchanges */

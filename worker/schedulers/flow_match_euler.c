@@ -1,6 +1,7 @@
 #include "schedulers/flow_match_euler.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "loader/json_util.h"
@@ -141,3 +142,39 @@ void dit_flow_scheduler_step(float *x, const float *v, size_t n, float sigma, fl
         x[i] = x[i] + d;
     }
 }
+
+/* The scheduler interface (schedulers/scheduler.h). */
+
+static dit_status fme_load(const char *path, void **out, dit_diag *diag)
+{
+    dit_flow_scheduler *s = malloc(sizeof *s);
+    if (!s)
+        return dit_diag_set(diag, DIT_ERR_NOMEM, "out of memory");
+    dit_status st = dit_flow_scheduler_load(path, s, diag);
+    if (st != DIT_OK) {
+        free(s);
+        return st;
+    }
+    *out = s;
+    return DIT_OK;
+}
+
+static dit_status fme_schedule(const void *s, int steps, int64_t seq_len, float *sigmas,
+                               float *timesteps, dit_diag *diag)
+{
+    return dit_flow_scheduler_schedule(s, steps, seq_len, sigmas, timesteps, diag);
+}
+
+static void fme_step(void *s, int i, const float *sigmas, float *x, const float *v, size_t n)
+{
+    (void)s;
+    dit_flow_scheduler_step(x, v, n, sigmas[i], sigmas[i + 1]);
+}
+
+const dit_scheduler_class dit_flow_match_euler_class = {
+    .diffusers_class = "FlowMatchEulerDiscreteScheduler",
+    .load = fme_load,
+    .free = free,
+    .schedule = fme_schedule,
+    .step = fme_step,
+};

@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include "core/status.h"
+#include "schedulers/scheduler.h"
 
 typedef struct dit_flow_scheduler {
     int num_train_timesteps;
@@ -47,5 +48,8 @@ dit_status dit_flow_scheduler_schedule(const dit_flow_scheduler *s, int steps,
 
 /* x <- x + (sigma_next - sigma) * v, element-wise, unfused f32. */
 void dit_flow_scheduler_step(float *x, const float *v, size_t n, float sigma, float sigma_next);
+
+/* This scheduler as a dit_scheduler_class. */
+extern const dit_scheduler_class dit_flow_match_euler_class;
 
 #endif

@@ -145,7 +145,11 @@ static dit_status check_tensor(const char *name, const Ditserve__V1__Tensor *t, 
 
 /* Fills gp from req with defaults; pointers to caller tensors are set to
  * their raw bytes (presence only) and replaced by f32 copies in resolve. */
-static void fill_params(const Ditserve__V1__GenerateRequest *req, dit_gen_params *gp)
+/* The request as pipeline parameters; fields the request leaves unset take
+ * the pipeline's defaults (probe). info NULL leaves them 0 (for readers of
+ * the prompts and scales only). */
+static void fill_params(const Ditserve__V1__GenerateRequest *req, const dit_pipeline_info *info,
+                        dit_gen_params *gp)
 {
     memset(gp, 0, sizeof *gp);
     gp->prompt = req->prompt ? req->prompt : "";
@@ -153,10 +157,12 @@ static void fill_params(const Ditserve__V1__GenerateRequest *req, dit_gen_params
     gp->negative_prompt = req->negative_prompt && req->negative_prompt[0] ? req->negative_prompt : NULL;
     gp->negative_prompt_2 =
         req->negative_prompt_2 && req->negative_prompt_2[0] ? req->negative_prompt_2 : NULL;
-    gp->width = req->width ? req->width : DIT_REQUEST_DEFAULT_SIZE;
-    gp->height = req->height ? req->height : DIT_REQUEST_DEFAULT_SIZE;
-    gp->steps = req->num_inference_steps ? req->num_inference_steps : DIT_REQUEST_DEFAULT_STEPS;
-    gp->guidance_scale = req->guidance_scale ? req->guidance_scale->value : DIT_REQUEST_DEFAULT_GUIDANCE;
+    gp->width = req->width ? req->width : info ? info->default_width : 0;
+    gp->height = req->height ? req->height : info ? info->default_height : 0;
+    gp->steps = req->num_inference_steps ? req->num_inference_steps : info ? info->default_steps : 0;
+    gp->guidance_scale = req->guidance_scale ? req->guidance_scale->value
+                         : info                ? info->default_guidance
+                                               : 0.0f;
     gp->true_cfg_scale = req->true_cfg_scale ? req->true_cfg_scale->value : 1.0f;
     gp->seed = req->seed ? req->seed->value : 0;
     gp->max_sequence_length = req->max_sequence_length;
@@ -201,8 +207,8 @@ dit_status dit_request_validate(const Ditserve__V1__GenerateRequest *req,
                             "output_format %d is not OUTPUT_FORMAT_PNG or OUTPUT_FORMAT_RAW_TENSOR",
                             (int)req->output_format);
     dit_gen_params gp;
-    fill_params(req, &gp);
-    const dit_flux_config *fc = &info->transformer;
+    fill_params(req, info, &gp);
+    const dit_transformer_info *fc = &info->transformer;
     if (req->prompt_embeds) {
         const int64_t s[3] = {1, -1, fc->joint_attention_dim};
         if ((st = check_tensor("prompt_embeds", req->prompt_embeds, 3, s, 4096, diag)) != DIT_OK)
@@ -230,9 +236,9 @@ dit_status dit_request_validate(const Ditserve__V1__GenerateRequest *req,
     if ((st = dit_gen_check(info, &gp, diag)) != DIT_OK)
         return st;
     if (req->latents) {
-        const int mult = 2 * info->vae_scale;
+        const int mult = info->size_multiple;
         const int64_t s[3] = {1, (int64_t)(gp.height / mult) * (gp.width / mult),
-                              4 * info->latent_channels};
+                              info->latent_dim};
         if ((st = check_tensor("latents", req->latents, 3, s, 0, diag)) != DIT_OK)
             return st;
     }
@@ -246,47 +252,8 @@ dit_status dit_request_validate_mesh(const Ditserve__V1__GenerateRequest *req,
     if (pc->world_size <= 1)
         return DIT_OK;
     dit_gen_params gp;
-    fill_params(req, &gp);
-    const int mult = 2 * info->vae_scale;
-    const int64_t img = (int64_t)(gp.height / mult) * (gp.width / mult);
-    const int64_t txt = gp.prompt_embeds ? gp.prompt_embeds_len
-                                         : (gp.max_sequence_length ? gp.max_sequence_length : 512);
-    return dit_parallel_validate_model(pc, &info->transformer, img, txt, diag);
-}
-
-/* Adds "WxH" to a list of at most 4 sizes. */
-static void add_size(char *list, size_t cap, int *n, int64_t w, int64_t h)
-{
-    if (*n >= 4)
-        return;
-    const size_t used = strlen(list);
-    snprintf(list + used, cap - used, "%s%lldx%lld", *n ? ", " : "", (long long)w, (long long)h);
-    (*n)++;
-}
-
-/* The sizes nearest to w x h, changing one side in steps of mult, whose
- * token count (w / mult) * (h / mult) is a multiple of C. */
-static void nearest_sizes(int64_t w, int64_t h, int mult, int C, char *list, size_t cap)
-{
-    int n = 0;
-    list[0] = '\0';
-    for (int side = 0; side < 2; side++) {
-        /* Within C steps one of the candidates divides: (w/mult + k) runs
-         * through every residue mod C. */
-        for (int k = 1; k <= C; k++) {
-            bool found = false;
-            for (int sign = -1; sign <= 1; sign += 2) {
-                const int64_t nw = side == 0 ? w + sign * k * mult : w;
-                const int64_t nh = side == 1 ? h + sign * k * mult : h;
-                if (nw < mult || nh < mult || ((nw / mult) * (nh / mult)) % C != 0)
-                    continue;
-                add_size(list, cap, &n, nw, nh);
-                found = true;
-            }
-            if (found)
-                break;
-        }
-    }
+    fill_params(req, info, &gp);
+    return dit_gen_check_mesh(info, &gp, pc, diag);
 }
 
 void dit_request_mesh_advice(const Ditserve__V1__GenerateRequest *req,
@@ -300,52 +267,15 @@ void dit_request_mesh_advice(const Ditserve__V1__GenerateRequest *req,
         return;
     }
     dit_gen_params gp;
-    fill_params(req, &gp);
-    const int C = pc->ring_degree * pc->ulysses_degree;
-    const int mult = 2 * info->vae_scale;
-    const int64_t img = (int64_t)(gp.height / mult) * (gp.width / mult);
-    const int64_t txt = gp.prompt_embeds ? gp.prompt_embeds_len
-                                         : (gp.max_sequence_length ? gp.max_sequence_length : 512);
-    const bool plain = C > 1 && !dit_parallel_uneven(pc);
-    if (plain && img % C != 0) {
-        char sizes[128];
-        nearest_sizes(gp.width, gp.height, mult, C, sizes, sizeof sizes);
-        snprintf(buf, cap,
-                 "a %dx%d image is %lld tokens (one per %dx%d pixels), which this server's %d "
-                 "context-parallel ranks cannot split evenly: it needs a multiple of %d. The "
-                 "nearest sizes that work: %s",
-                 gp.width, gp.height, (long long)img, mult, mult, C, C, sizes);
-    } else if (plain && txt % C != 0) {
-        const int64_t down = txt - txt % C, up = down + C;
-        if (gp.prompt_embeds)
-            snprintf(buf, cap,
-                     "prompt_embeds has %lld tokens, which this server's %d context-parallel "
-                     "ranks cannot split evenly: it needs a multiple of %d (e.g. %lld)",
-                     (long long)txt, C, C, (long long)up);
-        else if (down > 0 && up <= 512)
-            snprintf(buf, cap,
-                     "max_sequence_length %lld cannot be split evenly over this server's %d "
-                     "context-parallel ranks: use a multiple of %d, e.g. %lld or %lld",
-                     (long long)txt, C, C, (long long)down, (long long)up);
-        else if (down > 0)
-            snprintf(buf, cap,
-                     "max_sequence_length %lld cannot be split evenly over this server's %d "
-                     "context-parallel ranks: use a multiple of %d, e.g. %lld",
-                     (long long)txt, C, C, (long long)down);
-        else
-            snprintf(buf, cap,
-                     "max_sequence_length %lld cannot be split evenly over this server's %d "
-                     "context-parallel ranks: use a multiple of %d, e.g. %d",
-                     (long long)txt, C, C, C);
-    } else {
+    fill_params(req, info, &gp);
+    if (!dit_gen_mesh_advice(info, &gp, pc, buf, cap))
         snprintf(buf, cap, "%s", dit_diag_msg(&diag));
-    }
 }
 
 bool dit_request_warning(const Ditserve__V1__GenerateRequest *req, char *buf, size_t cap)
 {
     dit_gen_params gp;
-    fill_params(req, &gp);
+    fill_params(req, NULL, &gp);
     return dit_gen_true_cfg_warning(&gp, "negative_prompt", "true_cfg_scale", buf, cap);
 }
 
@@ -371,7 +301,7 @@ dit_status dit_request_resolve(const Ditserve__V1__GenerateRequest *req,
     dit_status st = dit_request_validate(req, info, diag);
     if (st != DIT_OK)
         return st;
-    fill_params(req, &out->gp);
+    fill_params(req, info, &out->gp);
     out->seed_set = req->seed != NULL;
     if (!out->seed_set)
         out->gp.seed = seed_fallback;

@@ -1,9 +1,9 @@
 /* A ditserve.v1.GenerateRequest turned into pipeline parameters: defaults
- * applied (width/height 1024, 28 steps, guidance 3.5, ...), every field
- * range-checked, tensors checked against the pipeline (dtype, shape, byte
- * count) and converted to f32. The daemon validates with it when a request
- * arrives; the workers resolve with it when the job runs, so both read the
- * request the same way.
+ * applied from the pipeline's probe (FluxPipeline: 1024x1024, 28 steps,
+ * guidance 3.5, ...), every field range-checked, tensors checked against
+ * the pipeline (dtype, shape, byte count) and converted to f32. The
+ * daemon validates with it when a request arrives; the workers resolve
+ * with it when the job runs, so both read the request the same way.
  *
  * Owner: the caller of dit_request_resolve owns the result. */
 #ifndef DIT_SERVE_REQUEST_H
@@ -13,8 +13,10 @@
 
 #include "ditserve_v1_generation.pb-c.h"
 #include "parallel/mesh.h"
-#include "pipelines/flux_pipeline.h"
+#include "pipelines/probe.h"
 
+/* FluxPipeline's defaults; requests take the probe's (dit_pipeline_info),
+ * the same for FluxPipeline. Kept for the coordinator's job descriptions. */
 #define DIT_REQUEST_DEFAULT_SIZE 1024
 #define DIT_REQUEST_DEFAULT_STEPS 28
 #define DIT_REQUEST_DEFAULT_GUIDANCE 3.5f

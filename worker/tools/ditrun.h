@@ -10,7 +10,7 @@
 #include "backend/backend.h"
 #include "comm/comm.h"
 #include "parallel/mesh.h"
-#include "pipelines/flux_pipeline.h"
+#include "pipelines/probe.h"
 
 #define DITRUN_EXIT_USAGE 2
 

@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "loader/safetensors.h"
-#include "models/flux/flux.h"
+#include "models/model.h"
 #include "runtime/inputs.h"
 #include "runtime/runner.h"
 #include "tools/ditrun.h"
@@ -69,7 +69,7 @@ int ditrun_forward_rank(const ditrun_args *a, int rank)
     dit_comm *world = NULL;
     dit_mesh *mesh = NULL;
     dit_backend *be = NULL;
-    dit_flux *model = NULL;
+    dit_model *model = NULL;
     dit_runner *runner = NULL;
     dit_input_file *inputs = NULL;
     float *out = NULL;
@@ -80,48 +80,49 @@ int ditrun_forward_rank(const ditrun_args *a, int rank)
         DIT_CHECK(ditrun_join_mesh(a, rank, &world, &mesh, &diag));
     dit_backend_config bcfg = {.kind = a->backend, .n_threads = a->threads, .device = 0};
     DIT_CHECK(dit_backend_create(&bcfg, &be, &diag));
-    dit_flux_shard shard = {.tp_degree = a->pc.tp_degree,
-                            .tp_rank = mesh ? dit_mesh_tp_rank(mesh) : 0};
+    dit_shard shard = {.tp_degree = a->pc.tp_degree, .tp_rank = mesh ? dit_mesh_tp_rank(mesh) : 0};
     double t0 = ditrun_now_ms();
-    DIT_CHECK(dit_flux_load(be, a->model, &shard, &model, &diag));
+    DIT_CHECK(dit_model_load(be, a->model, &shard, &model, &diag));
     double t_load = ditrun_now_ms() - t0;
-    const dit_flux_config *cfg = dit_flux_config_of(model);
-    DIT_CHECK(dit_input_file_load(a->inputs, cfg, &inputs, &diag));
-    const dit_forward_inputs *in = dit_input_file_inputs(inputs);
+    const dit_model_class *cls = model->cls;
+    const void *cfg = dit_model_config(model);
+    DIT_CHECK(dit_input_file_load(a->inputs, cls, cfg, &inputs, &diag));
+    const dit_named_tensors *in = dit_input_file_inputs(inputs);
     DIT_CHECK(dit_runner_create(be, model, mesh, &runner, &diag));
     ditrun_fault fault;
     if (ditrun_fault_for_rank(rank, &fault))
         dit_runner_set_block_callback(runner, ditrun_fault_block, &fault);
 
-    const size_t n_out = (size_t)(in->batch * in->img_tokens * cfg->out_dim);
+    dit_tensor host_sample;
+    DIT_CHECK(cls->output_shape(cfg, in, &host_sample, &diag));
+    const size_t n_out = (size_t)dit_tensor_numel(&host_sample);
     out = malloc((n_out ? n_out : 1) * sizeof *out);
     if (!out) {
         st = dit_diag_set(&diag, DIT_ERR_NOMEM, "out of memory");
         goto cleanup;
     }
+    host_sample.data = out;
     double best = INFINITY;
     for (int r = 0; r < a->repeat; r++) {
         if (world)
             DIT_CHECK(world->ops->barrier(world, &diag));
         double t1 = ditrun_now_ms();
-        DIT_CHECK(dit_runner_forward(runner, in, out, &diag));
+        DIT_CHECK(dit_runner_forward(runner, in, &host_sample, &diag));
         double dt = ditrun_now_ms() - t1;
         best = dt < best ? dt : best;
     }
     if (rank != 0)
         goto cleanup;
 
-    dit_tensor host_sample = dit_tensor_3d(out, DIT_F32, in->batch, in->img_tokens, cfg->out_dim);
     dit_st_write_item item = {.name = "sample", .tensor = &host_sample};
     DIT_CHECK(dit_st_write(a->output, &item, 1, &diag));
     if (speak) {
-        double gflop = dit_flux_forward_flops(cfg, in->batch, in->txt_tokens, in->img_tokens) / 1e9;
+        double gflop = cls->forward_flops(cfg, in) / 1e9;
         dit_runner_stats rs = dit_runner_get_stats(runner);
-        printf("model: %s (%d double + %d single blocks, %d heads x %d, %.1f MiB of weights%s, "
-               "loaded in %.0f ms)\n",
-               a->model, cfg->num_layers, cfg->num_single_layers, cfg->num_attention_heads,
-               cfg->attention_head_dim, (double)dit_flux_weight_bytes(model) / 1048576.0,
-               multi ? " on rank 0" : "", t_load);
+        dit_model_summary sum = cls->summary(cfg);
+        printf("model: %s (%s, %d heads x %d, %.1f MiB of weights%s, loaded in %.0f ms)\n",
+               a->model, sum.blocks, sum.num_heads, sum.head_dim,
+               (double)cls->weight_bytes(model->impl) / 1048576.0, multi ? " on rank 0" : "", t_load);
         if (multi)
             printf("mesh: %d ranks = ring %d x ulysses %d x tp %d%s; rank 0 sent %.3f MiB "
                    "(attention) + %.3f MiB (output gather), all-reduced %.3f MiB per forward\n",
@@ -133,15 +134,23 @@ int ditrun_forward_rank(const ditrun_args *a, int rank)
                    (double)rs.attention_bytes_sent / 1048576.0 / a->repeat,
                    (double)rs.gather_bytes / 1048576.0 / a->repeat,
                    (double)rs.tp_bytes_reduced / 1048576.0 / a->repeat);
-        printf("forward: batch %lld, %lld text + %lld image tokens, %s backend: %.2f ms "
-               "(%.3f GFLOP, %.1f GFLOP/s)%s\n",
-               (long long)in->batch, (long long)in->txt_tokens, (long long)in->img_tokens,
-               be->ops->name, best, gflop, gflop / (best / 1e3),
-               a->repeat > 1 ? ", best of repeats" : "");
+        /* The sequences the context-parallel plan splits, last first (text
+         * before image for FLUX, the order attention sees them). */
+        const dit_parallel_req req = cls->parallel_req(cfg);
+        int64_t lens[DIT_PARALLEL_MAX_SEQS];
+        char seqs[256] = "";
+        DIT_CHECK(dit_input_file_peek(a->inputs, cls, cfg, lens, &diag));
+        for (int i = req.n_seqs - 1; i >= 0; i--)
+            snprintf(seqs + strlen(seqs), sizeof seqs - strlen(seqs), "%s%lld %s",
+                     i == req.n_seqs - 1 ? "" : " + ", (long long)lens[i], req.seq_names[i]);
+        printf("forward: batch %lld, %s, %s backend: %.2f ms (%.3f GFLOP, %.1f GFLOP/s)%s\n",
+               (long long)host_sample.ne[0], seqs, be->ops->name, best, gflop,
+               gflop / (best / 1e3), a->repeat > 1 ? ", best of repeats" : "");
         printf("activation memory: %.2f MiB%s\n", (double)rs.activation_bytes / 1048576.0,
                multi ? " on rank 0" : "");
-        printf("wrote %s: sample (%lld, %lld, %d) f32\n", a->output, (long long)in->batch,
-               (long long)in->img_tokens, cfg->out_dim);
+        char shape[96];
+        dit_tensor_shape_str(&host_sample, shape, sizeof shape);
+        printf("wrote %s: sample %s\n", a->output, shape);
         print_stats("sample", out, n_out);
     }
     if (a->compare)
@@ -159,7 +168,7 @@ cleanup:
     free(out);
     dit_input_file_free(inputs);
     dit_runner_destroy(runner);
-    dit_flux_destroy(model);
+    dit_model_destroy(model);
     dit_backend_destroy(be);
     dit_mesh_destroy(mesh);
     dit_comm_destroy(world);

@@ -6,7 +6,7 @@
 
 #include "media/png.h"
 #include "loader/safetensors.h"
-#include "pipelines/flux_pipeline.h"
+#include "pipelines/pipeline.h"
 #include "runtime/runner.h"
 #include "tools/ditrun.h"
 
@@ -87,8 +87,7 @@ int ditrun_generate_rank(const ditrun_args *a, int rank)
         DIT_CHECK(ditrun_join_mesh(a, rank, &world, &mesh, &diag));
     dit_backend_config bcfg = {.kind = a->backend, .n_threads = a->threads, .device = 0};
     DIT_CHECK(dit_backend_create(&bcfg, &be, &diag));
-    dit_flux_shard shard = {.tp_degree = a->pc.tp_degree,
-                            .tp_rank = mesh ? dit_mesh_tp_rank(mesh) : 0};
+    dit_shard shard = {.tp_degree = a->pc.tp_degree, .tp_rank = mesh ? dit_mesh_tp_rank(mesh) : 0};
     double t0 = ditrun_now_ms();
     DIT_CHECK(dit_pipeline_load(be, a->model, &shard, lead, &pipe, &diag));
     const double t_load = ditrun_now_ms() - t0;
@@ -96,9 +95,9 @@ int ditrun_generate_rank(const ditrun_args *a, int rank)
 
     dit_gen_params gp = a->gen;
     if (a->latents_path) {
-        const int s = 2 * info->vae_scale;
+        const int s = info->size_multiple;
         const int64_t tokens = (int64_t)(gp.height / s) * (gp.width / s);
-        DIT_CHECK(read_latents(a->latents_path, tokens, 4 * info->latent_channels, &latents, &diag));
+        DIT_CHECK(read_latents(a->latents_path, tokens, info->latent_dim, &latents, &diag));
         gp.latents = latents;
     }
     DIT_CHECK(dit_runner_create(be, dit_pipeline_transformer(pipe), mesh, &runner, &diag));
@@ -107,7 +106,8 @@ int ditrun_generate_rank(const ditrun_args *a, int rank)
         dit_runner_set_block_callback(runner, ditrun_fault_block, &fault);
 
     progress_state ps = {.show = lead && !a->quiet && isatty(STDERR_FILENO)};
-    DIT_CHECK(dit_pipeline_generate(pipe, runner, &gp, lead, show_progress, &ps, &res, &diag));
+    const dit_denoiser den = dit_runner_denoiser(runner);
+    DIT_CHECK(dit_pipeline_generate(pipe, &den, &gp, lead, show_progress, &ps, &res, &diag));
     if (!lead)
         goto cleanup;
 
@@ -121,10 +121,10 @@ int ditrun_generate_rank(const ditrun_args *a, int rank)
     const double t_png = ditrun_now_ms() - t0;
     DIT_CHECK(dit_png_write_file(a->output, png, png_len, &diag));
     if (!a->quiet) {
-        const dit_flux_config *fc = &info->transformer;
-        printf("pipeline: %s (transformer %d double + %d single blocks, hidden %d; loaded in "
-               "%.0f ms)\n",
-               a->model, fc->num_layers, fc->num_single_layers, fc->inner_dim, t_load);
+        const dit_model *tm = dit_pipeline_transformer(pipe);
+        const dit_model_summary sum = tm->cls->summary(dit_model_config(tm));
+        printf("pipeline: %s (transformer %s, hidden %d; loaded in %.0f ms)\n", a->model,
+               sum.blocks, info->transformer.inner_dim, t_load);
         if (multi)
             printf("mesh: %d ranks = ring %d x ulysses %d x tp %d\n", a->pc.world_size,
                    a->pc.ring_degree, a->pc.ulysses_degree, a->pc.tp_degree);

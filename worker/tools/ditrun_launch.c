@@ -11,7 +11,7 @@
 #include <unistd.h>
 
 #include "comm/shm/comm_shm.h"
-#include "models/flux/flux_config.h"
+#include "models/model.h"
 #include "runtime/inputs.h"
 #include "tools/ditrun.h"
 
@@ -74,13 +74,18 @@ int ditrun_validate(const ditrun_args *a)
                         "meshes with ditd (NCCL)\n");
         return DITRUN_EXIT_USAGE;
     }
-    dit_flux_config cfg;
-    int64_t B, Si, St;
+    dit_parallel_req req;
+    int64_t lens[DIT_PARALLEL_MAX_SEQS];
     if (a->cmd == DITRUN_FORWARD) {
-        char path[4096];
-        snprintf(path, sizeof path, "%s/config.json", a->model);
-        if (dit_flux_config_load(path, &cfg, &diag) != DIT_OK ||
-            dit_input_file_peek(a->inputs, &B, &Si, &St, &diag) != DIT_OK) {
+        const dit_model_class *cls = NULL;
+        void *cfg = NULL;
+        dit_status st = dit_model_config_load(a->model, &cls, &cfg, &diag);
+        if (st == DIT_OK) {
+            req = cls->parallel_req(cfg);
+            st = dit_input_file_peek(a->inputs, cls, cfg, lens, &diag);
+        }
+        free(cfg);
+        if (st != DIT_OK) {
             fprintf(stderr, "ditrun forward: %s\n", dit_diag_msg(&diag));
             return 1;
         }
@@ -94,13 +99,10 @@ int ditrun_validate(const ditrun_args *a)
             fprintf(stderr, "ditrun generate: %s\n", dit_diag_msg(&diag));
             return DITRUN_EXIT_USAGE;
         }
-        cfg = info.transformer;
-        const int s = 2 * info.vae_scale;
-        Si = (int64_t)(a->gen.height / s) * (a->gen.width / s);
-        St = a->gen.prompt_embeds ? a->gen.prompt_embeds_len
-                                  : (a->gen.max_sequence_length ? a->gen.max_sequence_length : 512);
+        req = info.parallel;
+        dit_gen_seq_lens(&info, &a->gen, lens);
     }
-    if (a->pc.world_size > 1 && dit_parallel_validate_model(&a->pc, &cfg, Si, St, &diag) != DIT_OK) {
+    if (a->pc.world_size > 1 && dit_parallel_validate_model(&a->pc, &req, lens, &diag) != DIT_OK) {
         fprintf(stderr, "ditrun: %s\n", dit_diag_msg(&diag));
         return DITRUN_EXIT_USAGE;
     }

@@ -37,7 +37,7 @@
 #include "media/png.h"
 #include "ipc_wire.h"
 #include "parallel/mesh.h"
-#include "pipelines/flux_pipeline.h"
+#include "pipelines/pipeline.h"
 #include "core/options.h"
 #include "serve/join_auth.h"
 #include "serve/request.h"
@@ -229,8 +229,9 @@ static int run_job(worker *w, const Ditserve__Ipc__Job *job)
     w->cancel_seen = false;
     double t_encode = 0;
     dit_status st = dit_request_resolve(job->request, info, 0, &rq, &diag);
+    const dit_denoiser den = dit_runner_denoiser(w->runner);
     if (st == DIT_OK)
-        st = dit_pipeline_generate(w->pipe, w->runner, &rq.gp, w->rank == 0, on_step, w, &res, &diag);
+        st = dit_pipeline_generate(w->pipe, &den, &rq.gp, w->rank == 0, on_step, w, &res, &diag);
     if (st == DIT_OK && w->rank == 0 && !job->warmup) {
         double t0 = now_ms();
         if (rq.output_format == DITSERVE__V1__OUTPUT_FORMAT__OUTPUT_FORMAT_RAW_TENSOR) {
@@ -369,8 +370,7 @@ static dit_status setup(worker *w, const Ditserve__Ipc__Setup *s, dit_diag *diag
     }
     if ((st = dit_backend_alloc(w->be, sizeof(float), &w->flag_buf)) != DIT_OK)
         return dit_diag_set(diag, st, "out of device memory");
-    dit_flux_shard shard = {.tp_degree = pc.tp_degree,
-                            .tp_rank = w->mesh ? dit_mesh_tp_rank(w->mesh) : 0};
+    dit_shard shard = {.tp_degree = pc.tp_degree, .tp_rank = w->mesh ? dit_mesh_tp_rank(w->mesh) : 0};
     if ((st = dit_pipeline_load(w->be, model, &shard, w->rank == 0, &w->pipe, diag)) != DIT_OK)
         return st;
     return dit_runner_create(w->be, dit_pipeline_transformer(w->pipe), w->mesh, &w->runner, diag);
@@ -450,7 +450,8 @@ static int serve(worker *w)
     ready.rank = w->rank;
     ready.load_ms = now_ms() - t0;
     ready.device = (char *)w->be->ops->name;
-    ready.weight_bytes = (int64_t)dit_flux_weight_bytes(dit_pipeline_transformer(w->pipe));
+    const dit_model *tm = dit_pipeline_transformer(w->pipe);
+    ready.weight_bytes = (int64_t)tm->cls->weight_bytes(tm->impl);
     Ditserve__Ipc__WorkerMemory mem = DITSERVE__IPC__WORKER_MEMORY__INIT;
     read_memory(w, &mem);
     ready.memory = &mem;

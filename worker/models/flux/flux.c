@@ -9,16 +9,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/graph_cache.h"
 #include "loader/safetensors.h"
+#include "loader/weights.h"
+#include "parallel/tp_plan.h"
 
 /* ------------------------------------------------------------------------ */
 /* Weights                                                                   */
 
-typedef struct flux_linear {
-    dit_tensor w; /* (N, K) */
-    dit_tensor b; /* (N), valid when has_b */
-    bool has_b;
-} flux_linear;
+typedef dit_linear flux_linear; /* w (N, K), b (N) as this rank holds them */
 
 typedef struct flux_double {
     flux_linear norm1, norm1_ctx;   /* AdaLayerNormZero linears (6C, C) */
@@ -48,22 +47,10 @@ typedef struct flux_graph_key {
     void *arena_first, *arena_x, *arena_last;
 } flux_graph_key;
 
-/* Graphs of the last few shapes (a server alternates between a handful of
- * request sizes); the least recently used one makes room. */
-#define FLUX_GRAPHS 4
-typedef struct flux_graph {
-    flux_graph_key key;
-    dit_backend_graph *g; /* NULL: free slot */
-    uint64_t used;
-} flux_graph;
-
 struct dit_flux {
     dit_backend *be;
     /* CUDA-graph replay of the per-step forward (see dit_flux_set_graphs). */
-    bool graphs, graph_broken, pending_set;
-    flux_graph graph[FLUX_GRAPHS];
-    uint64_t graph_clock;
-    flux_graph_key pending_key;
+    dit_graph_cache *graphs;
     /* The RoPE tables of the last ids seen: every denoising step of a
      * request has the same ids, and the tables cost ~S D pow/cos/sin. */
     float *rope_ids, *rope_cos, *rope_sin;
@@ -80,423 +67,111 @@ struct dit_flux {
     flux_single *sgl;
 };
 
-/* One checkpoint tensor (or a slice of it) and where it goes. */
-typedef struct wpiece {
-    char name[160];
-    int ndim;
-    int64_t shape[2]; /* full shape expected in the checkpoint */
-    int64_t r0, nr;   /* rows taken (dim 0) */
-    int64_t c0, nc;   /* columns taken (dim 1; 2-D only) */
-    dit_tensor *dst;  /* NULL: checked and consumed, not stored on this rank */
-    int64_t dst_row0; /* first row of dst it fills */
-} wpiece;
+/* diffusers' FluxTransformer2DModel tensor-parallel plan, plus the AdaLN
+ * modulation linears split by output rows and all-gathered (a quarter of
+ * FLUX's weights, which diffusers replicates: sharding them is what makes
+ * per-rank memory fall as 1/T). Everything else (embedders, QK norms,
+ * norm_out's LayerNorm, the final proj_out) is replicated. The forward pass
+ * is written for exactly this split: heads [r H/T, (r+1) H/T) and MLP
+ * columns [r F/T, (r+1) F/T) per rank, one all-reduce after each row-split
+ * sub-layer. */
+const dit_tp_rule dit_flux_tp_plan[] = {
+    {"transformer_blocks.*.norm1.linear", DIT_TP_COLWISE_GATHER},
+    {"transformer_blocks.*.norm1_context.linear", DIT_TP_COLWISE_GATHER},
+    {"transformer_blocks.*.attn.to_q", DIT_TP_COLWISE},
+    {"transformer_blocks.*.attn.to_k", DIT_TP_COLWISE},
+    {"transformer_blocks.*.attn.to_v", DIT_TP_COLWISE},
+    {"transformer_blocks.*.attn.add_q_proj", DIT_TP_COLWISE},
+    {"transformer_blocks.*.attn.add_k_proj", DIT_TP_COLWISE},
+    {"transformer_blocks.*.attn.add_v_proj", DIT_TP_COLWISE},
+    {"transformer_blocks.*.attn.to_out.0", DIT_TP_ROWWISE},
+    {"transformer_blocks.*.attn.to_add_out", DIT_TP_ROWWISE},
+    {"transformer_blocks.*.ff.net.0.proj", DIT_TP_COLWISE},
+    {"transformer_blocks.*.ff_context.net.0.proj", DIT_TP_COLWISE},
+    {"transformer_blocks.*.ff.net.2", DIT_TP_ROWWISE},
+    {"transformer_blocks.*.ff_context.net.2", DIT_TP_ROWWISE},
+    {"single_transformer_blocks.*.norm.linear", DIT_TP_COLWISE_GATHER},
+    {"single_transformer_blocks.*.attn.to_q", DIT_TP_COLWISE},
+    {"single_transformer_blocks.*.attn.to_k", DIT_TP_COLWISE},
+    {"single_transformer_blocks.*.attn.to_v", DIT_TP_COLWISE},
+    {"single_transformer_blocks.*.proj_mlp", DIT_TP_COLWISE},
+    {"single_transformer_blocks.*.proj_out", DIT_TP_PACKED_ROWS},
+    {"norm_out.linear", DIT_TP_COLWISE_GATHER},
+};
+const int dit_flux_tp_plan_len = (int)(sizeof dit_flux_tp_plan / sizeof dit_flux_tp_plan[0]);
 
-typedef struct wplan {
-    wpiece *items;
-    size_t n, cap;
-    dit_tensor **tensors; /* destination tensors whose data is an offset until placed */
-    size_t nt, tcap;
-    size_t bytes;
-    dit_dtype mat_dtype;
-    bool oom;
-} wplan;
-
-#define WALIGN 256
-
-static void plan_free(wplan *p)
-{
-    free(p->items);
-    free(p->tensors);
-}
-
-/* Reserves space for a destination tensor; its data pointer holds the byte
- * offset until plan_place() adds the buffer base. */
-static void plan_tensor(wplan *p, dit_tensor *t, dit_dtype dt, int ndim, int64_t n0, int64_t n1)
-{
-    int64_t shape[2] = {n0, n1};
-    *t = dit_tensor_make(NULL, dt, ndim, shape);
-    t->data = (void *)(uintptr_t)p->bytes;
-    p->bytes += (dit_tensor_nbytes(t) + WALIGN - 1) / WALIGN * WALIGN;
-    if (p->nt == p->tcap) {
-        size_t cap = p->tcap ? p->tcap * 2 : 256;
-        dit_tensor **nt = realloc(p->tensors, cap * sizeof *nt);
-        if (!nt) {
-            p->oom = true;
-            return;
-        }
-        p->tensors = nt;
-        p->tcap = cap;
-    }
-    p->tensors[p->nt++] = t;
-}
-
-static void plan_place(wplan *p, void *base)
-{
-    for (size_t i = 0; i < p->nt; i++)
-        p->tensors[i]->data = (char *)base + (uintptr_t)p->tensors[i]->data;
-}
-
-static wpiece *plan_piece(wplan *p, const char *name, int ndim, int64_t s0, int64_t s1)
-{
-    if (p->n == p->cap) {
-        size_t cap = p->cap ? p->cap * 2 : 512;
-        wpiece *ni = realloc(p->items, cap * sizeof *ni);
-        if (!ni) {
-            p->oom = true;
-            return NULL;
-        }
-        p->items = ni;
-        p->cap = cap;
-    }
-    wpiece *w = &p->items[p->n++];
-    memset(w, 0, sizeof *w);
-    snprintf(w->name, sizeof w->name, "%s", name);
-    w->ndim = ndim;
-    w->shape[0] = s0;
-    w->shape[1] = s1;
-    w->r0 = 0;
-    w->nr = s0;
-    w->c0 = 0;
-    w->nc = s1;
-    return w;
-}
-
-static void plan_vector(wplan *p, dit_tensor *dst, const char *name, int64_t n)
-{
-    plan_tensor(p, dst, DIT_F32, 1, n, 0);
-    wpiece *w = plan_piece(p, name, 1, n, 0);
-    if (w)
-        w->dst = dst;
-}
-
-/* A whole (replicated) linear: name.weight (N, K), name.bias (N). */
-static void plan_replicated(wplan *p, flux_linear *L, const char *name, int64_t N, int64_t K)
-{
-    char buf[144];
-    plan_tensor(p, &L->w, p->mat_dtype, 2, N, K);
-    plan_tensor(p, &L->b, DIT_F32, 1, N, 0);
-    L->has_b = true;
-    snprintf(buf, sizeof buf, "%s.weight", name);
-    wpiece *w = plan_piece(p, buf, 2, N, K);
-    if (w)
-        w->dst = &L->w;
-    snprintf(buf, sizeof buf, "%s.bias", name);
-    w = plan_piece(p, buf, 1, N, 0);
-    if (w)
-        w->dst = &L->b;
-}
-
-/* Column-parallel piece: rows [r0, r0 + n) of name.weight (N_full, K) and of
- * its bias go to rows [row0, row0 + n) of L (already planned). */
-static void plan_rows_into(wplan *p, flux_linear *L, const char *name, int64_t N_full, int64_t K,
-                           int64_t r0, int64_t n, int64_t row0)
-{
-    char buf[144];
-    snprintf(buf, sizeof buf, "%s.weight", name);
-    wpiece *w = plan_piece(p, buf, 2, N_full, K);
-    if (w) {
-        w->r0 = r0;
-        w->nr = n;
-        w->dst = &L->w;
-        w->dst_row0 = row0;
-    }
-    snprintf(buf, sizeof buf, "%s.bias", name);
-    w = plan_piece(p, buf, 1, N_full, 0);
-    if (w) {
-        w->r0 = r0;
-        w->nr = n;
-        w->dst = &L->b;
-        w->dst_row0 = row0;
-    }
-}
-
-/* Row-parallel piece: columns [c0, c0 + nc) of name.weight (N, K_full) into
- * L->w (N, nc). The bias is added once, by the rank told to; the others
- * still check it. take_bias < 0 leaves the bias to another piece. */
-static void plan_cols(wplan *p, flux_linear *L, const char *name, int64_t N, int64_t K_full,
-                      int64_t c0, int64_t nc, int take_bias)
-{
-    char buf[144];
-    plan_tensor(p, &L->w, p->mat_dtype, 2, N, nc);
-    snprintf(buf, sizeof buf, "%s.weight", name);
-    wpiece *w = plan_piece(p, buf, 2, N, K_full);
-    if (w) {
-        w->c0 = c0;
-        w->nc = nc;
-        w->dst = &L->w;
-    }
-    L->has_b = false;
-    if (take_bias < 0)
-        return;
-    snprintf(buf, sizeof buf, "%s.bias", name);
-    w = plan_piece(p, buf, 1, N, 0);
-    if (!w)
-        return;
-    if (take_bias) {
-        plan_tensor(p, &L->b, DIT_F32, 1, N, 0);
-        L->has_b = true;
-        w->dst = &L->b;
-    }
-}
-
-static void plan_fused(wplan *p, flux_linear *L, int64_t N, int64_t K)
-{
-    plan_tensor(p, &L->w, p->mat_dtype, 2, N, K);
-    plan_tensor(p, &L->b, DIT_F32, 1, N, 0);
-    L->has_b = true;
-}
-
-/* An AdaLN modulation linear (N, K): this rank keeps output rows
- * [r N/T, (r+1) N/T); the forward pass all-gathers the (B, N) result. These
- * linears are a quarter of FLUX's weights (diffusers replicates them), so
- * sharding them is what makes tensor-parallel memory shrink as 1/T. */
-static void plan_adaln(wplan *p, flux_linear *L, const char *name, int64_t N, int64_t K, int T,
-                       int r)
-{
-    plan_fused(p, L, N / T, K);
-    plan_rows_into(p, L, name, N, K, r * (N / T), N / T, 0);
-}
-
-static dit_status plan_build(wplan *p, dit_flux *m)
+static dit_status plan_build(dit_weight_plan *p, dit_flux *m)
 {
     const dit_flux_config *c = &m->cfg;
     const int64_t C = c->inner_dim, D = c->attention_head_dim, F = c->mlp_dim;
-    const int T = m->shard.tp_degree, r = m->shard.tp_rank;
-    const int64_t Cl = C / T, Fl = F / T;
-    char pre[96], buf[128];
+    const dit_tp_plan tp = {
+        .rules = dit_flux_tp_plan,
+        .n_rules = dit_flux_tp_plan_len,
+        .tp_degree = m->shard.tp_degree,
+        .tp_rank = m->shard.tp_rank,
+    };
+    char pre[96], buf[128], n0[128], n1[128], n2[128], n3[128];
 
-    plan_replicated(p, &m->x_emb, "x_embedder", C, c->in_channels);
-    plan_replicated(p, &m->ctx_emb, "context_embedder", C, c->joint_attention_dim);
-    plan_replicated(p, &m->t1, "time_text_embed.timestep_embedder.linear_1", C, 256);
-    plan_replicated(p, &m->t2, "time_text_embed.timestep_embedder.linear_2", C, C);
+    dit_tp_add_linear(p, &tp, "x_embedder", C, c->in_channels, &m->x_emb);
+    dit_tp_add_linear(p, &tp, "context_embedder", C, c->joint_attention_dim, &m->ctx_emb);
+    dit_tp_add_linear(p, &tp, "time_text_embed.timestep_embedder.linear_1", C, 256, &m->t1);
+    dit_tp_add_linear(p, &tp, "time_text_embed.timestep_embedder.linear_2", C, C, &m->t2);
     if (c->guidance_embeds) {
-        plan_replicated(p, &m->g1, "time_text_embed.guidance_embedder.linear_1", C, 256);
-        plan_replicated(p, &m->g2, "time_text_embed.guidance_embedder.linear_2", C, C);
+        dit_tp_add_linear(p, &tp, "time_text_embed.guidance_embedder.linear_1", C, 256, &m->g1);
+        dit_tp_add_linear(p, &tp, "time_text_embed.guidance_embedder.linear_2", C, C, &m->g2);
     }
-    plan_replicated(p, &m->p1, "time_text_embed.text_embedder.linear_1", C,
-                    c->pooled_projection_dim);
-    plan_replicated(p, &m->p2, "time_text_embed.text_embedder.linear_2", C, C);
+    dit_tp_add_linear(p, &tp, "time_text_embed.text_embedder.linear_1", C,
+                      c->pooled_projection_dim, &m->p1);
+    dit_tp_add_linear(p, &tp, "time_text_embed.text_embedder.linear_2", C, C, &m->p2);
 
+#define NAME(b, suffix) (snprintf(b, sizeof b, "%s.%s", pre, suffix), b)
     for (int i = 0; i < c->num_layers; i++) {
         flux_double *b = &m->dbl[i];
         snprintf(pre, sizeof pre, "transformer_blocks.%d", i);
-#define NAME(suffix) (snprintf(buf, sizeof buf, "%s.%s", pre, suffix), buf)
-        plan_adaln(p, &b->norm1, NAME("norm1.linear"), 6 * C, C, T, r);
-        plan_adaln(p, &b->norm1_ctx, NAME("norm1_context.linear"), 6 * C, C, T, r);
-        plan_fused(p, &b->qkv, 3 * Cl, C);
-        plan_rows_into(p, &b->qkv, NAME("attn.to_q"), C, C, r * Cl, Cl, 0);
-        plan_rows_into(p, &b->qkv, NAME("attn.to_k"), C, C, r * Cl, Cl, Cl);
-        plan_rows_into(p, &b->qkv, NAME("attn.to_v"), C, C, r * Cl, Cl, 2 * Cl);
-        plan_fused(p, &b->add_qkv, 3 * Cl, C);
-        plan_rows_into(p, &b->add_qkv, NAME("attn.add_q_proj"), C, C, r * Cl, Cl, 0);
-        plan_rows_into(p, &b->add_qkv, NAME("attn.add_k_proj"), C, C, r * Cl, Cl, Cl);
-        plan_rows_into(p, &b->add_qkv, NAME("attn.add_v_proj"), C, C, r * Cl, Cl, 2 * Cl);
-        plan_vector(p, &b->norm_q, NAME("attn.norm_q.weight"), D);
-        plan_vector(p, &b->norm_k, NAME("attn.norm_k.weight"), D);
-        plan_vector(p, &b->norm_added_q, NAME("attn.norm_added_q.weight"), D);
-        plan_vector(p, &b->norm_added_k, NAME("attn.norm_added_k.weight"), D);
-        plan_cols(p, &b->to_out, NAME("attn.to_out.0"), C, C, r * Cl, Cl, r == 0);
-        plan_cols(p, &b->to_add_out, NAME("attn.to_add_out"), C, C, r * Cl, Cl, r == 0);
-        plan_fused(p, &b->ff0, Fl, C);
-        plan_rows_into(p, &b->ff0, NAME("ff.net.0.proj"), F, C, r * Fl, Fl, 0);
-        plan_fused(p, &b->ffc0, Fl, C);
-        plan_rows_into(p, &b->ffc0, NAME("ff_context.net.0.proj"), F, C, r * Fl, Fl, 0);
-        plan_cols(p, &b->ff2, NAME("ff.net.2"), C, F, r * Fl, Fl, r == 0);
-        plan_cols(p, &b->ffc2, NAME("ff_context.net.2"), C, F, r * Fl, Fl, r == 0);
-#undef NAME
+        dit_tp_add_linear(p, &tp, NAME(buf, "norm1.linear"), 6 * C, C, &b->norm1);
+        dit_tp_add_linear(p, &tp, NAME(buf, "norm1_context.linear"), 6 * C, C, &b->norm1_ctx);
+        const int64_t n3c[3] = {C, C, C};
+        const char *qkv[3] = {NAME(n0, "attn.to_q"), NAME(n1, "attn.to_k"), NAME(n2, "attn.to_v")};
+        dit_tp_add_fused(p, &tp, qkv, n3c, 3, C, &b->qkv);
+        const char *add_qkv[3] = {NAME(n0, "attn.add_q_proj"), NAME(n1, "attn.add_k_proj"),
+                                  NAME(n2, "attn.add_v_proj")};
+        dit_tp_add_fused(p, &tp, add_qkv, n3c, 3, C, &b->add_qkv);
+        dit_weight_plan_vector(p, &b->norm_q, NAME(buf, "attn.norm_q.weight"), D);
+        dit_weight_plan_vector(p, &b->norm_k, NAME(buf, "attn.norm_k.weight"), D);
+        dit_weight_plan_vector(p, &b->norm_added_q, NAME(buf, "attn.norm_added_q.weight"), D);
+        dit_weight_plan_vector(p, &b->norm_added_k, NAME(buf, "attn.norm_added_k.weight"), D);
+        dit_tp_add_linear(p, &tp, NAME(buf, "attn.to_out.0"), C, C, &b->to_out);
+        dit_tp_add_linear(p, &tp, NAME(buf, "attn.to_add_out"), C, C, &b->to_add_out);
+        dit_tp_add_linear(p, &tp, NAME(buf, "ff.net.0.proj"), F, C, &b->ff0);
+        dit_tp_add_linear(p, &tp, NAME(buf, "ff_context.net.0.proj"), F, C, &b->ffc0);
+        dit_tp_add_linear(p, &tp, NAME(buf, "ff.net.2"), C, F, &b->ff2);
+        dit_tp_add_linear(p, &tp, NAME(buf, "ff_context.net.2"), C, F, &b->ffc2);
     }
     for (int i = 0; i < c->num_single_layers; i++) {
         flux_single *s = &m->sgl[i];
         snprintf(pre, sizeof pre, "single_transformer_blocks.%d", i);
-#define NAME(suffix) (snprintf(buf, sizeof buf, "%s.%s", pre, suffix), buf)
-        plan_adaln(p, &s->norm, NAME("norm.linear"), 3 * C, C, T, r);
-        plan_fused(p, &s->qkv_mlp, 3 * Cl + Fl, C);
-        plan_rows_into(p, &s->qkv_mlp, NAME("attn.to_q"), C, C, r * Cl, Cl, 0);
-        plan_rows_into(p, &s->qkv_mlp, NAME("attn.to_k"), C, C, r * Cl, Cl, Cl);
-        plan_rows_into(p, &s->qkv_mlp, NAME("attn.to_v"), C, C, r * Cl, Cl, 2 * Cl);
-        plan_rows_into(p, &s->qkv_mlp, NAME("proj_mlp"), F, C, r * Fl, Fl, 3 * Cl);
-        plan_vector(p, &s->norm_q, NAME("attn.norm_q.weight"), D);
-        plan_vector(p, &s->norm_k, NAME("attn.norm_k.weight"), D);
-        /* proj_out's input is cat([attn (C), mlp (F)]): each block is split
-         * on its own, matching how the two halves were column-split. */
-        plan_cols(p, &s->proj_attn, NAME("proj_out"), C, C + F, r * Cl, Cl, r == 0);
-        plan_cols(p, &s->proj_mlp, NAME("proj_out"), C, C + F, C + r * Fl, Fl, -1);
-#undef NAME
+        dit_tp_add_linear(p, &tp, NAME(buf, "norm.linear"), 3 * C, C, &s->norm);
+        /* One GEMM for q, k, v and the MLP input. */
+        const int64_t nq[4] = {C, C, C, F};
+        const char *qkv_mlp[4] = {NAME(n0, "attn.to_q"), NAME(n1, "attn.to_k"),
+                                  NAME(n2, "attn.to_v"), NAME(n3, "proj_mlp")};
+        dit_tp_add_fused(p, &tp, qkv_mlp, nq, 4, C, &s->qkv_mlp);
+        dit_weight_plan_vector(p, &s->norm_q, NAME(buf, "attn.norm_q.weight"), D);
+        dit_weight_plan_vector(p, &s->norm_k, NAME(buf, "attn.norm_k.weight"), D);
+        /* proj_out's input is cat([attn (C), mlp (F)]): each block splits on
+         * its own, matching how the two halves were column-split. */
+        const int64_t widths[2] = {C, F};
+        flux_linear *const proj[2] = {&s->proj_attn, &s->proj_mlp};
+        dit_tp_add_packed(p, &tp, NAME(buf, "proj_out"), C, widths, 2, proj);
     }
-    plan_adaln(p, &m->norm_out, "norm_out.linear", 2 * C, C, T, r);
-    plan_replicated(p, &m->proj_out, "proj_out", c->out_dim, C);
+#undef NAME
+    dit_tp_add_linear(p, &tp, "norm_out.linear", 2 * C, C, &m->norm_out);
+    dit_tp_add_linear(p, &tp, "proj_out", c->out_dim, C, &m->proj_out);
     return p->oom ? DIT_ERR_NOMEM : DIT_OK;
 }
 
-/* Host view of the slice a piece takes from a checkpoint tensor. */
-static dit_tensor piece_src(const wpiece *w, const dit_tensor *full)
-{
-    dit_tensor v = dit_tensor_narrow(full, 0, w->r0, w->nr);
-    if (w->ndim == 2)
-        v = dit_tensor_narrow(&v, 1, w->c0, w->nc);
-    return v;
-}
-
-static dit_tensor piece_dst(const wpiece *w)
-{
-    return dit_tensor_narrow(w->dst, 0, w->dst_row0, w->nr);
-}
-
-static void shape_str(const int64_t *s, int ndim, char *buf, size_t cap)
-{
-    if (ndim == 1)
-        snprintf(buf, cap, "(%lld)", (long long)s[0]);
-    else
-        snprintf(buf, cap, "(%lld, %lld)", (long long)s[0], (long long)s[1]);
-}
-
-static dit_status plan_load(wplan *p, dit_backend *be, const dit_st_set *set, const char *dir,
-                            dit_diag *diag)
-{
-    dit_status st = DIT_OK;
-    size_t count = dit_st_set_count(set);
-    bool *used = calloc(count ? count : 1, sizeof *used);
-    if (!used)
-        return dit_diag_set(diag, DIT_ERR_NOMEM, "%s: out of memory", dir);
-
-    size_t missing = 0;
-    char first_missing[3][160];
-    for (size_t i = 0; i < p->n; i++) {
-        const wpiece *w = &p->items[i];
-        const dit_st_entry *e = dit_st_set_find(set, w->name);
-        if (!e) {
-            if (missing < 3)
-                snprintf(first_missing[missing], sizeof first_missing[0], "%s", w->name);
-            missing++;
-            continue;
-        }
-        used[e - dit_st_set_at(set, 0)] = true;
-        bool ok = e->view.ndim == w->ndim && e->view.ne[0] == w->shape[0] &&
-                  (w->ndim == 1 || e->view.ne[1] == w->shape[1]);
-        if (!ok) {
-            char want[64], got[64];
-            shape_str(w->shape, w->ndim, want, sizeof want);
-            dit_tensor_shape_str(&e->view, got, sizeof got);
-            st = dit_diag_set(diag, DIT_ERR_FORMAT,
-                              "%s: tensor '%s' has shape %s, but config.json implies %s",
-                              e->file, w->name, got, want);
-            goto cleanup;
-        }
-        if (!w->dst)
-            continue;
-        dit_tensor src = piece_src(w, &e->view);
-        dit_tensor dst = piece_dst(w);
-        st = be->ops->upload(be, &dst, &src);
-        if (st != DIT_OK) {
-            st = dit_diag_set(diag, st, "%s: uploading tensor '%s' failed", e->file, w->name);
-            goto cleanup;
-        }
-    }
-    if (missing) {
-        st = dit_diag_set(diag, DIT_ERR_FORMAT,
-                          "%s: %zu tensor(s) the config needs are missing from the checkpoint, "
-                          "e.g. '%s'%s%s%s%s (does config.json belong to these weights?)",
-                          dir, missing, first_missing[0], missing > 1 ? ", '" : "",
-                          missing > 1 ? first_missing[1] : "", missing > 1 ? "'" : "",
-                          missing > 2 ? ", ..." : "");
-        goto cleanup;
-    }
-    for (size_t i = 0; i < count; i++) {
-        if (!used[i]) {
-            const dit_st_entry *e = dit_st_set_at(set, i);
-            st = dit_diag_set(diag, DIT_ERR_FORMAT,
-                              "%s: unexpected tensor '%s': FluxTransformer2DModel with this "
-                              "config.json has no such parameter",
-                              e->file, e->name);
-            goto cleanup;
-        }
-    }
-cleanup:
-    free(used);
-    return st;
-}
-
-/* splitmix64: a tiny, well-mixed generator for reproducible random weights. */
-static uint64_t splitmix64(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static uint64_t hash_str(const char *s, uint64_t h)
-{
-    for (; *s; s++)
-        h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
-    return h;
-}
-
-static dit_status plan_randomize(wplan *p, dit_backend *be, uint64_t seed, dit_diag *diag)
-{
-    dit_status st = DIT_OK;
-    float *host = NULL;
-    size_t host_cap = 0;
-    for (size_t i = 0; i < p->n; i++) {
-        const wpiece *w = &p->items[i];
-        if (!w->dst)
-            continue;
-        size_t n = (size_t)w->nr * (size_t)(w->ndim == 2 ? w->nc : 1);
-        if (n > host_cap && !be->ops->init_uniform) {
-            free(host);
-            host = malloc(n * sizeof *host);
-            host_cap = n;
-            if (!host) {
-                st = dit_diag_set(diag, DIT_ERR_NOMEM, "random weights: out of memory");
-                goto cleanup;
-            }
-        }
-        const bool is_bias = strstr(w->name, ".bias") != NULL;
-        const bool is_norm = w->ndim == 1 && !is_bias;
-        /* Uniform(-a, a) with a = 1/sqrt(fan_in), like nn.Linear's default. */
-        const float a = w->ndim == 2 ? 1.0f / sqrtf((float)w->shape[1]) : 0.02f;
-        const uint64_t base = hash_str(w->name, 0xcbf29ce484222325ull ^ seed);
-        if (be->ops->init_uniform) {
-            /* The same numbers generated on the device: FLUX.1-dev's 12 B
-             * parameters need no host buffer and no transfer. */
-            dit_tensor dst = piece_dst(w);
-            st = is_norm ? be->ops->fill(be, &dst, 1.0f)
-                         : be->ops->init_uniform(be, &dst, base, w->r0, w->c0, a);
-            if (st != DIT_OK) {
-                st = dit_diag_set(diag, st, "random weights: init of '%s' failed", w->name);
-                goto cleanup;
-            }
-            continue;
-        }
-        const int64_t cols = w->ndim == 2 ? w->nc : 1;
-#pragma omp parallel for schedule(static)
-        for (int64_t r = 0; r < w->nr; r++) {
-            /* Seeded by the global row, so slices of a split tensor are
-             * slices of the same whole. */
-            uint64_t s = base + (uint64_t)(w->r0 + r) * 0x2545f4914f6cdd1dull;
-            for (int64_t k = 0; k < w->c0; k++)
-                splitmix64(&s);
-            for (int64_t cidx = 0; cidx < cols; cidx++) {
-                double u = (double)(splitmix64(&s) >> 11) * 0x1.0p-53;
-                host[r * cols + cidx] = is_norm ? 1.0f : (float)((2.0 * u - 1.0) * a);
-            }
-        }
-        dit_tensor src = w->ndim == 2 ? dit_tensor_2d(host, DIT_F32, w->nr, w->nc)
-                                      : dit_tensor_1d(host, DIT_F32, w->nr);
-        dit_tensor dst = piece_dst(w);
-        st = be->ops->upload(be, &dst, &src);
-        if (st != DIT_OK) {
-            st = dit_diag_set(diag, st, "random weights: upload of '%s' failed", w->name);
-            goto cleanup;
-        }
-    }
-cleanup:
-    free(host);
-    return st;
-}
-
 static dit_status flux_alloc(dit_backend *be, const dit_flux_config *cfg,
-                             const dit_flux_shard *shard, dit_flux **out, wplan *plan,
+                             const dit_flux_shard *shard, dit_flux **out, dit_weight_plan *plan,
                              dit_diag *diag)
 {
     dit_flux_shard sh = shard ? *shard : (dit_flux_shard){.tp_degree = 1, .tp_rank = 0};
@@ -517,10 +192,15 @@ static dit_status flux_alloc(dit_backend *be, const dit_flux_config *cfg,
     m->be = be;
     m->cfg = *cfg;
     m->shard = sh;
+    dit_status gst = dit_graph_cache_create(be, sizeof(flux_graph_key), "flux forward", &m->graphs,
+                                            diag);
+    if (gst != DIT_OK) {
+        free(m);
+        return gst;
+    }
     m->dbl = calloc((size_t)cfg->num_layers + 1, sizeof *m->dbl);
     m->sgl = calloc((size_t)cfg->num_single_layers + 1, sizeof *m->sgl);
-    memset(plan, 0, sizeof *plan);
-    plan->mat_dtype = be->ops->weight_dtype;
+    dit_weight_plan_init(plan, be->ops->weight_dtype);
     dit_status st = (m->dbl && m->sgl) ? plan_build(plan, m) : DIT_ERR_NOMEM;
     if (st == DIT_OK)
         st = dit_backend_alloc(be, plan->bytes, &m->weights);
@@ -528,11 +208,11 @@ static dit_status flux_alloc(dit_backend *be, const dit_flux_config *cfg,
         st = dit_diag_set(diag, st, "flux: cannot allocate %.1f MiB of weights",
                           (double)plan->bytes / 1048576.0);
         dit_flux_destroy(m);
-        plan_free(plan);
+        dit_weight_plan_free(plan);
         return st;
     }
     m->weight_bytes = plan->bytes;
-    plan_place(plan, m->weights);
+    dit_weight_plan_place(plan, m->weights);
     *out = m;
     return DIT_OK;
 }
@@ -544,7 +224,7 @@ dit_status dit_flux_load(dit_backend *be, const char *dir, const dit_flux_shard 
     dit_flux_config cfg;
     dit_st_set *set = NULL;
     dit_flux *m = NULL;
-    wplan plan;
+    dit_weight_plan plan;
     memset(&plan, 0, sizeof plan);
     dit_status st;
 
@@ -552,11 +232,11 @@ dit_status dit_flux_load(dit_backend *be, const char *dir, const dit_flux_shard 
     DIT_CHECK(dit_flux_config_load(path, &cfg, diag));
     DIT_CHECK(dit_st_set_open_dir(dir, "diffusion_pytorch_model", &set, diag));
     DIT_CHECK(flux_alloc(be, &cfg, shard, &m, &plan, diag));
-    DIT_CHECK(plan_load(&plan, be, set, dir, diag));
+    DIT_CHECK(dit_weight_plan_load(&plan, be, set, dir, "FluxTransformer2DModel", diag));
     *out = m;
     m = NULL;
 cleanup:
-    plan_free(&plan);
+    dit_weight_plan_free(&plan);
     dit_flux_destroy(m);
     dit_st_set_close(set);
     return st;
@@ -568,16 +248,16 @@ dit_status dit_flux_create_random(dit_backend *be, const dit_flux_config *cfg_in
 {
     dit_flux_config cfg = *cfg_in;
     dit_flux *m = NULL;
-    wplan plan;
+    dit_weight_plan plan;
     memset(&plan, 0, sizeof plan);
     dit_status st;
     DIT_CHECK(dit_flux_config_finish(&cfg, "random model config", diag));
     DIT_CHECK(flux_alloc(be, &cfg, shard, &m, &plan, diag));
-    DIT_CHECK(plan_randomize(&plan, be, seed, diag));
+    DIT_CHECK(dit_weight_plan_randomize(&plan, be, seed, diag));
     *out = m;
     m = NULL;
 cleanup:
-    plan_free(&plan);
+    dit_weight_plan_free(&plan);
     dit_flux_destroy(m);
     return st;
 }
@@ -586,7 +266,7 @@ void dit_flux_destroy(dit_flux *m)
 {
     if (!m)
         return;
-    dit_flux_set_graphs(m, false);
+    dit_graph_cache_destroy(m->graphs);
     free(m->rope_ids);
     free(m->rope_cos);
     free(m->rope_sin);
@@ -1128,16 +808,22 @@ static bool flux_has_hooks(const dit_flux *m)
            m->hooks.block_done;
 }
 
-/* Runs forward_compute eagerly, or through a graph: the first pass at a
- * given key runs eagerly (it picks GEMM algorithms and sizes scratch), the
- * second captures and replays, later ones replay. A failed capture turns
- * graphs off for this model and runs eagerly. */
+static dit_status forward_body(void *ctx, dit_diag *diag)
+{
+    fwd *f = ctx;
+    dit_diag *user_diag = f->diag;
+    f->diag = diag;
+    dit_status st = forward_compute(f);
+    f->diag = user_diag;
+    return st;
+}
+
+/* Runs forward_compute through the graph cache (backend/graph_cache.h),
+ * keyed by shapes and every device address the pass touches; eagerly while
+ * any hook is set (comm and per-block callbacks run on the host). */
 static dit_status forward_run(fwd *f)
 {
     dit_flux *m = f->m;
-    dit_backend *be = f->be;
-    if (!m->graphs || m->graph_broken || !be->ops->graph_begin || flux_has_hooks(m))
-        return forward_compute(f);
     flux_graph_key k;
     memset(&k, 0, sizeof k);
     k.B = f->B;
@@ -1152,82 +838,17 @@ static dit_status forward_run(fwd *f)
     k.arena_first = f->tp.data;
     k.arena_x = f->x.data;
     k.arena_last = f->emb_local.data;
-    dit_status st;
-    flux_graph *slot = &m->graph[0];
-    for (int i = 0; i < FLUX_GRAPHS; i++) {
-        flux_graph *gi = &m->graph[i];
-        if (gi->g && memcmp(&k, &gi->key, sizeof k) == 0) {
-            gi->used = ++m->graph_clock;
-            st = be->ops->graph_launch(be, gi->g);
-            if (st != DIT_OK)
-                st = dit_diag_set(f->diag, st, "flux forward: graph replay failed: %s",
-                                  be->ops->last_error ? be->ops->last_error(be) : "");
-            return st;
-        }
-        if (!gi->g ? slot->g != NULL : (slot->g && gi->used < slot->used))
-            slot = gi; /* a free slot, else the least recently used */
-    }
-    if (!m->pending_set || memcmp(&k, &m->pending_key, sizeof k) != 0) {
-        m->pending_key = k;
-        m->pending_set = true;
-        return forward_compute(f);
-    }
-    if (slot->g) {
-        be->ops->graph_destroy(be, slot->g);
-        slot->g = NULL;
-    }
-    /* Messages of a failed capture must not reach the caller's diag. */
-    dit_diag cap_diag;
-    dit_diag_clear(&cap_diag);
-    dit_diag *user_diag = f->diag;
-    f->diag = &cap_diag;
-    dit_backend_graph *g = NULL;
-    st = be->ops->graph_begin(be);
-    if (st == DIT_OK) {
-        st = forward_compute(f);
-        dit_status st_end = be->ops->graph_end(be, &g);
-        if (st == DIT_OK)
-            st = st_end;
-    }
-    f->diag = user_diag;
-    if (st == DIT_OK && g) {
-        slot->g = g;
-        slot->key = k;
-        slot->used = ++m->graph_clock;
-        m->pending_set = false;
-        st = be->ops->graph_launch(be, g);
-        if (st != DIT_OK)
-            st = dit_diag_set(f->diag, st, "flux forward: graph launch failed: %s",
-                              be->ops->last_error ? be->ops->last_error(be) : "");
-        return st;
-    }
-    if (g)
-        be->ops->graph_destroy(be, g);
-    fprintf(stderr, "flux: graph capture failed (%s%s%s); running eagerly from now on\n",
-            dit_diag_msg(&cap_diag), be->ops->last_error ? ": " : "",
-            be->ops->last_error ? be->ops->last_error(be) : "");
-    m->graph_broken = true;
-    return forward_compute(f);
+    return dit_graph_cache_run(m->graphs, &k, flux_has_hooks(m), forward_body, f, f->diag);
 }
 
 void dit_flux_set_graphs(dit_flux *m, bool on)
 {
-    m->graphs = on;
-    m->graph_broken = false;
-    m->pending_set = false;
-    for (int i = 0; !on && i < FLUX_GRAPHS; i++) {
-        if (m->graph[i].g)
-            m->be->ops->graph_destroy(m->be, m->graph[i].g);
-        m->graph[i].g = NULL;
-    }
+    dit_graph_cache_set_enabled(m->graphs, on);
 }
 
 bool dit_flux_graph_captured(const dit_flux *m)
 {
-    for (int i = 0; i < FLUX_GRAPHS; i++)
-        if (m->graph[i].g)
-            return true;
-    return false;
+    return dit_graph_cache_captured(m->graphs);
 }
 
 dit_status dit_flux_forward(dit_flux *m, dit_arena *arena, const dit_flux_inputs *in,

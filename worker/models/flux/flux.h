@@ -24,35 +24,22 @@
 #include "core/status.h"
 #include "core/tensor.h"
 #include "models/flux/flux_config.h"
+#include "models/model.h"
+#include "parallel/tp_plan.h"
 
 typedef struct dit_flux dit_flux;
 
 /* Which tensor-parallel slice of the weights this rank holds: heads
  * [r H/T, (r+1) H/T) and MLP columns [r F/T, (r+1) F/T). */
-typedef struct dit_flux_shard {
-    int tp_degree; /* 1 = the whole model */
-    int tp_rank;
-} dit_flux_shard;
+typedef dit_shard dit_flux_shard;
 
-/* Cross-rank operations of the forward pass. A NULL function means "this rank
- * is alone in that group". */
-typedef struct dit_flux_hooks {
-    void *ctx;
-    /* Attention of the local queries against the keys and values of the whole
-     * context-parallel group. q, k, v, out (B, S_local, H_local, D). */
-    dit_status (*attention)(void *ctx, dit_arena *arena, const dit_tensor *out,
-                            const dit_tensor *q, const dit_tensor *k, const dit_tensor *v,
-                            float scale, dit_diag *diag);
-    /* full (B, T n) = the tensor-parallel group's local (B, n) slices side by
-     * side, in rank order. */
-    dit_status (*tp_all_gather)(void *ctx, dit_arena *arena, const dit_tensor *local,
-                                const dit_tensor *full, dit_diag *diag);
-    /* In-place sum over the tensor-parallel group. x (B, S, C). */
-    dit_status (*tp_all_reduce)(void *ctx, const dit_tensor *x, dit_diag *diag);
-    /* Called after every transformer block (double blocks first, then single
-     * blocks, counted from 0); a status other than DIT_OK stops the pass. */
-    dit_status (*block_done)(void *ctx, int index, dit_diag *diag);
-} dit_flux_hooks;
+/* Cross-rank operations of the forward pass (models/model.h). */
+typedef dit_model_hooks dit_flux_hooks;
+
+/* FluxTransformer2DModel's tensor-parallel plan (parallel/tp_plan.h), the
+ * table its loader slices by. */
+extern const dit_tp_rule dit_flux_tp_plan[];
+extern const int dit_flux_tp_plan_len;
 
 /* Loads `dir` (a diffusers transformer folder: config.json and
  * diffusion_pytorch_model.safetensors or its sharded index), keeping only
@@ -93,14 +80,11 @@ typedef struct dit_flux_inputs {
 dit_status dit_flux_forward(dit_flux *m, dit_arena *arena, const dit_flux_inputs *in,
                             const dit_tensor *sample, dit_diag *diag);
 
-/* CUDA-graph replay of the per-step forward, for backends with graph ops
- * (cuda; ignored on cpu). With it on, the first forward at a given shape and
- * set of device addresses (inputs, output, arena) runs eagerly, the second
- * is captured and replayed, later ones only upload the step's timestep and
- * RoPE tables and replay. Graphs of the last 4 such keys are kept (least
- * recently used goes first). Graphs stay off while any hook is set (comm and
- * per-block callbacks run on the host). A failed capture falls back to eager
- * passes for good. Off by default. */
+/* CUDA-graph replay of the per-step forward (backend/graph_cache.h), for
+ * backends with graph ops (cuda; ignored on cpu), keyed by the shapes and
+ * the device addresses of inputs, output and arena; replays upload only the
+ * step's timestep and RoPE tables first. Graphs stay off while any hook is
+ * set. Off by default. */
 void dit_flux_set_graphs(dit_flux *m, bool on);
 
 /* Whether a captured graph is held (for tests and benchmarks). */

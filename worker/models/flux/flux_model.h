@@ -1,0 +1,13 @@
+/* FluxTransformer2DModel as a model class (models/model.h): its config,
+ * parallel requirements, context-parallel plan and the forward over named
+ * tensors, on top of flux.h.
+ *
+ * Owner: a static table. */
+#ifndef DIT_MODELS_FLUX_FLUX_MODEL_H
+#define DIT_MODELS_FLUX_FLUX_MODEL_H
+
+#include "models/model.h"
+
+extern const dit_model_class dit_flux_model_class;
+
+#endif

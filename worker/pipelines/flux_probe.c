@@ -1,0 +1,300 @@
+#include "pipelines/flux_probe.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "loader/json_util.h"
+
+#define PROBE_PATH 4096
+#define MAX_AXES 8
+
+/* transformer/config.json with the keys and defaults diffusers'
+ * FluxTransformer2DModel has, and the rules a request depends on. */
+static dit_status read_transformer(const char *path, dit_pipeline_info *info, dit_diag *diag)
+{
+    cJSON *root = NULL;
+    dit_status st = dit_json_load_file(path, &root, diag);
+    if (st != DIT_OK)
+        return st;
+    dit_transformer_info *t = &info->transformer;
+    const char *cls = NULL;
+    int64_t v, axes[MAX_AXES];
+    int n_axes = 3, patch = 1, heads = 24, head_dim = 128;
+    const int64_t big = 1 << 20;
+    DIT_CHECK(dit_json_get_string(root, "_class_name", path, false, &cls, diag));
+    if (cls && strcmp(cls, "FluxTransformer2DModel") != 0) {
+        st = dit_diag_set(diag, DIT_ERR_UNSUPPORTED,
+                          "%s: _class_name is \"%s\"; FluxPipeline takes a FluxTransformer2DModel",
+                          path, cls);
+        goto cleanup;
+    }
+    snprintf(t->class_name, sizeof t->class_name, "FluxTransformer2DModel");
+#define GET_INT(key, def, lo, var)                                                                 \
+    DIT_CHECK(dit_json_get_int(root, key, path, false, def, lo, big, &v, diag));                   \
+    var = (int)v
+    GET_INT("patch_size", 1, 1, patch);
+    GET_INT("in_channels", 64, 1, t->in_channels);
+    GET_INT("num_layers", 19, 0, t->num_layers);
+    GET_INT("num_single_layers", 38, 0, t->num_single_layers);
+    GET_INT("attention_head_dim", 128, 1, head_dim);
+    GET_INT("num_attention_heads", 24, 1, heads);
+    GET_INT("joint_attention_dim", 4096, 1, t->joint_attention_dim);
+    GET_INT("pooled_projection_dim", 768, 1, t->pooled_projection_dim);
+#undef GET_INT
+    DIT_CHECK(
+        dit_json_get_bool(root, "guidance_embeds", path, false, false, &t->guidance_embeds, diag));
+    if (cJSON_GetObjectItemCaseSensitive(root, "axes_dims_rope")) {
+        DIT_CHECK(
+            dit_json_get_int_array(root, "axes_dims_rope", path, axes, MAX_AXES, &n_axes, diag));
+        int64_t sum = 0;
+        for (int i = 0; i < n_axes; i++)
+            sum += axes[i];
+        if (n_axes < 1 || sum != head_dim) {
+            st = dit_diag_set(diag, DIT_ERR_FORMAT,
+                              "%s: axes_dims_rope sums to %lld but attention_head_dim is %d", path,
+                              (long long)sum, head_dim);
+            goto cleanup;
+        }
+    } else if (head_dim != 128) {
+        st = dit_diag_set(diag, DIT_ERR_FORMAT,
+                          "%s: axes_dims_rope sums to 128 but attention_head_dim is %d", path,
+                          head_dim);
+        goto cleanup;
+    }
+    if ((int64_t)heads * head_dim > big) {
+        st = dit_diag_set(diag, DIT_ERR_FORMAT, "%s: dimensions are implausibly large", path);
+        goto cleanup;
+    }
+    t->inner_dim = heads * head_dim;
+    if (t->in_channels % 4 != 0 || patch != 1) {
+        st = dit_diag_set(diag, DIT_ERR_UNSUPPORTED,
+                          "%s: FluxPipeline needs patch_size 1 and in_channels divisible by 4",
+                          path);
+        goto cleanup;
+    }
+    /* What FluxTransformer2DModel's parallel_req says (models/flux). */
+    info->parallel = (dit_parallel_req){
+        .num_heads = heads,
+        .n_widths = 1,
+        .widths = {4 * t->inner_dim},
+        .width_names = {"the FFN width"},
+        .n_seqs = 2,
+        .seq_names = {"image tokens", "text tokens"},
+    };
+cleanup:
+    cJSON_Delete(root);
+    return st;
+}
+
+/* 2^(len(block_out_channels) - 1), read from vae/config.json even when the
+ * VAE weights are not loaded (ranks that never decode still validate sizes). */
+static dit_status read_vae_scale(const char *dir, int *scale, dit_diag *diag)
+{
+    char path[PROBE_PATH + 32];
+    snprintf(path, sizeof path, "%s/vae/config.json", dir);
+    cJSON *root = NULL;
+    dit_status st = dit_json_load_file(path, &root, diag);
+    if (st != DIT_OK)
+        return st;
+    int64_t blocks[16];
+    int n = 0;
+    st = dit_json_get_int_array(root, "block_out_channels", path, blocks, 16, &n, diag);
+    if (st == DIT_OK && n < 1)
+        st = dit_diag_set(diag, DIT_ERR_FORMAT, "%s: block_out_channels is empty", path);
+    if (st == DIT_OK)
+        *scale = 1 << (n - 1);
+    cJSON_Delete(root);
+    return st;
+}
+
+static dit_status flux_probe(const char *dir, dit_pipeline_info *info, dit_diag *diag)
+{
+    char path[PROBE_PATH + 64];
+    snprintf(path, sizeof path, "%s/transformer/config.json", dir);
+    dit_status st = read_transformer(path, info, diag);
+    if (st != DIT_OK)
+        return st;
+    info->task = "text-to-image";
+    info->latent_channels = info->transformer.in_channels / 4;
+    info->latent_dim = info->transformer.in_channels;
+    DIT_CHECK(read_vae_scale(dir, &info->vae_scale, diag));
+    info->size_multiple = 2 * info->vae_scale;
+    info->default_width = info->default_height = 1024;
+    info->default_frames = 1;
+    info->default_steps = 28;
+    info->default_guidance = 3.5f;
+    info->default_max_sequence_length = 512;
+    char p1[PROBE_PATH + 32], p2[PROBE_PATH + 32];
+    snprintf(p1, sizeof p1, "%s/text_encoder", dir);
+    snprintf(p2, sizeof p2, "%s/text_encoder_2", dir);
+    info->has_text_encoders = dit_probe_is_dir(p1) && dit_probe_is_dir(p2);
+cleanup:
+    return st;
+}
+
+static bool finite_f(float v)
+{
+    return isfinite(v);
+}
+
+static dit_status flux_check(const dit_pipeline_info *info, const dit_gen_params *gp,
+                             dit_diag *diag)
+{
+    const int mult = info->size_multiple;
+    if (gp->width < mult || gp->width > 16384 || gp->width % mult != 0)
+        return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
+                            "width %d must be a positive multiple of %d (at most 16384)", gp->width,
+                            mult);
+    if (gp->height < mult || gp->height > 16384 || gp->height % mult != 0)
+        return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
+                            "height %d must be a positive multiple of %d (at most 16384)",
+                            gp->height, mult);
+    if (gp->frames > 1)
+        return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
+                            "FluxPipeline makes images: frames %d must be 1 (or 0)", gp->frames);
+    if (gp->steps < 1 || gp->steps > 1000)
+        return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
+                            "num_inference_steps %d must be between 1 and 1000", gp->steps);
+    if (!finite_f(gp->guidance_scale) || gp->guidance_scale < 0 || gp->guidance_scale > 100)
+        return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
+                            "guidance_scale %g must be between 0 and 100", gp->guidance_scale);
+    if (!finite_f(gp->true_cfg_scale) || gp->true_cfg_scale < 0 || gp->true_cfg_scale > 100)
+        return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
+                            "true_cfg_scale %g must be between 0 and 100", gp->true_cfg_scale);
+    if (gp->max_sequence_length < 0 || gp->max_sequence_length > 512)
+        return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
+                            "max_sequence_length %d must be between 1 and 512 (0: 512)",
+                            gp->max_sequence_length);
+    const bool own_embeds = gp->prompt_embeds != NULL;
+    if (own_embeds != (gp->pooled_prompt_embeds != NULL))
+        return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
+                            "prompt_embeds and pooled_prompt_embeds come together");
+    if (own_embeds && (gp->prompt_embeds_len < 1 || gp->prompt_embeds_len > 4096))
+        return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
+                            "prompt_embeds must hold 1 to 4096 tokens, not %lld",
+                            (long long)gp->prompt_embeds_len);
+    if (!own_embeds && !gp->prompt)
+        return dit_diag_set(diag, DIT_ERR_INVALID_ARG, "a prompt (or prompt_embeds) is required");
+    if (!own_embeds && !info->has_text_encoders)
+        return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
+                            "this pipeline has no text encoders: send prompt_embeds and "
+                            "pooled_prompt_embeds");
+    const bool cfg =
+        gp->true_cfg_scale > 1.0f && (gp->negative_prompt || gp->negative_prompt_embeds);
+    if (cfg && own_embeds != (gp->negative_prompt_embeds != NULL))
+        return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
+                            "with your own prompt_embeds, true CFG needs negative_prompt_embeds "
+                            "(and the other way round)");
+    if (cfg && own_embeds &&
+        (!gp->negative_pooled_prompt_embeds ||
+         gp->negative_prompt_embeds_len != gp->prompt_embeds_len))
+        return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
+                            "negative_prompt_embeds must match prompt_embeds in shape and come "
+                            "with negative_pooled_prompt_embeds");
+    return DIT_OK;
+}
+
+/* Image tokens: one per 2x2 latent pixels; text tokens: the embeddings'
+ * length or max_sequence_length. */
+static void flux_seq_lens(const dit_pipeline_info *info, const dit_gen_params *gp, int64_t *lens)
+{
+    const int mult = info->size_multiple;
+    lens[0] = (int64_t)(gp->height / mult) * (gp->width / mult);
+    lens[1] = gp->prompt_embeds ? gp->prompt_embeds_len
+                                : (gp->max_sequence_length ? gp->max_sequence_length
+                                                           : info->default_max_sequence_length);
+}
+
+/* Adds "WxH" to a list of at most 4 sizes. */
+static void add_size(char *list, size_t cap, int *n, int64_t w, int64_t h)
+{
+    if (*n >= 4)
+        return;
+    const size_t used = strlen(list);
+    snprintf(list + used, cap - used, "%s%lldx%lld", *n ? ", " : "", (long long)w, (long long)h);
+    (*n)++;
+}
+
+/* The sizes nearest to w x h, changing one side in steps of mult, whose
+ * token count (w / mult) * (h / mult) is a multiple of C. */
+static void nearest_sizes(int64_t w, int64_t h, int mult, int C, char *list, size_t cap)
+{
+    int n = 0;
+    list[0] = '\0';
+    for (int side = 0; side < 2; side++) {
+        /* Within C steps one of the candidates divides: (w/mult + k) runs
+         * through every residue mod C. */
+        for (int k = 1; k <= C; k++) {
+            bool found = false;
+            for (int sign = -1; sign <= 1; sign += 2) {
+                const int64_t nw = side == 0 ? w + sign * k * mult : w;
+                const int64_t nh = side == 1 ? h + sign * k * mult : h;
+                if (nw < mult || nh < mult || ((nw / mult) * (nh / mult)) % C != 0)
+                    continue;
+                add_size(list, cap, &n, nw, nh);
+                found = true;
+            }
+            if (found)
+                break;
+        }
+    }
+}
+
+/* What the client can change when the mesh refuses a request: the nearest
+ * sizes whose image tokens split evenly, or a max_sequence_length (or
+ * prompt_embeds length) that does. */
+static bool flux_mesh_advice(const dit_pipeline_info *info, const dit_gen_params *gp,
+                             const dit_parallel_config *pc, char *buf, size_t cap)
+{
+    const int C = pc->ring_degree * pc->ulysses_degree;
+    const int mult = info->size_multiple;
+    const int64_t img = (int64_t)(gp->height / mult) * (gp->width / mult);
+    const int64_t txt = gp->prompt_embeds
+                            ? gp->prompt_embeds_len
+                            : (gp->max_sequence_length ? gp->max_sequence_length
+                                                       : info->default_max_sequence_length);
+    const bool plain = C > 1 && !dit_parallel_uneven(pc);
+    if (plain && img % C != 0) {
+        char sizes[128];
+        nearest_sizes(gp->width, gp->height, mult, C, sizes, sizeof sizes);
+        snprintf(buf, cap,
+                 "a %dx%d image is %lld tokens (one per %dx%d pixels), which this server's %d "
+                 "context-parallel ranks cannot split evenly: it needs a multiple of %d. The "
+                 "nearest sizes that work: %s",
+                 gp->width, gp->height, (long long)img, mult, mult, C, C, sizes);
+    } else if (plain && txt % C != 0) {
+        const int64_t down = txt - txt % C, up = down + C;
+        if (gp->prompt_embeds)
+            snprintf(buf, cap,
+                     "prompt_embeds has %lld tokens, which this server's %d context-parallel "
+                     "ranks cannot split evenly: it needs a multiple of %d (e.g. %lld)",
+                     (long long)txt, C, C, (long long)up);
+        else if (down > 0 && up <= info->default_max_sequence_length)
+            snprintf(buf, cap,
+                     "max_sequence_length %lld cannot be split evenly over this server's %d "
+                     "context-parallel ranks: use a multiple of %d, e.g. %lld or %lld",
+                     (long long)txt, C, C, (long long)down, (long long)up);
+        else if (down > 0)
+            snprintf(buf, cap,
+                     "max_sequence_length %lld cannot be split evenly over this server's %d "
+                     "context-parallel ranks: use a multiple of %d, e.g. %lld",
+                     (long long)txt, C, C, (long long)down);
+        else
+            snprintf(buf, cap,
+                     "max_sequence_length %lld cannot be split evenly over this server's %d "
+                     "context-parallel ranks: use a multiple of %d, e.g. %d",
+                     (long long)txt, C, C, C);
+    } else {
+        return false;
+    }
+    return true;
+}
+
+const dit_pipeline_probe_class dit_probe_flux_pipeline = {
+    .diffusers_class = "FluxPipeline",
+    .probe = flux_probe,
+    .check = flux_check,
+    .seq_lens = flux_seq_lens,
+    .mesh_advice = flux_mesh_advice,
+};

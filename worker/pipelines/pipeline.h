@@ -1,0 +1,82 @@
+/* The pipeline interface: prompt in, media out, for any pipeline class
+ * registered in pipelines/registry.c by model_index.json's `_class_name`.
+ *
+ * A pipeline loads its own components (text encoders, tokenizers,
+ * scheduler, VAE) and the transformer's weights for this rank's
+ * tensor-parallel shard, but calls the transformer only through a
+ * dit_denoiser (models/denoiser.h): who splits it over ranks is not its
+ * business. Under a parallel mesh every rank runs the whole pipeline with
+ * the same seed; ranks other than 0 may skip the VAE.
+ *
+ * Results are media, frames x height x width x channels (an image is one
+ * frame), as f32 in [-1, 1] the way the VAE decodes them, plus the packed
+ * latents for tests and raw outputs.
+ *
+ * Owner: the thread that loaded it. */
+#ifndef DIT_PIPELINES_PIPELINE_H
+#define DIT_PIPELINES_PIPELINE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "backend/backend.h"
+#include "models/denoiser.h"
+#include "models/model.h"
+#include "pipelines/probe.h"
+
+typedef struct dit_pipeline dit_pipeline;
+
+/* Called after each denoising step; a status other than DIT_OK stops the
+ * generation with that status (cancellation). */
+typedef dit_status (*dit_gen_progress_fn)(void *ctx, int step, int total, double elapsed_ms);
+
+typedef struct dit_gen_result {
+    int width, height;
+    int frames;   /* 1 for an image */
+    int channels; /* 3 (RGB) */
+    int64_t latent_tokens, latent_dim;
+    float *initial_latents; /* (1, tokens, dim) packed, malloc'ed */
+    float *latents;         /* (1, tokens, dim) packed, after the last step */
+    /* (frames, channels, height, width) as the VAE decodes it: for an image
+     * (3, height, width); NULL if not decoded. dit_gen_result_media gives
+     * the frames x H x W x C layout. */
+    float *image;
+    bool prompt_truncated; /* a prompt was longer than its tokenizer allows */
+    double tokenize_ms, encode_ms, denoise_ms, vae_ms;
+    double step_ms_min, step_ms_max;
+} dit_gen_result;
+
+typedef struct dit_pipeline_class {
+    const char *diffusers_class; /* "FluxPipeline" */
+    dit_status (*load)(dit_backend *be, const char *dir, const dit_pipeline_info *info,
+                       const dit_shard *shard, bool load_vae, void **out, dit_diag *diag);
+    void (*free)(void *p);
+    dit_model *(*transformer)(void *p);
+    dit_status (*generate)(void *p, const dit_pipeline_info *info, const dit_denoiser *den,
+                           const dit_gen_params *gp, bool decode, dit_gen_progress_fn progress,
+                           void *progress_ctx, dit_gen_result *res, dit_diag *diag);
+} dit_pipeline_class;
+
+/* Probes dir, finds its class and loads every component. shard: this
+ * rank's tensor-parallel slice of the transformer (NULL: whole). load_vae
+ * false skips the VAE (ranks that never decode). */
+dit_status dit_pipeline_load(dit_backend *be, const char *dir, const dit_shard *shard,
+                             bool load_vae, dit_pipeline **out, dit_diag *diag);
+void dit_pipeline_free(dit_pipeline *p);
+
+/* The transformer the pipeline loaded, to build a runner (runtime/) on. */
+dit_model *dit_pipeline_transformer(dit_pipeline *p);
+
+const dit_pipeline_info *dit_pipeline_get_info(const dit_pipeline *p);
+
+dit_status dit_pipeline_generate(dit_pipeline *p, const dit_denoiser *den, const dit_gen_params *gp,
+                                 bool decode, dit_gen_progress_fn progress, void *progress_ctx,
+                                 dit_gen_result *res, dit_diag *diag);
+
+/* The decoded media as frames x height x width x channels f32 in [-1, 1]
+ * (malloc'ed, caller frees), or NULL without an image or memory. */
+float *dit_gen_result_media(const dit_gen_result *r);
+
+void dit_gen_result_free(dit_gen_result *r);
+
+#endif

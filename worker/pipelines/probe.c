@@ -1,0 +1,166 @@
+/* The pipeline probe registry: one line per pipeline class. */
+#include "pipelines/probe.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "loader/json_util.h"
+#include "pipelines/flux_probe.h"
+
+static const dit_pipeline_probe_class *const classes[] = {
+    &dit_probe_flux_pipeline,
+};
+#define N_CLASSES (sizeof classes / sizeof classes[0])
+
+#define PROBE_PATH 4096
+
+bool dit_probe_is_dir(const char *path)
+{
+    struct stat sb;
+    return stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
+}
+
+bool dit_probe_is_file(const char *path)
+{
+    struct stat sb;
+    return stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
+}
+
+/* No model_index.json in dir. The usual slip is to name one component of a
+ * pipeline (its transformer/, say) instead of the pipeline itself: say so,
+ * and name the folder that would work. */
+static dit_status not_a_pipeline(const char *dir, dit_diag *diag)
+{
+    char path[PROBE_PATH + 64], parent[PROBE_PATH];
+    snprintf(parent, sizeof parent, "%s", dir);
+    size_t n = strlen(parent);
+    while (n > 1 && parent[n - 1] == '/')
+        parent[--n] = '\0';
+    char *slash = strrchr(parent, '/');
+    if (slash)
+        *(slash == parent ? slash + 1 : slash) = '\0';
+    else
+        snprintf(parent, sizeof parent, ".");
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    const bool component = dit_probe_is_file(path);
+    snprintf(path, sizeof path, "%s/model_index.json", parent);
+    const bool parent_is_pipeline = dit_probe_is_file(path);
+    if (component && parent_is_pipeline)
+        return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
+                            "%s is one component of a pipeline, not the pipeline: point --model at "
+                            "the pipeline folder that holds model_index.json, here %s",
+                            dir, parent);
+    if (component)
+        return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
+                            "%s holds a config.json but no model_index.json: it is a model "
+                            "folder; point --model at the diffusers pipeline folder (with "
+                            "model_index.json, transformer/, vae/, ...)",
+                            dir);
+    snprintf(path, sizeof path, "%s/model_index.json", dir);
+    return dit_diag_set(diag, DIT_ERR_NOT_FOUND,
+                        "%s: no such file; --model wants a diffusers pipeline folder (with "
+                        "model_index.json, transformer/, vae/, ...)",
+                        path);
+}
+
+static const dit_pipeline_probe_class *find_class(const char *name)
+{
+    for (size_t i = 0; name && i < N_CLASSES; i++)
+        if (strcmp(classes[i]->diffusers_class, name) == 0)
+            return classes[i];
+    return NULL;
+}
+
+dit_status dit_pipeline_probe(const char *dir, dit_pipeline_info *out, dit_diag *diag)
+{
+    char path[PROBE_PATH + 64];
+    cJSON *index = NULL;
+    dit_pipeline_info info;
+    memset(&info, 0, sizeof info);
+    snprintf(path, sizeof path, "%s/model_index.json", dir);
+    if (!dit_probe_is_file(path))
+        return not_a_pipeline(dir, diag);
+    dit_status st = dit_json_load_file(path, &index, diag);
+    if (st != DIT_OK)
+        return st;
+    const char *cls = NULL;
+    DIT_CHECK(dit_json_get_string(index, "_class_name", path, true, &cls, diag));
+    const dit_pipeline_probe_class *pc = find_class(cls);
+    if (!pc) {
+        char known[256] = "";
+        for (size_t i = 0; i < N_CLASSES; i++)
+            snprintf(known + strlen(known), sizeof known - strlen(known), "%s%s", i ? ", " : "",
+                     classes[i]->diffusers_class);
+        st = dit_diag_set(diag, DIT_ERR_UNSUPPORTED,
+                          "%s: pipeline class \"%s\" is not supported (%s is)", path, cls, known);
+        goto cleanup;
+    }
+    snprintf(info.class_name, sizeof info.class_name, "%s", pc->diffusers_class);
+    DIT_CHECK(pc->probe(dir, &info, diag));
+    *out = info;
+cleanup:
+    cJSON_Delete(index);
+    return st;
+}
+
+const dit_pipeline_probe_class *dit_pipeline_probe_class_of(const dit_pipeline_info *info)
+{
+    return find_class(info->class_name);
+}
+
+dit_status dit_gen_check(const dit_pipeline_info *info, const dit_gen_params *gp, dit_diag *diag)
+{
+    const dit_pipeline_probe_class *pc = dit_pipeline_probe_class_of(info);
+    if (!pc)
+        return dit_diag_set(diag, DIT_ERR_INTERNAL, "no pipeline class \"%s\"", info->class_name);
+    return pc->check(info, gp, diag);
+}
+
+void dit_gen_seq_lens(const dit_pipeline_info *info, const dit_gen_params *gp, int64_t *lens)
+{
+    const dit_pipeline_probe_class *pc = dit_pipeline_probe_class_of(info);
+    for (int i = 0; i < info->parallel.n_seqs; i++)
+        lens[i] = 0;
+    if (pc)
+        pc->seq_lens(info, gp, lens);
+}
+
+dit_status dit_gen_check_mesh(const dit_pipeline_info *info, const dit_gen_params *gp,
+                              const dit_parallel_config *pc, dit_diag *diag)
+{
+    int64_t lens[DIT_PARALLEL_MAX_SEQS];
+    dit_gen_seq_lens(info, gp, lens);
+    return dit_parallel_validate_model(pc, &info->parallel, lens, diag);
+}
+
+bool dit_gen_mesh_advice(const dit_pipeline_info *info, const dit_gen_params *gp,
+                         const dit_parallel_config *pc, char *buf, size_t cap)
+{
+    const dit_pipeline_probe_class *c = dit_pipeline_probe_class_of(info);
+    return c && c->mesh_advice && c->mesh_advice(info, gp, pc, buf, cap);
+}
+
+bool dit_gen_true_cfg(const dit_gen_params *gp)
+{
+    return gp->true_cfg_scale > 1.0f && (gp->negative_prompt || gp->negative_prompt_embeds);
+}
+
+bool dit_gen_true_cfg_warning(const dit_gen_params *gp, const char *neg_name, const char *cfg_name,
+                              char *buf, size_t cap)
+{
+    const bool neg = gp->negative_prompt || gp->negative_prompt_embeds;
+    if (neg && !(gp->true_cfg_scale > 1.0f)) {
+        snprintf(buf, cap,
+                 "%s has no effect: true classifier-free guidance needs %s above 1 "
+                 "(it is %g)",
+                 neg_name, cfg_name, (double)gp->true_cfg_scale);
+        return true;
+    }
+    if (!neg && gp->true_cfg_scale > 1.0f) {
+        snprintf(buf, cap, "%s %g has no effect: true classifier-free guidance needs a %s",
+                 cfg_name, (double)gp->true_cfg_scale, neg_name);
+        return true;
+    }
+    return false;
+}

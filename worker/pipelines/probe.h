@@ -1,0 +1,128 @@
+/* What a pipeline folder is, from its config files alone (no weights, no
+ * compute code): the pipeline class (model_index.json's `_class_name`),
+ * the sizes and token rules a request is checked against, the defaults and
+ * the task. ditd links this and nothing of the compute layers; the workers
+ * and ditrun read the same answers.
+ *
+ * Adding a pipeline: a dit_pipeline_probe_class (probe + request check) in
+ * its own file and one line in probe.c.
+ *
+ * Owner: plain values; the functions keep no state. */
+#ifndef DIT_PIPELINES_PROBE_H
+#define DIT_PIPELINES_PROBE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/status.h"
+#include "parallel/mesh.h"
+
+/* The generation request, as every pipeline reads it. Fields a pipeline does
+ * not use are refused or ignored by its check. */
+typedef struct dit_gen_params {
+    const char *prompt;   /* first text encoder's prompt (and the second's unless prompt_2) */
+    const char *prompt_2; /* second text encoder's prompt; NULL: prompt */
+    const char *negative_prompt;   /* with true_cfg_scale > 1: true CFG */
+    const char *negative_prompt_2; /* NULL: negative_prompt */
+    int width, height;             /* pixels */
+    int frames;                    /* 0: the pipeline's default (1 for images) */
+    int steps;                     /* 1 .. 1000 */
+    float guidance_scale;          /* distilled guidance, for guidance_embeds models */
+    float true_cfg_scale;          /* > 1 with a negative prompt: two passes per step */
+    uint64_t seed;                 /* torch.Generator("cpu").manual_seed(seed) */
+    int max_sequence_length;       /* text tokens (0: the pipeline's default) */
+    /* Optional: initial packed latents (1, tokens, latent_dim), instead of
+     * noise from the seed. */
+    const float *latents;
+    /* Optional caller embeddings instead of the text encoders: prompt_embeds
+     * (1, embeds_len, joint_attention_dim), pooled (1, pooled_projection_dim),
+     * and the negative pair for true CFG. */
+    const float *prompt_embeds, *pooled_prompt_embeds;
+    int64_t prompt_embeds_len;
+    const float *negative_prompt_embeds, *negative_pooled_prompt_embeds;
+    int64_t negative_prompt_embeds_len;
+} dit_gen_params;
+
+/* The transformer's config, as far as requests and ListModels need it. */
+typedef struct dit_transformer_info {
+    char class_name[64]; /* config.json's _class_name */
+    int num_layers, num_single_layers;
+    int inner_dim;
+    int in_channels;
+    int joint_attention_dim;   /* width of prompt_embeds rows */
+    int pooled_projection_dim; /* width of pooled_prompt_embeds (0: none) */
+    bool guidance_embeds;
+} dit_transformer_info;
+
+typedef struct dit_pipeline_info {
+    char class_name[64]; /* model_index.json's _class_name, e.g. "FluxPipeline" */
+    const char *task;    /* "text-to-image" */
+    dit_transformer_info transformer;
+    dit_parallel_req parallel; /* what the transformer asks of a mesh */
+    int vae_scale;             /* pixels per latent pixel (8 for FLUX's VAE) */
+    int latent_channels;       /* VAE latent channels */
+    int size_multiple;         /* width and height must be multiples (16 for FLUX) */
+    int latent_dim;            /* width of a packed latent token (64 for FLUX) */
+    int default_width, default_height, default_frames, default_steps;
+    float default_guidance;
+    int default_max_sequence_length;
+    bool has_text_encoders; /* the text encoders the pipeline needs are present */
+} dit_pipeline_info;
+
+/* One pipeline class's config-only part. */
+typedef struct dit_pipeline_probe_class {
+    const char *diffusers_class; /* "FluxPipeline" */
+    /* Fills everything but class_name (set by the caller); `index_path` is
+     * model_index.json, for messages. */
+    dit_status (*probe)(const char *dir, dit_pipeline_info *out, dit_diag *diag);
+    /* Request rules with messages a user can act on. */
+    dit_status (*check)(const dit_pipeline_info *info, const dit_gen_params *gp, dit_diag *diag);
+    /* The lengths of the sequences parallel.seq_names name, for a checked
+     * request. */
+    void (*seq_lens)(const dit_pipeline_info *info, const dit_gen_params *gp, int64_t *lens);
+    /* Optional: for a request the mesh refuses, what the client can change,
+     * in request fields, into buf; false to let the mesh's message stand. */
+    bool (*mesh_advice)(const dit_pipeline_info *info, const dit_gen_params *gp,
+                        const dit_parallel_config *pc, char *buf, size_t cap);
+} dit_pipeline_probe_class;
+
+/* Reads dir/model_index.json, finds the class and probes. A folder that is
+ * one component of a pipeline gets a message naming the pipeline folder. */
+dit_status dit_pipeline_probe(const char *dir, dit_pipeline_info *out, dit_diag *diag);
+
+/* The probe class of a probed pipeline. */
+const dit_pipeline_probe_class *dit_pipeline_probe_class_of(const dit_pipeline_info *info);
+
+/* Validates a request against a pipeline, with messages a user can act on
+ * (sizes, steps, scales, embeddings). */
+dit_status dit_gen_check(const dit_pipeline_info *info, const dit_gen_params *gp, dit_diag *diag);
+
+/* The request's split-sequence lengths (info->parallel.n_seqs values) and
+ * the mesh's rules for them. */
+void dit_gen_seq_lens(const dit_pipeline_info *info, const dit_gen_params *gp, int64_t *lens);
+dit_status dit_gen_check_mesh(const dit_pipeline_info *info, const dit_gen_params *gp,
+                              const dit_parallel_config *pc, dit_diag *diag);
+
+/* The pipeline's advice for a request the mesh refuses (see mesh_advice):
+ * false when it has none. */
+bool dit_gen_mesh_advice(const dit_pipeline_info *info, const dit_gen_params *gp,
+                         const dit_parallel_config *pc, char *buf, size_t cap);
+
+/* Whether the generation runs true classifier-free guidance: a scale above
+ * 1 and a negative prompt (text or embeddings), as diffusers decides it. */
+bool dit_gen_true_cfg(const dit_gen_params *gp);
+
+/* When one of the two true-CFG inputs is given without the other (and so
+ * has no effect), writes a warning in diffusers' sense to buf and returns
+ * true. neg_name and cfg_name are what the caller's users call the two
+ * (request fields "negative_prompt", "true_cfg_scale"; flags "--negative-
+ * prompt", "--true-cfg"). */
+bool dit_gen_true_cfg_warning(const dit_gen_params *gp, const char *neg_name, const char *cfg_name,
+                              char *buf, size_t cap);
+
+/* Helpers for probe classes. */
+bool dit_probe_is_dir(const char *path);
+bool dit_probe_is_file(const char *path);
+
+#endif
