@@ -270,9 +270,14 @@ static int set_token(void *t, const char *v, char *err, size_t cap)
     return 0;
 }
 
-#define CUSTOM(name, sh, arg, help, env, fn) \
-    {name, sh, DIT_OPT_CUSTOM, NULL, arg, help, env, 0, 0, 0, fn, false}
-#define CFLAG(name, help, fn) {name, 0, DIT_OPT_FLAG, NULL, NULL, help, NULL, 0, 0, 0, fn, false}
+#define CUSTOM(name, sh, arg, help, env, fn)                                                       \
+    {                                                                                              \
+        name, sh, DIT_OPT_CUSTOM, NULL, arg, help, env, 0, 0, 0, fn, false                         \
+    }
+#define CFLAG(name, help, fn)                                                                      \
+    {                                                                                              \
+        name, 0, DIT_OPT_FLAG, NULL, NULL, help, NULL, 0, 0, 0, fn, false                          \
+    }
 
 /* Also accepted before the command name. */
 static const dit_option common_opts[] = {
@@ -432,8 +437,8 @@ static const dit_option request_opts[] = {
            "effect: ditctl warns)",
            NULL, set_neg),
     CUSTOM("negative-prompt-2", 0, "TEXT", "the negative prompt for T5", NULL, set_neg_2),
-    CUSTOM("width", 0, "W", "pixels, a multiple of 16 for FLUX (default: the daemon's, 1024)",
-           NULL, set_width),
+    CUSTOM("width", 0, "W", "pixels, a multiple of 16 for FLUX (default: the daemon's, 1024)", NULL,
+           set_width),
     CUSTOM("height", 0, "H", "pixels, a multiple of 16 for FLUX (default: the daemon's, 1024)",
            NULL, set_height),
     CUSTOM("steps", 0, "N", "denoising steps, 1 to 1000 (default: the daemon's, 28)", NULL,
@@ -443,16 +448,14 @@ static const dit_option request_opts[] = {
     CUSTOM("true-cfg", 0, "S", "true CFG scale (default: the daemon's, 1: off)", NULL,
            set_true_cfg),
     CUSTOM("seed", 0, "N", "noise seed, 0 to 2^64-1 (default: random, reported)", NULL, set_seed),
-    CUSTOM("max-sequence-length", 0, "N", "T5 tokens, 1 to 512 (default: the daemon's, 512)",
-           NULL, set_max_seq),
-    CUSTOM("priority", 0, "P",
-           "higher runs first; equal priorities in arrival order (default 0)", NULL,
-           set_priority),
-    CUSTOM("request-id", 0, "ID", "echoed in every event (default: the daemon makes one up)",
-           NULL, set_request_id),
+    CUSTOM("max-sequence-length", 0, "N", "T5 tokens, 1 to 512 (default: the daemon's, 512)", NULL,
+           set_max_seq),
+    CUSTOM("priority", 0, "P", "higher runs first; equal priorities in arrival order (default 0)",
+           NULL, set_priority),
+    CUSTOM("request-id", 0, "ID", "echoed in every event (default: the daemon makes one up)", NULL,
+           set_request_id),
     CUSTOM("model", 0, "NAME", "the model (default: the daemon's only model)", NULL, set_model),
-    CFLAG("raw", "ask for the decoded image as an f32 tensor (3, H, W) instead of a PNG",
-          set_raw),
+    CFLAG("raw", "ask for the decoded image as an f32 tensor (3, H, W) instead of a PNG", set_raw),
 };
 #define N_REQUEST (sizeof request_opts / sizeof request_opts[0])
 
@@ -507,7 +510,8 @@ int ctl_parse(int argc, char **argv, const char *cmd, const ctl_help *help,
     }
     char see_also[96];
     snprintf(see_also, sizeof see_also, "run 'ditctl %s --help' for its options", cmd);
-    const help_ctx hc = {.help = help, .cmd_opts = cmd_opts, .n_cmd = n_cmd, .request = req != NULL};
+    const help_ctx hc = {
+        .help = help, .cmd_opts = cmd_opts, .n_cmd = n_cmd, .request = req != NULL};
     const dit_options table = {.prog = "ditctl",
                                .opts = opts,
                                .n_opts = n,
@@ -584,8 +588,9 @@ static void print_model(const Ditserve__V1__ModelInfo *m, const char *first)
     const bool video = m->task == DITSERVE__V1__TASK__TASK_TEXT_TO_VIDEO;
     printf("%s%s: %s (%s), transformer %s, text encoders %s\n", first,
            m->name && m->name[0] ? m->name : "(unnamed)", m->pipeline,
-           video ? "text-to-video"
-                 : m->task == DITSERVE__V1__TASK__TASK_TEXT_TO_IMAGE ? "text-to-image" : "task not reported",
+           video                                               ? "text-to-video"
+           : m->task == DITSERVE__V1__TASK__TASK_TEXT_TO_IMAGE ? "text-to-image"
+                                                               : "task not reported",
            m->transformer && m->transformer[0] ? m->transformer : "(not reported)",
            m->has_text_encoders ? "yes" : "no");
     printf("%s  defaults: %dx%d, %d steps", indent, m->default_width, m->default_height,

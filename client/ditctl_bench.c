@@ -77,8 +77,8 @@ static const dit_option bench_opts[] = {
      false},
     {"concurrency", 'c', DIT_OPT_CUSTOM, "1", "C", "most requests in flight at once, 1 to 1024",
      NULL, 0, 0, 0, set_concurrency, false},
-    {"quiet", 'q', DIT_OPT_FLAG, NULL, NULL, "no progress line on stderr", NULL, 0, 0, 0,
-     set_quiet, false},
+    {"quiet", 'q', DIT_OPT_FLAG, NULL, NULL, "no progress line on stderr", NULL, 0, 0, 0, set_quiet,
+     false},
 };
 
 typedef struct rec {

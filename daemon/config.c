@@ -15,7 +15,8 @@ typedef struct raw {
     const char *tls_cert, *tls_key, *tls_client_ca, *auth_token_file;
     const char *join_listen, *join_secret_file;
     long long local_ranks;
-    long long world, ring, ulysses, tp, max_queue, threads, max_message, conn_age, chunk, max_pixels;
+    long long world, ring, ulysses, tp, max_queue, threads, max_message, conn_age, chunk,
+        max_pixels;
     long long max_unread, max_unread_total;
     long long metrics_port;
     double drain, comm_timeout, job_timeout, startup_timeout;
@@ -23,11 +24,26 @@ typedef struct raw {
 } raw;
 
 #define OFF(f) offsetof(raw, f)
-#define STR(name, def, arg, help, env, f) {name, 0, DIT_OPT_STRING, def, arg, help, env, OFF(f), 0, 0, NULL, false}
-#define INT(name, def, arg, help, env, f, lo, hi) {name, 0, DIT_OPT_INT, def, arg, help, env, OFF(f), lo, hi, NULL, false}
-#define BYTES(name, def, help, env, f, lo, hi) {name, 0, DIT_OPT_BYTES, def, "BYTES", help, env, OFF(f), lo, hi, NULL, false}
-#define SECS(name, def, help, env, f) {name, 0, DIT_OPT_SECONDS, def, "SECONDS", help, env, OFF(f), 0, 0, NULL, false}
-#define FLAG(name, help, env, f) {name, 0, DIT_OPT_FLAG, NULL, NULL, help, env, OFF(f), 0, 0, NULL, false}
+#define STR(name, def, arg, help, env, f)                                                          \
+    {                                                                                              \
+        name, 0, DIT_OPT_STRING, def, arg, help, env, OFF(f), 0, 0, NULL, false                    \
+    }
+#define INT(name, def, arg, help, env, f, lo, hi)                                                  \
+    {                                                                                              \
+        name, 0, DIT_OPT_INT, def, arg, help, env, OFF(f), lo, hi, NULL, false                     \
+    }
+#define BYTES(name, def, help, env, f, lo, hi)                                                     \
+    {                                                                                              \
+        name, 0, DIT_OPT_BYTES, def, "BYTES", help, env, OFF(f), lo, hi, NULL, false               \
+    }
+#define SECS(name, def, help, env, f)                                                              \
+    {                                                                                              \
+        name, 0, DIT_OPT_SECONDS, def, "SECONDS", help, env, OFF(f), 0, 0, NULL, false             \
+    }
+#define FLAG(name, help, env, f)                                                                   \
+    {                                                                                              \
+        name, 0, DIT_OPT_FLAG, NULL, NULL, help, env, OFF(f), 0, 0, NULL, false                    \
+    }
 
 static const dit_option defs[] = {
     STR("model", NULL, "DIR", "diffusers pipeline folder to serve (required)", "DITD_MODEL", model),
@@ -35,22 +51,24 @@ static const dit_option defs[] = {
         "DITD_MODEL_NAME", model_name),
     STR("listen", "0.0.0.0:50051", "HOST:PORT",
         "gRPC address: IPv4:PORT, [IPv6]:PORT, NAME:PORT or :PORT for every interface "
-        "(port 0 picks a free port)", "DITD_LISTEN", listen),
+        "(port 0 picks a free port)",
+        "DITD_LISTEN", listen),
     STR("backend", "cpu", "cpu|cuda", "compute backend", "DITD_BACKEND", backend),
     INT("world-size", NULL, "N", "worker processes in the mesh (default R x U x T)",
         "DITD_WORLD_SIZE", world, 1, 64),
     INT("ring", "1", "R", "ring_degree (context parallelism)", "DITD_RING", ring, 1, 64),
-    INT("ulysses", "1", "U", "ulysses_degree (context parallelism)", "DITD_ULYSSES", ulysses, 1, 64),
+    INT("ulysses", "1", "U", "ulysses_degree (context parallelism)", "DITD_ULYSSES", ulysses, 1,
+        64),
     INT("tp", "1", "T", "tp_degree (tensor parallelism); R x U x T = N", "DITD_TP", tp, 1, 64),
-    FLAG("ulysses-anything", "uneven sequence chunks and heads with Ulysses", "DITD_ULYSSES_ANYTHING",
-         uany),
+    FLAG("ulysses-anything", "uneven sequence chunks and heads with Ulysses",
+         "DITD_ULYSSES_ANYTHING", uany),
     FLAG("ring-anything", "uneven sequence chunks with ring", "DITD_RING_ANYTHING", rany),
     FLAG("unified-anything", "uneven chunks and heads with ring x Ulysses", "DITD_UNIFIED_ANYTHING",
          unany),
-    FLAG("no-fp32-merge", "merge ring partials in the activation dtype", "DITD_NO_FP32_MERGE", nofp32),
-    INT("local-ranks", "-1", "L",
-        "ranks started here, 0 .. L-1 (-1: all); the rest join over TCP", "DITD_LOCAL_RANKS",
-        local_ranks, -1, 64),
+    FLAG("no-fp32-merge", "merge ring partials in the activation dtype", "DITD_NO_FP32_MERGE",
+         nofp32),
+    INT("local-ranks", "-1", "L", "ranks started here, 0 .. L-1 (-1: all); the rest join over TCP",
+        "DITD_LOCAL_RANKS", local_ranks, -1, 64),
     STR("join-listen", NULL, "IP:PORT",
         "where workers on other hosts join (`ditworker --join`); needs --local-ranks below N",
         "DITD_JOIN_LISTEN", join_listen),
@@ -61,12 +79,14 @@ static const dit_option defs[] = {
         "DITD_MAX_QUEUE", max_queue, 0, 100000),
     SECS("drain-timeout", "30", "on SIGTERM, time for accepted requests to finish",
          "DITD_DRAIN_TIMEOUT", drain),
-    INT("threads", "0", "N", "cpu threads per worker (0: cores / N)", "DITD_THREADS", threads, 0, 4096),
-    SECS("comm-timeout", "60", "how long a rank waits for its peers", "DITD_COMM_TIMEOUT", comm_timeout),
+    INT("threads", "0", "N", "cpu threads per worker (0: cores / N)", "DITD_THREADS", threads, 0,
+        4096),
+    SECS("comm-timeout", "60", "how long a rank waits for its peers", "DITD_COMM_TIMEOUT",
+         comm_timeout),
     SECS("job-timeout", "300", "a job with no progress for this long counts as stalled",
          "DITD_JOB_TIMEOUT", job_timeout),
-    SECS("startup-timeout", "600", "workers must load the model within this", "DITD_STARTUP_TIMEOUT",
-         startup_timeout),
+    SECS("startup-timeout", "600", "workers must load the model within this",
+         "DITD_STARTUP_TIMEOUT", startup_timeout),
     STR("worker", NULL, "PATH", "the ditworker binary (default: next to ditd, then the build tree)",
         "DITD_WORKER", worker),
     BYTES("max-message-bytes", "67108864", "largest request accepted", "DITD_MAX_MESSAGE_BYTES",
@@ -74,17 +94,18 @@ static const dit_option defs[] = {
     INT("max-connection-age", "0", "SECONDS",
         "close client connections after this long, so load balancers rebalance (0: never)",
         "DITD_MAX_CONNECTION_AGE", conn_age, 0, 1000000000),
-    BYTES("chunk-bytes", "1048576", "image bytes per ResultChunk message", "DITD_CHUNK_BYTES", chunk,
-          1024, 1 << 30),
+    BYTES("chunk-bytes", "1048576", "image bytes per ResultChunk message", "DITD_CHUNK_BYTES",
+          chunk, 1024, 1 << 30),
     BYTES("max-unread-bytes", "134217728",
           "result bytes one connection may leave unread; past them its new calls get "
-          "RESOURCE_EXHAUSTED", "DITD_MAX_UNREAD_BYTES", max_unread, 1024, (double)(1ll << 40)),
-    BYTES("max-unread-total", "1073741824", "the same over all connections", "DITD_MAX_UNREAD_TOTAL",
-          max_unread_total, 1024, (double)(1ll << 40)),
+          "RESOURCE_EXHAUSTED",
+          "DITD_MAX_UNREAD_BYTES", max_unread, 1024, (double)(1ll << 40)),
+    BYTES("max-unread-total", "1073741824", "the same over all connections",
+          "DITD_MAX_UNREAD_TOTAL", max_unread_total, 1024, (double)(1ll << 40)),
     INT("max-pixels", "4194304", "N", "largest width x height a request may ask for (2048x2048)",
         "DITD_MAX_PIXELS", max_pixels, 256, 268435456),
-    STR("warmup", NULL, "WxH:STEPS", "run one generation of this shape before serving", "DITD_WARMUP",
-        warmup),
+    STR("warmup", NULL, "WxH:STEPS", "run one generation of this shape before serving",
+        "DITD_WARMUP", warmup),
     STR("tls-cert", NULL, "FILE", "serve TLS with this PEM certificate chain (needs --tls-key)",
         "DITD_TLS_CERT", tls_cert),
     STR("tls-key", NULL, "FILE", "the PEM private key of --tls-cert", "DITD_TLS_KEY", tls_key),
@@ -149,8 +170,9 @@ static int check_listen(dit_daemon_config *cfg)
         why = "the host is not an address or a name";
     }
     if (why) {
-        fprintf(stderr, "ditd: --listen '%s': %s; the form is HOST:PORT, e.g. 0.0.0.0:50051, "
-                        "127.0.0.1:0 (a free port), [::]:50051 or :50051 (every interface)\n",
+        fprintf(stderr,
+                "ditd: --listen '%s': %s; the form is HOST:PORT, e.g. 0.0.0.0:50051, "
+                "127.0.0.1:0 (a free port), [::]:50051 or :50051 (every interface)\n",
                 v, why);
         return 2;
     }
@@ -207,14 +229,16 @@ int dit_daemon_config_parse(dit_daemon_config *cfg, int argc, char **argv)
         return 2;
     }
     if (cfg->local_ranks < cfg->pc.world_size && (!cfg->join_listen || !cfg->join_secret_file)) {
-        fprintf(stderr, "ditd: ranks %d to %d are remote: give --join-listen IP:PORT and "
-                        "--join-secret-file FILE\n",
+        fprintf(stderr,
+                "ditd: ranks %d to %d are remote: give --join-listen IP:PORT and "
+                "--join-secret-file FILE\n",
                 cfg->local_ranks, cfg->pc.world_size - 1);
         return 2;
     }
     if (cfg->local_ranks == cfg->pc.world_size && (cfg->join_listen || cfg->join_secret_file)) {
-        fprintf(stderr, "ditd: --join-listen and --join-secret-file need remote ranks (--local-ranks "
-                        "below the world size %d)\n",
+        fprintf(stderr,
+                "ditd: --join-listen and --join-secret-file need remote ranks (--local-ranks "
+                "below the world size %d)\n",
                 cfg->pc.world_size);
         return 2;
     }

@@ -16,30 +16,31 @@
 typedef struct dit_daemon_config {
     const char *model;      /* pipeline folder */
     const char *model_name; /* name clients use; default: the folder's name */
-    const char *listen;     /* HOST:PORT (checked; ":PORT" made 0.0.0.0:PORT); port 0 picks a free one */
+    const char
+        *listen; /* HOST:PORT (checked; ":PORT" made 0.0.0.0:PORT); port 0 picks a free one */
     const char *backend_name;
     dit_backend_kind backend;
     dit_parallel_config pc;
-    int max_queue;             /* requests waiting (not running) */
-    double drain_timeout_s;    /* on SIGTERM: time for accepted work to finish */
-    int threads;               /* per worker; 0: cores / world size */
-    double comm_timeout_s;     /* how long a rank waits for its peers */
-    const char *worker_path;   /* the ditworker binary */
-    double job_timeout_s;      /* a job with no progress for this long is a stall */
-    double startup_timeout_s;  /* workers must be ready within this */
-    int64_t max_message_bytes; /* largest request accepted */
+    int max_queue;                /* requests waiting (not running) */
+    double drain_timeout_s;       /* on SIGTERM: time for accepted work to finish */
+    int threads;                  /* per worker; 0: cores / world size */
+    double comm_timeout_s;        /* how long a rank waits for its peers */
+    const char *worker_path;      /* the ditworker binary */
+    double job_timeout_s;         /* a job with no progress for this long is a stall */
+    double startup_timeout_s;     /* workers must be ready within this */
+    int64_t max_message_bytes;    /* largest request accepted */
     int64_t max_connection_age_s; /* 0: connections live forever */
-    int64_t chunk_bytes;       /* result bytes per ResultChunk message */
+    int64_t chunk_bytes;          /* result bytes per ResultChunk message */
     /* Result bytes queued for clients that have not read them yet, per
      * connection and in all; past them new calls are refused. */
     int64_t max_unread_bytes, max_unread_total;
-    const char *warmup;        /* WIDTHxHEIGHT:STEPS run before serving, or NULL */
-    int64_t max_pixels;        /* largest width x height accepted */
+    const char *warmup; /* WIDTHxHEIGHT:STEPS run before serving, or NULL */
+    int64_t max_pixels; /* largest width x height accepted */
     const char *tls_cert, *tls_key, *tls_client_ca; /* PEM files; NULL: plaintext */
-    const char *auth_token_file; /* bearer token for every method but health */
-    int metrics_port;            /* Prometheus HTTP port; -1: off, 0: a free one */
-    int local_ranks;             /* ranks ditd starts (0 .. local_ranks-1); the rest join */
-    const char *join_listen;     /* IP:PORT for joining workers, or NULL */
+    const char *auth_token_file;                    /* bearer token for every method but health */
+    int metrics_port;        /* Prometheus HTTP port; -1: off, 0: a free one */
+    int local_ranks;         /* ranks ditd starts (0 .. local_ranks-1); the rest join */
+    const char *join_listen; /* IP:PORT for joining workers, or NULL */
     const char *join_secret_file;
     dit_log log;
     char listen_buf[300]; /* storage for listen when it was rewritten */

@@ -37,10 +37,10 @@ typedef struct daemon_state {
     uv_timer_t drain_timer;
     uint64_t drain_started_ms;
     int signals;
-    bool aborted;   /* the drain timeout passed */
+    bool aborted;     /* the drain timeout passed */
     bool rpc_closing; /* the gRPC server is shutting down */
-    bool rpc_done;  /* every call ended */
-    bool stopping;  /* the mesh was told to stop */
+    bool rpc_done;    /* every call ended */
+    bool stopping;    /* the mesh was told to stop */
     bool mesh_stopped;
     bool handles_up; /* sigterm, sigint, drain_timer initialised */
     int exit_code;
@@ -52,7 +52,8 @@ static dit_status find_worker(const char *given, char *out, size_t cap, dit_diag
 {
     if (given) {
         if (access(given, X_OK) != 0)
-            return dit_diag_set(diag, DIT_ERR_NOT_FOUND, "--worker %s is not an executable file", given);
+            return dit_diag_set(diag, DIT_ERR_NOT_FOUND, "--worker %s is not an executable file",
+                                given);
         snprintf(out, cap, "%s", given);
         return DIT_OK;
     }
@@ -74,17 +75,21 @@ static dit_status find_worker(const char *given, char *out, size_t cap, dit_diag
             return DIT_OK;
     }
     return dit_diag_set(diag, DIT_ERR_NOT_FOUND,
-                        "no ditworker next to ditd (%s) or in the build tree; pass --worker PATH", self);
+                        "no ditworker next to ditd (%s) or in the build tree; pass --worker PATH",
+                        self);
 }
 
 /* --warmup WxH:STEPS must name a shape this model and mesh can run. */
-static dit_status check_warmup(const dit_daemon_config *cfg, const dit_pipeline_info *info, dit_diag *diag)
+static dit_status check_warmup(const dit_daemon_config *cfg, const dit_pipeline_info *info,
+                               dit_diag *diag)
 {
     int w = 0, h = 0, steps = 0;
     char tail;
-    if (sscanf(cfg->warmup, "%dx%d:%d%c", &w, &h, &steps, &tail) != 3 || w <= 0 || h <= 0 || steps <= 0)
+    if (sscanf(cfg->warmup, "%dx%d:%d%c", &w, &h, &steps, &tail) != 3 || w <= 0 || h <= 0 ||
+        steps <= 0)
         return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
-                            "--warmup wants WIDTHxHEIGHT:STEPS (e.g. 256x256:2), not '%s'", cfg->warmup);
+                            "--warmup wants WIDTHxHEIGHT:STEPS (e.g. 256x256:2), not '%s'",
+                            cfg->warmup);
     Ditserve__V1__GenerateRequest r = DITSERVE__V1__GENERATE_REQUEST__INIT;
     r.prompt = "warm-up";
     r.width = w;
@@ -244,7 +249,8 @@ static void on_drain_tick(uv_timer_t *t)
         d->aborted = true;
         DIT_LOG(&d->cfg.log, DIT_LOG_WARN, "main",
                 "drain timeout (%.1f s): cancelling %d request(s) still pending and %lld bytes of "
-                "results clients have not read", d->cfg.drain_timeout_s, dit_server_pending(s),
+                "results clients have not read",
+                d->cfg.drain_timeout_s, dit_server_pending(s),
                 (long long)dit_rpc_server_unsent(s->rpc));
         dit_server_abort_pending(s, "the server shut down before the request finished");
         close_rpc(d);
@@ -267,7 +273,8 @@ static void on_signal(uv_signal_t *h, int signum)
     }
     DIT_LOG(&d->cfg.log, DIT_LOG_INFO, "main",
             "%s: draining (%d request(s) pending, up to %.1f s); a second signal exits at once",
-            signum == SIGTERM ? "SIGTERM" : "SIGINT", dit_server_pending(&d->srv), d->cfg.drain_timeout_s);
+            signum == SIGTERM ? "SIGTERM" : "SIGINT", dit_server_pending(&d->srv),
+            d->cfg.drain_timeout_s);
     /* New work is refused from here on with UNAVAILABLE and a message
      * (better for clients than a closed port); the gRPC server itself
      * closes once accepted work is done. */
@@ -304,7 +311,8 @@ int main(int argc, char **argv)
         find_worker(d->cfg.worker_path, worker, sizeof worker, &diag) != DIT_OK ||
         (d->cfg.auth_token_file &&
          read_token(d->cfg.auth_token_file, token, sizeof token, &diag) != DIT_OK) ||
-        (d->cfg.join_secret_file && read_secret(d->cfg.join_secret_file, &secret, &diag) != DIT_OK)) {
+        (d->cfg.join_secret_file &&
+         read_secret(d->cfg.join_secret_file, &secret, &diag) != DIT_OK)) {
         fprintf(stderr, "ditd: %s\n", dit_diag_msg(&diag));
         rc = 2;
         goto cleanup;
@@ -334,7 +342,8 @@ int main(int argc, char **argv)
                               "grpc.reflection.v1.ServerReflection",
                               "grpc.reflection.v1alpha.ServerReflection"};
     if (dit_reflection_create(dit_descriptor_set, dit_descriptor_set_len, services,
-                              (int)(sizeof services / sizeof *services), &s->refl, &diag) != DIT_OK) {
+                              (int)(sizeof services / sizeof *services), &s->refl,
+                              &diag) != DIT_OK) {
         fprintf(stderr, "ditd: %s\n", dit_diag_msg(&diag));
         goto cleanup;
     }
@@ -411,8 +420,8 @@ int main(int argc, char **argv)
                d->cfg.join_listen, dit_supervisor_join_port(s->sup));
     }
     if (s->metrics)
-        printf("ditd: metrics on http://%.*s:%d/metrics\n", colon ? (int)(colon - d->cfg.listen) : 0,
-               d->cfg.listen, metrics_port);
+        printf("ditd: metrics on http://%.*s:%d/metrics\n",
+               colon ? (int)(colon - d->cfg.listen) : 0, d->cfg.listen, metrics_port);
     fflush(stdout);
     DIT_LOG(lg, DIT_LOG_INFO, "main",
             "serving model '%s' from %s on port %d: %d worker(s), ring %d x ulysses %d x tp %d, "

@@ -114,8 +114,10 @@ void dit_log_write(const dit_log *lg, dit_log_level lvl, const char *subsys, con
     char esc[4096];
     escape(msg, esc, sizeof esc, lg->json, false);
     if (lg->json)
-        fprintf(stderr, "{\"time\":\"%s\",\"level\":\"%s\",\"pid\":%d,\"subsystem\":\"%s\",\"msg\":\"%s\"}\n",
-                ts, level_names[lvl], (int)getpid(), subsys, esc);
+        fprintf(
+            stderr,
+            "{\"time\":\"%s\",\"level\":\"%s\",\"pid\":%d,\"subsystem\":\"%s\",\"msg\":\"%s\"}\n",
+            ts, level_names[lvl], (int)getpid(), subsys, esc);
     else
         fprintf(stderr, "%s %-5s ditd[%d] %s: %s\n", ts, level_names[lvl], (int)getpid(), subsys,
                 esc);
@@ -140,7 +142,8 @@ void dit_log_request(const dit_log *lg, const char *request_id, const char *mode
                 "{\"time\":\"%s\",\"level\":\"info\",\"pid\":%d,\"subsystem\":\"request\","
                 "\"request_id\":\"%s\",\"model\":\"%s\",\"width\":%d,\"height\":%d,\"steps\":%d,"
                 "\"queue_ms\":%.1f,\"compute_ms\":%.1f,\"status\":\"%s\",\"detail\":\"%s\"}\n",
-                ts, (int)getpid(), id, mod, width, height, steps, queue_ms, compute_ms, status, det);
+                ts, (int)getpid(), id, mod, width, height, steps, queue_ms, compute_ms, status,
+                det);
     } else {
         fprintf(stderr,
                 "%s info  ditd[%d] request: id=%s model=%s shape=%dx%d steps=%d queue_ms=%.1f "

@@ -40,10 +40,10 @@ void dit_log_request(const dit_log *lg, const char *request_id, const char *mode
                      int height, int steps, double queue_ms, double compute_ms, const char *status,
                      const char *detail);
 
-#define DIT_LOG(lg, lvl, subsys, ...)                                                      \
-    do {                                                                                   \
-        if (dit_log_enabled(lg, lvl))                                                      \
-            dit_log_write(lg, lvl, subsys, __VA_ARGS__);                                   \
+#define DIT_LOG(lg, lvl, subsys, ...)                                                              \
+    do {                                                                                           \
+        if (dit_log_enabled(lg, lvl))                                                              \
+            dit_log_write(lg, lvl, subsys, __VA_ARGS__);                                           \
     } while (0)
 
 #endif

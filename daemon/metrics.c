@@ -15,15 +15,28 @@
 #define N_RANKS 64
 
 static const char *const status_names[N_STATUS] = {
-    "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
-    "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
-    "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
+    "OK",
+    "CANCELLED",
+    "UNKNOWN",
+    "INVALID_ARGUMENT",
+    "DEADLINE_EXCEEDED",
+    "NOT_FOUND",
+    "ALREADY_EXISTS",
+    "PERMISSION_DENIED",
+    "RESOURCE_EXHAUSTED",
+    "FAILED_PRECONDITION",
+    "ABORTED",
+    "OUT_OF_RANGE",
+    "UNIMPLEMENTED",
+    "INTERNAL",
+    "UNAVAILABLE",
+    "DATA_LOSS",
     "UNAUTHENTICATED",
 };
 
 /* Seconds: from a 1 ms step on a GPU to minutes of queueing. */
 static const double bounds[N_BUCKETS] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
-                                         0.25,  0.5,    1,     2.5,  5,     10,  60};
+                                         0.25,  0.5,    1,     2.5,  5,     10,   60};
 
 /* Open HTTP connections at most; past METRICS_SOFT_CONNS a new connection
  * closes the oldest one that has not sent a request (else the oldest), so
@@ -211,19 +224,23 @@ char *dit_metrics_render(dit_metrics *m)
     for (int i = 0; i < N_STATUS; i++)
         put(&t, "ditserve_requests_total{model=\"%s\",status=\"%s\"} %llu\n", md, status_names[i],
             (unsigned long long)m->requests[i]);
-    put(&t, "# HELP ditserve_queued_requests Requests waiting in the queue.\n"
-            "# TYPE ditserve_queued_requests gauge\nditserve_queued_requests{model=\"%s\"} %d\n",
+    put(&t,
+        "# HELP ditserve_queued_requests Requests waiting in the queue.\n"
+        "# TYPE ditserve_queued_requests gauge\nditserve_queued_requests{model=\"%s\"} %d\n",
         md, m->queued);
-    put(&t, "# HELP ditserve_running_requests Requests running on the mesh.\n"
-            "# TYPE ditserve_running_requests gauge\nditserve_running_requests{model=\"%s\"} %d\n",
+    put(&t,
+        "# HELP ditserve_running_requests Requests running on the mesh.\n"
+        "# TYPE ditserve_running_requests gauge\nditserve_running_requests{model=\"%s\"} %d\n",
         md, m->running);
-    put_histogram(&t, "ditserve_queue_seconds", "Time requests waited in the queue.", &m->queue, md);
+    put_histogram(&t, "ditserve_queue_seconds", "Time requests waited in the queue.", &m->queue,
+                  md);
     put_histogram(&t, "ditserve_request_seconds", "Time from arrival to the last result byte.",
                   &m->latency, md);
     put_histogram(&t, "ditserve_step_seconds", "Time of one denoising step.", &m->step, md);
-    put(&t, "# HELP ditserve_worker_restarts_total Times the worker mesh was rebuilt.\n"
-            "# TYPE ditserve_worker_restarts_total counter\n"
-            "ditserve_worker_restarts_total{model=\"%s\"} %lld\n",
+    put(&t,
+        "# HELP ditserve_worker_restarts_total Times the worker mesh was rebuilt.\n"
+        "# TYPE ditserve_worker_restarts_total counter\n"
+        "ditserve_worker_restarts_total{model=\"%s\"} %lld\n",
         md, (long long)m->restarts);
     static const char *const states[] = {"starting", "ready", "restarting", "stopping", "stopped"};
     put(&t, "# HELP ditserve_mesh_state The worker mesh's state (1 for the current one).\n"
@@ -234,7 +251,8 @@ char *dit_metrics_render(dit_metrics *m)
     put_per_rank(&t, m, "ditserve_worker_resident_bytes",
                  "Resident memory of each rank's worker process.", m->rss, false);
     put_per_rank(&t, m, "ditserve_gpu_memory_used_bytes",
-                 "GPU memory in use on each rank's device (every process on it).", m->gpu_used, true);
+                 "GPU memory in use on each rank's device (every process on it).", m->gpu_used,
+                 true);
     put_per_rank(&t, m, "ditserve_gpu_memory_total_bytes", "GPU memory of each rank's device.",
                  m->gpu_total, true);
     put_per_rank(&t, m, "ditserve_gpu_memory_peak_bytes",
@@ -272,9 +290,9 @@ static enum MHD_Result on_http(void *cls, struct MHD_Connection *conn, const cha
     } else if (!(body = dit_metrics_render(m))) {
         code = MHD_HTTP_INTERNAL_SERVER_ERROR;
     }
-    struct MHD_Response *resp = MHD_create_response_from_buffer(
-        body ? strlen(body) : 0, body ? body : (char *)"", body ? MHD_RESPMEM_MUST_FREE
-                                                                : MHD_RESPMEM_PERSISTENT);
+    struct MHD_Response *resp =
+        MHD_create_response_from_buffer(body ? strlen(body) : 0, body ? body : (char *)"",
+                                        body ? MHD_RESPMEM_MUST_FREE : MHD_RESPMEM_PERSISTENT);
     if (!resp) {
         free(body);
         return MHD_NO;
@@ -360,8 +378,8 @@ dit_status dit_metrics_start(int port, int loopback_only, const char *model, dit
     addr.sin_addr.s_addr = htonl(loopback_only ? INADDR_LOOPBACK : INADDR_ANY);
     /* epoll (poll where there is none): select() would fail on descriptors
      * past FD_SETSIZE, which a busy ditd reaches. */
-    m->httpd = MHD_start_daemon(MHD_USE_AUTO_INTERNAL_THREAD, (uint16_t)port, on_accept, m,
-                                on_http, m, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
+    m->httpd = MHD_start_daemon(MHD_USE_AUTO_INTERNAL_THREAD, (uint16_t)port, on_accept, m, on_http,
+                                m, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
                                 MHD_OPTION_CONNECTION_LIMIT, (unsigned)METRICS_MAX_CONNS,
                                 MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)METRICS_IDLE_TIMEOUT_S,
                                 MHD_OPTION_NOTIFY_CONNECTION, on_conn_event, m, MHD_OPTION_END);

@@ -191,7 +191,8 @@ int dit_reflection_answer(const dit_reflection *r, const uint8_t *req, size_t le
         GRPC__REFLECTION__V1__SERVER_REFLECTION_RESPONSE__INIT;
     Grpc__Reflection__V1__FileDescriptorResponse fdr =
         GRPC__REFLECTION__V1__FILE_DESCRIPTOR_RESPONSE__INIT;
-    Grpc__Reflection__V1__ListServiceResponse lsr = GRPC__REFLECTION__V1__LIST_SERVICE_RESPONSE__INIT;
+    Grpc__Reflection__V1__ListServiceResponse lsr =
+        GRPC__REFLECTION__V1__LIST_SERVICE_RESPONSE__INIT;
     Grpc__Reflection__V1__ErrorResponse err = GRPC__REFLECTION__V1__ERROR_RESPONSE__INIT;
     Grpc__Reflection__V1__ServiceResponse *svc = NULL, **svcp = NULL;
     ProtobufCBinaryData *blobs = NULL;

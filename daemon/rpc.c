@@ -17,7 +17,7 @@ typedef struct rpc_tag {
     void (*fn)(struct rpc_tag *t, bool ok);
 } rpc_tag;
 
-#define CONTAINER(ptr, type, member) ((type *)((char *)(ptr) - offsetof(type, member)))
+#define CONTAINER(ptr, type, member) ((type *)((char *)(ptr)-offsetof(type, member)))
 
 typedef struct rpc_event {
     rpc_tag *tag;
@@ -100,10 +100,22 @@ struct dit_rpc_server {
 };
 
 static const char *const status_names[] = {
-    "OK",           "CANCELLED",          "UNKNOWN",        "INVALID_ARGUMENT",
-    "DEADLINE_EXCEEDED", "NOT_FOUND",     "ALREADY_EXISTS", "PERMISSION_DENIED",
-    "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED",  "OUT_OF_RANGE",
-    "UNIMPLEMENTED", "INTERNAL",          "UNAVAILABLE",    "DATA_LOSS",
+    "OK",
+    "CANCELLED",
+    "UNKNOWN",
+    "INVALID_ARGUMENT",
+    "DEADLINE_EXCEEDED",
+    "NOT_FOUND",
+    "ALREADY_EXISTS",
+    "PERMISSION_DENIED",
+    "RESOURCE_EXHAUSTED",
+    "FAILED_PRECONDITION",
+    "ABORTED",
+    "OUT_OF_RANGE",
+    "UNIMPLEMENTED",
+    "INTERNAL",
+    "UNAVAILABLE",
+    "DATA_LOSS",
     "UNAUTHENTICATED",
 };
 
@@ -696,8 +708,8 @@ static void on_grpc_shutdown(rpc_tag *t, bool ok)
 }
 
 dit_status dit_rpc_server_create(uv_loop_t *loop, const dit_rpc_config *cfg,
-                                 const dit_rpc_method *methods, int n_methods,
-                                 dit_rpc_server **out, int *bound_port, dit_diag *diag)
+                                 const dit_rpc_method *methods, int n_methods, dit_rpc_server **out,
+                                 int *bound_port, dit_diag *diag)
 {
     dit_status st = DIT_OK;
     char *cert = NULL, *key = NULL, *ca = NULL;
@@ -726,15 +738,13 @@ dit_status dit_rpc_server_create(uv_loop_t *loop, const dit_rpc_config *cfg,
     int nargs = 0;
     /* gRPC sets SO_REUSEPORT by default, which lets a second ditd bind the
      * port this one holds and take half its clients: bind exclusively. */
-    args[nargs++] = (grpc_arg){.type = GRPC_ARG_INTEGER,
-                               .key = GRPC_ARG_ALLOW_REUSEPORT,
-                               .value.integer = 0};
+    args[nargs++] =
+        (grpc_arg){.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_ALLOW_REUSEPORT, .value.integer = 0};
     args[nargs++] = (grpc_arg){.type = GRPC_ARG_INTEGER,
                                .key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH,
                                .value.integer = (int)cfg->max_message_bytes};
-    args[nargs++] = (grpc_arg){.type = GRPC_ARG_INTEGER,
-                               .key = GRPC_ARG_MAX_SEND_MESSAGE_LENGTH,
-                               .value.integer = -1};
+    args[nargs++] = (grpc_arg){
+        .type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, .value.integer = -1};
     if (cfg->max_connection_age_s > 0)
         args[nargs++] = (grpc_arg){.type = GRPC_ARG_INTEGER,
                                    .key = GRPC_ARG_MAX_CONNECTION_AGE_MS,
@@ -744,11 +754,11 @@ dit_status dit_rpc_server_create(uv_loop_t *loop, const dit_rpc_config *cfg,
     s->cq = grpc_completion_queue_create_for_next(NULL);
     grpc_server_register_completion_queue(s->server, s->cq, NULL);
     for (int i = 0; i < n_methods; i++) {
-        s->handles[i] = grpc_server_register_method(
-            s->server, methods[i].path, NULL,
-            methods[i].kind == DIT_RPC_BIDI_STREAM ? GRPC_SRM_PAYLOAD_NONE
-                                                   : GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER,
-            0);
+        s->handles[i] = grpc_server_register_method(s->server, methods[i].path, NULL,
+                                                    methods[i].kind == DIT_RPC_BIDI_STREAM
+                                                        ? GRPC_SRM_PAYLOAD_NONE
+                                                        : GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER,
+                                                    0);
         if (!s->handles[i]) {
             st = dit_diag_set(diag, DIT_ERR_INTERNAL, "cannot register %s", methods[i].path);
             goto cleanup;
@@ -781,7 +791,8 @@ dit_status dit_rpc_server_create(uv_loop_t *loop, const dit_rpc_config *cfg,
     if (port == 0) {
         st = dit_diag_set(diag, DIT_ERR_IO,
                           "cannot listen on %s: the address is in use (another ditd?) or not "
-                          "an address of this host", cfg->listen);
+                          "an address of this host",
+                          cfg->listen);
         goto cleanup;
     }
     *bound_port = port;
@@ -818,8 +829,9 @@ cleanup:
             grpc_server_shutdown_and_notify(s->server, s->cq, &s->shutdown_tag);
             grpc_server_cancel_all_calls(s->server);
             grpc_completion_queue_shutdown(s->cq);
-            while (grpc_completion_queue_next(s->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type !=
-                   GRPC_QUEUE_SHUTDOWN) {
+            while (
+                grpc_completion_queue_next(s->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type !=
+                GRPC_QUEUE_SHUTDOWN) {
             }
             grpc_server_destroy(s->server);
             grpc_completion_queue_destroy(s->cq);

@@ -31,9 +31,9 @@ typedef struct dit_rpc_server dit_rpc_server;
 typedef struct dit_rpc_call dit_rpc_call;
 
 typedef enum dit_rpc_kind {
-    DIT_RPC_UNARY,        /* one request, one response */
+    DIT_RPC_UNARY,         /* one request, one response */
     DIT_RPC_SERVER_STREAM, /* one request, many responses */
-    DIT_RPC_BIDI_STREAM,  /* many requests, many responses */
+    DIT_RPC_BIDI_STREAM,   /* many requests, many responses */
 } dit_rpc_kind;
 
 typedef struct dit_rpc_method {
@@ -66,8 +66,8 @@ typedef struct dit_rpc_config {
 } dit_rpc_config;
 
 dit_status dit_rpc_server_create(uv_loop_t *loop, const dit_rpc_config *cfg,
-                                 const dit_rpc_method *methods, int n_methods,
-                                 dit_rpc_server **out, int *bound_port, dit_diag *diag);
+                                 const dit_rpc_method *methods, int n_methods, dit_rpc_server **out,
+                                 int *bound_port, dit_diag *diag);
 
 /* Stops accepting calls; `done` runs on the loop once every call has ended
  * (dit_rpc_server_cancel_all hurries that along). */

@@ -21,8 +21,8 @@ struct job {
     double arrived_ms, started_ms;
     int last_position;
     int width, height, steps;
-    double last_elapsed_ms; /* at the previous progress event */
-    char warning[300];      /* a request field without effect; Result.warnings */
+    double last_elapsed_ms;  /* at the previous progress event */
+    char warning[300];       /* a request field without effect; Result.warnings */
     char cancel_reason[200]; /* why a running job was cancelled, for the request log */
 };
 
@@ -101,7 +101,8 @@ static void send_health(dit_rpc_call *c, Grpc__Health__V1__HealthCheckResponse__
 
 static void update_health(dit_server *s)
 {
-    const bool serving = dit_supervisor_state(s->sup) == DIT_MESH_READY && !s->draining && s->warmed;
+    const bool serving =
+        dit_supervisor_state(s->sup) == DIT_MESH_READY && !s->draining && s->warmed;
     if (serving == s->serving)
         return;
     s->serving = serving;
@@ -113,11 +114,14 @@ static void update_health(dit_server *s)
 
 /* The request's service name, or -1 after answering a request that does
  * not parse. 1: known, 0: unknown (its name copied into name). */
-static int health_service(dit_rpc_call *call, const uint8_t *req, size_t len, char *name, size_t cap)
+static int health_service(dit_rpc_call *call, const uint8_t *req, size_t len, char *name,
+                          size_t cap)
 {
-    Grpc__Health__V1__HealthCheckRequest *r = grpc__health__v1__health_check_request__unpack(NULL, len, req);
+    Grpc__Health__V1__HealthCheckRequest *r =
+        grpc__health__v1__health_check_request__unpack(NULL, len, req);
     if (!r) {
-        dit_rpc_call_finish(call, GRPC_STATUS_INVALID_ARGUMENT, "not a grpc.health.v1.HealthCheckRequest");
+        dit_rpc_call_finish(call, GRPC_STATUS_INVALID_ARGUMENT,
+                            "not a grpc.health.v1.HealthCheckRequest");
         return -1;
     }
     const int known = known_service(r->service);
@@ -135,8 +139,10 @@ static void on_health_check(void *ctx, dit_rpc_call *call, const uint8_t *req, s
         return;
     if (!known) {
         char msg[300];
-        snprintf(msg, sizeof msg, "unknown service '%s' (this server reports '' and "
-                                  "'ditserve.v1.Generation')", service);
+        snprintf(msg, sizeof msg,
+                 "unknown service '%s' (this server reports '' and "
+                 "'ditserve.v1.Generation')",
+                 service);
         dit_rpc_call_finish(call, GRPC_STATUS_NOT_FOUND, msg);
     } else {
         send_health(call, health_of(s));
@@ -169,8 +175,9 @@ static void on_health_watch(void *ctx, dit_rpc_call *call, const uint8_t *req, s
     /* The user pointer marks watchers of unknown services (no updates). */
     dit_rpc_call_set_user(call, known ? NULL : (void *)1);
     s->watchers[s->n_watchers++] = call;
-    send_health(call, known ? health_of(s)
-                            : GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVICE_UNKNOWN);
+    send_health(call,
+                known ? health_of(s)
+                      : GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVICE_UNKNOWN);
 }
 
 static void on_health_watch_cancel(void *ctx, dit_rpc_call *call)
@@ -350,7 +357,8 @@ static bool mesh_ok(dit_server *s, dit_rpc_call *call, const Ditserve__V1__Gener
     return false;
 }
 
-static job *new_job(dit_server *s, job_kind kind, Ditserve__V1__GenerateRequest *r, dit_rpc_call *call)
+static job *new_job(dit_server *s, job_kind kind, Ditserve__V1__GenerateRequest *r,
+                    dit_rpc_call *call)
 {
     job *j = calloc(1, sizeof *j);
     if (!j)
@@ -706,9 +714,11 @@ static void on_done(void *ctx, uint64_t job_id, dit_status st, const char *messa
             fail_job(j, code, detail);
         }
         dit_log_request(s->log, j->request_id, s->cfg->model_name, j->width, j->height, j->steps,
-                        j->started_ms - j->arrived_ms, compute_ms, dit_rpc_status_name(code), detail);
+                        j->started_ms - j->arrived_ms, compute_ms, dit_rpc_status_name(code),
+                        detail);
         dit_metrics_request(s->metrics, dit_rpc_status_name(code),
-                            (j->started_ms - j->arrived_ms) / 1e3, (now_ms() - j->arrived_ms) / 1e3);
+                            (j->started_ms - j->arrived_ms) / 1e3,
+                            (now_ms() - j->arrived_ms) / 1e3);
         break;
     }
     if (env)
@@ -874,7 +884,8 @@ int dit_server_methods(dit_server *s, const dit_rpc_method **out)
         {"/ditserve.v1.Generation/Generate", DIT_RPC_SERVER_STREAM, false, on_generate, NULL,
          on_job_cancel, s},
         {"/ditserve.v1.Generation/ListModels", DIT_RPC_UNARY, false, on_list_models, NULL, NULL, s},
-        {"/ditserve.v1.Generation/GetServerInfo", DIT_RPC_UNARY, false, on_server_info, NULL, NULL, s},
+        {"/ditserve.v1.Generation/GetServerInfo", DIT_RPC_UNARY, false, on_server_info, NULL, NULL,
+         s},
         {"/ditserve.v1.Generation/Warmup", DIT_RPC_UNARY, false, on_warmup, NULL, on_job_cancel, s},
         {"/grpc.health.v1.Health/Check", DIT_RPC_UNARY, true, on_health_check, NULL, NULL, s},
         {"/grpc.health.v1.Health/Watch", DIT_RPC_SERVER_STREAM, true, on_health_watch, NULL,

@@ -40,11 +40,11 @@ typedef struct dit_server {
     dit_supervisor *sup;
     dit_reflection *refl;
     dit_metrics *metrics; /* NULL: no metrics endpoint */
-    dit_queue queue; /* waiting jobs, highest priority first, then arrival */
+    dit_queue queue;      /* waiting jobs, highest priority first, then arrival */
     job *running;
     uint64_t next_job_id, next_seq;
     bool draining;
-    bool warmed; /* --warmup done (or none asked for) */
+    bool warmed;  /* --warmup done (or none asked for) */
     bool serving; /* what health last reported */
     dit_rpc_call **watchers;
     int n_watchers, cap_watchers;

@@ -47,8 +47,8 @@ typedef struct worker_slot {
     dit_supervisor *s;
     int rank;
     uv_process_t proc;
-    bool spawned;   /* the handle is open (closed from the exit callback) */
-    bool alive;     /* the process has not exited */
+    bool spawned; /* the handle is open (closed from the exit callback) */
+    bool alive;   /* the process has not exited */
     int pid;
 } worker_slot;
 
@@ -72,7 +72,7 @@ typedef struct conn {
     struct conn *next;
 } conn;
 
-#define CONN_OF_JOINER(p) ((conn *)(void *)((char *)(p) - offsetof(conn, jp)))
+#define CONN_OF_JOINER(p) ((conn *)(void *)((char *)(p)-offsetof(conn, jp)))
 
 struct dit_supervisor {
     uv_loop_t *loop;
@@ -390,7 +390,8 @@ static void send_setup_range(dit_supervisor *s, int from, int to)
     setup.comm_timeout_s = s->cfg.comm_timeout_s;
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     const int here = s->L > 0 ? s->L : 1;
-    const int local_threads = s->cfg.threads ? s->cfg.threads : (ncpu > here ? (int)(ncpu / here) : 1);
+    const int local_threads =
+        s->cfg.threads ? s->cfg.threads : (ncpu > here ? (int)(ncpu / here) : 1);
     Ditserve__Ipc__Envelope env = DITSERVE__IPC__ENVELOPE__INIT;
     env.msg_case = DITSERVE__IPC__ENVELOPE__MSG_SETUP;
     env.setup = &setup;
@@ -412,8 +413,8 @@ static void send_setup(dit_supervisor *s)
         /* Every rank is here: from now on, loading has a deadline. */
         uv_timer_start(&s->startup_timer, on_startup_timeout,
                        (uint64_t)(s->cfg.startup_timeout_s * 1000), 0);
-        DIT_LOG(s->log, DIT_LOG_INFO, "mesh", "all %d ranks present (%d joined); setting up",
-                s->N, s->N - s->L);
+        DIT_LOG(s->log, DIT_LOG_INFO, "mesh", "all %d ranks present (%d joined); setting up", s->N,
+                s->N - s->L);
     }
     if (use_nccl(s)) {
         /* Rank 0 makes the NCCL id (and runs its bootstrap root); the others
@@ -481,7 +482,8 @@ static void handle(conn *c, Ditserve__Ipc__Envelope *env)
     case DITSERVE__IPC__ENVELOPE__MSG_MESH_ID: {
         const ProtobufCBinaryData *id = &env->mesh_id->nccl_id;
         if (c->rank != 0 || s->phase != PH_MESH_ID || id->len == 0 || id->len > sizeof s->nccl_id) {
-            DIT_LOG(s->log, DIT_LOG_WARN, "mesh", "unexpected mesh id from rank %d; ignored", c->rank);
+            DIT_LOG(s->log, DIT_LOG_WARN, "mesh", "unexpected mesh id from rank %d; ignored",
+                    c->rank);
             break;
         }
         memcpy(s->nccl_id, id->data, id->len);
@@ -495,8 +497,9 @@ static void handle(conn *c, Ditserve__Ipc__Envelope *env)
             s->ev.worker_memory(s->ev.ctx, c->rank, env->ready->memory);
         if (c->rank == 0 && env->ready->device)
             snprintf(s->device, sizeof s->device, "%s", env->ready->device);
-        DIT_LOG(s->log, DIT_LOG_INFO, "mesh", "rank %d ready (%.0f ms to load, %.1f MiB of weights)",
-                c->rank, env->ready->load_ms, (double)env->ready->weight_bytes / 1048576.0);
+        DIT_LOG(s->log, DIT_LOG_INFO, "mesh",
+                "rank %d ready (%.0f ms to load, %.1f MiB of weights)", c->rank,
+                env->ready->load_ms, (double)env->ready->weight_bytes / 1048576.0);
         if (s->rank_ready[c->rank]) {
             drop_conn(c, "a second ready");
             break;
@@ -618,8 +621,8 @@ static void assign_remote(dit_supervisor *s)
             best->counted = true;
             s->open_joiners--;
             s->open_conns++;
-            DIT_LOG(s->log, DIT_LOG_INFO, "join", "rank %d: the worker at %s (pid %d)", r,
-                    p->addr, p->pid);
+            DIT_LOG(s->log, DIT_LOG_INFO, "join", "rank %d: the worker at %s (pid %d)", r, p->addr,
+                    p->pid);
             if (++s->hellos == s->N)
                 send_setup(s);
             if (public_state(s->phase) != DIT_MESH_STARTING)
@@ -749,8 +752,7 @@ static void on_connection(uv_stream_t *server, int status)
     conn *c = new_conn(s, false);
     if (!c)
         return;
-    if (uv_accept(server, &c->h.stream) != 0 ||
-        uv_read_start(&c->h.stream, alloc_cb, on_read) != 0)
+    if (uv_accept(server, &c->h.stream) != 0 || uv_read_start(&c->h.stream, alloc_cb, on_read) != 0)
         close_conn(c);
 }
 
@@ -868,7 +870,8 @@ static void spawn_all(dit_supervisor *s)
         worker_slot *w = &s->workers[r];
         char rank[16];
         snprintf(rank, sizeof rank, "%d", r);
-        char *args[] = {(char *)s->cfg.worker_path, "--connect", s->sock_path, "--rank", rank, NULL};
+        char *args[] = {
+            (char *)s->cfg.worker_path, "--connect", s->sock_path, "--rank", rank, NULL};
         uv_stdio_container_t stdio[3] = {
             {.flags = UV_IGNORE},
             /* ditd's stdout carries its own lines (the listening address);
@@ -952,9 +955,9 @@ static dit_status open_join_port(dit_supervisor *s, dit_diag *diag)
     struct sockaddr_storage bound;
     int blen = sizeof bound;
     if (uv_tcp_getsockname(&s->join_listener, (struct sockaddr *)&bound, &blen) == 0)
-        s->join_port = ntohs(bound.ss_family == AF_INET6
-                                 ? ((struct sockaddr_in6 *)&bound)->sin6_port
-                                 : ((struct sockaddr_in *)&bound)->sin_port);
+        s->join_port =
+            ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
+                                              : ((struct sockaddr_in *)&bound)->sin_port);
     uv_timer_start(&s->join_timer, on_join_tick, SUP_JOIN_TICK_MS, SUP_JOIN_TICK_MS);
     return DIT_OK;
 }
@@ -978,8 +981,8 @@ static int reclaim_sock_dirs(void)
         if (kill((pid_t)pid, 0) == 0 || errno != ESRCH)
             continue;
         struct stat sb;
-        if (fstatat(dirfd(dir), e->d_name, &sb, AT_SYMLINK_NOFOLLOW) != 0 ||
-            !S_ISDIR(sb.st_mode) || sb.st_uid != geteuid())
+        if (fstatat(dirfd(dir), e->d_name, &sb, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISDIR(sb.st_mode) ||
+            sb.st_uid != geteuid())
             continue;
         char path[400];
         snprintf(path, sizeof path, "/tmp/%s/ipc.sock", e->d_name);
@@ -1025,8 +1028,8 @@ dit_status dit_supervisor_create(uv_loop_t *loop, const dit_supervisor_config *c
      * ditd's pid so that the next ditd can remove it if this one is killed. */
     snprintf(s->sock_dir, sizeof s->sock_dir, "/tmp/ditd-%d-XXXXXX", (int)getpid());
     if (!mkdtemp(s->sock_dir)) {
-        dit_status st = dit_diag_set(diag, DIT_ERR_IO, "cannot create a socket folder: %s",
-                                     strerror(errno));
+        dit_status st =
+            dit_diag_set(diag, DIT_ERR_IO, "cannot create a socket folder: %s", strerror(errno));
         free(s);
         return st;
     }
@@ -1052,8 +1055,11 @@ dit_status dit_supervisor_create(uv_loop_t *loop, const dit_supervisor_config *c
     }
     s->phase = PH_STOPPED;
     if (s->L < s->N) {
-        const dit_joiners_config jc = {.secret = cfg->join_secret, .backend = cfg->backend,
-                                       .world_size = s->N, .local_ranks = s->L, .log = cfg->log};
+        const dit_joiners_config jc = {.secret = cfg->join_secret,
+                                       .backend = cfg->backend,
+                                       .world_size = s->N,
+                                       .local_ranks = s->L,
+                                       .log = cfg->log};
         const dit_joiners_io io = {.ctx = s, .send = join_send, .close = join_close};
         dit_status st = dit_joiners_create(&jc, &io, &s->joiners, diag);
         if (st == DIT_OK)
@@ -1133,7 +1139,8 @@ static void on_kill_timer(uv_timer_t *t)
     for (int r = 0; r < s->L; r++)
         left += s->workers[r].alive;
     if (left)
-        DIT_LOG(s->log, DIT_LOG_WARN, "mesh", "%d worker(s) did not exit in time; killing them", left);
+        DIT_LOG(s->log, DIT_LOG_WARN, "mesh", "%d worker(s) did not exit in time; killing them",
+                left);
     kill_all(s);
     while (s->conns)
         close_conn(s->conns);
@@ -1197,7 +1204,7 @@ void dit_supervisor_destroy(dit_supervisor *s)
     kill_all(s);
     while (s->conns)
         close_conn(s->conns);
-    uv_handle_t *hs[7] = {(uv_handle_t *)&s->listener,      (uv_handle_t *)&s->startup_timer,
+    uv_handle_t *hs[7] = {(uv_handle_t *)&s->listener,       (uv_handle_t *)&s->startup_timer,
                           (uv_handle_t *)&s->watchdog_timer, (uv_handle_t *)&s->backoff_timer,
                           (uv_handle_t *)&s->kill_timer,     (uv_handle_t *)&s->join_timer,
                           (uv_handle_t *)&s->join_listener};

@@ -18,6 +18,7 @@ packages=(
   libmicrohttpd-dev                            # ditd's Prometheus metrics endpoint
   libssl-dev                                   # libcrypto: HMAC of the multi-node join handshake
   check                                        # unit-test framework
+  clang-format                                 # the formatting check of the unit suite
   openssl                                      # test certificates for the TLS tests
   python3-grpcio python3-protobuf              # the Python interop client of the e2e tests
   python3-venv                                 # CI's venv for the deployment linters

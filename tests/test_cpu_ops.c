@@ -127,7 +127,7 @@ START_TEST(linear_matches_reference)
 {
     check_linear(1, 7, 5, 3, 3, 5, 0, true, DIT_ACT_NONE, 0.0f);
     check_linear(2, 33, 17, 40, 40, 17, 0, true, DIT_ACT_GELU_TANH, 0.0f);
-    check_linear(3, 9, 12, 64, 70, 20, 5, false, DIT_ACT_SILU, 0.0f); /* strided, gaps */
+    check_linear(3, 9, 12, 64, 70, 20, 5, false, DIT_ACT_SILU, 0.0f);   /* strided, gaps */
     check_linear(2, 65, 48, 129, 129, 48, 0, true, DIT_ACT_NONE, 1.0f); /* accumulate */
     check_linear(1, 1, 1, 1, 1, 1, 0, true, DIT_ACT_NONE, 0.0f);
 }
@@ -169,9 +169,9 @@ START_TEST(layer_norm_mod_matches_reference)
             var += (x[r * C + c] - mean) * (x[r * C + c] - mean);
         var /= C;
         for (int64_t c = 0; c < C; c++)
-            want[r * C + c] = (x[r * C + c] - mean) / sqrt(var + 1e-6) *
-                                  (1.0 + emb[b * 3 * C + C + c]) +
-                              emb[b * 3 * C + c];
+            want[r * C + c] =
+                (x[r * C + c] - mean) / sqrt(var + 1e-6) * (1.0 + emb[b * 3 * C + C + c]) +
+                emb[b * 3 * C + c];
     }
     dit_tensor tx = dit_tensor_3d(x, DIT_F32, B, S, C), ty = dit_tensor_3d(y, DIT_F32, B, S, C);
     ck_assert_int_eq(be->ops->layer_norm_mod(be, &ty, &tx, &shift, &scale, 1e-6f), DIT_OK);
@@ -320,7 +320,8 @@ static void check_attention(int64_t B, int64_t Sq, int64_t Skv, int64_t H, int64
     const double scale = 1.0 / sqrt((double)D);
     attention_ref(qb, kvb + C, kvb + 2 * C, B, Sq, Skv, H, D, ldq, ldkv, scale, want, want_lse);
 
-    dit_tensor qf = dit_tensor_3d(qb, DIT_F32, B, Sq, ldq), kvf = dit_tensor_3d(kvb, DIT_F32, B, Skv, ldkv);
+    dit_tensor qf = dit_tensor_3d(qb, DIT_F32, B, Sq, ldq),
+               kvf = dit_tensor_3d(kvb, DIT_F32, B, Skv, ldkv);
     dit_tensor q3 = dit_tensor_narrow(&qf, 2, 0, C), k3 = dit_tensor_narrow(&kvf, 2, C, C);
     dit_tensor v3 = dit_tensor_narrow(&kvf, 2, 2 * C, C);
     dit_tensor q = dit_tensor_split_last(&q3, D), k = dit_tensor_split_last(&k3, D);
@@ -328,9 +329,10 @@ static void check_attention(int64_t B, int64_t Sq, int64_t Skv, int64_t H, int64
     dit_tensor to = dit_tensor_4d(out, DIT_F32, B, Sq, H, D);
     dit_tensor tl = dit_tensor_3d(lse, DIT_F32, B, H, Sq);
     ck_assert_int_eq(be->ops->attention(be, &to, &tl, &q, &k, &v, (float)scale), DIT_OK);
-    ck_assert_uint_eq(test_compare("attention out", out, want, (size_t)(B * Sq * C), 1e-5, 1e-5), 0);
-    ck_assert_uint_eq(test_compare("attention lse", lse, want_lse, (size_t)(B * H * Sq), 1e-5, 1e-6),
+    ck_assert_uint_eq(test_compare("attention out", out, want, (size_t)(B * Sq * C), 1e-5, 1e-5),
                       0);
+    ck_assert_uint_eq(
+        test_compare("attention lse", lse, want_lse, (size_t)(B * H * Sq), 1e-5, 1e-6), 0);
 
     /* Split the keys in two and merge: the ring-attention identity. */
     if (Skv >= 2) {
@@ -338,15 +340,17 @@ static void check_attention(int64_t B, int64_t Sq, int64_t Skv, int64_t H, int64
         float *out2 = malloc((size_t)(B * Sq * C) * sizeof *out2);
         float *lse2 = malloc((size_t)(B * H * Sq) * sizeof *lse2);
         dit_tensor ka = dit_tensor_narrow(&k, 1, 0, s1), va = dit_tensor_narrow(&v, 1, 0, s1);
-        dit_tensor kb = dit_tensor_narrow(&k, 1, s1, Skv - s1), vb = dit_tensor_narrow(&v, 1, s1, Skv - s1);
+        dit_tensor kb = dit_tensor_narrow(&k, 1, s1, Skv - s1),
+                   vb = dit_tensor_narrow(&v, 1, s1, Skv - s1);
         dit_tensor to2 = dit_tensor_4d(out2, DIT_F32, B, Sq, H, D);
         dit_tensor tl2 = dit_tensor_3d(lse2, DIT_F32, B, H, Sq);
         ck_assert_int_eq(be->ops->attention(be, &to, &tl, &q, &ka, &va, (float)scale), DIT_OK);
         ck_assert_int_eq(be->ops->attention(be, &to2, &tl2, &q, &kb, &vb, (float)scale), DIT_OK);
         ck_assert_int_eq(be->ops->lse_merge(be, &to, &tl, &to2, &tl2), DIT_OK);
-        ck_assert_uint_eq(test_compare("merged out", out, want, (size_t)(B * Sq * C), 1e-5, 1e-5), 0);
-        ck_assert_uint_eq(test_compare("merged lse", lse, want_lse, (size_t)(B * H * Sq), 1e-5, 1e-6),
+        ck_assert_uint_eq(test_compare("merged out", out, want, (size_t)(B * Sq * C), 1e-5, 1e-5),
                           0);
+        ck_assert_uint_eq(
+            test_compare("merged lse", lse, want_lse, (size_t)(B * H * Sq), 1e-5, 1e-6), 0);
         free(out2);
         free(lse2);
     }
@@ -364,7 +368,7 @@ START_TEST(attention_matches_reference)
     check_attention(2, 70, 300, 3, 16);  /* several q and kv blocks, ragged ends */
     check_attention(1, 64, 256, 2, 128); /* exact block multiples */
     check_attention(1, 1, 1, 1, 4);
-    check_attention(1, 3, 0, 2, 4);      /* no keys: zeros and lse -inf */
+    check_attention(1, 3, 0, 2, 4); /* no keys: zeros and lse -inf */
 }
 END_TEST
 
@@ -380,8 +384,10 @@ START_TEST(attention_handles_large_scores)
     float out[16], lse[4];
     double want[16], want_lse[4];
     attention_ref(q, kv, kv, 1, Sq, Skv, 1, D, D, D, 1.0, want, want_lse);
-    dit_tensor tq = dit_tensor_4d(q, DIT_F32, 1, Sq, 1, D), tk = dit_tensor_4d(kv, DIT_F32, 1, Skv, 1, D);
-    dit_tensor to = dit_tensor_4d(out, DIT_F32, 1, Sq, 1, D), tl = dit_tensor_3d(lse, DIT_F32, 1, 1, Sq);
+    dit_tensor tq = dit_tensor_4d(q, DIT_F32, 1, Sq, 1, D),
+               tk = dit_tensor_4d(kv, DIT_F32, 1, Skv, 1, D);
+    dit_tensor to = dit_tensor_4d(out, DIT_F32, 1, Sq, 1, D),
+               tl = dit_tensor_3d(lse, DIT_F32, 1, 1, Sq);
     ck_assert_int_eq(be->ops->attention(be, &to, &tl, &tq, &tk, &tk, 1.0f), DIT_OK);
     ck_assert_uint_eq(test_compare("large out", out, want, 16, 1e-5, 1e-5), 0);
     ck_assert_uint_eq(test_compare("large lse", lse, want_lse, 4, 1e-4, 1e-6), 0);
@@ -392,7 +398,8 @@ START_TEST(lse_merge_handles_empty_sides)
 {
     float a[4] = {1, 2, 3, 4}, b[4] = {5, 6, 7, 8};
     float la[1] = {-INFINITY}, lb[1] = {0.5f};
-    dit_tensor ta = dit_tensor_4d(a, DIT_F32, 1, 1, 1, 4), tb = dit_tensor_4d(b, DIT_F32, 1, 1, 1, 4);
+    dit_tensor ta = dit_tensor_4d(a, DIT_F32, 1, 1, 1, 4),
+               tb = dit_tensor_4d(b, DIT_F32, 1, 1, 1, 4);
     dit_tensor tla = dit_tensor_3d(la, DIT_F32, 1, 1, 1), tlb = dit_tensor_3d(lb, DIT_F32, 1, 1, 1);
     ck_assert_int_eq(be->ops->lse_merge(be, &ta, &tla, &tb, &tlb), DIT_OK);
     ck_assert_float_eq(a[2], 7.0f);
@@ -523,7 +530,8 @@ START_TEST(masked_attention_matches_reference)
                     for (int64_t j = 0; j <= last; j++) {
                         double acc = 0;
                         for (int64_t d = 0; d < D; d++)
-                            acc += (double)q[((b * S + i) * H + h) * D + d] * k[((b * S + j) * H + h) * D + d];
+                            acc += (double)q[((b * S + i) * H + h) * D + d] *
+                                   k[((b * S + j) * H + h) * D + d];
                         sc[j] = acc * 0.5 + (causal ? 0.0 : bias[(h * S + i) * S + j]);
                         mx = sc[j] > mx ? sc[j] : mx;
                     }
@@ -537,12 +545,14 @@ START_TEST(masked_attention_matches_reference)
                         want[((b * S + i) * H + h) * D + d] = acc;
                     }
                 }
-        dit_tensor tq = dit_tensor_4d(q, DIT_F32, B, S, H, D), tk = dit_tensor_4d(k, DIT_F32, B, S, H, D);
-        dit_tensor tv = dit_tensor_4d(v, DIT_F32, B, S, H, D), to = dit_tensor_4d(o, DIT_F32, B, S, H, D);
+        dit_tensor tq = dit_tensor_4d(q, DIT_F32, B, S, H, D),
+                   tk = dit_tensor_4d(k, DIT_F32, B, S, H, D);
+        dit_tensor tv = dit_tensor_4d(v, DIT_F32, B, S, H, D),
+                   to = dit_tensor_4d(o, DIT_F32, B, S, H, D);
         dit_tensor tb = dit_tensor_3d(bias, DIT_F32, H, S, S);
-        ck_assert_int_eq(be->ops->attention_masked(be, &to, &tq, &tk, &tv, 0.5f,
-                                                   causal ? NULL : &tb, causal),
-                         DIT_OK);
+        ck_assert_int_eq(
+            be->ops->attention_masked(be, &to, &tq, &tk, &tv, 0.5f, causal ? NULL : &tb, causal),
+            DIT_OK);
         ck_assert_uint_eq(test_compare(causal ? "causal" : "bias", o, want, n, 1e-5, 1e-5), 0);
     }
     free(q);
@@ -582,7 +592,8 @@ static void check_conv(int64_t B, int64_t Ci, int64_t H, int64_t W, int64_t Co, 
                             }
                     want[((bi * Co + o) * Ho + oy) * Wo + ox] = acc;
                 }
-    dit_tensor tx = dit_tensor_4d(x, DIT_F32, B, Ci, H, W), tw = dit_tensor_4d(w, DIT_F32, Co, Ci, kk, kk);
+    dit_tensor tx = dit_tensor_4d(x, DIT_F32, B, Ci, H, W),
+               tw = dit_tensor_4d(w, DIT_F32, Co, Ci, kk, kk);
     dit_tensor tb = dit_tensor_1d(b, DIT_F32, Co), ty = dit_tensor_4d(y, DIT_F32, B, Co, Ho, Wo);
     ck_assert_int_eq(be->ops->conv2d(be, &ty, &tx, &tw, &tb, stride, pad), DIT_OK);
     ck_assert_uint_eq(test_compare("conv2d", y, want, (size_t)(B * Co * Ho * Wo), 1e-5, 1e-5), 0);
@@ -597,8 +608,8 @@ START_TEST(conv2d_matches_reference)
 {
     check_conv(2, 3, 9, 7, 5, 3, 1, 1);
     check_conv(1, 4, 8, 8, 6, 3, 2, 1);
-    check_conv(1, 5, 6, 5, 3, 1, 1, 0);  /* pointwise path */
-    check_conv(1, 2, 5, 5, 2, 3, 1, 0);  /* no padding */
+    check_conv(1, 5, 6, 5, 3, 1, 1, 0); /* pointwise path */
+    check_conv(1, 2, 5, 5, 2, 3, 1, 0); /* no padding */
 }
 END_TEST
 
@@ -628,14 +639,16 @@ START_TEST(group_norm_and_upsample)
                     want[base + i] = silu ? v / (1.0 + exp(-v)) : v;
                 }
             }
-        dit_tensor tx = dit_tensor_4d(x, DIT_F32, B, C, H, W), ty = dit_tensor_4d(y, DIT_F32, B, C, H, W);
+        dit_tensor tx = dit_tensor_4d(x, DIT_F32, B, C, H, W),
+                   ty = dit_tensor_4d(y, DIT_F32, B, C, H, W);
         dit_tensor tw = dit_tensor_1d(w, DIT_F32, C), tb = dit_tensor_1d(b, DIT_F32, C);
         ck_assert_int_eq(be->ops->group_norm(be, &ty, &tx, &tw, &tb, (int)G, 1e-6f,
                                              silu ? DIT_ACT_SILU : DIT_ACT_NONE),
                          DIT_OK);
         ck_assert_uint_eq(test_compare("group_norm", y, want, 240, 1e-5, 1e-5), 0);
     }
-    dit_tensor tx = dit_tensor_4d(x, DIT_F32, B, C, H, W), tu = dit_tensor_4d(up, DIT_F32, B, C, 2 * H, 2 * W);
+    dit_tensor tx = dit_tensor_4d(x, DIT_F32, B, C, H, W),
+               tu = dit_tensor_4d(up, DIT_F32, B, C, 2 * H, 2 * W);
     ck_assert_int_eq(be->ops->upsample2x(be, &tu, &tx), DIT_OK);
     for (int64_t p = 0; p < B * C; p++)
         for (int64_t i = 0; i < 2 * H; i++)

@@ -34,8 +34,18 @@ START_TEST(golden_case_matches_diffusers)
     snprintf(inputs, sizeof inputs, "%s/inputs.safetensors", dir);
     snprintf(expected, sizeof expected, "%s/expected.safetensors", dir);
     snprintf(output, sizeof output, "/tmp/dit_golden_%d_%s.safetensors", (int)getpid(), name);
-    char *argv[] = {(char *)test_env("DITRUN"), "forward", "--model", model, "--inputs", inputs,
-                    "--output", output, "--threads", "2", "--quiet", NULL};
+    char *argv[] = {(char *)test_env("DITRUN"),
+                    "forward",
+                    "--model",
+                    model,
+                    "--inputs",
+                    inputs,
+                    "--output",
+                    output,
+                    "--threads",
+                    "2",
+                    "--quiet",
+                    NULL};
     int rc = test_run(argv, NULL, log, sizeof log, NULL);
     ck_assert_msg(rc == 0, "%s: ditrun exited %d:\n%s", name, rc, log);
 
@@ -107,8 +117,9 @@ START_TEST(cli_reports_bad_model_and_inputs)
 {
     char out[8192];
     char *ditrun = (char *)test_env("DITRUN");
-    char *nomodel[] = {ditrun, "forward", "--model", "/nonexistent/model", "--inputs", "x",
-                       "--output", "/tmp/unused.safetensors", NULL};
+    char *nomodel[] = {ditrun,     "forward", "--model",  "/nonexistent/model",
+                       "--inputs", "x",       "--output", "/tmp/unused.safetensors",
+                       NULL};
     ck_assert_int_eq(test_run(nomodel, NULL, out, sizeof out, NULL), 1);
     ck_assert_ptr_nonnull(strstr(out, "/nonexistent/model/config.json"));
 
@@ -129,8 +140,9 @@ START_TEST(cli_reports_bad_model_and_inputs)
     }
     char broken[128];
     snprintf(broken, sizeof broken, "/tmp/dit_golden_broken_%d.safetensors", (int)getpid());
-    char *argv[] = {ditrun, "forward", "--model", model, "--inputs", broken, "--output",
-                    "/tmp/unused.safetensors", NULL};
+    char *argv[] = {ditrun,     "forward", "--model",  model,
+                    "--inputs", broken,    "--output", "/tmp/unused.safetensors",
+                    NULL};
 
     /* hidden_states with one channel too few */
     const dit_st_entry *hs = dit_st_file_find(in, "hidden_states");

@@ -114,8 +114,8 @@ static void expect_error(dit_status want, const char *needle1, const char *needl
     dit_flux *m = NULL;
     dit_status st = dit_flux_load(be, tmp_dir, NULL, &m, &diag);
     ck_assert_ptr_null(m);
-    ck_assert_msg(st == want, "status %s, want %s (%s)", dit_status_name(st),
-                  dit_status_name(want), dit_diag_msg(&diag));
+    ck_assert_msg(st == want, "status %s, want %s (%s)", dit_status_name(st), dit_status_name(want),
+                  dit_diag_msg(&diag));
     ck_assert_msg(strstr(diag.msg, needle1), "'%s' not in: %s", needle1, diag.msg);
     if (needle2)
         ck_assert_msg(strstr(diag.msg, needle2), "'%s' not in: %s", needle2, diag.msg);

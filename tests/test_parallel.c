@@ -31,19 +31,26 @@ static const mode modes[] = {
     {"ulysses 2", "parallel_even", {"--world-size", "2", "--ulysses", "2"}},
     {"ulysses 4", "parallel_even", {"--world-size", "4", "--ulysses", "4"}},
     {"ring 2 x ulysses 2", "parallel_even", {"--world-size", "4", "--ring", "2", "--ulysses", "2"}},
-    {"ulysses-anything 2", "parallel_odd", {"--world-size", "2", "--ulysses", "2", "--ulysses-anything"}},
-    {"ulysses-anything 4", "parallel_odd", {"--world-size", "4", "--ulysses", "4", "--ulysses-anything"}},
+    {"ulysses-anything 2",
+     "parallel_odd",
+     {"--world-size", "2", "--ulysses", "2", "--ulysses-anything"}},
+    {"ulysses-anything 4",
+     "parallel_odd",
+     {"--world-size", "4", "--ulysses", "4", "--ulysses-anything"}},
     {"ring-anything 2", "parallel_odd", {"--world-size", "2", "--ring", "2", "--ring-anything"}},
     {"ring-anything 4", "parallel_odd", {"--world-size", "4", "--ring", "4", "--ring-anything"}},
-    {"unified-anything 2x2", "parallel_odd",
+    {"unified-anything 2x2",
+     "parallel_odd",
      {"--world-size", "4", "--ring", "2", "--ulysses", "2", "--unified-anything"}},
     {"tp 2", "parallel_even", {"--world-size", "2", "--tp", "2"}},
     {"tp 4", "parallel_even", {"--world-size", "4", "--tp", "4"}},
     {"tp 2 x ulysses 2", "parallel_even", {"--world-size", "4", "--tp", "2", "--ulysses", "2"}},
     {"tp 2 x ring 2", "parallel_even", {"--world-size", "4", "--tp", "2", "--ring", "2"}},
-    {"tp 2 x ring 2 x ulysses 2", "parallel_even",
+    {"tp 2 x ring 2 x ulysses 2",
+     "parallel_even",
      {"--world-size", "8", "--tp", "2", "--ring", "2", "--ulysses", "2"}},
-    {"ring 2, no fp32 merge", "parallel_even",
+    {"ring 2, no fp32 merge",
+     "parallel_even",
      {"--world-size", "2", "--ring", "2", "--no-fp32-merge"}},
 };
 
@@ -62,8 +69,15 @@ static int run_forward(const char *fixture, const char *const *extra, const char
 {
     char model[1024], inputs[1024], expected[1024];
     fixture_paths(fixture, model, inputs, expected, sizeof model);
-    char *argv[32] = {(char *)test_env("DITRUN"), "forward", "--model", model, "--inputs",
-                      inputs, "--output", (char *)output, "--quiet"};
+    char *argv[32] = {(char *)test_env("DITRUN"),
+                      "forward",
+                      "--model",
+                      model,
+                      "--inputs",
+                      inputs,
+                      "--output",
+                      (char *)output,
+                      "--quiet"};
     int k = 9;
     for (int i = 0; extra && extra[i] && k < 30; i++)
         argv[k++] = (char *)extra[i];
@@ -173,12 +187,14 @@ START_TEST(model_rules_have_clear_messages)
     dit_parallel_config pc = layout(2, 1, 1, 2);
     expect_model_error(&pc, 3, 64, 8, "num_attention_heads (3) must be divisible by tp_degree (2)");
     pc = layout(2, 1, 2, 1);
-    expect_model_error(&pc, 3, 64, 8, "num_attention_heads (3) must be divisible by ulysses_degree (2)");
+    expect_model_error(&pc, 3, 64, 8,
+                       "num_attention_heads (3) must be divisible by ulysses_degree (2)");
     expect_model_error(&pc, 3, 64, 8, "ulysses_anything allows uneven heads");
     pc = layout(4, 1, 2, 2);
     expect_model_error(&pc, 2, 64, 8, "heads per tensor-parallel rank");
     pc = layout(2, 2, 1, 1);
-    expect_model_error(&pc, 4, 35, 8, "35 image tokens are not divisible by the context-parallel size 2");
+    expect_model_error(&pc, 4, 35, 8,
+                       "35 image tokens are not divisible by the context-parallel size 2");
     expect_model_error(&pc, 4, 35, 8, "ring_anything splits them unevenly");
     expect_model_error(&pc, 4, 64, 7, "7 text tokens are not divisible");
     pc = layout(4, 2, 2, 1);
@@ -233,25 +249,25 @@ START_TEST(cli_rejects_bad_layouts_with_exit_2)
 {
     char log[8192];
     const char *bad1[] = {"--world-size", "4", "--ring", "2", NULL};
-    ck_assert_int_eq(run_forward("parallel_even", bad1, "/tmp/unused.safetensors", NULL, log,
-                                 sizeof log, NULL),
-                     2);
+    ck_assert_int_eq(
+        run_forward("parallel_even", bad1, "/tmp/unused.safetensors", NULL, log, sizeof log, NULL),
+        2);
     ck_assert_msg(strstr(log, "must equal the world size (4)"), "%s", log);
     const char *bad2[] = {"--world-size", "2", "--ring", "2", NULL};
-    ck_assert_int_eq(run_forward("parallel_odd", bad2, "/tmp/unused.safetensors", NULL, log,
-                                 sizeof log, NULL),
-                     2);
+    ck_assert_int_eq(
+        run_forward("parallel_odd", bad2, "/tmp/unused.safetensors", NULL, log, sizeof log, NULL),
+        2);
     ck_assert_msg(strstr(log, "ring_anything splits them unevenly"), "%s", log);
     const char *bad3[] = {"--world-size", "2", "--ulysses", "2", NULL};
-    ck_assert_int_eq(run_forward("parallel_odd", bad3, "/tmp/unused.safetensors", NULL, log,
-                                 sizeof log, NULL),
-                     2);
+    ck_assert_int_eq(
+        run_forward("parallel_odd", bad3, "/tmp/unused.safetensors", NULL, log, sizeof log, NULL),
+        2);
     ck_assert_msg(strstr(log, "must be divisible by ulysses_degree (2)"), "%s", log);
     /* Host shared memory cannot carry device buffers: cuda meshes are ditd's. */
     const char *bad4[] = {"--world-size", "2", "--ring", "2", "--backend", "cuda", NULL};
-    ck_assert_int_eq(run_forward("parallel_even", bad4, "/tmp/unused.safetensors", NULL, log,
-                                 sizeof log, NULL),
-                     2);
+    ck_assert_int_eq(
+        run_forward("parallel_even", bad4, "/tmp/unused.safetensors", NULL, log, sizeof log, NULL),
+        2);
     ck_assert_msg(strstr(log, "needs --backend cpu"), "%s", log);
 }
 END_TEST
@@ -294,8 +310,8 @@ START_TEST(killed_rank_fails_the_run_fast)
     char log[16384];
     /* Rank 1 kills itself after block 1; the comm timeout is 30 s, but the
      * others notice the dead peer within a fraction of a second. */
-    const char *args[] = {"--world-size", "4", "--ring", "2", "--ulysses", "2", "--comm-timeout",
-                          "30", NULL};
+    const char *args[] = {"--world-size",   "4",  "--ring", "2", "--ulysses", "2",
+                          "--comm-timeout", "30", NULL};
     char *envp[64];
     int k = 0;
     for (char **e = environ; *e && k < 60; e++)

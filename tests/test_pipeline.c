@@ -73,7 +73,8 @@ static void load_params(const char *dir, case_params *cp)
     if (strcmp(name, "no_guidance_embeds") == 0)
         snprintf(cp->pipeline, sizeof cp->pipeline, "%s/noguidance_pipeline", golden);
     else
-        snprintf(cp->pipeline, sizeof cp->pipeline, "%s/tests/data/demo", test_env("DIT_SOURCE_ROOT"));
+        snprintf(cp->pipeline, sizeof cp->pipeline, "%s/tests/data/demo",
+                 test_env("DIT_SOURCE_ROOT"));
     cJSON_Delete(j);
 }
 
@@ -101,7 +102,8 @@ START_TEST(pipeline_matches_diffusers)
     ck_assert_msg(dit_pipeline_load(be, cp.pipeline, NULL, true, &p, &diag) == DIT_OK, "%s",
                   diag.msg);
     dit_runner *runner = NULL;
-    ck_assert_int_eq(dit_runner_create(be, dit_pipeline_transformer(p), NULL, &runner, NULL), DIT_OK);
+    ck_assert_int_eq(dit_runner_create(be, dit_pipeline_transformer(p), NULL, &runner, NULL),
+                     DIT_OK);
     dit_gen_result res;
     const dit_denoiser den = dit_runner_denoiser(runner);
     ck_assert_msg(dit_pipeline_generate(p, &den, &cp.gp, true, NULL, NULL, &res, &diag) == DIT_OK,
@@ -123,7 +125,8 @@ START_TEST(pipeline_matches_diffusers)
     /* PNG: our encoder on our image vs the PIL image diffusers saved. */
     uint8_t *png = NULL, *mine = NULL, *theirs = NULL;
     size_t len = 0;
-    ck_assert_int_eq(dit_png_encode_rgb(res.image, res.height, res.width, &png, &len, NULL), DIT_OK);
+    ck_assert_int_eq(dit_png_encode_rgb(res.image, res.height, res.width, &png, &len, NULL),
+                     DIT_OK);
     int64_t w1, h1, w2, h2;
     ck_assert_int_eq(dit_png_decode_rgb8(png, len, &mine, &w1, &h1, NULL), DIT_OK);
     snprintf(path, sizeof path, "%s/expected.png", dir);
@@ -148,13 +151,15 @@ START_TEST(pipeline_matches_diffusers)
            name, res.width, res.height, cp.gp.steps, e0.max_abs == 0 ? "bit-exact" : "DIFFER",
            e1.rel, e2.rel, (long long)off_by_one, (long long)(w1 * h1 * 3));
     fflush(stdout);
-    ck_assert_msg(e0.max_abs == 0, "%s: initial noise differs from torch's (%.3g)", name, e0.max_abs);
+    ck_assert_msg(e0.max_abs == 0, "%s: initial noise differs from torch's (%.3g)", name,
+                  e0.max_abs);
     ck_assert_msg(e1.rel <= LATENT_TOL, "%s: final latents rel error %.3g", name, e1.rel);
     ck_assert_msg(e2.rel <= IMAGE_TOL, "%s: image rel error %.3g", name, e2.rel);
     /* A pixel can only move by one level, and only when its value sat within
      * the image error of a rounding boundary: a handful, not a pattern. */
     ck_assert_int_eq(worse, 0);
-    ck_assert_msg(off_by_one * 1000 <= w1 * h1 * 3, "%lld values off by one", (long long)off_by_one);
+    ck_assert_msg(off_by_one * 1000 <= w1 * h1 * 3, "%lld values off by one",
+                  (long long)off_by_one);
     if (strcmp(name, "long_prompt_truncated") == 0)
         ck_assert(res.prompt_truncated);
 
@@ -178,9 +183,25 @@ START_TEST(ditrun_generate_writes_png_and_latents)
     snprintf(png, sizeof png, "/tmp/dit_gen_%d.png", (int)getpid());
     snprintf(lat, sizeof lat, "/tmp/dit_gen_%d.safetensors", (int)getpid());
     snprintf(demo, sizeof demo, "%s/tests/data/demo", test_env("DIT_SOURCE_ROOT"));
-    char *argv[] = {(char *)test_env("DITRUN"), "generate", "--model", demo, "--prompt",
-                    "a red fox in the snow", "--width", "64", "--height", "64", "--steps", "2",
-                    "--seed", "1", "--output", png, "--output-latents", lat, NULL};
+    char *argv[] = {(char *)test_env("DITRUN"),
+                    "generate",
+                    "--model",
+                    demo,
+                    "--prompt",
+                    "a red fox in the snow",
+                    "--width",
+                    "64",
+                    "--height",
+                    "64",
+                    "--steps",
+                    "2",
+                    "--seed",
+                    "1",
+                    "--output",
+                    png,
+                    "--output-latents",
+                    lat,
+                    NULL};
     int rc = test_run(argv, NULL, out, sizeof out, NULL);
     ck_assert_msg(rc == 0, "exit %d:\n%s", rc, out);
     ck_assert_msg(strstr(out, "time: tokenize"), "%s", out);
@@ -197,10 +218,31 @@ START_TEST(ditrun_generate_writes_png_and_latents)
     ck_assert_int_eq(memcmp(sig, "\x89PNG\r\n\x1a\n", 8), 0);
 
     /* The same request on a mesh: CP and TP together. */
-    char *argv_par[] = {(char *)test_env("DITRUN"), "generate", "--model", demo, "--prompt",
-                        "a red fox in the snow", "--width", "64", "--height", "64", "--steps", "2",
-                        "--seed", "1", "--output", png, "--output-latents", lat, "--world-size",
-                        "4", "--ring", "2", "--tp", "2", NULL};
+    char *argv_par[] = {(char *)test_env("DITRUN"),
+                        "generate",
+                        "--model",
+                        demo,
+                        "--prompt",
+                        "a red fox in the snow",
+                        "--width",
+                        "64",
+                        "--height",
+                        "64",
+                        "--steps",
+                        "2",
+                        "--seed",
+                        "1",
+                        "--output",
+                        png,
+                        "--output-latents",
+                        lat,
+                        "--world-size",
+                        "4",
+                        "--ring",
+                        "2",
+                        "--tp",
+                        "2",
+                        NULL};
     rc = test_run(argv_par, NULL, out, sizeof out, NULL);
     ck_assert_msg(rc == 0, "exit %d:\n%s", rc, out);
     e = test_compare_files(lat, "latents", ref, "final_latents");
@@ -230,16 +272,30 @@ START_TEST(ditrun_generate_reports_bad_requests)
         {"--latents", "/nonexistent.safetensors", "/nonexistent.safetensors", 1},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
-        char *argv[] = {ditrun, "generate", "--model", demo, "--prompt", "x", "--width", "64",
-                        "--height", "64", "--steps", "1", (char *)bad[i].opt, (char *)bad[i].val,
-                        "--output", "/tmp/unused.png", NULL};
+        char *argv[] = {ditrun,
+                        "generate",
+                        "--model",
+                        demo,
+                        "--prompt",
+                        "x",
+                        "--width",
+                        "64",
+                        "--height",
+                        "64",
+                        "--steps",
+                        "1",
+                        (char *)bad[i].opt,
+                        (char *)bad[i].val,
+                        "--output",
+                        "/tmp/unused.png",
+                        NULL};
         int rc = test_run(argv, NULL, out, sizeof out, NULL);
         ck_assert_msg(rc == bad[i].rc, "%s %s: exit %d:\n%s", bad[i].opt, bad[i].val, rc, out);
-        ck_assert_msg(strstr(out, bad[i].needle), "%s %s: '%s' not in:\n%s", bad[i].opt,
-                      bad[i].val, bad[i].needle, out);
+        ck_assert_msg(strstr(out, bad[i].needle), "%s %s: '%s' not in:\n%s", bad[i].opt, bad[i].val,
+                      bad[i].needle, out);
     }
-    char *nomodel[] = {ditrun, "generate", "--model", "/nonexistent", "--prompt", "x", "--output",
-                       "/tmp/unused.png", NULL};
+    char *nomodel[] = {ditrun,     "generate",        "--model", "/nonexistent", "--prompt", "x",
+                       "--output", "/tmp/unused.png", NULL};
     ck_assert_int_eq(test_run(nomodel, NULL, out, sizeof out, NULL), 1);
     ck_assert_ptr_nonnull(strstr(out, "/nonexistent/model_index.json"));
     char *noprompt[] = {ditrun, "generate", "--model", demo, "--output", "/tmp/unused.png", NULL};

@@ -44,14 +44,15 @@ START_TEST(schedules_match_diffusers_bit_for_bit)
         ck_assert_msg(dit_flow_scheduler_load(path, &s, &diag) == DIT_OK, "%s", diag.msg);
         float sig[64], ts[64];
         ck_assert_int_eq(dit_flow_scheduler_schedule(&s, steps, seq, sig, ts, &diag), DIT_OK);
-        const cJSON *ws = cJSON_GetObjectItem(c, "sigmas"), *wt = cJSON_GetObjectItem(c, "timesteps");
+        const cJSON *ws = cJSON_GetObjectItem(c, "sigmas"),
+                    *wt = cJSON_GetObjectItem(c, "timesteps");
         ck_assert_int_eq(cJSON_GetArraySize(ws), steps + 1);
         for (int i = 0; i <= steps; i++) {
             uint32_t want = (uint32_t)cJSON_GetNumberValue(cJSON_GetArrayItem(ws, i));
             if (f2u(sig[i]) != want) {
                 if (bad++ < 5)
-                    fprintf(stderr, "%s steps %d seq %lld: sigma[%d] %08x want %08x\n", name,
-                            steps, (long long)seq, i, f2u(sig[i]), want);
+                    fprintf(stderr, "%s steps %d seq %lld: sigma[%d] %08x want %08x\n", name, steps,
+                            (long long)seq, i, f2u(sig[i]), want);
             }
         }
         for (int i = 0; i < steps; i++) {

@@ -32,9 +32,9 @@ START_TEST(f16_round_trips_and_rounds)
     ck_assert_uint_eq(dit_f32_to_f16(1.0f), 0x3c00);
     ck_assert_uint_eq(dit_f32_to_f16(-2.0f), 0xc000);
     ck_assert_uint_eq(dit_f32_to_f16(65504.0f), 0x7bff);
-    ck_assert_uint_eq(dit_f32_to_f16(65520.0f), 0x7c00); /* overflows to inf */
-    ck_assert_uint_eq(dit_f32_to_f16(5.9604645e-08f), 0x0001); /* smallest subnormal */
-    ck_assert_uint_eq(dit_f32_to_f16(6.097555e-05f), 0x03ff);  /* largest subnormal */
+    ck_assert_uint_eq(dit_f32_to_f16(65520.0f), 0x7c00);              /* overflows to inf */
+    ck_assert_uint_eq(dit_f32_to_f16(5.9604645e-08f), 0x0001);        /* smallest subnormal */
+    ck_assert_uint_eq(dit_f32_to_f16(6.097555e-05f), 0x03ff);         /* largest subnormal */
     ck_assert_uint_eq(dit_f32_to_f16(1.0f + 1.0f / 2048.0f), 0x3c00); /* tie to even */
     ck_assert_float_eq(dit_f16_to_f32(0x0001), 5.9604645e-08f);
     ck_assert_float_eq(dit_f16_to_f32(0x7bff), 65504.0f);

@@ -664,8 +664,12 @@ START_TEST(test_base_utf8)
         const char *s;
         size_t bad_at;
     } bad[] = {
-        {"ab\xff", 2},               {"abc\xc3", 3},        {"\xe2\x82", 0},
-        {"ok \xc0\xaf", 3},          {"\xed\xa0\x80x", 0},  {"abc\xf4\x90\x80\x80", 3},
+        {"ab\xff", 2},
+        {"abc\xc3", 3},
+        {"\xe2\x82", 0},
+        {"ok \xc0\xaf", 3},
+        {"\xed\xa0\x80x", 0},
+        {"abc\xf4\x90\x80\x80", 3},
         {"\xc3\xa9\xe4\xb8\xad\x80", 5},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
@@ -687,7 +691,10 @@ START_TEST(test_base_utf8)
     ck_assert_int_eq(dit_tok_utf8_prev(ok, 5), 0x4E2D);
     ck_assert_int_eq(dit_tok_utf8_prev(ok, 2), 0xE9);
     i = 0;
-    ck_assert_int_eq(dit_tok_utf8_next("\xff" "a", 2, &i), 0xFFFD);
+    ck_assert_int_eq(dit_tok_utf8_next("\xff"
+                                       "a",
+                                       2, &i),
+                     0xFFFD);
     ck_assert_uint_eq(i, 1);
     ck_assert(dit_tok_is_ws(0x3000) && dit_tok_is_ws('\n') && dit_tok_is_ws(0x85));
     ck_assert(!dit_tok_is_ws(0x200B) && !dit_tok_is_ws('_'));
@@ -769,8 +776,7 @@ static void expect_split(const dit_tok_added_set *set, bool normalized, const ch
         if (sp->id >= 0)
             n += (size_t)snprintf(got + n, sizeof got - n, "<%d>", sp->id);
         else
-            n += (size_t)snprintf(got + n, sizeof got - n, "[%.*s]", (int)sp->len,
-                                  text + sp->off);
+            n += (size_t)snprintf(got + n, sizeof got - n, "[%.*s]", (int)sp->len, text + sp->off);
         ck_assert(sp->first == (sp->id < 0 && sp->off == 0));
     }
     ck_assert_msg(strcmp(got, want) == 0, "split of \"%s\": got %s, want %s", text, got, want);
@@ -939,8 +945,8 @@ START_TEST(test_base_config)
                          ml[i].st);
         ck_assert_int_eq(out, ml[i].want);
         if (ml[i].st != DIT_OK)
-            ck_assert_msg(strstr(dit_diag_msg(&d), "cfg.json: \"model_max_length\" must be"),
-                          "%s", dit_diag_msg(&d));
+            ck_assert_msg(strstr(dit_diag_msg(&d), "cfg.json: \"model_max_length\" must be"), "%s",
+                          dit_diag_msg(&d));
         cJSON_Delete(c);
     }
     int out = -1;

@@ -229,7 +229,8 @@ static int measure(bench_ctx *b)
         const char *label = graph ? "graph" : "eager";
         if (graph && !dit_flux_graph_captured(b->m)) {
             printf("graph: no graph was captured (backend %s has no graph support or capture "
-                   "failed); the numbers below are eager\n", be->ops->name);
+                   "failed); the numbers below are eager\n",
+                   be->ops->name);
             label = "graph_fallback_eager";
             b->r.graph_fallback = true;
         }
@@ -310,14 +311,16 @@ static void write_keys(bench_ctx *b, const char *px)
     FILE *f = b->sum;
     const bench_result *r = &b->r;
     if (r->have_eager)
-        fprintf(f, "%seager_ms_median: %.3f\n%seager_ms_min: %.3f\n%seager_tflops: %.2f\n"
-                   "%seager_iters: %ld\n",
-                px, r->eager_med, px, r->eager_min, px, b->flop / (r->eager_med / 1e3) / 1e12,
-                px, b->iters);
+        fprintf(f,
+                "%seager_ms_median: %.3f\n%seager_ms_min: %.3f\n%seager_tflops: %.2f\n"
+                "%seager_iters: %ld\n",
+                px, r->eager_med, px, r->eager_min, px, b->flop / (r->eager_med / 1e3) / 1e12, px,
+                b->iters);
     if (r->have_graph) {
         const char *g = r->graph_fallback ? "graph_fallback_eager" : "graph";
-        fprintf(f, "%s%s_ms_median: %.3f\n%s%s_ms_min: %.3f\n%s%s_tflops: %.2f\n"
-                   "%s%s_iters: %ld\n",
+        fprintf(f,
+                "%s%s_ms_median: %.3f\n%s%s_ms_min: %.3f\n%s%s_tflops: %.2f\n"
+                "%s%s_iters: %ld\n",
                 px, g, r->graph_med, px, g, r->graph_min, px, g,
                 b->flop / (r->graph_med / 1e3) / 1e12, px, g, b->iters);
     }
@@ -329,10 +332,11 @@ static void write_keys(bench_ctx *b, const char *px)
     if (r->have_graph)
         fprintf(f, "%snan_count_graph: %lld\n", px, r->nan_graph);
     if (r->have_stats)
-        fprintf(f, "%sgemm_calls: %llu\n%sgemm_unfused_calls: %llu\n%sgemm_fallback_calls: %llu\n"
-                   "%sgemm_unfused_shapes: %llu\n%sgemm_fallback_shapes: %llu\n",
-                px, r->gemm_calls, px, r->gemm_unfused, px, r->gemm_fallback, px, r->unf_shapes,
-                px, r->fb_shapes);
+        fprintf(f,
+                "%sgemm_calls: %llu\n%sgemm_unfused_calls: %llu\n%sgemm_fallback_calls: %llu\n"
+                "%sgemm_unfused_shapes: %llu\n%sgemm_fallback_shapes: %llu\n",
+                px, r->gemm_calls, px, r->gemm_unfused, px, r->gemm_fallback, px, r->unf_shapes, px,
+                r->fb_shapes);
     if (r->have_prof) {
         static const char *blk[2] = {"double_block", "single_block"};
         static const char *part[6] = {"gemm", "attention", "elementwise", "cast", "span", "host"};
@@ -354,16 +358,24 @@ int main(int argc, char **argv)
     double flop_override = 0.0;
     dit_backend_kind kind = DIT_BACKEND_CPU;
     static const struct option opts[] = {
-        {"heads", required_argument, NULL, 'H'},      {"head-dim", required_argument, NULL, 'D'},
-        {"double", required_argument, NULL, 'd'},     {"single", required_argument, NULL, 's'},
-        {"img-tokens", required_argument, NULL, 'i'}, {"txt-tokens", required_argument, NULL, 't'},
-        {"batch", required_argument, NULL, 'b'},      {"threads", required_argument, NULL, 'j'},
-        {"warmup", required_argument, NULL, 'w'},     {"iters", required_argument, NULL, 'n'},
-        {"backend", required_argument, NULL, 'B'},    {"flux-dev", no_argument, NULL, 'F'},
-        {"graph", required_argument, NULL, 'G'},      {"summary", required_argument, NULL, 'S'},
+        {"heads", required_argument, NULL, 'H'},
+        {"head-dim", required_argument, NULL, 'D'},
+        {"double", required_argument, NULL, 'd'},
+        {"single", required_argument, NULL, 's'},
+        {"img-tokens", required_argument, NULL, 'i'},
+        {"txt-tokens", required_argument, NULL, 't'},
+        {"batch", required_argument, NULL, 'b'},
+        {"threads", required_argument, NULL, 'j'},
+        {"warmup", required_argument, NULL, 'w'},
+        {"iters", required_argument, NULL, 'n'},
+        {"backend", required_argument, NULL, 'B'},
+        {"flux-dev", no_argument, NULL, 'F'},
+        {"graph", required_argument, NULL, 'G'},
+        {"summary", required_argument, NULL, 'S'},
         {"flop-per-step", required_argument, NULL, 'P'},
         {"cuda-path", required_argument, NULL, 'C'},
-        {"help", no_argument, NULL, 'h'},             {NULL, 0, NULL, 0},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
     };
     int c;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -475,7 +487,8 @@ int main(int argc, char **argv)
     ids = calloc((size_t)(img + txt) * (size_t)cfg.n_axes, sizeof *ids);
     tsteps = malloc(2 * (size_t)batch * sizeof *tsteps);
     times = malloc((size_t)iters * sizeof *times);
-    if (!host || !ids || !tsteps || !times || dit_backend_alloc(be, n_all * sizeof(float), &dev) != DIT_OK) {
+    if (!host || !ids || !tsteps || !times ||
+        dit_backend_alloc(be, n_all * sizeof(float), &dev) != DIT_OK) {
         fprintf(stderr, "out of memory\n");
         goto cleanup;
     }
@@ -502,8 +515,10 @@ int main(int argc, char **argv)
     float *d = dev;
     dit_flux_inputs in = {
         .hidden_states = dit_tensor_3d(d, DIT_F32, batch, img, cfg.in_channels),
-        .encoder_hidden_states = dit_tensor_3d(d + n_hs, DIT_F32, batch, txt, cfg.joint_attention_dim),
-        .pooled_projections = dit_tensor_2d(d + n_hs + n_ehs, DIT_F32, batch, cfg.pooled_projection_dim),
+        .encoder_hidden_states =
+            dit_tensor_3d(d + n_hs, DIT_F32, batch, txt, cfg.joint_attention_dim),
+        .pooled_projections =
+            dit_tensor_2d(d + n_hs + n_ehs, DIT_F32, batch, cfg.pooled_projection_dim),
         .timestep = tsteps,
         .guidance = cfg.guidance_embeds ? tsteps + batch : NULL,
         .txt_ids = ids,
@@ -516,16 +531,17 @@ int main(int argc, char **argv)
         fprintf(stderr, "cannot open %s\n", summary_path);
         goto cleanup;
     }
-    const double flop = flop_override > 0 ? flop_override
-                                          : dit_flux_forward_flops(&cfg, batch, txt, img);
+    const double flop =
+        flop_override > 0 ? flop_override : dit_flux_forward_flops(&cfg, batch, txt, img);
     printf("config: %d double + %d single blocks, %d heads x %d (hidden %d), batch %ld, "
            "%ld image + %ld text tokens\n",
            cfg.num_layers, cfg.num_single_layers, cfg.num_attention_heads, cfg.attention_head_dim,
            cfg.inner_dim, batch, img, txt);
     if (sum)
-        fprintf(sum, "backend: %s\nconfig: %d double + %d single, %d x %d heads, batch %ld, "
-                     "%ld img + %ld txt tokens\nflop_per_step: %.4g\nweights_mib: %.1f\n"
-                     "weights_init_ms: %.0f\n",
+        fprintf(sum,
+                "backend: %s\nconfig: %d double + %d single, %d x %d heads, batch %ld, "
+                "%ld img + %ld txt tokens\nflop_per_step: %.4g\nweights_mib: %.1f\n"
+                "weights_init_ms: %.0f\n",
                 be->ops->name, cfg.num_layers, cfg.num_single_layers, cfg.num_attention_heads,
                 cfg.attention_head_dim, batch, img, txt, flop,
                 (double)dit_flux_weight_bytes(m) / 1048576.0, t_init);
@@ -551,10 +567,19 @@ int main(int argc, char **argv)
     if (cuda_path)
         fprintf(stderr, "--cuda-path: this build has no cuda backend; ignored\n");
 #endif
-    bench_ctx bc = {.be = be, .m = m, .arena = arena, .in = &in, .out = &out, .diag = &diag,
-                    .flop = flop, .warmup = warmup, .iters = iters, .times = times,
+    bench_ctx bc = {.be = be,
+                    .m = m,
+                    .arena = arena,
+                    .in = &in,
+                    .out = &out,
+                    .diag = &diag,
+                    .flop = flop,
+                    .warmup = warmup,
+                    .iters = iters,
+                    .times = times,
                     .want_graph = strcmp(graph_mode, "off") != 0,
-                    .want_eager = strcmp(graph_mode, "on") != 0, .sum = sum,
+                    .want_eager = strcmp(graph_mode, "on") != 0,
+                    .sum = sum,
                     .n_out = (size_t)dit_tensor_numel(&out)};
     for (int pi = 0; pi < n_paths; pi++) {
         char prefix[16] = "";
@@ -563,7 +588,8 @@ int main(int argc, char **argv)
             dit_cuda_backend_set_path(be, (dit_cuda_path)paths[pi]);
             printf("cuda path: %s\n", dit_cuda_path_name((dit_cuda_path)paths[pi]));
             if (cuda_path)
-                snprintf(prefix, sizeof prefix, "%s_", dit_cuda_path_name((dit_cuda_path)paths[pi]));
+                snprintf(prefix, sizeof prefix, "%s_",
+                         dit_cuda_path_name((dit_cuda_path)paths[pi]));
         }
 #endif
         if (measure(&bc) != 0)
@@ -593,8 +619,9 @@ int main(int argc, char **argv)
                    mem.backend_peak_bytes / 1048576.0, mem.device_used_bytes / 1048576.0,
                    mem.device_total_bytes / 1048576.0);
             if (sum)
-                fprintf(sum, "gpu_backend_peak_mib: %.1f\ngpu_device_used_mib: %.1f\n"
-                             "gpu_device_total_mib: %.1f\n",
+                fprintf(sum,
+                        "gpu_backend_peak_mib: %.1f\ngpu_device_used_mib: %.1f\n"
+                        "gpu_device_total_mib: %.1f\n",
                         mem.backend_peak_bytes / 1048576.0, mem.device_used_bytes / 1048576.0,
                         mem.device_total_bytes / 1048576.0);
         }

@@ -32,9 +32,15 @@ typedef struct layout {
 } layout;
 
 static const layout layouts[] = {
-    {"single rank", 1, 1, 1, 1},  {"ring 2", 2, 2, 1, 1},       {"ulysses 2", 2, 1, 2, 1},
-    {"tp 2", 2, 1, 1, 2},         {"ring 4", 4, 4, 1, 1},       {"ulysses 4", 4, 1, 4, 1},
-    {"ring 2 x ulysses 2", 4, 2, 2, 1}, {"tp 4", 4, 1, 1, 4},   {"tp 2 x ulysses 2", 4, 1, 2, 2},
+    {"single rank", 1, 1, 1, 1},
+    {"ring 2", 2, 2, 1, 1},
+    {"ulysses 2", 2, 1, 2, 1},
+    {"tp 2", 2, 1, 1, 2},
+    {"ring 4", 4, 4, 1, 1},
+    {"ulysses 4", 4, 1, 4, 1},
+    {"ring 2 x ulysses 2", 4, 2, 2, 1},
+    {"tp 4", 4, 1, 1, 4},
+    {"tp 2 x ulysses 2", 4, 1, 2, 2},
     {"tp 2 x ring 2", 4, 2, 1, 2},
 };
 
@@ -59,8 +65,7 @@ typedef struct bench_cfg {
     int iters, threads;
 } bench_cfg;
 
-static int rank_main(const bench_cfg *bc, const layout *lo, const char *shm, int rank,
-                     result *res)
+static int rank_main(const bench_cfg *bc, const layout *lo, const char *shm, int rank, result *res)
 {
     dit_diag diag;
     dit_diag_clear(&diag);
@@ -94,8 +99,10 @@ static int rank_main(const bench_cfg *bc, const layout *lo, const char *shm, int
     DIT_CHECK(dit_runner_create(be, model, mesh, &runner, &diag));
 
     const int64_t B = 1, Si = bc->img, St = bc->txt;
-    const size_t n_hs = (size_t)(B * Si * c->in_channels), n_ehs = (size_t)(B * St * c->joint_attention_dim);
-    const size_t n_pool = (size_t)(B * c->pooled_projection_dim), n_ids = (size_t)((Si + St) * c->n_axes);
+    const size_t n_hs = (size_t)(B * Si * c->in_channels),
+                 n_ehs = (size_t)(B * St * c->joint_attention_dim);
+    const size_t n_pool = (size_t)(B * c->pooled_projection_dim),
+                 n_ids = (size_t)((Si + St) * c->n_axes);
     const size_t n_out = (size_t)(B * Si * c->out_dim);
     const size_t n_all = n_hs + n_ehs + n_pool + n_ids + 2 + n_out;
     buf = calloc(n_all, sizeof *buf);
@@ -119,7 +126,8 @@ static int rank_main(const bench_cfg *bc, const layout *lo, const char *shm, int
     ts[1] = 3.5f;
     dit_named_tensors in = {0};
     {
-        const int64_t sh_hs[3] = {B, Si, c->in_channels}, sh_ehs[3] = {B, St, c->joint_attention_dim};
+        const int64_t sh_hs[3] = {B, Si, c->in_channels},
+                      sh_ehs[3] = {B, St, c->joint_attention_dim};
         const int64_t sh_pool[2] = {B, c->pooled_projection_dim}, sh_b[1] = {B};
         const int64_t sh_txt[2] = {St, c->n_axes}, sh_img[2] = {Si, c->n_axes};
         const dit_tensor t_hs = dit_tensor_make(buf, DIT_F32, 3, sh_hs);
@@ -193,8 +201,8 @@ static void formulas(const bench_cfg *bc, const layout *lo, double *attn_mib, do
     *attn_mib = layers * (uly + ring) / 1048576.0;
     /* Data entering all-reduces: 2 per double block, 1 per single block, each
      * (S / C) x hidden. */
-    *tp_mib = lo->T > 1 ? (2.0 * c->num_layers + c->num_single_layers) * (S / C) * c->inner_dim * f /
-                              1048576.0
+    *tp_mib = lo->T > 1 ? (2.0 * c->num_layers + c->num_single_layers) * (S / C) * c->inner_dim *
+                              f / 1048576.0
                         : 0.0;
 }
 
@@ -211,28 +219,46 @@ int main(int argc, char **argv)
     bc.mc.num_layers = 2;
     bc.mc.num_single_layers = 4;
     static const struct option opts[] = {
-        {"heads", required_argument, NULL, 'H'},      {"head-dim", required_argument, NULL, 'D'},
-        {"double", required_argument, NULL, 'd'},     {"single", required_argument, NULL, 's'},
-        {"img-tokens", required_argument, NULL, 'i'}, {"txt-tokens", required_argument, NULL, 't'},
-        {"iters", required_argument, NULL, 'n'},      {"threads", required_argument, NULL, 'j'},
+        {"heads", required_argument, NULL, 'H'},
+        {"head-dim", required_argument, NULL, 'D'},
+        {"double", required_argument, NULL, 'd'},
+        {"single", required_argument, NULL, 's'},
+        {"img-tokens", required_argument, NULL, 'i'},
+        {"txt-tokens", required_argument, NULL, 't'},
+        {"iters", required_argument, NULL, 'n'},
+        {"threads", required_argument, NULL, 'j'},
         {NULL, 0, NULL, 0},
     };
     int c;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         long v = strtol(optarg, NULL, 10);
         switch (c) {
-        case 'H': bc.mc.num_attention_heads = (int)v; break;
+        case 'H':
+            bc.mc.num_attention_heads = (int)v;
+            break;
         case 'D':
             bc.mc.attention_head_dim = (int)v;
             bc.mc.n_axes = 1;
             bc.mc.axes_dims_rope[0] = (int)v;
             break;
-        case 'd': bc.mc.num_layers = (int)v; break;
-        case 's': bc.mc.num_single_layers = (int)v; break;
-        case 'i': bc.img = v; break;
-        case 't': bc.txt = v; break;
-        case 'n': bc.iters = (int)v; break;
-        case 'j': bc.threads = (int)v; break;
+        case 'd':
+            bc.mc.num_layers = (int)v;
+            break;
+        case 's':
+            bc.mc.num_single_layers = (int)v;
+            break;
+        case 'i':
+            bc.img = v;
+            break;
+        case 't':
+            bc.txt = v;
+            break;
+        case 'n':
+            bc.iters = (int)v;
+            break;
+        case 'j':
+            bc.threads = (int)v;
+            break;
         default:
             fprintf(stderr, "usage: see the comment at the top of bench_parallel.c\n");
             return 2;
@@ -251,8 +277,8 @@ int main(int argc, char **argv)
            bc.mc.attention_head_dim, bc.mc.inner_dim, (long long)bc.img, (long long)bc.txt, ncpu);
     printf("%-20s %5s %10s %22s %22s %10s %10s\n", "mode", "ranks", "ms/fwd",
            "attn MiB/rank (formula)", "tp-ar MiB/rank (form.)", "gather MiB", "weights MiB");
-    result *res = mmap(NULL, sizeof(result), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
-                       -1, 0);
+    result *res =
+        mmap(NULL, sizeof(result), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (res == MAP_FAILED)
         return 1;
     int failures = 0;
@@ -292,8 +318,8 @@ int main(int argc, char **argv)
         char attn[48], tp[48];
         snprintf(attn, sizeof attn, "%.2f (%.2f)", res->attn_mib, fa);
         snprintf(tp, sizeof tp, "%.2f (%.2f)", res->tp_mib, ft);
-        printf("%-20s %5d %10.1f %22s %22s %10.2f %10.1f\n", lo->name, lo->world, res->ms, attn,
-               tp, res->gather_mib, res->weights_mib);
+        printf("%-20s %5d %10.1f %22s %22s %10.2f %10.1f\n", lo->name, lo->world, res->ms, attn, tp,
+               res->gather_mib, res->weights_mib);
         fflush(stdout);
     }
     munmap(res, sizeof *res);

@@ -138,12 +138,12 @@ static inline float *gpu_rand(test_rng *r, size_t n, float lo, float hi, bool bf
 
 /* Runs `call` (a dit_status expression) and fails the test with the
  * backend's message when it is not DIT_OK. */
-#define GPU_OK(be, call)                                                                      \
-    do {                                                                                      \
-        dit_status st_ = (call);                                                              \
-        ck_assert_msg(st_ == DIT_OK, "%s on %s: %s: %s", #call, (be)->ops->name,              \
-                      dit_status_str(st_),                                                    \
-                      (be)->ops->last_error ? (be)->ops->last_error(be) : "");                \
+#define GPU_OK(be, call)                                                                           \
+    do {                                                                                           \
+        dit_status st_ = (call);                                                                   \
+        ck_assert_msg(st_ == DIT_OK, "%s on %s: %s: %s", #call, (be)->ops->name,                   \
+                      dit_status_str(st_),                                                         \
+                      (be)->ops->last_error ? (be)->ops->last_error(be) : "");                     \
     } while (0)
 
 #endif

@@ -78,14 +78,17 @@ typedef struct fx_dev {
 static void fx_dev_make(dit_backend *be, const fx *f, fx_dev *d)
 {
     const dit_flux_config *c = &f->cfg;
-    const size_t n_hs = (size_t)(f->Si * c->in_channels), n_ehs = (size_t)(f->St * c->joint_attention_dim);
+    const size_t n_hs = (size_t)(f->Si * c->in_channels),
+                 n_ehs = (size_t)(f->St * c->joint_attention_dim);
     const size_t n_pool = (size_t)c->pooled_projection_dim, n_out = (size_t)(f->Si * c->out_dim);
     GPU_OK(be, dit_backend_alloc(be, (n_hs + n_ehs + n_pool + n_out) * 4 + 256, &d->buf));
     float *p = d->buf;
     memset(&d->in, 0, sizeof d->in);
     d->in.hidden_states = dit_tensor_3d(p, DIT_F32, 1, f->Si, c->in_channels);
-    d->in.encoder_hidden_states = dit_tensor_3d(p + n_hs, DIT_F32, 1, f->St, c->joint_attention_dim);
-    d->in.pooled_projections = dit_tensor_2d(p + n_hs + n_ehs, DIT_F32, 1, c->pooled_projection_dim);
+    d->in.encoder_hidden_states =
+        dit_tensor_3d(p + n_hs, DIT_F32, 1, f->St, c->joint_attention_dim);
+    d->in.pooled_projections =
+        dit_tensor_2d(p + n_hs + n_ehs, DIT_F32, 1, c->pooled_projection_dim);
     d->out = dit_tensor_3d(p + n_hs + n_ehs + n_pool, DIT_F32, 1, f->Si, c->out_dim);
     d->in.txt_ids = f->ids;
     d->in.img_ids = f->ids + f->St;
@@ -153,8 +156,7 @@ START_TEST(random_model_matches_cpu)
         max_abs = isnan(d) ? INFINITY : fmax(max_abs, d);
     }
     printf("random model D=%lld path %s: cuda vs cpu max abs %.3g, max|cpu| %.3g, rel %.3g\n",
-           (long long)case_dim(_i), dit_cuda_path_name(path), max_abs, max_ref,
-           max_abs / max_ref);
+           (long long)case_dim(_i), dit_cuda_path_name(path), max_abs, max_ref, max_abs / max_ref);
     ck_assert_msg(max_abs <= 2e-2 * max_ref, "relative error %.3g above 2e-2", max_abs / max_ref);
     if (path == DIT_CUDA_PATH_FAST) {
         /* The fast path rounds to bf16 where the legacy path's GEMM and

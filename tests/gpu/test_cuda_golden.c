@@ -40,18 +40,27 @@ START_TEST(golden_case_matches_diffusers_on_cuda)
     snprintf(model, sizeof model, "%s/transformer", dir);
     snprintf(inputs, sizeof inputs, "%s/inputs.safetensors", dir);
     snprintf(expected, sizeof expected, "%s/expected.safetensors", dir);
-    snprintf(output, sizeof output, "/tmp/dit_cuda_golden_%d_%s.safetensors", (int)getpid(),
-             name);
-    char *argv[] = {(char *)test_env("DITRUN"), "forward", "--model", model, "--inputs", inputs,
-                    "--output", output, "--backend", "cuda", "--quiet", NULL};
+    snprintf(output, sizeof output, "/tmp/dit_cuda_golden_%d_%s.safetensors", (int)getpid(), name);
+    char *argv[] = {(char *)test_env("DITRUN"),
+                    "forward",
+                    "--model",
+                    model,
+                    "--inputs",
+                    inputs,
+                    "--output",
+                    output,
+                    "--backend",
+                    "cuda",
+                    "--quiet",
+                    NULL};
     int rc = test_run(argv, NULL, log, sizeof log, NULL);
     ck_assert_msg(rc == 0, "%s: ditrun --backend cuda exited %d:\n%s", name, rc, log);
     test_err e = test_compare_files(output, "sample", expected, "sample");
-    printf("%-28s cuda vs diffusers f32: max abs %.3g, max|ref| %.3g, rel %.3g\n", name,
-           e.max_abs, e.max_ref, e.rel);
+    printf("%-28s cuda vs diffusers f32: max abs %.3g, max|ref| %.3g, rel %.3g\n", name, e.max_abs,
+           e.max_ref, e.rel);
     fflush(stdout);
-    ck_assert_msg(e.rel <= GOLDEN_CUDA_REL_TOL, "%s: relative error %.3g exceeds %.1g", name,
-                  e.rel, GOLDEN_CUDA_REL_TOL);
+    ck_assert_msg(e.rel <= GOLDEN_CUDA_REL_TOL, "%s: relative error %.3g exceeds %.1g", name, e.rel,
+                  GOLDEN_CUDA_REL_TOL);
     unlink(output);
 }
 END_TEST
@@ -65,9 +74,26 @@ START_TEST(demo_generate_matches_diffusers_on_cuda)
     snprintf(ref, sizeof ref, "%s/tests/data/pipeline_golden/square_2steps/reference.safetensors",
              test_env("DIT_SOURCE_ROOT"));
     /* The request of the square_2steps golden case. */
-    char *argv[] = {(char *)test_env("DITRUN"), "generate", "--model", demo, "--prompt",
-                    "a red fox in the snow", "--width", "64", "--height", "64", "--steps", "2",
-                    "--seed", "1", "--output", png, "--output-latents", lat, "--backend", "cuda",
+    char *argv[] = {(char *)test_env("DITRUN"),
+                    "generate",
+                    "--model",
+                    demo,
+                    "--prompt",
+                    "a red fox in the snow",
+                    "--width",
+                    "64",
+                    "--height",
+                    "64",
+                    "--steps",
+                    "2",
+                    "--seed",
+                    "1",
+                    "--output",
+                    png,
+                    "--output-latents",
+                    lat,
+                    "--backend",
+                    "cuda",
                     NULL};
     int rc = test_run(argv, NULL, out, sizeof out, NULL);
     ck_assert_msg(rc == 0, "exit %d:\n%s", rc, out);

@@ -82,14 +82,13 @@ START_TEST(upload_download_copy_fill_roundtrip)
                 vc = dit_tensor_narrow(&vc, 1, 2, 5);
                 vg = dit_tensor_narrow(&vg, 1, 2, 5);
             }
-            gpu_pair e = gpu_pair_make(CPU, GPU, DIT_F32, 4,
-                                       (int64_t[]){3, v ? 5 : 9, H, D}, NULL);
+            gpu_pair e = gpu_pair_make(CPU, GPU, DIT_F32, 4, (int64_t[]){3, v ? 5 : 9, H, D}, NULL);
             GPU_OK(GPU, GPU->ops->copy(GPU, &e.g, &vg));
             GPU_OK(CPU, CPU->ops->copy(CPU, &e.c, &vc));
-            ck_assert_int_eq(gpu_compare_views(v ? "copy, two-division rows"
-                                                 : "copy, one-division rows",
-                                               CPU, &e.c, GPU, &e.g, 0, 0),
-                             0);
+            ck_assert_int_eq(
+                gpu_compare_views(v ? "copy, two-division rows" : "copy, one-division rows", CPU,
+                                  &e.c, GPU, &e.g, 0, 0),
+                0);
             GPU_OK(GPU, GPU->ops->fill(GPU, &vg, 1.5f));
             GPU_OK(CPU, CPU->ops->fill(CPU, &vc, 1.5f));
             ck_assert_int_eq(gpu_compare_views("fill of a head view", CPU, &p.c, GPU, &p.g, 0, 0),
@@ -338,8 +337,9 @@ START_TEST(linear_matches_cpu)
                             epilogue_calls += (uint64_t)gemms;
                     }
                     char what[160];
-                    snprintf(what, sizeof what, "linear B%lld M%lld K%lld N%lld act %d bias %d "
-                                                "beta %g lt_gelu %d gemm mode %d",
+                    snprintf(what, sizeof what,
+                             "linear B%lld M%lld K%lld N%lld act %d bias %d "
+                             "beta %g lt_gelu %d gemm mode %d",
                              (long long)B, (long long)M, (long long)K, (long long)N, (int)acts[ai],
                              with_bias, beta, fused, (int)force);
                     const double atol = fused && acts[ai] == DIT_ACT_GELU_TANH ? 2e-3 : 1e-4;
@@ -405,7 +405,8 @@ START_TEST(bf16_operands_match_cpu)
         gpu_pair y = gpu_pair_make(CPU, GPU, y_bf16 ? DIT_BF16 : DIT_F32, 3, ys, NULL);
         /* fold: x's rows evenly spaced over the batch (all K + pad columns
          * but the view's K); otherwise a batch stride of its own. */
-        dit_tensor xc = dit_tensor_narrow(&x.c, 2, pad / 2, K), xg = dit_tensor_narrow(&x.g, 2, pad / 2, K);
+        dit_tensor xc = dit_tensor_narrow(&x.c, 2, pad / 2, K),
+                   xg = dit_tensor_narrow(&x.g, 2, pad / 2, K);
         if (!fold) {
             xc = dit_tensor_narrow(&xc, 1, 1, M - 1);
             xg = dit_tensor_narrow(&xg, 1, 1, M - 1);
@@ -449,9 +450,8 @@ START_TEST(bf16_operands_match_cpu)
         gpu_pair y = gpu_pair_make(CPU, GPU, DIT_BF16, 3, sh, NULL);
         GPU_OK(CPU, CPU->ops->layer_norm_mod(CPU, &y.c, &x.c, &shift.c, &scale.c, 1e-6f));
         GPU_OK(GPU, GPU->ops->layer_norm_mod(GPU, &y.g, &x.g, &shift.g, &scale.g, 1e-6f));
-        ck_assert_int_eq(gpu_compare_views("layer_norm_mod -> bf16", CPU, &y.c, GPU, &y.g, 2e-5,
-                                           4e-3),
-                         0);
+        ck_assert_int_eq(
+            gpu_compare_views("layer_norm_mod -> bf16", CPU, &y.c, GPU, &y.g, 2e-5, 4e-3), 0);
         gpu_pair_free(CPU, GPU, &x);
         gpu_pair_free(CPU, GPU, &shift);
         gpu_pair_free(CPU, GPU, &scale);
@@ -483,9 +483,10 @@ START_TEST(bf16_operands_match_cpu)
             dit_tensor og = dit_tensor_split_last(&fy, D);
             GPU_OK(CPU, CPU->ops->rms_norm_rope(CPU, &kc, &w.c, 1e-6f, &cs.c, &sn.c));
             GPU_OK(GPU, GPU->ops->rms_norm_rope_to(GPU, &og, &kg, &w.g, 1e-6f, &cs.g, &sn.g));
-            ck_assert_int_eq(gpu_compare_views(ybf ? "rms_norm_rope_to bf16" : "rms_norm_rope_to f32",
-                                               CPU, &kc, GPU, &og, 2e-5, ybf ? 4e-3 : 2e-5),
-                             0);
+            ck_assert_int_eq(
+                gpu_compare_views(ybf ? "rms_norm_rope_to bf16" : "rms_norm_rope_to f32", CPU, &kc,
+                                  GPU, &og, 2e-5, ybf ? 4e-3 : 2e-5),
+                0);
             /* x itself is left alone. */
             float *xin = gpu_fetch(GPU, &x.g);
             ck_assert(memcmp(xin, hx, sizeof(float) * (size_t)(B * S * 2 * H * D)) == 0);
@@ -585,9 +586,8 @@ START_TEST(norms_match_cpu)
         /* In place (y aliases x). */
         GPU_OK(CPU, CPU->ops->layer_norm_mod(CPU, &x.c, &x.c, sc, cc, 1e-6f));
         GPU_OK(GPU, GPU->ops->layer_norm_mod(GPU, &x.g, &x.g, sg, cg, 1e-6f));
-        ck_assert_int_eq(gpu_compare_views("layer_norm_mod alias", CPU, &x.c, GPU, &x.g, 2e-5,
-                                           2e-5),
-                         0);
+        ck_assert_int_eq(
+            gpu_compare_views("layer_norm_mod alias", CPU, &x.c, GPU, &x.g, 2e-5, 2e-5), 0);
         gpu_pair_free(CPU, GPU, &x);
         x = gpu_pair_make(CPU, GPU, DIT_F32, 3, sh, hx);
         GPU_OK(CPU, CPU->ops->layer_norm(CPU, &y.c, &x.c, v & 1 ? &w.c : NULL,
@@ -705,9 +705,9 @@ typedef struct attn_case {
 } attn_case;
 
 static const attn_case attn_cases[] = {
-    {1, 1, 1, 1, 16, 1},     {2, 37, 53, 3, 16, 1},   {1, 130, 70, 2, 64, 1},
+    {1, 1, 1, 1, 16, 1},      {2, 37, 53, 3, 16, 1},  {1, 130, 70, 2, 64, 1},
     {1, 200, 333, 2, 128, 1}, {2, 64, 64, 1, 128, 4}, {1, 65, 129, 3, 64, 3},
-    {1, 9, 0, 2, 64, 1},     {1, 45, 17, 2, 32, 1},   {1, 77, 91, 2, 80, 2},
+    {1, 9, 0, 2, 64, 1},      {1, 45, 17, 2, 32, 1},  {1, 77, 91, 2, 80, 2},
 };
 
 START_TEST(attention_matches_cpu)
@@ -745,15 +745,13 @@ START_TEST(attention_matches_cpu)
                                         scale));
         char what[128];
         snprintf(what, sizeof what, "attention B%lld Sq%lld Skv%lld H%lld D%lld lse %d",
-                 (long long)B, (long long)Sq, (long long)Skv, (long long)H, (long long)D,
-                 with_lse);
-        ck_assert_int_eq(gpu_compare_views(what, CPU, &o.c, GPU, &o.g, fast ? 4e-3 : 2e-5,
-                                           fast ? 4e-3 : 1e-4),
-                         0);
+                 (long long)B, (long long)Sq, (long long)Skv, (long long)H, (long long)D, with_lse);
+        ck_assert_int_eq(
+            gpu_compare_views(what, CPU, &o.c, GPU, &o.g, fast ? 4e-3 : 2e-5, fast ? 4e-3 : 1e-4),
+            0);
         if (with_lse)
-            ck_assert_int_eq(gpu_compare_views("lse", CPU, &l.c, GPU, &l.g, fast ? 1e-4 : 2e-5,
-                                               1e-5),
-                             0);
+            ck_assert_int_eq(
+                gpu_compare_views("lse", CPU, &l.c, GPU, &l.g, fast ? 1e-4 : 2e-5, 1e-5), 0);
         gpu_pair_free(CPU, GPU, &o);
         gpu_pair_free(CPU, GPU, &l);
     }
@@ -787,7 +785,8 @@ START_TEST(flux_size_attention_matches_f32_kernel)
     dit_tensor proj = dit_tensor_make(pbuf, DIT_F32, 3, shp);
     dit_tensor hproj = dit_tensor_make(hp, DIT_F32, 3, shp);
     GPU_OK(GPU, GPU->ops->upload(GPU, &proj, &hproj));
-    dit_tensor fq = dit_tensor_narrow(&proj, 2, 0, H * D), fk = dit_tensor_narrow(&proj, 2, H * D, H * D);
+    dit_tensor fq = dit_tensor_narrow(&proj, 2, 0, H * D),
+               fk = dit_tensor_narrow(&proj, 2, H * D, H * D);
     dit_tensor fv = dit_tensor_narrow(&proj, 2, 2 * H * D, H * D);
     dit_tensor q = dit_tensor_split_last(&fq, D), k = dit_tensor_split_last(&fk, D);
     dit_tensor v = dit_tensor_split_last(&fv, D);
@@ -800,8 +799,8 @@ START_TEST(flux_size_attention_matches_f32_kernel)
         out[f32] = dit_tensor_split_last(&o3, D);
         lse[f32] = dit_tensor_make(lbuf[f32], DIT_F32, 3, shl);
         dit_cuda_backend_set_attention_f32(GPU, f32 == 1);
-        GPU_OK(GPU, GPU->ops->attention(GPU, &out[f32], &lse[f32], &q, &k, &v,
-                                        1.0f / sqrtf((float)D)));
+        GPU_OK(GPU,
+               GPU->ops->attention(GPU, &out[f32], &lse[f32], &q, &k, &v, 1.0f / sqrtf((float)D)));
         dit_cuda_backend_set_attention_f32(GPU, false);
         ho[f32] = gpu_fetch(GPU, &o3);
         hl[f32] = gpu_fetch(GPU, &lse[f32]);

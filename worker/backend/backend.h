@@ -33,9 +33,9 @@ typedef struct dit_backend_graph dit_backend_graph;
 
 typedef enum dit_act {
     DIT_ACT_NONE = 0,
-    DIT_ACT_GELU_TANH, /* 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */
-    DIT_ACT_SILU,      /* x * sigmoid(x) */
-    DIT_ACT_GELU_ERF,  /* 0.5 x (1 + erf(x / sqrt(2))) */
+    DIT_ACT_GELU_TANH,  /* 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */
+    DIT_ACT_SILU,       /* x * sigmoid(x) */
+    DIT_ACT_GELU_ERF,   /* 0.5 x (1 + erf(x / sqrt(2))) */
     DIT_ACT_QUICK_GELU, /* x * sigmoid(1.702 x), CLIP's activation */
 } dit_act;
 
@@ -161,8 +161,8 @@ typedef struct dit_backend_ops {
      * (N, K) becomes (float)((2u - 1) a) with
      * u = (mix(base + (row0 + r) 0x2545f4914f6cdd1d + (col0 + c + 1) gamma)
      * >> 11) 2^-53, stored in dst's dtype. */
-    dit_status (*init_uniform)(dit_backend *be, const dit_tensor *dst, uint64_t base,
-                               int64_t row0, int64_t col0, float a);
+    dit_status (*init_uniform)(dit_backend *be, const dit_tensor *dst, uint64_t base, int64_t row0,
+                               int64_t col0, float a);
 
     /* The message of the last failed op ("linear: cublasLtMatmul: ..."), or
      * "" when there is none. */

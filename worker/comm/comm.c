@@ -1,7 +1,7 @@
 #include "comm/comm.h"
 
-dit_status dit_comm_sendrecv(dit_comm *c, const void *send, size_t send_bytes, int dst,
-                             void *recv, size_t recv_bytes, int src, dit_diag *diag)
+dit_status dit_comm_sendrecv(dit_comm *c, const void *send, size_t send_bytes, int dst, void *recv,
+                             size_t recv_bytes, int src, dit_diag *diag)
 {
     dit_comm_request req;
     dit_status st =

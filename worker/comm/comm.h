@@ -63,8 +63,8 @@ typedef struct dit_comm_ops {
 
     /* recv = concat over ranks r of counts[r] bytes (uneven); this rank
      * sends counts[rank] bytes from send. */
-    dit_status (*all_gather_v)(dit_comm *c, const void *send, void *recv,
-                               const size_t *counts, dit_diag *diag);
+    dit_status (*all_gather_v)(dit_comm *c, const void *send, void *recv, const size_t *counts,
+                               dit_diag *diag);
 
     /* send holds size blocks of `bytes`, block j for rank j; recv receives
      * size blocks, block i from rank i. */
@@ -73,8 +73,8 @@ typedef struct dit_comm_ops {
 
     /* Uneven: send_counts[j] bytes to rank j, recv_counts[i] bytes from
      * rank i, both packed in rank order. */
-    dit_status (*all_to_all_v)(dit_comm *c, const void *send, const size_t *send_counts,
-                               void *recv, const size_t *recv_counts, dit_diag *diag);
+    dit_status (*all_to_all_v)(dit_comm *c, const void *send, const size_t *send_counts, void *recv,
+                               const size_t *recv_counts, dit_diag *diag);
 
     /* Starts sending send_bytes to rank dst while receiving recv_bytes from
      * rank src; the buffers must stay untouched until sendrecv_wait. At most
@@ -117,8 +117,8 @@ static inline int dit_comm_size(const dit_comm *c)
 }
 
 /* Blocking exchange: sendrecv_start then sendrecv_wait. */
-dit_status dit_comm_sendrecv(dit_comm *c, const void *send, size_t send_bytes, int dst,
-                             void *recv, size_t recv_bytes, int src, dit_diag *diag);
+dit_status dit_comm_sendrecv(dit_comm *c, const void *send, size_t send_bytes, int dst, void *recv,
+                             size_t recv_bytes, int src, dit_diag *diag);
 
 /* NULL-safe. Sub-groups must be destroyed before the group they came from. */
 void dit_comm_destroy(dit_comm *c);

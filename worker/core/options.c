@@ -194,8 +194,7 @@ void dit_options_print_help(const dit_options *o, FILE *out)
     bool any_env = false;
     for (size_t i = 0; i < o->n_opts; i++)
         any_env |= o->opts[i].env != NULL;
-    fputs(any_env ? " (one with a [VARIABLE] is also read from it; the flag wins):\n" : ":\n",
-          out);
+    fputs(any_env ? " (one with a [VARIABLE] is also read from it; the flag wins):\n" : ":\n", out);
     dit_options_print_list(o->opts, o->n_opts, out);
     fprintf(out, "  %-*s%s\n", COL - 2, "-h, --help", "show this help");
     if (o->version)

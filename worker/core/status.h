@@ -18,18 +18,18 @@ extern "C" {
 #endif
 
 /* X(name, gRPC-ish meaning shown to users) */
-#define DIT_STATUS_LIST(X)                                             \
-    X(DIT_OK, "ok")                                                    \
-    X(DIT_ERR_INVALID_ARG, "invalid argument")                         \
-    X(DIT_ERR_NOMEM, "out of memory")                                  \
-    X(DIT_ERR_IO, "i/o error")                                         \
-    X(DIT_ERR_FORMAT, "malformed input")                               \
-    X(DIT_ERR_NOT_FOUND, "not found")                                  \
-    X(DIT_ERR_UNSUPPORTED, "unsupported")                              \
-    X(DIT_ERR_TIMEOUT, "timed out")                                    \
-    X(DIT_ERR_PEER, "peer failed")                                     \
-    X(DIT_ERR_CANCELLED, "cancelled")                                  \
-    X(DIT_ERR_DEVICE, "device error")                                  \
+#define DIT_STATUS_LIST(X)                                                                         \
+    X(DIT_OK, "ok")                                                                                \
+    X(DIT_ERR_INVALID_ARG, "invalid argument")                                                     \
+    X(DIT_ERR_NOMEM, "out of memory")                                                              \
+    X(DIT_ERR_IO, "i/o error")                                                                     \
+    X(DIT_ERR_FORMAT, "malformed input")                                                           \
+    X(DIT_ERR_NOT_FOUND, "not found")                                                              \
+    X(DIT_ERR_UNSUPPORTED, "unsupported")                                                          \
+    X(DIT_ERR_TIMEOUT, "timed out")                                                                \
+    X(DIT_ERR_PEER, "peer failed")                                                                 \
+    X(DIT_ERR_CANCELLED, "cancelled")                                                              \
+    X(DIT_ERR_DEVICE, "device error")                                                              \
     X(DIT_ERR_INTERNAL, "internal error")
 
 typedef enum dit_status {
@@ -70,11 +70,11 @@ const char *dit_diag_msg(const dit_diag *d);
 
 /* goto-cleanup helper: evaluate, and on failure jump to `cleanup`. The
  * enclosing function must declare `dit_status st` and a `cleanup:` label. */
-#define DIT_CHECK(expr)            \
-    do {                           \
-        st = (expr);               \
-        if (st != DIT_OK)          \
-            goto cleanup;          \
+#define DIT_CHECK(expr)                                                                            \
+    do {                                                                                           \
+        st = (expr);                                                                               \
+        if (st != DIT_OK)                                                                          \
+            goto cleanup;                                                                          \
     } while (0)
 
 #ifdef __cplusplus

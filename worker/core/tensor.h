@@ -25,13 +25,7 @@ extern "C" {
  * exponent bits with bias 7, 3 mantissa bits, subnormals, no infinities;
  * S.1111.111 is NaN, so the largest finite value is 448. It is a storage
  * dtype: loaders read and convert it, no op computes in it. */
-typedef enum dit_dtype {
-    DIT_F32 = 0,
-    DIT_BF16,
-    DIT_F16,
-    DIT_F8_E4M3,
-    DIT_DTYPE_COUNT
-} dit_dtype;
+typedef enum dit_dtype { DIT_F32 = 0, DIT_BF16, DIT_F16, DIT_F8_E4M3, DIT_DTYPE_COUNT } dit_dtype;
 
 /* Five dims hold a video latent (B, C, F, H, W). Ops defined on fewer dims
  * refuse more with a status. */

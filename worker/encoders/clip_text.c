@@ -195,8 +195,7 @@ dit_status dit_clip_text_load(dit_backend *be, const char *dir, dit_clip_text **
         char ignored[64];
         snprintf(ignored, sizeof ignored, "%sembeddings.position_ids", pre);
         const char *const extra[1] = {ignored};
-        DIT_CHECK(
-            dit_encoder_check_unexpected(set, &list, NULL, extra, 1, "CLIPTextModel", diag));
+        DIT_CHECK(dit_encoder_check_unexpected(set, &list, NULL, extra, 1, "CLIPTextModel", diag));
     }
     *out = m;
     m = NULL;

@@ -290,8 +290,8 @@ static dit_status load_vocab(dit_clip_tokenizer *t, const cJSON *obj, const char
  * concatenation must be in the vocabulary, as tokenizers' BPE builder
  * requires. A later duplicate pair overwrites an earlier one (HashMap). */
 static dit_status add_merge(dit_clip_tokenizer *t, const char *a, size_t la, const char *b,
-                            size_t lb, uint32_t rank, dit_tok_buf *cat, const char *path, const char *where,
-                            size_t index, dit_diag *diag)
+                            size_t lb, uint32_t rank, dit_tok_buf *cat, const char *path,
+                            const char *where, size_t index, dit_diag *diag)
 {
     int32_t ia, ib, m;
     bool has_a = dit_tok_map_get(&t->vocab, a, la, &ia);
@@ -842,8 +842,8 @@ static dit_status load_specials(dit_clip_tokenizer *t, const cJSON *json_added,
         goto cleanup;
     }
     DIT_CHECK(dit_tok_json_load_optional(cfg_path, &cfg, diag));
-    DIT_CHECK(dit_tok_config_max_length(cfg, cfg_path, 2, CLIP_DEFAULT_MAX_LENGTH, &t->max_length,
-                                        diag));
+    DIT_CHECK(
+        dit_tok_config_max_length(cfg, cfg_path, 2, CLIP_DEFAULT_MAX_LENGTH, &t->max_length, diag));
 
     static const char *const defaults[K_COUNT] = {
         "<|startoftext|>", "<|endoftext|>", "<|endoftext|>", NULL, "<|endoftext|>", NULL, NULL};
@@ -1070,8 +1070,7 @@ static dit_status normalize_piece(void *ctx, const char *s, size_t len, const ch
     return st;
 }
 
-static dit_status tokenize_piece(void *ctx, const char *s, size_t len, bool first,
-                                 dit_tok_ids *out)
+static dit_status tokenize_piece(void *ctx, const char *s, size_t len, bool first, dit_tok_ids *out)
 {
     (void)first; /* CLIP's pre-tokenizer does not look at the position */
     scratch *sc = ctx;

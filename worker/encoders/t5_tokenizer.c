@@ -735,8 +735,8 @@ static const char *token_content(const cJSON *v)
     return cJSON_IsString(c) ? c->valuestring : NULL;
 }
 
-static dit_status normalize(const dit_t5_tokenizer *t, const char *s, size_t len, dit_tok_buf *a, dit_tok_buf *b,
-                            dit_tok_buf **res);
+static dit_status normalize(const dit_t5_tokenizer *t, const char *s, size_t len, dit_tok_buf *a,
+                            dit_tok_buf *b, dit_tok_buf **res);
 
 /* tokenizers matches a normalized added token by its normalized content. */
 static dit_status prepare_added(dit_t5_tokenizer *t, dit_diag *diag)
@@ -813,8 +813,8 @@ dit_status dit_t5_tokenizer_load(const char *dir, dit_t5_tokenizer **out, dit_di
     }
     DIT_CHECK(parse_post(t, cJSON_GetObjectItemCaseSensitive(tj, "post_processor"), eos, diag));
 
-    DIT_CHECK(dit_tok_config_max_length(cfg, cfg_path, 1, T5_DEFAULT_MAX_LENGTH, &t->max_length,
-                                        diag));
+    DIT_CHECK(
+        dit_tok_config_max_length(cfg, cfg_path, 1, T5_DEFAULT_MAX_LENGTH, &t->max_length, diag));
     *out = t;
     t = NULL;
 cleanup:
@@ -1013,8 +1013,8 @@ static dit_status norm_strip(const norm_step *ns, const char *s, size_t len, dit
 
 /* Runs the normalizer chain over s[0..len); the result is in *res (one of
  * the two buffers). */
-static dit_status normalize(const dit_t5_tokenizer *t, const char *s, size_t len, dit_tok_buf *a, dit_tok_buf *b,
-                            dit_tok_buf **res)
+static dit_status normalize(const dit_t5_tokenizer *t, const char *s, size_t len, dit_tok_buf *a,
+                            dit_tok_buf *b, dit_tok_buf **res)
 {
     a->n = 0;
     if (!dit_tok_buf_put(a, s, len))
@@ -1049,8 +1049,8 @@ static dit_status normalize(const dit_t5_tokenizer *t, const char *s, size_t len
 /* Applies one pre-tokenizer to every text piece of `in` (strings in
  * `src`), writing the resulting pieces' strings to `dst` and the pieces to
  * `out`. Empty pieces are dropped, as tokenizers does. */
-static dit_status pre_apply(const pre_step *ps, const dit_tok_buf *src, const dit_tok_span_list *in, dit_tok_buf *dst,
-                            dit_tok_span_list *out)
+static dit_status pre_apply(const pre_step *ps, const dit_tok_buf *src, const dit_tok_span_list *in,
+                            dit_tok_buf *dst, dit_tok_span_list *out)
 {
     dst->n = 0;
     out->n = 0;
@@ -1092,7 +1092,8 @@ static dit_status pre_apply(const pre_step *ps, const dit_tok_buf *src, const di
         if (prepend && !dit_tok_buf_put(dst, ps->repl, ps->repl_len))
             return DIT_ERR_NOMEM;
         for (size_t i = 0; i < len; i++) {
-            bool ok = s[i] == ' ' ? dit_tok_buf_put(dst, ps->repl, ps->repl_len) : dit_tok_buf_put(dst, s + i, 1);
+            bool ok = s[i] == ' ' ? dit_tok_buf_put(dst, ps->repl, ps->repl_len)
+                                  : dit_tok_buf_put(dst, s + i, 1);
             if (!ok)
                 return DIT_ERR_NOMEM;
         }
@@ -1236,8 +1237,7 @@ static dit_status normalize_piece(void *ctx, const char *s, size_t len, const ch
 
 /* The pre-tokenizers in turn (pl[0] over pre[0] <- the piece, then back and
  * forth), then Unigram on each resulting piece. */
-static dit_status tokenize_piece(void *ctx, const char *s, size_t len, bool first,
-                                 dit_tok_ids *out)
+static dit_status tokenize_piece(void *ctx, const char *s, size_t len, bool first, dit_tok_ids *out)
 {
     scratch *sc = ctx;
     const dit_t5_tokenizer *t = sc->t;

@@ -331,8 +331,7 @@ void dit_tok_added_free(dit_tok_added_set *set)
 
 dit_status dit_tok_encode_text(const dit_tok_added_set *set, const char *s, size_t len,
                                dit_tok_normalize_fn normalize, dit_tok_model_fn model, void *ctx,
-                               dit_tok_span_list *outer, dit_tok_span_list *inner,
-                               dit_tok_ids *out)
+                               dit_tok_span_list *outer, dit_tok_span_list *inner, dit_tok_ids *out)
 {
     dit_status st = DIT_OK;
     outer->n = 0;

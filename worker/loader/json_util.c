@@ -96,8 +96,8 @@ dit_status dit_json_get_bool(const cJSON *obj, const char *key, const char *path
     return DIT_OK;
 }
 
-dit_status dit_json_get_double(const cJSON *obj, const char *key, const char *path,
-                               bool required, double def, double *out, dit_diag *diag)
+dit_status dit_json_get_double(const cJSON *obj, const char *key, const char *path, bool required,
+                               double def, double *out, dit_diag *diag)
 {
     const cJSON *it = field(obj, key);
     if (!it) {
@@ -112,8 +112,8 @@ dit_status dit_json_get_double(const cJSON *obj, const char *key, const char *pa
     return DIT_OK;
 }
 
-dit_status dit_json_get_int_array(const cJSON *obj, const char *key, const char *path,
-                                  int64_t *out, int cap, int *n, dit_diag *diag)
+dit_status dit_json_get_int_array(const cJSON *obj, const char *key, const char *path, int64_t *out,
+                                  int cap, int *n, dit_diag *diag)
 {
     const cJSON *it = field(obj, key);
     if (!it || !cJSON_IsArray(it))
@@ -137,8 +137,8 @@ dit_status dit_json_get_int_array(const cJSON *obj, const char *key, const char 
     return DIT_OK;
 }
 
-dit_status dit_json_get_string(const cJSON *obj, const char *key, const char *path,
-                               bool required, const char **out, dit_diag *diag)
+dit_status dit_json_get_string(const cJSON *obj, const char *key, const char *path, bool required,
+                               const char **out, dit_diag *diag)
 {
     const cJSON *it = field(obj, key);
     if (!it) {

@@ -27,16 +27,16 @@ dit_status dit_json_get_int(const cJSON *obj, const char *key, const char *path,
 dit_status dit_json_get_bool(const cJSON *obj, const char *key, const char *path, bool required,
                              bool def, bool *out, dit_diag *diag);
 
-dit_status dit_json_get_double(const cJSON *obj, const char *key, const char *path,
-                               bool required, double def, double *out, dit_diag *diag);
+dit_status dit_json_get_double(const cJSON *obj, const char *key, const char *path, bool required,
+                               double def, double *out, dit_diag *diag);
 
 /* Array of integers with at most `cap` elements; *n receives the count. */
-dit_status dit_json_get_int_array(const cJSON *obj, const char *key, const char *path,
-                                  int64_t *out, int cap, int *n, dit_diag *diag);
+dit_status dit_json_get_int_array(const cJSON *obj, const char *key, const char *path, int64_t *out,
+                                  int cap, int *n, dit_diag *diag);
 
 /* String field; the returned pointer lives as long as the tree. NULL with
  * DIT_OK when missing and !required. */
-dit_status dit_json_get_string(const cJSON *obj, const char *key, const char *path,
-                               bool required, const char **out, dit_diag *diag);
+dit_status dit_json_get_string(const cJSON *obj, const char *key, const char *path, bool required,
+                               const char **out, dit_diag *diag);
 
 #endif

@@ -48,8 +48,7 @@ const char *dit_st_file_metadata(const dit_st_file *f, const char *key);
 
 /* Opens `<dir>/<base>.safetensors`, or else `<dir>/<base>.safetensors.index.json`
  * and every shard it names. */
-dit_status dit_st_set_open_dir(const char *dir, const char *base, dit_st_set **out,
-                               dit_diag *diag);
+dit_status dit_st_set_open_dir(const char *dir, const char *base, dit_st_set **out, dit_diag *diag);
 /* Opens a single .safetensors file or an .index.json by path. */
 dit_status dit_st_set_open_path(const char *path, dit_st_set **out, dit_diag *diag);
 void dit_st_set_close(dit_st_set *s);
@@ -83,7 +82,6 @@ typedef struct dit_st_write_item {
     const dit_tensor *tensor;
 } dit_st_write_item;
 
-dit_status dit_st_write(const char *path, const dit_st_write_item *items, size_t n,
-                        dit_diag *diag);
+dit_status dit_st_write(const char *path, const dit_st_write_item *items, size_t n, dit_diag *diag);
 
 #endif

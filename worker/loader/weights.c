@@ -152,7 +152,6 @@ void dit_weight_plan_init(dit_weight_plan *p, dit_dtype mat_dtype)
     p->mat_dtype = mat_dtype;
 }
 
-
 void dit_weight_plan_free(dit_weight_plan *p)
 {
     free(p->items);
@@ -161,7 +160,8 @@ void dit_weight_plan_free(dit_weight_plan *p)
 
 /* Reserves space for a destination tensor; its data pointer holds the byte
  * offset until dit_weight_plan_place() adds the buffer base. */
-void dit_weight_plan_tensor(dit_weight_plan *p, dit_tensor *t, dit_dtype dt, int ndim, int64_t n0, int64_t n1)
+void dit_weight_plan_tensor(dit_weight_plan *p, dit_tensor *t, dit_dtype dt, int ndim, int64_t n0,
+                            int64_t n1)
 {
     int64_t shape[2] = {n0, n1};
     *t = dit_tensor_make(NULL, dt, ndim, shape);
@@ -186,7 +186,8 @@ void dit_weight_plan_place(dit_weight_plan *p, void *base)
         p->tensors[i]->data = (char *)base + (uintptr_t)p->tensors[i]->data;
 }
 
-dit_weight_piece *dit_weight_plan_piece(dit_weight_plan *p, const char *name, int ndim, int64_t s0, int64_t s1)
+dit_weight_piece *dit_weight_plan_piece(dit_weight_plan *p, const char *name, int ndim, int64_t s0,
+                                        int64_t s1)
 {
     if (p->n == p->cap) {
         size_t cap = p->cap ? p->cap * 2 : 512;
@@ -272,8 +273,8 @@ dit_status dit_weight_plan_load(dit_weight_plan *p, dit_backend *be, const dit_s
             shape_str(w->shape, w->ndim, want, sizeof want);
             dit_tensor_shape_str(&e->view, got, sizeof got);
             st = dit_diag_set(diag, DIT_ERR_FORMAT,
-                              "%s: tensor '%s' has shape %s, but config.json implies %s",
-                              e->file, w->name, got, want);
+                              "%s: tensor '%s' has shape %s, but config.json implies %s", e->file,
+                              w->name, got, want);
             goto cleanup;
         }
         if (!w->dst)
@@ -326,7 +327,8 @@ static uint64_t hash_str(const char *s, uint64_t h)
     return h;
 }
 
-dit_status dit_weight_plan_randomize(dit_weight_plan *p, dit_backend *be, uint64_t seed, dit_diag *diag)
+dit_status dit_weight_plan_randomize(dit_weight_plan *p, dit_backend *be, uint64_t seed,
+                                     dit_diag *diag)
 {
     if (p->bad)
         return dit_diag_set(diag, DIT_ERR_INTERNAL, "%s", p->bad_msg);
@@ -390,4 +392,3 @@ cleanup:
     free(host);
     return st;
 }
-

@@ -71,27 +71,27 @@ static void heads_of(int64_t H, int U, int j, int64_t *h0, int64_t *n)
 static dit_status scratch(dit_arena *arena, int64_t n_floats, float **out, dit_diag *diag)
 {
     void *p;
-    dit_status st = dit_arena_bytes(arena, (size_t)(n_floats > 0 ? n_floats : 1) * sizeof(float), &p);
+    dit_status st =
+        dit_arena_bytes(arena, (size_t)(n_floats > 0 ? n_floats : 1) * sizeof(float), &p);
     if (st != DIT_OK)
         return dit_diag_set(diag, st, "context-parallel attention: out of scratch memory");
     *out = p;
     return DIT_OK;
 }
 
-#define TRY(call)                                                                          \
-    do {                                                                                   \
-        st = (call);                                                                       \
-        if (st != DIT_OK) {                                                                \
-            st = dit_diag_set(diag, st, "context-parallel attention: %s failed", #call);   \
-            goto cleanup;                                                                  \
-        }                                                                                  \
+#define TRY(call)                                                                                  \
+    do {                                                                                           \
+        st = (call);                                                                               \
+        if (st != DIT_OK) {                                                                        \
+            st = dit_diag_set(diag, st, "context-parallel attention: %s failed", #call);           \
+            goto cleanup;                                                                          \
+        }                                                                                          \
     } while (0)
 
 /* Local (B, S, H, D) q/k/v -> (B, S_group, H_mine, D) for the whole ulysses
  * group. qkv_full receives three contiguous tensors. */
 static dit_status ulysses_scatter_heads(dit_cp_attention *a, dit_arena *arena,
-                                        const dit_tensor *in[3], dit_tensor full[3],
-                                        dit_diag *diag)
+                                        const dit_tensor *in[3], dit_tensor full[3], dit_diag *diag)
 {
     dit_status st = DIT_OK;
     dit_backend *be = a->be;
@@ -129,7 +129,8 @@ static dit_status ulysses_scatter_heads(dit_cp_attention *a, dit_arena *arena,
             p += B * S_me * hn * D;
         }
     }
-    DIT_CHECK(a->ulysses->ops->all_to_all_v(a->ulysses, send, send_counts, recv, recv_counts, diag));
+    DIT_CHECK(
+        a->ulysses->ops->all_to_all_v(a->ulysses, send, send_counts, recv, recv_counts, diag));
     a->bytes_sent += (uint64_t)((send_total - 3 * B * S_me * h_me * D) * (int64_t)sizeof(float));
     for (int t = 0; t < 3; t++) {
         float *f = NULL;
@@ -185,7 +186,8 @@ static dit_status ulysses_gather_heads(dit_cp_attention *a, dit_arena *arena,
         TRY(be->ops->copy(be, &dst, &src));
         p += B * S[i] * h_me * D;
     }
-    DIT_CHECK(a->ulysses->ops->all_to_all_v(a->ulysses, send, send_counts, recv, recv_counts, diag));
+    DIT_CHECK(
+        a->ulysses->ops->all_to_all_v(a->ulysses, send, send_counts, recv, recv_counts, diag));
     a->bytes_sent += (uint64_t)((send_total - B * S[a->u] * h_me * D) * (int64_t)sizeof(float));
     p = recv;
     for (int j = 0; j < U; j++) {
@@ -205,8 +207,8 @@ cleanup:
 static dit_tensor kv_view(float *buf, int part, int64_t B, int64_t Lmax, int64_t L, int64_t H,
                           int64_t D)
 {
-    dit_tensor t = dit_tensor_4d(buf + (size_t)part * (size_t)(B * Lmax * H * D), DIT_F32, B,
-                                 Lmax, H, D);
+    dit_tensor t =
+        dit_tensor_4d(buf + (size_t)part * (size_t)(B * Lmax * H * D), DIT_F32, B, Lmax, H, D);
     t.ne[1] = L;
     return t;
 }

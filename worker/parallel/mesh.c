@@ -33,10 +33,10 @@ dit_status dit_mesh_create(const dit_parallel_config *pc, dit_comm *world, dit_m
     /* Every split is collective over the world, so every rank makes all
      * four, taking part with color -1 in the ones it does not need. */
     DIT_CHECK(world->ops->split(world, T > 1 ? m->cp_rank : -1, m->tp_rank, &m->tp, diag));
-    DIT_CHECK(world->ops->split(world, U > 1 ? m->ring_rank * T + m->tp_rank : -1,
-                                m->ulysses_rank, &m->ulysses, diag));
-    DIT_CHECK(world->ops->split(world, R > 1 ? m->ulysses_rank * T + m->tp_rank : -1,
-                                m->ring_rank, &m->ring, diag));
+    DIT_CHECK(world->ops->split(world, U > 1 ? m->ring_rank * T + m->tp_rank : -1, m->ulysses_rank,
+                                &m->ulysses, diag));
+    DIT_CHECK(world->ops->split(world, R > 1 ? m->ulysses_rank * T + m->tp_rank : -1, m->ring_rank,
+                                &m->ring, diag));
     DIT_CHECK(world->ops->split(world, R * U > 1 ? m->tp_rank : -1, m->cp_rank, &m->cp, diag));
     *out = m;
     return DIT_OK;

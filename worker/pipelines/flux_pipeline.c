@@ -40,8 +40,7 @@ static double now_ms(void)
 static void flux_pipe_free(void *pv);
 
 static dit_status flux_pipe_load(dit_backend *be, const char *dir, const dit_pipeline_info *info,
-                                 const dit_shard *shard, bool load_vae, void **out,
-                                 dit_diag *diag)
+                                 const dit_shard *shard, bool load_vae, void **out, dit_diag *diag)
 {
     dit_status st = DIT_OK;
     char path[PIPE_PATH + 64];
@@ -128,9 +127,9 @@ static dit_model *flux_pipe_transformer(void *p)
 
 /* CLIP pooled output (pooled_dim) and T5 hidden states (len, d_model) of
  * one prompt, on the host. */
-static dit_status encode_prompt(flux_pipe *p, const char *prompt, const char *prompt_2,
-                                int max_len, float *pooled, float *embeds, bool *truncated,
-                                double *tok_ms, double *enc_ms, dit_diag *diag)
+static dit_status encode_prompt(flux_pipe *p, const char *prompt, const char *prompt_2, int max_len,
+                                float *pooled, float *embeds, bool *truncated, double *tok_ms,
+                                double *enc_ms, dit_diag *diag)
 {
     dit_status st = DIT_OK;
     dit_backend *be = p->be;
@@ -156,8 +155,8 @@ static dit_status encode_prompt(flux_pipe *p, const char *prompt, const char *pr
     *enc_ms += now_ms() - t0;
 
     t0 = now_ms();
-    DIT_CHECK(dit_t5_tokenizer_encode(p->tok2, prompt_2 ? prompt_2 : prompt, ids, max_len, &n,
-                                      &cut, diag));
+    DIT_CHECK(dit_t5_tokenizer_encode(p->tok2, prompt_2 ? prompt_2 : prompt, ids, max_len, &n, &cut,
+                                      diag));
     *truncated = *truncated || cut;
     *tok_ms += now_ms() - t0;
     t0 = now_ms();
@@ -198,9 +197,9 @@ void dit_flux_unpack_latents(const float *packed, int64_t C, int64_t h, int64_t 
 }
 
 static dit_status flux_pipe_generate(void *pv, const dit_pipeline_info *info,
-                                     const dit_denoiser *den, const dit_gen_params *gp,
-                                     bool decode, dit_gen_progress_fn progress,
-                                     void *progress_ctx, dit_gen_result *res, dit_diag *diag)
+                                     const dit_denoiser *den, const dit_gen_params *gp, bool decode,
+                                     dit_gen_progress_fn progress, void *progress_ctx,
+                                     dit_gen_result *res, dit_diag *diag)
 {
     flux_pipe *p = pv;
     dit_status st = DIT_OK;
@@ -257,11 +256,11 @@ static dit_status flux_pipe_generate(void *pv, const dit_pipeline_info *info,
         DIT_CHECK(encode_prompt(p, gp->prompt, gp->prompt_2, max_len, pooled, embeds,
                                 &res->prompt_truncated, &res->tokenize_ms, &res->encode_ms, diag));
         if (cfg)
-            DIT_CHECK(encode_prompt(p, gp->negative_prompt,
-                                    gp->negative_prompt_2 ? gp->negative_prompt_2
-                                                          : gp->negative_prompt,
-                                    max_len, neg_pooled, neg_embeds, &res->prompt_truncated,
-                                    &res->tokenize_ms, &res->encode_ms, diag));
+            DIT_CHECK(
+                encode_prompt(p, gp->negative_prompt,
+                              gp->negative_prompt_2 ? gp->negative_prompt_2 : gp->negative_prompt,
+                              max_len, neg_pooled, neg_embeds, &res->prompt_truncated,
+                              &res->tokenize_ms, &res->encode_ms, diag));
     }
 
     /* Initial latents: the caller's, or torch.randn((1, C, h, w)) from the

@@ -154,10 +154,12 @@ dit_status dit_runner_forward(dit_runner *r, const dit_named_tensors *in, const 
 
     DIT_CHECK(dit_cp_plan_layout(cls->cp_plan, cls->n_cp, r->req.n_seqs, in, C, cp, &lay, diag));
     if (r->mesh)
-        DIT_CHECK(dit_parallel_validate_model(dit_mesh_config(r->mesh), &r->req, lay.seq_len, diag));
+        DIT_CHECK(
+            dit_parallel_validate_model(dit_mesh_config(r->mesh), &r->req, lay.seq_len, diag));
     if (r->cpa)
         DIT_CHECK(dit_cp_attention_set_lengths(r->cpa, lay.attn_len, C, diag));
-    DIT_CHECK(dit_cp_plan_scatter(cls->cp_plan, cls->n_cp, &lay, r->be, r->arena, in, &local, diag));
+    DIT_CHECK(
+        dit_cp_plan_scatter(cls->cp_plan, cls->n_cp, &lay, r->be, r->arena, in, &local, diag));
     {
         dit_tensor shape = dit_cp_plan_local_output_shape(cls->cp_plan, cls->n_cp, &lay, out);
         st = dit_arena_tensor(r->arena, DIT_F32, shape.ndim, shape.ne, &out_local);

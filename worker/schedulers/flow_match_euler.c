@@ -39,7 +39,8 @@ dit_status dit_flow_scheduler_load(const char *path, dit_flow_scheduler *out, di
                           path, cls);
         goto cleanup;
     }
-    DIT_CHECK(dit_json_get_int(root, "num_train_timesteps", path, false, 1000, 1, 1000000, &v, diag));
+    DIT_CHECK(
+        dit_json_get_int(root, "num_train_timesteps", path, false, 1000, 1, 1000000, &v, diag));
     s.num_train_timesteps = (int)v;
     DIT_CHECK(dit_json_get_double(root, "shift", path, false, 1.0, &s.shift, diag));
     DIT_CHECK(dit_json_get_bool(root, "use_dynamic_shifting", path, false, false,
@@ -51,7 +52,8 @@ dit_status dit_flow_scheduler_load(const char *path, dit_flow_scheduler *out, di
     DIT_CHECK(dit_json_get_int(root, "max_image_seq_len", path, false, 4096, 1, INT32_MAX,
                                &s.max_image_seq_len, diag));
     DIT_CHECK(dit_json_get_bool(root, "invert_sigmas", path, false, false, &s.invert_sigmas, diag));
-    DIT_CHECK(dit_json_get_double(root, "shift_terminal", path, false, 0.0, &s.shift_terminal, diag));
+    DIT_CHECK(
+        dit_json_get_double(root, "shift_terminal", path, false, 0.0, &s.shift_terminal, diag));
     DIT_CHECK(dit_json_get_string(root, "time_shift_type", path, false, &shift_type, diag));
     if (shift_type && strcmp(shift_type, "linear") != 0 && strcmp(shift_type, "exponential") != 0) {
         st = dit_diag_set(diag, DIT_ERR_FORMAT, "%s: unknown time_shift_type \"%s\"", path,
@@ -70,8 +72,8 @@ dit_status dit_flow_scheduler_load(const char *path, dit_flow_scheduler *out, di
         }
     }
     if (s.base_image_seq_len == s.max_image_seq_len) {
-        st = dit_diag_set(diag, DIT_ERR_FORMAT,
-                          "%s: base_image_seq_len equals max_image_seq_len", path);
+        st = dit_diag_set(diag, DIT_ERR_FORMAT, "%s: base_image_seq_len equals max_image_seq_len",
+                          path);
         goto cleanup;
     }
     *out = s;
@@ -82,8 +84,8 @@ cleanup:
 
 double dit_flow_scheduler_mu(const dit_flow_scheduler *s, int64_t image_seq_len)
 {
-    const double m = (s->max_shift - s->base_shift) /
-                     (double)(s->max_image_seq_len - s->base_image_seq_len);
+    const double m =
+        (s->max_shift - s->base_shift) / (double)(s->max_image_seq_len - s->base_image_seq_len);
     const double b = s->base_shift - m * (double)s->base_image_seq_len;
     return (double)image_seq_len * m + b;
 }

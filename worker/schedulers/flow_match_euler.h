@@ -25,7 +25,7 @@ typedef struct dit_flow_scheduler {
     double base_shift, max_shift;
     int64_t base_image_seq_len, max_image_seq_len;
     bool invert_sigmas;
-    double shift_terminal; /* 0: off */
+    double shift_terminal;  /* 0: off */
     bool linear_time_shift; /* time_shift_type "linear" instead of "exponential" */
 } dit_flow_scheduler;
 

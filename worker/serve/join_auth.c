@@ -97,7 +97,8 @@ dit_status dit_join_mac(const dit_join_secret *s, const char *role, const uint8_
 bool dit_join_mac_equal(const uint8_t *got, size_t got_len,
                         const unsigned char want[DIT_JOIN_MAC_BYTES])
 {
-    return got && got_len == DIT_JOIN_MAC_BYTES && CRYPTO_memcmp(got, want, DIT_JOIN_MAC_BYTES) == 0;
+    return got && got_len == DIT_JOIN_MAC_BYTES &&
+           CRYPTO_memcmp(got, want, DIT_JOIN_MAC_BYTES) == 0;
 }
 
 void dit_join_host_id(char *buf, size_t n)

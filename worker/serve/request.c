@@ -88,9 +88,10 @@ static dit_status check_tensor(const char *name, const Ditserve__V1__Tensor *t, 
     char shape_text[128] = "(";
     size_t used = 1;
     for (int i = 0; i < ndim && used < sizeof shape_text; i++) {
-        int n = want[i] < 0 ? snprintf(shape_text + used, sizeof shape_text - used, "%sL", i ? ", " : "")
-                            : snprintf(shape_text + used, sizeof shape_text - used, "%s%lld",
-                                       i ? ", " : "", (long long)want[i]);
+        int n = want[i] < 0
+                    ? snprintf(shape_text + used, sizeof shape_text - used, "%sL", i ? ", " : "")
+                    : snprintf(shape_text + used, sizeof shape_text - used, "%s%lld", i ? ", " : "",
+                               (long long)want[i]);
         used += n > 0 ? (size_t)n : 0;
     }
     if (used < sizeof shape_text)
@@ -105,9 +106,8 @@ static dit_status check_tensor(const char *name, const Ditserve__V1__Tensor *t, 
              !__builtin_mul_overflow(numel, d, &numel);
     }
     if (!ok)
-        return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
-                            "%s must have shape %s for this model%s", name, shape_text,
-                            max_any > 0 ? " (L from 1 to 4096)" : "");
+        return dit_diag_set(diag, DIT_ERR_INVALID_ARG, "%s must have shape %s for this model%s",
+                            name, shape_text, max_any > 0 ? " (L from 1 to 4096)" : "");
     size_t bytes;
     if (__builtin_mul_overflow((size_t)numel, dit_dtype_size(dt), &bytes))
         return dit_diag_set(diag, DIT_ERR_INVALID_ARG, "%s: shape %s in %s is too large", name,
@@ -138,7 +138,8 @@ static dit_status check_tensor(const char *name, const Ditserve__V1__Tensor *t, 
         if (!finite)
             return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
                                 "%s holds a NaN or infinity at element %zu; only finite values "
-                                "are accepted", name, i);
+                                "are accepted",
+                                name, i);
     }
     return DIT_OK;
 }
@@ -154,15 +155,18 @@ static void fill_params(const Ditserve__V1__GenerateRequest *req, const dit_pipe
     memset(gp, 0, sizeof *gp);
     gp->prompt = req->prompt ? req->prompt : "";
     gp->prompt_2 = req->prompt_2 && req->prompt_2[0] ? req->prompt_2 : NULL;
-    gp->negative_prompt = req->negative_prompt && req->negative_prompt[0] ? req->negative_prompt : NULL;
+    gp->negative_prompt =
+        req->negative_prompt && req->negative_prompt[0] ? req->negative_prompt : NULL;
     gp->negative_prompt_2 =
         req->negative_prompt_2 && req->negative_prompt_2[0] ? req->negative_prompt_2 : NULL;
     gp->width = req->width ? req->width : info ? info->default_width : 0;
     gp->height = req->height ? req->height : info ? info->default_height : 0;
-    gp->steps = req->num_inference_steps ? req->num_inference_steps : info ? info->default_steps : 0;
+    gp->steps = req->num_inference_steps ? req->num_inference_steps
+                : info                   ? info->default_steps
+                                         : 0;
     gp->guidance_scale = req->guidance_scale ? req->guidance_scale->value
-                         : info                ? info->default_guidance
-                                               : 0.0f;
+                         : info              ? info->default_guidance
+                                             : 0.0f;
     gp->true_cfg_scale = req->true_cfg_scale ? req->true_cfg_scale->value : 1.0f;
     gp->seed = req->seed ? req->seed->value : 0;
     gp->max_sequence_length = req->max_sequence_length;
@@ -189,15 +193,18 @@ dit_status dit_request_validate(const Ditserve__V1__GenerateRequest *req,
 {
     dit_status st;
     const char *names[4] = {"prompt", "prompt_2", "negative_prompt", "negative_prompt_2"};
-    const char *texts[4] = {req->prompt, req->prompt_2, req->negative_prompt, req->negative_prompt_2};
+    const char *texts[4] = {req->prompt, req->prompt_2, req->negative_prompt,
+                            req->negative_prompt_2};
     for (int i = 0; i < 4; i++)
         if ((st = check_text(names[i], texts[i], diag)) != DIT_OK)
             return st;
     /* request_id is echoed in every event: a client's protobuf library
      * refuses a stream whose strings are not UTF-8. */
     if (req->request_id && strlen(req->request_id) > DIT_REQUEST_MAX_ID_BYTES)
-        return dit_diag_set(diag, DIT_ERR_INVALID_ARG, "request_id is %zu bytes; at most %d are "
-                            "accepted", strlen(req->request_id), DIT_REQUEST_MAX_ID_BYTES);
+        return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
+                            "request_id is %zu bytes; at most %d are "
+                            "accepted",
+                            strlen(req->request_id), DIT_REQUEST_MAX_ID_BYTES);
     if (req->request_id && !valid_utf8(req->request_id, strlen(req->request_id)))
         return dit_diag_set(diag, DIT_ERR_INVALID_ARG, "request_id is not valid UTF-8");
     if (req->output_format != DITSERVE__V1__OUTPUT_FORMAT__OUTPUT_FORMAT_UNSPECIFIED &&
@@ -216,7 +223,8 @@ dit_status dit_request_validate(const Ditserve__V1__GenerateRequest *req,
     }
     if (req->pooled_prompt_embeds) {
         const int64_t s[2] = {1, fc->pooled_projection_dim};
-        if ((st = check_tensor("pooled_prompt_embeds", req->pooled_prompt_embeds, 2, s, 0, diag)) != DIT_OK)
+        if ((st = check_tensor("pooled_prompt_embeds", req->pooled_prompt_embeds, 2, s, 0, diag)) !=
+            DIT_OK)
             return st;
     }
     if (req->negative_prompt_embeds) {
@@ -237,8 +245,7 @@ dit_status dit_request_validate(const Ditserve__V1__GenerateRequest *req,
         return st;
     if (req->latents) {
         const int mult = info->size_multiple;
-        const int64_t s[3] = {1, (int64_t)(gp.height / mult) * (gp.width / mult),
-                              info->latent_dim};
+        const int64_t s[3] = {1, (int64_t)(gp.height / mult) * (gp.width / mult), info->latent_dim};
         if ((st = check_tensor("latents", req->latents, 3, s, 0, diag)) != DIT_OK)
             return st;
     }
@@ -311,7 +318,8 @@ dit_status dit_request_resolve(const Ditserve__V1__GenerateRequest *req,
     DIT_CHECK(to_f32(req->prompt_embeds, &out->prompt_embeds, diag));
     DIT_CHECK(to_f32(req->pooled_prompt_embeds, &out->pooled_prompt_embeds, diag));
     DIT_CHECK(to_f32(req->negative_prompt_embeds, &out->negative_prompt_embeds, diag));
-    DIT_CHECK(to_f32(req->negative_pooled_prompt_embeds, &out->negative_pooled_prompt_embeds, diag));
+    DIT_CHECK(
+        to_f32(req->negative_pooled_prompt_embeds, &out->negative_pooled_prompt_embeds, diag));
     DIT_CHECK(to_f32(req->latents, &out->latents, diag));
     out->gp.prompt_embeds = out->prompt_embeds;
     out->gp.pooled_prompt_embeds = out->pooled_prompt_embeds;
@@ -378,8 +386,9 @@ static dit_status check_strings(const ProtobufCMessageDescriptor *desc, const ui
             if (!read_varint(&p, end, &n) || n > (uint64_t)(end - p))
                 return DIT_OK;
             const ProtobufCFieldDescriptor *f =
-                key >> 3 <= UINT32_MAX ? protobuf_c_message_descriptor_get_field(desc, (unsigned)(key >> 3))
-                                       : NULL;
+                key >> 3 <= UINT32_MAX
+                    ? protobuf_c_message_descriptor_get_field(desc, (unsigned)(key >> 3))
+                    : NULL;
             if (f && f->type == PROTOBUF_C_TYPE_STRING && memchr(p, 0, (size_t)n))
                 return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
                                     "%s holds a NUL byte; strings may not contain NUL", f->name);

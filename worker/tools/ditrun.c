@@ -121,79 +121,127 @@ static int set_true_cfg(void *target, const char *val, char *err, size_t cap)
 }
 
 #define ROFF(f) offsetof(raw_args, f)
-#define R_STR(name, sh, arg, help, f) {name, sh, DIT_OPT_STRING, NULL, arg, help, NULL, ROFF(f), 0, 0, NULL, false}
-#define R_INT(name, sh, def, arg, help, f, lo, hi) \
-    {name, sh, DIT_OPT_INT, def, arg, help, NULL, ROFF(f), lo, hi, NULL, false}
-#define R_FLAG(name, sh, help, f) {name, sh, DIT_OPT_FLAG, NULL, NULL, help, NULL, ROFF(f), 0, 0, NULL, false}
+#define R_STR(name, sh, arg, help, f)                                                              \
+    {                                                                                              \
+        name, sh, DIT_OPT_STRING, NULL, arg, help, NULL, ROFF(f), 0, 0, NULL, false                \
+    }
+#define R_INT(name, sh, def, arg, help, f, lo, hi)                                                 \
+    {                                                                                              \
+        name, sh, DIT_OPT_INT, def, arg, help, NULL, ROFF(f), lo, hi, NULL, false                  \
+    }
+#define R_FLAG(name, sh, help, f)                                                                  \
+    {                                                                                              \
+        name, sh, DIT_OPT_FLAG, NULL, NULL, help, NULL, ROFF(f), 0, 0, NULL, false                 \
+    }
 
 /* Sizes, steps and the T5 length are only "integers" here (-1000000 to
  * 1000000), degrees likewise (-1000 to 1000): the pipeline and the layout
  * check their ranges, with messages that explain the rule. */
-#define COMMON_OPTS(model_help, output_help)                                                                  \
-    R_STR("model", 'm', "DIR", model_help, model),                                               \
-    R_STR("output", 'o', "FILE", output_help, output),                                   \
-    {"backend", 'b', DIT_OPT_STRING, "cpu", "cpu|cuda", "compute backend", NULL, ROFF(backend), \
-     0, 0, NULL, false},                                                                         \
-    R_INT("threads", 't', NULL, "N", "cpu threads per rank (default: online cores / world size)", \
-          threads, 1, 4096),                                                                     \
-    R_FLAG("quiet", 'q', "print nothing on success", quiet)
+#define COMMON_OPTS(model_help, output_help)                                                       \
+    R_STR("model", 'm', "DIR", model_help, model),                                                 \
+        R_STR("output", 'o', "FILE", output_help, output), {"backend",                             \
+                                                            'b',                                   \
+                                                            DIT_OPT_STRING,                        \
+                                                            "cpu",                                 \
+                                                            "cpu|cuda",                            \
+                                                            "compute backend",                     \
+                                                            NULL,                                  \
+                                                            ROFF(backend),                         \
+                                                            0,                                     \
+                                                            0,                                     \
+                                                            NULL,                                  \
+                                                            false},                                \
+        R_INT("threads", 't', NULL, "N",                                                           \
+              "cpu threads per rank (default: online cores / world size)", threads, 1, 4096),      \
+        R_FLAG("quiet", 'q', "print nothing on success", quiet)
 
-#define PARALLEL_OPTS                                                                            \
-    R_INT("world-size", 0, "1", "N", "number of rank processes", world, 1, DIT_SHM_MAX_RANKS),   \
-    R_INT("ring", 0, "1", "R", "ring_degree: ring attention over R sequence chunks", ring,       \
-          -1000, 1000),                                                                          \
-    R_INT("ulysses", 0, "1", "U", "ulysses_degree: all-to-all between sequence and heads",       \
-          ulysses, -1000, 1000),                                                                 \
-    R_INT("tp", 0, "1", "T", "tp_degree: tensor parallelism over heads and MLP columns", tp,     \
-          -1000, 1000),                                                                          \
-    R_FLAG("ulysses-anything", 0, "uneven sequence chunks and heads not divisible by U (R = 1)", \
-           uany),                                                                                \
-    R_FLAG("ring-anything", 0, "uneven sequence chunks (U = 1)", rany),                          \
-    R_FLAG("unified-anything", 0, "uneven chunks and heads with R > 1 and U > 1", unany),        \
-    R_FLAG("no-fp32-merge", 0,                                                                   \
-           "convert_to_fp32=False: merge ring partials in the activation dtype (the cpu "        \
-           "backend computes in f32 either way)", nofp32),                                       \
-    R_INT("comm-timeout", 0, "60", "S", "seconds a rank waits for its peers before failing",     \
-          comm_timeout, 1, 86400),                                                               \
-    /* Set by the launcher for the rank processes it starts. */                                  \
-    {"mesh-rank", 0, DIT_OPT_INT, "-1", "R", "this process's rank", NULL, ROFF(mesh_rank), -1,  \
-     DIT_SHM_MAX_RANKS - 1, NULL, true},                                                         \
-    {"mesh-shm", 0, DIT_OPT_STRING, NULL, "NAME", "the mesh's segment", NULL, ROFF(mesh_shm), 0, \
-     0, NULL, true}
+#define PARALLEL_OPTS                                                                              \
+    R_INT("world-size", 0, "1", "N", "number of rank processes", world, 1, DIT_SHM_MAX_RANKS),     \
+        R_INT("ring", 0, "1", "R", "ring_degree: ring attention over R sequence chunks", ring,     \
+              -1000, 1000),                                                                        \
+        R_INT("ulysses", 0, "1", "U", "ulysses_degree: all-to-all between sequence and heads",     \
+              ulysses, -1000, 1000),                                                               \
+        R_INT("tp", 0, "1", "T", "tp_degree: tensor parallelism over heads and MLP columns", tp,   \
+              -1000, 1000),                                                                        \
+        R_FLAG("ulysses-anything", 0,                                                              \
+               "uneven sequence chunks and heads not divisible by U (R = 1)", uany),               \
+        R_FLAG("ring-anything", 0, "uneven sequence chunks (U = 1)", rany),                        \
+        R_FLAG("unified-anything", 0, "uneven chunks and heads with R > 1 and U > 1", unany),      \
+        R_FLAG("no-fp32-merge", 0,                                                                 \
+               "convert_to_fp32=False: merge ring partials in the activation dtype (the cpu "      \
+               "backend computes in f32 either way)",                                              \
+               nofp32),                                                                            \
+        R_INT("comm-timeout", 0, "60", "S", "seconds a rank waits for its peers before failing",   \
+              comm_timeout, 1, 86400), /* Set by the launcher for the rank processes it starts. */ \
+        {"mesh-rank",     0,  DIT_OPT_INT,           "-1", "R", "this process's rank", NULL,       \
+         ROFF(mesh_rank), -1, DIT_SHM_MAX_RANKS - 1, NULL, true},                                  \
+    {                                                                                              \
+        "mesh-shm", 0, DIT_OPT_STRING, NULL, "NAME", "the mesh's segment", NULL, ROFF(mesh_shm),   \
+            0, 0, NULL, true                                                                       \
+    }
 
-#define FORWARD_OPTS                                                                             \
-    R_STR("inputs", 'i', "FILE", "safetensors with the forward arguments (see above)", inputs),  \
-    R_INT("repeat", 'r', "1", "N", "run the forward N times and report the fastest", repeat, 1,  \
-          100000),                                                                               \
-    R_STR("compare", 'c', "FILE",                                                                \
-          "also compare 'sample' with the tensor of that name in FILE (e.g. diffusers' output) " \
-          "and print the difference", compare)
+#define FORWARD_OPTS                                                                               \
+    R_STR("inputs", 'i', "FILE", "safetensors with the forward arguments (see above)", inputs),    \
+        R_INT("repeat", 'r', "1", "N", "run the forward N times and report the fastest", repeat,   \
+              1, 100000),                                                                          \
+        R_STR(                                                                                     \
+            "compare", 'c', "FILE",                                                                \
+            "also compare 'sample' with the tensor of that name in FILE (e.g. diffusers' output) " \
+            "and print the difference",                                                            \
+            compare)
 
-#define GENERATE_OPTS                                                                            \
-    R_STR("prompt", 0, "TEXT", "the prompt (CLIP, and T5 unless --prompt-2); may be empty",     \
-          prompt),                                                                               \
-    R_STR("prompt-2", 0, "TEXT", "a different prompt for T5", prompt_2),                         \
-    R_STR("negative-prompt", 0, "TEXT",                                                          \
-          "with --true-cfg above 1: true classifier-free guidance (two transformer passes per "  \
-          "step; either one alone has no effect, and ditrun warns)", neg),                       \
-    R_STR("negative-prompt-2", 0, "TEXT", "a different negative prompt for T5", neg_2),          \
-    R_INT("width", 0, "1024", "W", "pixels, a multiple of 16 for FLUX's VAE", width, -1000000, 1000000),   \
-    R_INT("height", 0, "1024", "H", "pixels, a multiple of 16 for FLUX's VAE", height, -1000000, 1000000), \
-    R_INT("steps", 0, "28", "N", "denoising steps, 1 to 1000", steps, -1000000, 1000000),                  \
-    {"guidance", 0, DIT_OPT_CUSTOM, "3.5", "G",                                                  \
-     "distilled guidance scale for guidance-embedding models", NULL, 0, 0, 0, set_guidance,     \
-     false},                                                                                     \
-    {"true-cfg", 0, DIT_OPT_CUSTOM, "1", "S", "true CFG scale (1: off)", NULL, 0, 0, 0,          \
-     set_true_cfg, false},                                                                       \
-    {"seed", 0, DIT_OPT_CUSTOM, "0", "N",                                                        \
-     "noise seed; the same seed gives the same noise as torch.Generator('cpu').manual_seed(N) " \
-     "in diffusers", NULL, 0, 0, 0, set_seed, false},                                            \
-    R_INT("max-sequence-length", 0, "512", "N", "T5 tokens, 1 to 512", max_seq, -1000000, 1000000),        \
-    R_STR("latents", 0, "FILE",                                                                  \
-          "initial packed latents (tensor 'latents', (1, tokens, 4C)) instead of noise from the " \
-          "seed", latents),                                                              \
-    R_STR("output-latents", 0, "FILE", "also write the final latents (tensor 'latents')",       \
-          output_latents)
+#define GENERATE_OPTS                                                                              \
+    R_STR("prompt", 0, "TEXT", "the prompt (CLIP, and T5 unless --prompt-2); may be empty",        \
+          prompt),                                                                                 \
+        R_STR("prompt-2", 0, "TEXT", "a different prompt for T5", prompt_2),                       \
+        R_STR(                                                                                     \
+            "negative-prompt", 0, "TEXT",                                                          \
+            "with --true-cfg above 1: true classifier-free guidance (two transformer passes per "  \
+            "step; either one alone has no effect, and ditrun warns)",                             \
+            neg),                                                                                  \
+        R_STR("negative-prompt-2", 0, "TEXT", "a different negative prompt for T5", neg_2),        \
+        R_INT("width", 0, "1024", "W", "pixels, a multiple of 16 for FLUX's VAE", width, -1000000, \
+              1000000),                                                                            \
+        R_INT("height", 0, "1024", "H", "pixels, a multiple of 16 for FLUX's VAE", height,         \
+              -1000000, 1000000),                                                                  \
+        R_INT("steps", 0, "28", "N", "denoising steps, 1 to 1000", steps, -1000000, 1000000),      \
+        {"guidance",                                                                               \
+         0,                                                                                        \
+         DIT_OPT_CUSTOM,                                                                           \
+         "3.5",                                                                                    \
+         "G",                                                                                      \
+         "distilled guidance scale for guidance-embedding models",                                 \
+         NULL,                                                                                     \
+         0,                                                                                        \
+         0,                                                                                        \
+         0,                                                                                        \
+         set_guidance,                                                                             \
+         false},                                                                                   \
+        {"true-cfg", 0, DIT_OPT_CUSTOM, "1",  "S", "true CFG scale (1: off)", NULL, 0,             \
+         0,          0, set_true_cfg,   false},                                                    \
+        {"seed",                                                                                   \
+         0,                                                                                        \
+         DIT_OPT_CUSTOM,                                                                           \
+         "0",                                                                                      \
+         "N",                                                                                      \
+         "noise seed; the same seed gives the same noise as "                                      \
+         "torch.Generator('cpu').manual_seed(N) "                                                  \
+         "in diffusers",                                                                           \
+         NULL,                                                                                     \
+         0,                                                                                        \
+         0,                                                                                        \
+         0,                                                                                        \
+         set_seed,                                                                                 \
+         false},                                                                                   \
+        R_INT("max-sequence-length", 0, "512", "N", "T5 tokens, 1 to 512", max_seq, -1000000,      \
+              1000000),                                                                            \
+        R_STR("latents", 0, "FILE",                                                                \
+              "initial packed latents (tensor 'latents', (1, tokens, 4C)) instead of noise from "  \
+              "the "                                                                               \
+              "seed",                                                                              \
+              latents),                                                                            \
+        R_STR("output-latents", 0, "FILE", "also write the final latents (tensor 'latents')",      \
+              output_latents)
 
 static const dit_option forward_opts[] = {
     COMMON_OPTS("a diffusers transformer folder: config.json and "

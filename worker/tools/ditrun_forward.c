@@ -21,8 +21,8 @@ static void print_stats(const char *name, const float *p, size_t n)
         mx = p[i] > mx ? p[i] : mx;
     }
     double mean = n ? sum / (double)n : 0, var = n ? sq / (double)n - mean * mean : 0;
-    printf("%s: mean %.6f, std %.6f, min %.6f, max %.6f\n", name, mean, sqrt(var > 0 ? var : 0),
-           mn, mx);
+    printf("%s: mean %.6f, std %.6f, min %.6f, max %.6f\n", name, mean, sqrt(var > 0 ? var : 0), mn,
+           mx);
 }
 
 /* Prints max |ours - ref| and that relative to max |ref| for `sample`. */
@@ -122,7 +122,8 @@ int ditrun_forward_rank(const ditrun_args *a, int rank)
         dit_model_summary sum = cls->summary(cfg);
         printf("model: %s (%s, %d heads x %d, %.1f MiB of weights%s, loaded in %.0f ms)\n",
                a->model, sum.blocks, sum.num_heads, sum.head_dim,
-               (double)cls->weight_bytes(model->impl) / 1048576.0, multi ? " on rank 0" : "", t_load);
+               (double)cls->weight_bytes(model->impl) / 1048576.0, multi ? " on rank 0" : "",
+               t_load);
         if (multi)
             printf("mesh: %d ranks = ring %d x ulysses %d x tp %d%s; rank 0 sent %.3f MiB "
                    "(attention) + %.3f MiB (output gather), all-reduced %.3f MiB per forward\n",
@@ -144,8 +145,8 @@ int ditrun_forward_rank(const ditrun_args *a, int rank)
             snprintf(seqs + strlen(seqs), sizeof seqs - strlen(seqs), "%s%lld %s",
                      i == req.n_seqs - 1 ? "" : " + ", (long long)lens[i], req.seq_names[i]);
         printf("forward: batch %lld, %s, %s backend: %.2f ms (%.3f GFLOP, %.1f GFLOP/s)%s\n",
-               (long long)host_sample.ne[0], seqs, be->ops->name, best, gflop,
-               gflop / (best / 1e3), a->repeat > 1 ? ", best of repeats" : "");
+               (long long)host_sample.ne[0], seqs, be->ops->name, best, gflop, gflop / (best / 1e3),
+               a->repeat > 1 ? ", best of repeats" : "");
         printf("activation memory: %.2f MiB%s\n", (double)rs.activation_bytes / 1048576.0,
                multi ? " on rank 0" : "");
         char shape[96];

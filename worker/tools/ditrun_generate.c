@@ -46,7 +46,8 @@ static dit_status read_latents(const char *path, int64_t tokens, int64_t dim, fl
         st = dit_diag_set(diag, DIT_ERR_INVALID_ARG, "%s: no tensor named 'latents'", path);
         goto cleanup;
     }
-    if (e->view.ndim != 3 || e->view.ne[0] != 1 || e->view.ne[1] != tokens || e->view.ne[2] != dim) {
+    if (e->view.ndim != 3 || e->view.ne[0] != 1 || e->view.ne[1] != tokens ||
+        e->view.ne[2] != dim) {
         char got[64];
         dit_tensor_shape_str(&e->view, got, sizeof got);
         st = dit_diag_set(diag, DIT_ERR_INVALID_ARG,
@@ -136,8 +137,8 @@ int ditrun_generate_rank(const ditrun_args *a, int rank)
                "ms per step), VAE decode %.1f ms, PNG %.1f ms\n",
                res.tokenize_ms, res.encode_ms, res.denoise_ms, res.step_ms_min, res.step_ms_max,
                res.vae_ms, t_png);
-        printf("wrote %s (%zu bytes)%s%s\n", a->output, png_len,
-               a->output_latents ? " and " : "", a->output_latents ? a->output_latents : "");
+        printf("wrote %s (%zu bytes)%s%s\n", a->output, png_len, a->output_latents ? " and " : "",
+               a->output_latents ? a->output_latents : "");
     }
 cleanup:
     if (st != DIT_OK) {

@@ -164,7 +164,8 @@ static dit_status on_step(void *ctx, int step, int total, double elapsed_ms)
         Ditserve__Ipc__Envelope *in = NULL;
         int got;
         while ((got = dit_ipc_poll_fd(w->fd, &w->reader, &in)) == 1) {
-            if (in->msg_case == DITSERVE__IPC__ENVELOPE__MSG_CANCEL && in->cancel->job_id == w->job_id)
+            if (in->msg_case == DITSERVE__IPC__ENVELOPE__MSG_CANCEL &&
+                in->cancel->job_id == w->job_id)
                 w->cancel_seen = true;
             /* Shutdown mid-job: stop at this step, then exit. */
             if (in->msg_case == DITSERVE__IPC__ENVELOPE__MSG_SHUTDOWN)
@@ -178,7 +179,8 @@ static dit_status on_step(void *ctx, int step, int total, double elapsed_ms)
     if (w->world && dit_comm_size(w->world) > 1) {
         /* Through backend memory, so that a device-side comm can send it. */
         float f = (float)stop;
-        dit_tensor host = dit_tensor_1d(&f, DIT_F32, 1), dev = dit_tensor_1d(w->flag_buf, DIT_F32, 1);
+        dit_tensor host = dit_tensor_1d(&f, DIT_F32, 1),
+                   dev = dit_tensor_1d(w->flag_buf, DIT_F32, 1);
         dit_status st = w->be->ops->upload(w->be, &dev, &host);
         if (st == DIT_OK)
             st = w->world->ops->broadcast(w->world, w->flag_buf, sizeof(float), 0, &diag);
@@ -370,7 +372,8 @@ static dit_status setup(worker *w, const Ditserve__Ipc__Setup *s, dit_diag *diag
     }
     if ((st = dit_backend_alloc(w->be, sizeof(float), &w->flag_buf)) != DIT_OK)
         return dit_diag_set(diag, st, "out of device memory");
-    dit_shard shard = {.tp_degree = pc.tp_degree, .tp_rank = w->mesh ? dit_mesh_tp_rank(w->mesh) : 0};
+    dit_shard shard = {.tp_degree = pc.tp_degree,
+                       .tp_rank = w->mesh ? dit_mesh_tp_rank(w->mesh) : 0};
     if ((st = dit_pipeline_load(w->be, model, &shard, w->rank == 0, &w->pipe, diag)) != DIT_OK)
         return st;
     return dit_runner_create(w->be, dit_pipeline_transformer(w->pipe), w->mesh, &w->runner, diag);
@@ -511,7 +514,8 @@ static int run_local(const char *path, int rank)
     strcpy(addr.sun_path, path);
     w.fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (w.fd < 0 || connect(w.fd, (struct sockaddr *)&addr, sizeof addr) != 0) {
-        fprintf(stderr, "ditworker rank %d: cannot connect to %s: %s\n", w.rank, path, strerror(errno));
+        fprintf(stderr, "ditworker rank %d: cannot connect to %s: %s\n", w.rank, path,
+                strerror(errno));
         goto cleanup;
     }
     Ditserve__Ipc__Hello hello = DITSERVE__IPC__HELLO__INIT;
@@ -624,7 +628,8 @@ static int handshake(worker *w, const dit_join_secret *secret, char *msg, size_t
     ditserve__ipc__envelope__free_unpacked(in, NULL);
     in = NULL;
     if (dit_join_nonce(mine, &diag) != DIT_OK ||
-        dit_join_mac(secret, "worker", theirs, sizeof theirs, mine, sizeof mine, mac, &diag) != DIT_OK) {
+        dit_join_mac(secret, "worker", theirs, sizeof theirs, mine, sizeof mine, mac, &diag) !=
+            DIT_OK) {
         snprintf(msg, msgn, "%s", dit_diag_msg(&diag));
         goto out;
     }
@@ -656,7 +661,8 @@ static int handshake(worker *w, const dit_join_secret *secret, char *msg, size_t
         goto out;
     }
     if (in->msg_case != DITSERVE__IPC__ENVELOPE__MSG_ACCEPT ||
-        dit_join_mac(secret, "daemon", mine, sizeof mine, theirs, sizeof theirs, mac, &diag) != DIT_OK ||
+        dit_join_mac(secret, "daemon", mine, sizeof mine, theirs, sizeof theirs, mac, &diag) !=
+            DIT_OK ||
         !dit_join_mac_equal(in->accept->mac.data, in->accept->mac.len, mac)) {
         snprintf(msg, msgn, "the daemon could not prove it holds the secret");
         rc = JOIN_REFUSED;
@@ -758,7 +764,8 @@ static const dit_option worker_opts[] = {
      0, 0, NULL, false},
     {"rank", 0, DIT_OPT_CUSTOM, NULL, "R",
      "with --connect: this worker's rank; with --join: ask for this remote rank (default: any "
-     "free one)", NULL, 0, 0, 0, set_rank, false},
+     "free one)",
+     NULL, 0, 0, 0, set_rank, false},
     {"join", 0, DIT_OPT_STRING, NULL, "HOST:PORT", "the daemon's join address", "DITWORKER_JOIN",
      WOFF(join), 0, 0, NULL, false},
     {"secret-file", 0, DIT_OPT_STRING, NULL, "FILE",
@@ -778,7 +785,9 @@ static const dit_option worker_opts[] = {
 int main(int argc, char **argv)
 {
     worker_args wa = {0};
-    const dit_options table = {.prog = "ditworker", .usage = usage, .epilog = epilog,
+    const dit_options table = {.prog = "ditworker",
+                               .usage = usage,
+                               .epilog = epilog,
                                .opts = worker_opts,
                                .n_opts = sizeof worker_opts / sizeof worker_opts[0]};
     const int prc = dit_options_parse(&table, &wa, argc, argv, NULL);
@@ -806,7 +815,8 @@ int main(int argc, char **argv)
         return run_local(path, (int)rank);
     }
     if (!jo.address) {
-        fprintf(stderr, "ditworker: --connect SOCKET or --join HOST:PORT is required (see --help)\n");
+        fprintf(stderr,
+                "ditworker: --connect SOCKET or --join HOST:PORT is required (see --help)\n");
         return 2;
     }
     if (!jo.secret_file) {

@@ -79,8 +79,8 @@ static dit_status attention_core(dit_backend *be, const dit_tensor *out, const d
             const int64_t b = task / (n_qblk * H);
             const int64_t q0 = qb * bq_max;
             const int64_t bq = Sq - q0 < bq_max ? Sq - q0 : bq_max;
-            const float *qp = (const float *)((const char *)q->data + b * q->nb[0] +
-                                              q0 * q->nb[1] + h * q->nb[2]);
+            const float *qp = (const float *)((const char *)q->data + b * q->nb[0] + q0 * q->nb[1] +
+                                              h * q->nb[2]);
             const float *kp = (const float *)((const char *)k->data + b * k->nb[0] + h * k->nb[2]);
             const float *vp = (const float *)((const char *)v->data + b * v->nb[0] + h * v->nb[2]);
 
@@ -95,8 +95,8 @@ static dit_status attention_core(dit_backend *be, const dit_tensor *out, const d
             for (int64_t k0 = 0; k0 < kv_end; k0 += ATTN_BK) {
                 const int64_t bk = kv_end - k0 < ATTN_BK ? kv_end - k0 : ATTN_BK;
                 /* S = scale * Q K^T  (bq x bk) */
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)bq, (int)bk, (int)D, scale,
-                            qp, (int)ldq, kp + k0 * ldk, (int)ldk, 0.0f, s_blk, (int)bk);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)bq, (int)bk, (int)D,
+                            scale, qp, (int)ldq, kp + k0 * ldk, (int)ldk, 0.0f, s_blk, (int)bk);
                 if (biasp || causal) {
                     for (int64_t i = 0; i < bq; i++) {
                         float *srow = s_blk + i * bk;
@@ -134,12 +134,12 @@ static dit_status attention_core(dit_backend *be, const dit_tensor *out, const d
                     }
                 }
                 /* O += P V  (bq x D) */
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)bq, (int)D, (int)bk, 1.0f,
-                            s_blk, (int)bk, vp + k0 * ldv, (int)ldv, 1.0f, o_acc, (int)D);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)bq, (int)D, (int)bk,
+                            1.0f, s_blk, (int)bk, vp + k0 * ldv, (int)ldv, 1.0f, o_acc, (int)D);
             }
 
-            float *op = (float *)((char *)out->data + b * out->nb[0] + q0 * out->nb[1] +
-                                  h * out->nb[2]);
+            float *op =
+                (float *)((char *)out->data + b * out->nb[0] + q0 * out->nb[1] + h * out->nb[2]);
             for (int64_t i = 0; i < bq; i++) {
                 /* Skv == 0: the softmax is empty; out = 0 and lse = -inf so a
                  * later merge ignores this partial result. */
@@ -188,7 +188,7 @@ dit_status dit_cpu_lse_merge(dit_backend *be, const dit_tensor *out, const dit_t
             return DIT_ERR_INVALID_ARG;
     float *la = lse->data;
     const float *lb = lse_b->data;
-#pragma omp parallel for num_threads(B * S * H * D < 16384 ? 1 : dit_cpu_threads(be)) schedule(static)
+#pragma omp parallel for num_threads(B *S *H *D < 16384 ? 1 : dit_cpu_threads(be)) schedule(static)
     for (int64_t r = 0; r < B * S * H; r++) {
         const int64_t h = r % H, s = (r / H) % S, b = r / (H * S);
         const int64_t li = (b * H + h) * S + s;
@@ -196,9 +196,8 @@ dit_status dit_cpu_lse_merge(dit_backend *be, const dit_tensor *out, const dit_t
         if (c == -INFINITY)
             continue; /* nothing to merge in */
         float *o = (float *)((char *)out->data + b * out->nb[0] + s * out->nb[1] + h * out->nb[2]);
-        const float *ob =
-            (const float *)((const char *)out_b->data + b * out_b->nb[0] + s * out_b->nb[1] +
-                            h * out_b->nb[2]);
+        const float *ob = (const float *)((const char *)out_b->data + b * out_b->nb[0] +
+                                          s * out_b->nb[1] + h * out_b->nb[2]);
         if (a == -INFINITY) {
             memcpy(o, ob, sizeof(float) * (size_t)D);
             la[li] = c;

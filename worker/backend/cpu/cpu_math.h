@@ -74,8 +74,9 @@ static inline float dit_erff(float x)
 {
     float ax = x < 0 ? -x : x;
     float t = 1.0f / (1.0f + 0.3275911f * ax);
-    float poly = t * (0.254829592f +
-                      t * (-0.284496736f + t * (1.421413741f + t * (-1.453152027f + t * 1.061405429f))));
+    float poly =
+        t * (0.254829592f +
+             t * (-0.284496736f + t * (1.421413741f + t * (-1.453152027f + t * 1.061405429f))));
     float y = 1.0f - poly * dit_expf(-ax * ax);
     return x < 0 ? -y : y;
 }

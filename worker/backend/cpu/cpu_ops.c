@@ -106,21 +106,19 @@ dit_status dit_cpu_linear(dit_backend *be, const dit_tensor *y, const dit_tensor
         }
     } else if (fold) {
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)(B * M), (int)N, (int)K, 1.0f,
-                    (const float *)x->data, (int)lda, wp, (int)K, beta, (float *)y->data,
-                    (int)ldy);
+                    (const float *)x->data, (int)lda, wp, (int)K, beta, (float *)y->data, (int)ldy);
     } else {
         for (int64_t b = 0; b < B; b++)
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)N, (int)K, 1.0f,
-                        (const float *)((const char *)x->data + b * x->nb[0]), (int)lda, wp,
-                        (int)K, beta,
-                        (float *)((char *)y->data + b * y->nb[0]), (int)ldy);
+                        (const float *)((const char *)x->data + b * x->nb[0]), (int)lda, wp, (int)K,
+                        beta, (float *)((char *)y->data + b * y->nb[0]), (int)ldy);
     }
     if (!bias && act == DIT_ACT_NONE)
         return DIT_OK;
 
     const float *bp = bias ? bias->data : NULL;
     const int64_t rows = B * M;
-#pragma omp parallel for num_threads(threads_for(be, rows * N)) schedule(static)
+#pragma omp parallel for num_threads(threads_for(be, rows *N)) schedule(static)
     for (int64_t r = 0; r < rows; r++) {
         float *yr = row_ptr(y, r);
         if (bp) {
@@ -138,7 +136,7 @@ dit_status dit_cpu_activate(dit_backend *be, const dit_tensor *y, const dit_tens
     if (!is_f32_rows(x) || !is_f32_rows(y) || !dit_tensor_same_shape(x, y))
         return DIT_ERR_INVALID_ARG;
     const int64_t rows = n_rows(x), n = x->ne[x->ndim - 1];
-#pragma omp parallel for num_threads(threads_for(be, rows * n)) schedule(static)
+#pragma omp parallel for num_threads(threads_for(be, rows *n)) schedule(static)
     for (int64_t r = 0; r < rows; r++)
         act_row(row_ptr(y, r), row_ptr(x, r), n, act);
     return DIT_OK;
@@ -159,7 +157,7 @@ dit_status dit_cpu_layer_norm_mod(dit_backend *be, const dit_tensor *y, const di
     const int64_t B = x->ne[0], S = x->ne[1], C = x->ne[2];
     if ((shift && !is_batch_vec(shift, B, C)) || (scale && !is_batch_vec(scale, B, C)))
         return DIT_ERR_INVALID_ARG;
-#pragma omp parallel for num_threads(threads_for(be, B * S * C)) schedule(static)
+#pragma omp parallel for num_threads(threads_for(be, B *S *C)) schedule(static)
     for (int64_t r = 0; r < B * S; r++) {
         const int64_t b = r / S;
         const float *xr = row_ptr(x, r);
@@ -178,8 +176,10 @@ dit_status dit_cpu_layer_norm_mod(dit_backend *be, const dit_tensor *y, const di
             sq += d * d;
         }
         const float rstd = 1.0f / sqrtf(sq / (float)C + eps);
-        const float *sh = shift ? (const float *)((const char *)shift->data + b * shift->nb[0]) : NULL;
-        const float *sc = scale ? (const float *)((const char *)scale->data + b * scale->nb[0]) : NULL;
+        const float *sh =
+            shift ? (const float *)((const char *)shift->data + b * shift->nb[0]) : NULL;
+        const float *sc =
+            scale ? (const float *)((const char *)scale->data + b * scale->nb[0]) : NULL;
         if (sh && sc) {
 #pragma omp simd
             for (int64_t c = 0; c < C; c++)
@@ -208,12 +208,12 @@ dit_status dit_cpu_rms_norm_rope(dit_backend *be, const dit_tensor *x, const dit
         return DIT_ERR_INVALID_ARG;
     if ((cos == NULL) != (sin == NULL))
         return DIT_ERR_INVALID_ARG;
-    if (cos && (!is_f32_rows(cos) || !is_f32_rows(sin) || cos->ndim != 2 || sin->ndim != 2 ||
-                cos->ne[0] != S || cos->ne[1] != D || !dit_tensor_same_shape(cos, sin) ||
-                D % 2 != 0))
+    if (cos &&
+        (!is_f32_rows(cos) || !is_f32_rows(sin) || cos->ndim != 2 || sin->ndim != 2 ||
+         cos->ne[0] != S || cos->ne[1] != D || !dit_tensor_same_shape(cos, sin) || D % 2 != 0))
         return DIT_ERR_INVALID_ARG;
     const float *wp = weight ? weight->data : NULL;
-#pragma omp parallel for num_threads(threads_for(be, B * S * H * D)) schedule(static)
+#pragma omp parallel for num_threads(threads_for(be, B *S *H *D)) schedule(static)
     for (int64_t r = 0; r < B * S * H; r++) {
         float *xr = row_ptr(x, r);
         const int64_t s = (r / H) % S;
@@ -252,7 +252,7 @@ dit_status dit_cpu_gated_add(dit_backend *be, const dit_tensor *res, const dit_t
     const int64_t B = res->ne[0], S = res->ne[1], C = res->ne[2];
     if (gate && !is_batch_vec(gate, B, C))
         return DIT_ERR_INVALID_ARG;
-#pragma omp parallel for num_threads(threads_for(be, B * S * C)) schedule(static)
+#pragma omp parallel for num_threads(threads_for(be, B *S *C)) schedule(static)
     for (int64_t r = 0; r < B * S; r++) {
         float *rr = row_ptr(res, r);
         const float *xr = row_ptr(x, r);
@@ -281,7 +281,7 @@ dit_status dit_cpu_layer_norm(dit_backend *be, const dit_tensor *y, const dit_te
         return DIT_ERR_INVALID_ARG;
     const float *w = weight ? weight->data : NULL, *b = bias ? bias->data : NULL;
     const int64_t rows = n_rows(x);
-#pragma omp parallel for num_threads(threads_for(be, rows * C)) schedule(static)
+#pragma omp parallel for num_threads(threads_for(be, rows *C)) schedule(static)
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = row_ptr(x, r);
         float *yr = row_ptr(y, r);
@@ -317,7 +317,7 @@ dit_status dit_cpu_rms_norm(dit_backend *be, const dit_tensor *y, const dit_tens
         return DIT_ERR_INVALID_ARG;
     const float *w = weight->data;
     const int64_t rows = n_rows(x);
-#pragma omp parallel for num_threads(threads_for(be, rows * C)) schedule(static)
+#pragma omp parallel for num_threads(threads_for(be, rows *C)) schedule(static)
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = row_ptr(x, r);
         float *yr = row_ptr(y, r);

@@ -27,7 +27,7 @@ struct attn_args {
     const void *q, *k, *v; /* TI: f32, or bf16 on the fast path */
     void *out;             /* TO: f32, or bf16 */
     float *lse;
-    const float *bias; /* (H, Sq, Skv) or NULL */
+    const float *bias;     /* (H, Sq, Skv) or NULL */
     int64_t q_b, q_s, q_h; /* strides in elements */
     int64_t k_b, k_s, k_h;
     int64_t v_b, v_s, v_h;
@@ -103,8 +103,8 @@ __device__ __forceinline__ void st1(__nv_bfloat16 *p, float v)
 }
 
 template <int D> struct fa_smem {
-    static const int LDQ = D + 8;      /* bf16 row stride of Qs, Ks (conflict-free) */
-    static const int LDV = FA_BK + 8;  /* bf16 row stride of Vt */
+    static const int LDQ = D + 8;     /* bf16 row stride of Qs, Ks (conflict-free) */
+    static const int LDV = FA_BK + 8; /* bf16 row stride of Vt */
     static const int BYTES = (2 * FA_BQ * LDQ + D * LDV) * 2;
 };
 
@@ -536,8 +536,7 @@ extern "C" dit_status dit_cuda_attention_masked(dit_backend *be, const dit_tenso
                                                 const dit_tensor *v, float scale,
                                                 const dit_tensor *bias, bool causal)
 {
-    return attention_core(cuda_of(be), "attention_masked", out, NULL, q, k, v, scale, bias,
-                          causal);
+    return attention_core(cuda_of(be), "attention_masked", out, NULL, q, k, v, scale, bias, causal);
 }
 
 /* One warp per (b, s, h) row. */
@@ -569,8 +568,8 @@ __global__ void k_lse_merge(cuda_view out, float *la, const cuda_view outb, cons
     }
     __syncwarp();
     if (lane == 0)
-        la[li] = x == -INFINITY ? y : fmaxf(x, y) + logf(expf(x - fmaxf(x, y)) +
-                                                        expf(y - fmaxf(x, y)));
+        la[li] =
+            x == -INFINITY ? y : fmaxf(x, y) + logf(expf(x - fmaxf(x, y)) + expf(y - fmaxf(x, y)));
 }
 
 extern "C" dit_status dit_cuda_lse_merge(dit_backend *be, const dit_tensor *out,
@@ -592,8 +591,8 @@ extern "C" dit_status dit_cuda_lse_merge(dit_backend *be, const dit_tensor *out,
         return DIT_OK;
     const int warps = 8;
     k_lse_merge<<<(unsigned)((rows + warps - 1) / warps), 32 * warps, 0, cb->stream>>>(
-        cuda_view_of(out), (float *)lse->data, cuda_view_of(out_b), (const float *)lse_b->data,
-        S, H, rows);
+        cuda_view_of(out), (float *)lse->data, cuda_view_of(out_b), (const float *)lse_b->data, S,
+        H, rows);
     CUDA_LAUNCHED(cb, op);
     return DIT_OK;
 }

@@ -137,8 +137,7 @@ dit_status dit_cuda_stream_wait(dit_cuda_backend *cb, const char *op)
         dit_diag_clear(&d);
         const dit_status st = cb->wait_fn(cb->wait_ctx, now_s() - t0, &d);
         if (st != DIT_OK)
-            return dit_cuda_bad(cb, st, op, "waiting for the compute stream: %s",
-                                dit_diag_msg(&d));
+            return dit_cuda_bad(cb, st, op, "waiting for the compute stream: %s", dit_diag_msg(&d));
         if (iter < 64) {
             sched_yield();
         } else {
@@ -329,8 +328,7 @@ __global__ void k_rows_from_dense(cuda_view dst, int64_t row0, int64_t nrows, co
 }
 
 /* dense dst (nrows, ne3) of dtype dt <- src rows [row0, row0 + nrows). */
-__global__ void k_rows_to_dense(char *dst, int dt, const cuda_view src, int64_t row0,
-                                int64_t nrows)
+__global__ void k_rows_to_dense(char *dst, int dt, const cuda_view src, int64_t row0, int64_t nrows)
 {
     const int64_t cols = src.ne[3];
     const int64_t n = nrows * cols;
@@ -440,8 +438,7 @@ static void host_unpack_rows(const cuda_view &v, int64_t r0, int64_t nr, const c
 }
 
 /* Rows per staging chunk for rows of `row_bytes` (at least one). */
-static dit_status stage_rows(dit_cuda_backend *cb, int64_t row_bytes, int64_t *rows,
-                             const char *op)
+static dit_status stage_rows(dit_cuda_backend *cb, int64_t row_bytes, int64_t *rows, const char *op)
 {
     if (row_bytes <= 0) {
         *rows = 1;
@@ -700,8 +697,7 @@ static dit_status cuda_graph_begin(dit_backend *be)
         return dit_cuda_bad(cb, DIT_ERR_INVALID_ARG, "graph_begin", "already capturing");
     /* Relaxed: our own ops never call unsafe APIs while capturing (scratch
      * growth is refused instead), and libraries may query attributes. */
-    CUDA_TRY(cb, "graph_begin",
-             cudaStreamBeginCapture(cb->stream, cudaStreamCaptureModeRelaxed));
+    CUDA_TRY(cb, "graph_begin", cudaStreamBeginCapture(cb->stream, cudaStreamCaptureModeRelaxed));
     cb->capturing = true;
     return DIT_OK;
 }
@@ -905,14 +901,14 @@ extern "C" void dit_cuda_backend_profile_stop(dit_backend *be)
 
 /* Every op but linear (which marks its cast and GEMM parts itself) goes
  * through one of these, so that profiling sees it. */
-#define PROF_OP(name, cat, params, ...)                                                        \
-    static dit_status prof_##name params                                                       \
-    {                                                                                          \
-        dit_cuda_backend *cb = cuda_of(be);                                                    \
-        const int slot_ = dit_cuda_prof_begin(cb, cat);                                        \
-        const dit_status st_ = dit_cuda_##name(be, __VA_ARGS__);                               \
-        dit_cuda_prof_end(cb, slot_);                                                          \
-        return st_;                                                                            \
+#define PROF_OP(name, cat, params, ...)                                                            \
+    static dit_status prof_##name params                                                           \
+    {                                                                                              \
+        dit_cuda_backend *cb = cuda_of(be);                                                        \
+        const int slot_ = dit_cuda_prof_begin(cb, cat);                                            \
+        const dit_status st_ = dit_cuda_##name(be, __VA_ARGS__);                                   \
+        dit_cuda_prof_end(cb, slot_);                                                              \
+        return st_;                                                                                \
     }
 
 PROF_OP(activate, CUDA_PROF_ELEM,
@@ -938,8 +934,8 @@ PROF_OP(rms_norm_rope, CUDA_PROF_ELEM,
          const dit_tensor *cos, const dit_tensor *sin),
         x, w, eps, cos, sin)
 PROF_OP(gated_add, CUDA_PROF_ELEM,
-        (dit_backend * be, const dit_tensor *res, const dit_tensor *x, const dit_tensor *gate),
-        res, x, gate)
+        (dit_backend * be, const dit_tensor *res, const dit_tensor *x, const dit_tensor *gate), res,
+        x, gate)
 PROF_OP(attention, CUDA_PROF_ATTN,
         (dit_backend * be, const dit_tensor *out, const dit_tensor *lse, const dit_tensor *q,
          const dit_tensor *k, const dit_tensor *v, float scale),
@@ -972,8 +968,8 @@ static dit_status prof_fill(dit_backend *be, const dit_tensor *dst, float value)
 }
 
 PROF_OP(rms_norm_rope_to, CUDA_PROF_ELEM,
-        (dit_backend * be, const dit_tensor *y, const dit_tensor *x, const dit_tensor *w,
-         float eps, const dit_tensor *cos, const dit_tensor *sin),
+        (dit_backend * be, const dit_tensor *y, const dit_tensor *x, const dit_tensor *w, float eps,
+         const dit_tensor *cos, const dit_tensor *sin),
         y, x, w, eps, cos, sin)
 
 static dit_dtype cuda_operand_dtype(dit_backend *be)
@@ -1021,8 +1017,8 @@ extern "C" dit_status dit_cuda_backend_create(int device, dit_backend **out, dit
     char why[256] = "";
     int n = dit_cuda_device_probe(why, sizeof why);
     if (n == 0)
-        return dit_diag_set(diag, DIT_ERR_DEVICE,
-                            "cuda backend: no CUDA device can be used (%s)", why);
+        return dit_diag_set(diag, DIT_ERR_DEVICE, "cuda backend: no CUDA device can be used (%s)",
+                            why);
     if (device < 0 || device >= n)
         return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
                             "cuda backend: device %d does not exist (%d visible)", device, n);
@@ -1120,8 +1116,7 @@ extern "C" dit_status dit_cuda_backend_memory(dit_backend *be, dit_cuda_memory *
     return DIT_OK;
 }
 
-extern "C" void dit_cuda_backend_set_wait_check(dit_backend *be, dit_cuda_wait_check fn,
-                                                void *ctx)
+extern "C" void dit_cuda_backend_set_wait_check(dit_backend *be, dit_cuda_wait_check fn, void *ctx)
 {
     if (!dit_backend_is_cuda(be))
         return;

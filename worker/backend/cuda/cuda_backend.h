@@ -130,9 +130,9 @@ void dit_cuda_backend_reset_stats(dit_backend *be);
  * can check the paths a cuBLASLt heuristic miss takes; clears the plan
  * cache. Not during graph capture. */
 typedef enum dit_cuda_gemm_force {
-    DIT_CUDA_GEMM_AUTO = 0,     /* cuBLASLt, fused epilogues where it has them */
-    DIT_CUDA_GEMM_NO_EPILOGUE,  /* cuBLASLt without fused epilogues */
-    DIT_CUDA_GEMM_FALLBACK,     /* the CUDA-core fallback kernel only */
+    DIT_CUDA_GEMM_AUTO = 0,    /* cuBLASLt, fused epilogues where it has them */
+    DIT_CUDA_GEMM_NO_EPILOGUE, /* cuBLASLt without fused epilogues */
+    DIT_CUDA_GEMM_FALLBACK,    /* the CUDA-core fallback kernel only */
 } dit_cuda_gemm_force;
 
 dit_status dit_cuda_backend_force_gemm(dit_backend *be, dit_cuda_gemm_force force);

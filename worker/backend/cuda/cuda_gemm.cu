@@ -59,8 +59,7 @@ __device__ __forceinline__ void st_d(__nv_bfloat16 *p, float v)
 /* y = act(y + bias) over rows of N elements (f32 or bf16) with row stride
  * ldy. */
 template <typename TD>
-__global__ void k_bias_act(TD *y, int64_t rows, int64_t N, int64_t ldy, const float *bias,
-                           int act)
+__global__ void k_bias_act(TD *y, int64_t rows, int64_t N, int64_t ldy, const float *bias, int act)
 {
     const int64_t n = rows * N;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
@@ -157,8 +156,8 @@ static dit_status bias_act_t(dit_cuda_backend *cb, void *y, dit_dtype dt, int64_
         k_bias_act<__nv_bfloat16><<<cuda_blocks(rows * N, 256), 256, 0, cb->stream>>>(
             (__nv_bfloat16 *)y, rows, N, ldy, bias, (int)act);
     else
-        k_bias_act<float><<<cuda_blocks(rows * N, 256), 256, 0, cb->stream>>>(
-            (float *)y, rows, N, ldy, bias, (int)act);
+        k_bias_act<float><<<cuda_blocks(rows * N, 256), 256, 0, cb->stream>>>((float *)y, rows, N,
+                                                                              ldy, bias, (int)act);
     CUDA_LAUNCHED(cb, op);
     return DIT_OK;
 }
@@ -360,8 +359,8 @@ static dit_status gemm_plan(dit_cuda_backend *cb, cuda_gemm_entry *e, const floa
     return DIT_OK;
 }
 
-static dit_status gemm_lookup(dit_cuda_backend *cb, const cuda_gemm_entry *key,
-                              const float *bias, cuda_gemm_entry **out, const char *op)
+static dit_status gemm_lookup(dit_cuda_backend *cb, const cuda_gemm_entry *key, const float *bias,
+                              cuda_gemm_entry **out, const char *op)
 {
     for (size_t i = 0; i < cb->n_gemms; i++) {
         if (key_eq(&cb->gemms[i], key)) {
@@ -400,19 +399,18 @@ static dit_status gemm_lookup(dit_cuda_backend *cb, const cuda_gemm_entry *key,
 }
 
 dit_status dit_cuda_gemm(dit_cuda_backend *cb, bool transa, bool transb, int64_t m, int64_t n,
-                         int64_t k, const __nv_bfloat16 *A, int64_t lda,
-                         const __nv_bfloat16 *B, int64_t ldb, float *D, int64_t ldc,
-                         const float *bias, dit_act act, float beta, const char *op)
+                         int64_t k, const __nv_bfloat16 *A, int64_t lda, const __nv_bfloat16 *B,
+                         int64_t ldb, float *D, int64_t ldc, const float *bias, dit_act act,
+                         float beta, const char *op)
 {
-    return dit_cuda_gemm_t(cb, transa, transb, m, n, k, A, lda, B, ldb, D, DIT_F32, ldc, bias,
-                           act, beta, op);
+    return dit_cuda_gemm_t(cb, transa, transb, m, n, k, A, lda, B, ldb, D, DIT_F32, ldc, bias, act,
+                           beta, op);
 }
 
 dit_status dit_cuda_gemm_t(dit_cuda_backend *cb, bool transa, bool transb, int64_t m, int64_t n,
-                           int64_t k, const __nv_bfloat16 *A, int64_t lda,
-                           const __nv_bfloat16 *B, int64_t ldb, void *D, dit_dtype dt,
-                           int64_t ldc, const float *bias, dit_act act, float beta,
-                           const char *op)
+                           int64_t k, const __nv_bfloat16 *A, int64_t lda, const __nv_bfloat16 *B,
+                           int64_t ldb, void *D, dit_dtype dt, int64_t ldc, const float *bias,
+                           dit_act act, float beta, const char *op)
 {
     if (m == 0 || n == 0)
         return DIT_OK;
@@ -422,8 +420,8 @@ dit_status dit_cuda_gemm_t(dit_cuda_backend *cb, bool transa, bool transb, int64
             k_scale_rows<__nv_bfloat16><<<cuda_blocks(m * n, 256), 256, 0, cb->stream>>>(
                 (__nv_bfloat16 *)D, n, m, ldc, beta);
         else
-            k_scale_rows<float><<<cuda_blocks(m * n, 256), 256, 0, cb->stream>>>(
-                (float *)D, n, m, ldc, beta);
+            k_scale_rows<float>
+                <<<cuda_blocks(m * n, 256), 256, 0, cb->stream>>>((float *)D, n, m, ldc, beta);
         CUDA_LAUNCHED(cb, op);
         /* D is column-major m x n: its "rows" for bias_act are the n columns. */
         return bias_act_t(cb, D, dt, n, m, ldc, bias, act, op);
@@ -440,13 +438,13 @@ dit_status dit_cuda_gemm_t(dit_cuda_backend *cb, bool transa, bool transb, int64
         dit_status st =
             dit_cuda_scratch(cb, CUDA_SCRATCH_OUT, (size_t)(m * n) * sizeof(float), &tmp, op);
         if (st == DIT_OK)
-            st = dit_cuda_gemm_t(cb, transa, transb, m, n, k, A, lda, B, ldb, tmp, DIT_F32, m,
-                                 bias, act, 0.0f, op);
+            st = dit_cuda_gemm_t(cb, transa, transb, m, n, k, A, lda, B, ldb, tmp, DIT_F32, m, bias,
+                                 act, 0.0f, op);
         if (st != DIT_OK)
             return st;
         /* D is column-major m x n: n "rows" of m elements, ldc apart. */
-        k_round_rows_bf16<<<cuda_blocks(m * n, 256), 256, 0, cb->stream>>>(
-            (const float *)tmp, n, m, (__nv_bfloat16 *)D, ldc);
+        k_round_rows_bf16<<<cuda_blocks(m * n, 256), 256, 0, cb->stream>>>((const float *)tmp, n, m,
+                                                                           (__nv_bfloat16 *)D, ldc);
         CUDA_LAUNCHED(cb, op);
         return DIT_OK;
     }
@@ -606,9 +604,8 @@ extern "C" dit_status dit_cuda_linear(dit_backend *be, const dit_tensor *y, cons
     if (w->ne[1] != K || y->ne[nd - 1] != N || y->ne[nd - 2] != M || (nd == 3 && y->ne[0] != B))
         return dit_cuda_bad(cb, DIT_ERR_INVALID_ARG, op,
                             "shapes: x (.., %lld, %lld), w (%lld, %lld), y (.., %lld, %lld)",
-                            (long long)M, (long long)K, (long long)w->ne[0],
-                            (long long)w->ne[1], (long long)y->ne[nd - 2],
-                            (long long)y->ne[nd - 1]);
+                            (long long)M, (long long)K, (long long)w->ne[0], (long long)w->ne[1],
+                            (long long)y->ne[nd - 2], (long long)y->ne[nd - 1]);
     if (bias && (bias->dtype != DIT_F32 || bias->ndim != 1 || bias->ne[0] != N ||
                  !dit_tensor_is_contiguous(bias)))
         return dit_cuda_bad(cb, DIT_ERR_INVALID_ARG, op, "bias must be f32 (N) contiguous");
@@ -642,8 +639,7 @@ extern "C" dit_status dit_cuda_linear(dit_backend *be, const dit_tensor *y, cons
             if (st != DIT_OK)
                 return st;
             const int slot = dit_cuda_prof_begin(cb, CUDA_PROF_CAST);
-            k_rows_to_bf16<<<(unsigned)(B * M), 256, 0, cb->stream>>>((__nv_bfloat16 *)p, xv,
-                                                                      K);
+            k_rows_to_bf16<<<(unsigned)(B * M), 256, 0, cb->stream>>>((__nv_bfloat16 *)p, xv, K);
             dit_cuda_prof_end(cb, slot);
             CUDA_LAUNCHED(cb, op);
             xb = (const __nv_bfloat16 *)p;
@@ -662,8 +658,7 @@ extern "C" dit_status dit_cuda_linear(dit_backend *be, const dit_tensor *y, cons
     } else {
         for (int64_t b = 0; b < B && st == DIT_OK; b++)
             st = dit_cuda_gemm_t(cb, true, false, N, M, K, wb, K, xb ? xb + b * xbs : NULL, ldx,
-                                 (char *)y->data + b * y->nb[0], y->dtype, ldy, bp, act, beta,
-                                 op);
+                                 (char *)y->data + b * y->nb[0], y->dtype, ldy, bp, act, beta, op);
     }
     dit_cuda_prof_end(cb, slot);
     return st;

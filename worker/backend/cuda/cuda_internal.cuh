@@ -28,7 +28,7 @@ struct cuda_gemm_entry {
     int transa, transb;
     int64_t m, n, k, lda, ldb, ldc;
     int epilogue;
-    int align; /* smallest pointer alignment (bytes, <= 16) of A, B, C, D */
+    int align;      /* smallest pointer alignment (bytes, <= 16) of A, B, C, D */
     int bias_align; /* the bias pointer's, 0 without one */
     bool has_beta;
     bool d_bf16; /* D (and C) bf16 instead of f32 */
@@ -108,7 +108,7 @@ typedef struct dit_cuda_backend {
     int live_graphs;
     void **retired;
     size_t n_retired, cap_retired;
-    bool lt_gelu; /* use cuBLASLt's GELU_BIAS epilogue for DIT_ACT_GELU_TANH */
+    bool lt_gelu;   /* use cuBLASLt's GELU_BIAS epilogue for DIT_ACT_GELU_TANH */
     int gemm_force; /* dit_cuda_gemm_force: tests force the slower modes */
     bool attn_f32;  /* tests: every attention on the f32 kernel */
     int path;       /* dit_cuda_path */
@@ -129,8 +129,8 @@ dit_status dit_cuda_fail(dit_cuda_backend *cb, cudaError_t e, const char *op, co
 dit_status dit_cuda_fail_lt(dit_cuda_backend *cb, cublasStatus_t s, const char *op,
                             const char *what);
 /* Records an argument error for op and returns DIT_ERR_INVALID_ARG (or st). */
-dit_status dit_cuda_bad(dit_cuda_backend *cb, dit_status st, const char *op, const char *fmt,
-                        ...) __attribute__((format(printf, 4, 5)));
+dit_status dit_cuda_bad(dit_cuda_backend *cb, dit_status st, const char *op, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 
 /* Waits on the host for everything issued on cb->stream: a plain
  * cudaStreamSynchronize, or, while a comm group enqueues on the stream
@@ -144,33 +144,33 @@ int dit_cuda_prof_begin(dit_cuda_backend *cb, int cat);
 void dit_cuda_prof_end(dit_cuda_backend *cb, int slot);
 
 /* Returns the status of a dit_status expression when it is not DIT_OK. */
-#define DIT_CHECK_RET(call)                                                                    \
-    do {                                                                                       \
-        const dit_status s_ = (call);                                                          \
-        if (s_ != DIT_OK)                                                                      \
-            return s_;                                                                         \
+#define DIT_CHECK_RET(call)                                                                        \
+    do {                                                                                           \
+        const dit_status s_ = (call);                                                              \
+        if (s_ != DIT_OK)                                                                          \
+            return s_;                                                                             \
     } while (0)
 
 /* Checks the launch of the kernel just issued. */
-#define CUDA_LAUNCHED(cb, op)                                                                  \
-    do {                                                                                       \
-        cudaError_t e_ = cudaGetLastError();                                                   \
-        if (e_ != cudaSuccess)                                                                 \
-            return dit_cuda_fail((cb), e_, (op), "kernel launch");                             \
+#define CUDA_LAUNCHED(cb, op)                                                                      \
+    do {                                                                                           \
+        cudaError_t e_ = cudaGetLastError();                                                       \
+        if (e_ != cudaSuccess)                                                                     \
+            return dit_cuda_fail((cb), e_, (op), "kernel launch");                                 \
     } while (0)
 
-#define CUDA_TRY(cb, op, call)                                                                 \
-    do {                                                                                       \
-        cudaError_t e_ = (call);                                                               \
-        if (e_ != cudaSuccess)                                                                 \
-            return dit_cuda_fail((cb), e_, (op), #call);                                       \
+#define CUDA_TRY(cb, op, call)                                                                     \
+    do {                                                                                           \
+        cudaError_t e_ = (call);                                                                   \
+        if (e_ != cudaSuccess)                                                                     \
+            return dit_cuda_fail((cb), e_, (op), #call);                                           \
     } while (0)
 
-#define LT_TRY(cb, op, call)                                                                   \
-    do {                                                                                       \
-        cublasStatus_t s_ = (call);                                                            \
-        if (s_ != CUBLAS_STATUS_SUCCESS)                                                       \
-            return dit_cuda_fail_lt((cb), s_, (op), #call);                                    \
+#define LT_TRY(cb, op, call)                                                                       \
+    do {                                                                                           \
+        cublasStatus_t s_ = (call);                                                                \
+        if (s_ != CUBLAS_STATUS_SUCCESS)                                                           \
+            return dit_cuda_fail_lt((cb), s_, (op), #call);                                        \
     } while (0)
 
 /* A scratch buffer of at least `bytes`; growing waits for the stream and is
@@ -365,18 +365,17 @@ dit_status dit_cuda_as_bf16(dit_cuda_backend *cb, const dit_tensor *t, int slot,
  * (m)] [GELU], A and B bf16 column-major as cuBLASLt sees them. act is
  * applied by cuBLASLt (GELU_BIAS) or by a follow-up kernel. */
 dit_status dit_cuda_gemm(dit_cuda_backend *cb, bool transa, bool transb, int64_t m, int64_t n,
-                         int64_t k, const __nv_bfloat16 *A, int64_t lda,
-                         const __nv_bfloat16 *B, int64_t ldb, float *D, int64_t ldc,
-                         const float *bias, dit_act act, float beta, const char *op);
+                         int64_t k, const __nv_bfloat16 *A, int64_t lda, const __nv_bfloat16 *B,
+                         int64_t ldb, float *D, int64_t ldc, const float *bias, dit_act act,
+                         float beta, const char *op);
 
 /* The same with D of dtype dt: f32, or bf16 (the fast path's GEMMs whose
  * output only feeds another GEMM or attention), rounded once after bias and
  * activation when cuBLASLt fuses them; beta reads D's old values in dt. */
 dit_status dit_cuda_gemm_t(dit_cuda_backend *cb, bool transa, bool transb, int64_t m, int64_t n,
-                           int64_t k, const __nv_bfloat16 *A, int64_t lda,
-                           const __nv_bfloat16 *B, int64_t ldb, void *D, dit_dtype dt,
-                           int64_t ldc, const float *bias, dit_act act, float beta,
-                           const char *op);
+                           int64_t k, const __nv_bfloat16 *A, int64_t lda, const __nv_bfloat16 *B,
+                           int64_t ldb, void *D, dit_dtype dt, int64_t ldc, const float *bias,
+                           dit_act act, float beta, const char *op);
 
 void dit_cuda_gemm_cache_clear(dit_cuda_backend *cb);
 

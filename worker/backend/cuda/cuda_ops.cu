@@ -75,7 +75,7 @@ extern "C" dit_status dit_cuda_activate(dit_backend *be, const dit_tensor *y, co
     if (n == 0 || (act == DIT_ACT_NONE && x->data == y->data && dit_tensor_is_contiguous(x)))
         return DIT_OK;
     k_activate<<<cuda_blocks(n, 256), 256, 0, cb->stream>>>(cuda_view_of(y), cuda_view_of(x),
-                                                             (int)act);
+                                                            (int)act);
     CUDA_LAUNCHED(cb, "activate");
     return DIT_OK;
 }
@@ -159,9 +159,9 @@ extern "C" dit_status dit_cuda_layer_norm_mod(dit_backend *be, const dit_tensor 
     return DIT_OK;
 }
 
-extern "C" dit_status dit_cuda_layer_norm(dit_backend *be, const dit_tensor *y,
-                                          const dit_tensor *x, const dit_tensor *weight,
-                                          const dit_tensor *bias, float eps)
+extern "C" dit_status dit_cuda_layer_norm(dit_backend *be, const dit_tensor *y, const dit_tensor *x,
+                                          const dit_tensor *weight, const dit_tensor *bias,
+                                          float eps)
 {
     dit_cuda_backend *cb = cuda_of(be);
     const char *op = "layer_norm";
@@ -208,8 +208,8 @@ extern "C" dit_status dit_cuda_rms_norm(dit_backend *be, const dit_tensor *y, co
     const int64_t rows = x->ne[0] * x->ne[1];
     if (rows == 0)
         return DIT_OK;
-    k_rms_norm<<<(unsigned)rows, row_threads(C), 0, cb->stream>>>(
-        cuda_view_of(y), cuda_view_of(x), (const float *)weight->data, eps);
+    k_rms_norm<<<(unsigned)rows, row_threads(C), 0, cb->stream>>>(cuda_view_of(y), cuda_view_of(x),
+                                                                  (const float *)weight->data, eps);
     CUDA_LAUNCHED(cb, op);
     return DIT_OK;
 }
@@ -269,9 +269,9 @@ static dit_status rms_norm_rope_core(dit_cuda_backend *cb, const char *op, const
         return dit_cuda_bad(cb, DIT_ERR_INVALID_ARG, op, "weight must be (D) f32");
     if ((cos == NULL) != (sin == NULL))
         return dit_cuda_bad(cb, DIT_ERR_INVALID_ARG, op, "cos and sin go together");
-    if (cos && (!is_f32_rows(cos) || !is_f32_rows(sin) || cos->ndim != 2 || sin->ndim != 2 ||
-                cos->ne[0] != S || cos->ne[1] != D || !dit_tensor_same_shape(cos, sin) ||
-                D % 2 != 0))
+    if (cos &&
+        (!is_f32_rows(cos) || !is_f32_rows(sin) || cos->ndim != 2 || sin->ndim != 2 ||
+         cos->ne[0] != S || cos->ne[1] != D || !dit_tensor_same_shape(cos, sin) || D % 2 != 0))
         return dit_cuda_bad(cb, DIT_ERR_INVALID_ARG, op, "cos, sin must be (S, D) f32, D even");
     const int64_t rows = B * S * H;
     if (rows == 0)
@@ -279,7 +279,8 @@ static dit_status rms_norm_rope_core(dit_cuda_backend *cb, const char *op, const
     const int warps = 4;
     const unsigned blocks = (unsigned)((rows + warps - 1) / warps);
     const float *wp = weight ? (const float *)weight->data : NULL;
-    const float *cp = cos ? (const float *)cos->data : NULL, *sp = sin ? (const float *)sin->data : NULL;
+    const float *cp = cos ? (const float *)cos->data : NULL,
+                *sp = sin ? (const float *)sin->data : NULL;
     const int64_t cld = cos ? cos->nb[0] / 4 : 0, sld = sin ? sin->nb[0] / 4 : 0;
     if (y->dtype == DIT_BF16)
         k_rms_norm_rope<__nv_bfloat16><<<blocks, 32 * warps, 0, cb->stream>>>(
@@ -344,8 +345,8 @@ extern "C" dit_status dit_cuda_gated_add(dit_backend *be, const dit_tensor *res,
     return DIT_OK;
 }
 
-__global__ void k_embedding(cuda_view y, const char *table, int tdt, int64_t C,
-                            const int32_t *ids, int64_t n)
+__global__ void k_embedding(cuda_view y, const char *table, int tdt, int64_t C, const int32_t *ids,
+                            int64_t n)
 {
     const size_t te = tdt == DIT_F32 ? 4 : 2;
     const int64_t total = n * C;
@@ -385,8 +386,7 @@ extern "C" dit_status dit_cuda_embedding(dit_backend *be, const dit_tensor *y,
              cudaMemcpyAsync(dids, ids, (size_t)n * sizeof(int32_t), cudaMemcpyHostToDevice,
                              cb->stream));
     k_embedding<<<cuda_blocks(n * C, 256), 256, 0, cb->stream>>>(
-        cuda_view_of(y), (const char *)table->data, (int)table->dtype, C, (const int32_t *)dids,
-        n);
+        cuda_view_of(y), (const char *)table->data, (int)table->dtype, C, (const int32_t *)dids, n);
     CUDA_LAUNCHED(cb, op);
     return DIT_OK;
 }
@@ -547,10 +547,9 @@ __global__ void k_group_apply(float *y, const float *x, const double *stats, con
     }
 }
 
-extern "C" dit_status dit_cuda_group_norm(dit_backend *be, const dit_tensor *y,
-                                          const dit_tensor *x, const dit_tensor *weight,
-                                          const dit_tensor *bias, int groups, float eps,
-                                          dit_act act)
+extern "C" dit_status dit_cuda_group_norm(dit_backend *be, const dit_tensor *y, const dit_tensor *x,
+                                          const dit_tensor *weight, const dit_tensor *bias,
+                                          int groups, float eps, dit_act act)
 {
     dit_cuda_backend *cb = cuda_of(be);
     const char *op = "group_norm";
@@ -596,8 +595,7 @@ __global__ void k_upsample2x(float *y, const float *x, int64_t H, int64_t W, int
     }
 }
 
-extern "C" dit_status dit_cuda_upsample2x(dit_backend *be, const dit_tensor *y,
-                                          const dit_tensor *x)
+extern "C" dit_status dit_cuda_upsample2x(dit_backend *be, const dit_tensor *y, const dit_tensor *x)
 {
     dit_cuda_backend *cb = cuda_of(be);
     if (!is_nchw(x) || !is_nchw(y))

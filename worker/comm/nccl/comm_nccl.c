@@ -49,7 +49,8 @@
 #error "the nccl comm backend needs NCCL 2.18 or newer"
 #endif
 
-_Static_assert(DIT_NCCL_ID_BYTES == NCCL_UNIQUE_ID_BYTES, "DIT_NCCL_ID_BYTES != NCCL_UNIQUE_ID_BYTES");
+_Static_assert(DIT_NCCL_ID_BYTES == NCCL_UNIQUE_ID_BYTES,
+               "DIT_NCCL_ID_BYTES != NCCL_UNIQUE_ID_BYTES");
 _Static_assert(sizeof(ncclUniqueId) == NCCL_UNIQUE_ID_BYTES, "unexpected ncclUniqueId layout");
 
 #define DIT_NCCL_DEFAULT_TIMEOUT_S 60.0
@@ -61,10 +62,10 @@ typedef struct dit_nccl_comm {
     int device;
     double timeout_s;
 
-    cudaStream_t stream; /* compute stream; every op but sendrecv goes here */
-    bool own_stream;     /* created by us (cfg->stream was NULL); split
-                            children share the parent's and never own it */
-    cudaStream_t side;   /* sendrecv runs here, overlapping compute */
+    cudaStream_t stream;  /* compute stream; every op but sendrecv goes here */
+    bool own_stream;      /* created by us (cfg->stream was NULL); split
+                             children share the parent's and never own it */
+    cudaStream_t side;    /* sendrecv runs here, overlapping compute */
     cudaEvent_t ev_ready; /* compute stream reached sendrecv_start */
     cudaEvent_t ev_done;  /* the open (or last) exchange finished */
     float *barrier_buf;   /* one device float for barrier's all-reduce */
@@ -334,8 +335,8 @@ static dit_status nccl_make_resources(dit_nccl_comm *c, dit_diag *diag)
                          "cudaEventCreateWithFlags", diag));
     DIT_CHECK(cuda_check(c, cudaEventCreateWithFlags(&c->ev_done, cudaEventDisableTiming),
                          "cudaEventCreateWithFlags", diag));
-    DIT_CHECK(cuda_check(c, cudaMalloc((void **)&c->barrier_buf, sizeof(float)), "cudaMalloc",
-                         diag));
+    DIT_CHECK(
+        cuda_check(c, cudaMalloc((void **)&c->barrier_buf, sizeof(float)), "cudaMalloc", diag));
     /* Zero it in stream order; 0 + 0 stays 0, so it never needs resetting. */
     DIT_CHECK(cuda_check(c, cudaMemsetAsync(c->barrier_buf, 0, sizeof(float), c->stream),
                          "cudaMemsetAsync", diag));
@@ -460,9 +461,9 @@ dit_status dit_nccl_comm_create(const dit_nccl_config *cfg, dit_comm **out, dit_
     memcpy(id.internal, cfg->id, DIT_NCCL_ID_BYTES);
     ncclConfig_t ncfg = NCCL_CONFIG_INITIALIZER;
     ncfg.blocking = 0; /* so that a missing peer cannot hang this thread */
-    DIT_CHECK(nccl_launched(
-        c, ncclCommInitRankConfig(&c->nccl, cfg->world_size, id, cfg->rank, &ncfg),
-        "ncclCommInitRankConfig", diag));
+    DIT_CHECK(nccl_launched(c,
+                            ncclCommInitRankConfig(&c->nccl, cfg->world_size, id, cfg->rank, &ncfg),
+                            "ncclCommInitRankConfig", diag));
 
     *out = &c->base;
     c = NULL;
@@ -695,8 +696,8 @@ cleanup:
 }
 
 static dit_status nccl_sendrecv_start(dit_comm *base, const void *send, size_t send_bytes, int dst,
-                                      void *recv, size_t recv_bytes, int src,
-                                      dit_comm_request *req, dit_diag *diag)
+                                      void *recv, size_t recv_bytes, int src, dit_comm_request *req,
+                                      dit_diag *diag)
 {
     dit_nccl_comm *c = nccl_of(base);
     dit_status st = DIT_OK;
@@ -745,8 +746,8 @@ static dit_status nccl_sendrecv_start(dit_comm *base, const void *send, size_t s
     if (first == ncclSuccess && recv_bytes > 0)
         first = ncclRecv(recv, recv_bytes, ncclUint8, src, c->nccl, c->side);
     DIT_CHECK(nccl_group_end(c, first, "ncclSend/ncclRecv group (sendrecv)", diag));
-    DIT_CHECK(cuda_check(c, cudaEventRecord(c->ev_done, c->side), "cudaEventRecord(side stream)",
-                         diag));
+    DIT_CHECK(
+        cuda_check(c, cudaEventRecord(c->ev_done, c->side), "cudaEventRecord(side stream)", diag));
 
     c->open_seq = ++c->last_seq;
     req->active = 1;
@@ -796,8 +797,7 @@ cleanup:
     return st;
 }
 
-static dit_status nccl_broadcast(dit_comm *base, void *buf, size_t bytes, int root,
-                                 dit_diag *diag)
+static dit_status nccl_broadcast(dit_comm *base, void *buf, size_t bytes, int root, dit_diag *diag)
 {
     dit_nccl_comm *c = nccl_of(base);
     dit_status st = DIT_OK;
@@ -831,10 +831,10 @@ static dit_status nccl_barrier(dit_comm *base, dit_diag *diag)
 
     DIT_CHECK(nccl_usable(c, "barrier", diag));
     DIT_CHECK(order_after_exchange(c, diag));
-    DIT_CHECK(nccl_launched(c,
-                            ncclAllReduce(c->barrier_buf, c->barrier_buf, 1, ncclFloat32, ncclSum,
-                                          c->nccl, c->stream),
-                            "ncclAllReduce (barrier)", diag));
+    DIT_CHECK(nccl_launched(
+        c,
+        ncclAllReduce(c->barrier_buf, c->barrier_buf, 1, ncclFloat32, ncclSum, c->nccl, c->stream),
+        "ncclAllReduce (barrier)", diag));
 
     double deadline = now_s() + c->timeout_s;
     for (unsigned iter = 0;; ++iter) {
@@ -917,8 +917,8 @@ static dit_status nccl_split(dit_comm *base, int color, int key, dit_comm **out,
 
     ncclConfig_t ncfg = NCCL_CONFIG_INITIALIZER;
     ncfg.blocking = 0;
-    ncclResult_t r = ncclCommSplit(c->nccl, color >= 0 ? color : NCCL_SPLIT_NOCOLOR, key,
-                                   &child->nccl, &ncfg);
+    ncclResult_t r =
+        ncclCommSplit(c->nccl, color >= 0 ? color : NCCL_SPLIT_NOCOLOR, key, &child->nccl, &ncfg);
     DIT_CHECK(nccl_launched(c, r, "ncclCommSplit", diag));
 
     if (color < 0) /* took part, joins no group */
@@ -998,8 +998,8 @@ dit_status dit_nccl_wait_check(void *comm, double waited_s, dit_diag *diag)
                        "work: a peer is stalled or dead; communicators aborted",
                        root->timeout_s);
     if (st != DIT_OK)
-        family_break(root, dit_diag_msg(diag)[0] ? dit_diag_msg(diag)
-                                                 : "a group of the family failed");
+        family_break(root,
+                     dit_diag_msg(diag)[0] ? dit_diag_msg(diag) : "a group of the family failed");
     return st;
 }
 

@@ -38,12 +38,12 @@ extern "C" {
 dit_status dit_nccl_unique_id(unsigned char out[DIT_NCCL_ID_BYTES], dit_diag *diag);
 
 typedef struct dit_nccl_config {
-    int rank;       /* 0 .. world_size-1 */
-    int world_size; /* >= 1 */
-    int device;     /* CUDA device ordinal this rank uses */
+    int rank;                            /* 0 .. world_size-1 */
+    int world_size;                      /* >= 1 */
+    int device;                          /* CUDA device ordinal this rank uses */
     unsigned char id[DIT_NCCL_ID_BYTES]; /* from rank 0's dit_nccl_unique_id */
-    void *stream;     /* cudaStream_t of the compute backend; NULL: the group
-                         creates (and owns) a stream of its own */
+    void *stream;                        /* cudaStream_t of the compute backend; NULL: the group
+                                            creates (and owns) a stream of its own */
     double timeout_s; /* longest wait for peers before DIT_ERR_TIMEOUT; 0 = 60 s */
 } dit_nccl_config;
 

@@ -36,8 +36,8 @@
 /* Polls before sleeping in the kernel: short, because ranks often share
  * cores and a spinning waiter takes time from the rank it waits for. */
 #define SHM_SPIN 200
-#define SHM_SLEEP_NS 20000000L   /* futex sleep slice: 20 ms */
-#define SHM_LIVENESS_PERIOD 0.1  /* seconds between checks that peers live */
+#define SHM_SLEEP_NS 20000000L  /* futex sleep slice: 20 ms */
+#define SHM_LIVENESS_PERIOD 0.1 /* seconds between checks that peers live */
 
 typedef struct shm_group {
     _Atomic uint32_t count; /* arrivals at the current barrier */
@@ -214,12 +214,13 @@ static dit_status wait_barrier(shm_comm *c, shm_group *g, uint32_t gen, dit_diag
                     continue;
                 if (first_late < 0)
                     first_late = g->members[m];
-                used += (size_t)snprintf(late + used, sizeof late - used, "%s%d",
-                                         used ? ", " : "", g->members[m]);
+                used += (size_t)snprintf(late + used, sizeof late - used, "%s%d", used ? ", " : "",
+                                         g->members[m]);
             }
             mark_failed(h, first_late);
-            return dit_diag_set(diag, DIT_ERR_TIMEOUT, "timed out after %.1f s waiting for rank(s) %s",
-                                c->timeout_s, late);
+            return dit_diag_set(diag, DIT_ERR_TIMEOUT,
+                                "timed out after %.1f s waiting for rank(s) %s", c->timeout_s,
+                                late);
         }
     }
     return atomic_load(&h->abort) ? aborted(c, diag) : DIT_OK;
@@ -302,7 +303,8 @@ static dit_status shm_all_to_all_v(dit_comm *base, const void *send, const size_
     const int P = base->size, me = base->rank;
     const size_t cap = c->hdr->slot_bytes / (size_t)P;
     if (cap == 0)
-        return dit_diag_set(diag, DIT_ERR_INVALID_ARG, "shm slot of %zu bytes is too small for %d ranks",
+        return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
+                            "shm slot of %zu bytes is too small for %d ranks",
                             (size_t)c->hdr->slot_bytes, P);
     size_t sd[DIT_SHM_MAX_RANKS], rd[DIT_SHM_MAX_RANKS];
     uint64_t my_max = 0, all_max[DIT_SHM_MAX_RANKS];
@@ -385,8 +387,7 @@ static dit_status shm_all_reduce_sum(dit_comm *base, void *buf, size_t count, di
     return st;
 }
 
-static dit_status shm_broadcast(dit_comm *base, void *buf, size_t bytes, int root,
-                                dit_diag *diag)
+static dit_status shm_broadcast(dit_comm *base, void *buf, size_t bytes, int root, dit_diag *diag)
 {
     shm_comm *c = (shm_comm *)base;
     if (root < 0 || root >= base->size)
@@ -413,9 +414,9 @@ static dit_status shm_broadcast(dit_comm *base, void *buf, size_t bytes, int roo
  * group's open exchange on the same rank; doing it inside wait, which is
  * collective over its group, keeps every group's traffic apart. On the CPU
  * the copy costs the same wherever it happens. */
-static dit_status shm_sendrecv_start(dit_comm *base, const void *send, size_t send_bytes,
-                                     int dst, void *recv, size_t recv_bytes, int src,
-                                     dit_comm_request *req, dit_diag *diag)
+static dit_status shm_sendrecv_start(dit_comm *base, const void *send, size_t send_bytes, int dst,
+                                     void *recv, size_t recv_bytes, int src, dit_comm_request *req,
+                                     dit_diag *diag)
 {
     shm_comm *c = (shm_comm *)base;
     if (dst < 0 || dst >= base->size || src < 0 || src >= base->size)
@@ -471,10 +472,9 @@ static dit_status shm_sendrecv_wait(dit_comm *base, dit_comm_request *req, dit_d
             return st;
     }
     if (mismatch)
-        return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
-                            "sendrecv: rank %d sent %llu bytes but rank %d expected %zu",
-                            c->members[req->src], (unsigned long long)sent, c->world_rank,
-                            req->recv_bytes);
+        return dit_diag_set(
+            diag, DIT_ERR_INVALID_ARG, "sendrecv: rank %d sent %llu bytes but rank %d expected %zu",
+            c->members[req->src], (unsigned long long)sent, c->world_rank, req->recv_bytes);
     return DIT_OK;
 }
 
@@ -605,8 +605,7 @@ static size_t config_slot(const dit_shm_config *cfg)
     return (s + 63) / 64 * 64; /* keep every slot cache-line aligned */
 }
 
-dit_status dit_shm_segment_create(const dit_shm_config *cfg, dit_shm_segment **out,
-                                  dit_diag *diag)
+dit_status dit_shm_segment_create(const dit_shm_config *cfg, dit_shm_segment **out, dit_diag *diag)
 {
     if (cfg->world_size < 1 || cfg->world_size > DIT_SHM_MAX_RANKS)
         return dit_diag_set(diag, DIT_ERR_INVALID_ARG, "shm: world size %d outside 1..%d",
@@ -620,8 +619,8 @@ dit_status dit_shm_segment_create(const dit_shm_config *cfg, dit_shm_segment **o
     snprintf(seg->name, sizeof seg->name, "%s", cfg->name);
     int fd = shm_open(cfg->name, O_CREAT | O_EXCL | O_RDWR, 0600);
     if (fd < 0) {
-        dit_status st = dit_diag_set(diag, DIT_ERR_IO, "shm_open(%s): %s", cfg->name,
-                                     strerror(errno));
+        dit_status st =
+            dit_diag_set(diag, DIT_ERR_IO, "shm_open(%s): %s", cfg->name, strerror(errno));
         free(seg);
         return st;
     }
@@ -636,8 +635,8 @@ dit_status dit_shm_segment_create(const dit_shm_config *cfg, dit_shm_segment **o
     void *base = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     close(fd);
     if (base == MAP_FAILED) {
-        dit_status st = dit_diag_set(diag, DIT_ERR_IO, "shm %s: mmap: %s", cfg->name,
-                                     strerror(errno));
+        dit_status st =
+            dit_diag_set(diag, DIT_ERR_IO, "shm %s: mmap: %s", cfg->name, strerror(errno));
         shm_unlink(cfg->name);
         free(seg);
         return st;
@@ -707,8 +706,8 @@ int dit_shm_reclaim_stale(void)
         if (kill((pid_t)pid, 0) == 0 || errno != ESRCH)
             continue;
         struct stat sb;
-        if (fstatat(dirfd(dir), e->d_name, &sb, AT_SYMLINK_NOFOLLOW) != 0 ||
-            !S_ISREG(sb.st_mode) || sb.st_uid != geteuid())
+        if (fstatat(dirfd(dir), e->d_name, &sb, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(sb.st_mode) ||
+            sb.st_uid != geteuid())
             continue;
         char name[300];
         snprintf(name, sizeof name, "/%s", e->d_name);

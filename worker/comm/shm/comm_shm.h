@@ -36,8 +36,7 @@ typedef struct dit_shm_segment dit_shm_segment;
 void dit_shm_make_name(dit_shm_config *cfg);
 
 /* Creates and initialises the segment (fails if the name exists). */
-dit_status dit_shm_segment_create(const dit_shm_config *cfg, dit_shm_segment **out,
-                                  dit_diag *diag);
+dit_status dit_shm_segment_create(const dit_shm_config *cfg, dit_shm_segment **out, dit_diag *diag);
 
 /* Marks the mesh broken because `failed_rank` (or -1: unknown) failed; every
  * rank's pending and later ops then fail fast. */

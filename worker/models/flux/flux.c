@@ -20,9 +20,9 @@
 typedef dit_linear flux_linear; /* w (N, K), b (N) as this rank holds them */
 
 typedef struct flux_double {
-    flux_linear norm1, norm1_ctx;   /* AdaLayerNormZero linears (6C, C) */
-    flux_linear qkv, add_qkv;       /* fused [q; k; v] (3 Cl, C) for image / text */
-    dit_tensor norm_q, norm_k;      /* (D) */
+    flux_linear norm1, norm1_ctx; /* AdaLayerNormZero linears (6C, C) */
+    flux_linear qkv, add_qkv;     /* fused [q; k; v] (3 Cl, C) for image / text */
+    dit_tensor norm_q, norm_k;    /* (D) */
     dit_tensor norm_added_q, norm_added_k;
     flux_linear to_out, to_add_out; /* (C, Cl), row-split */
     flux_linear ff0, ffc0;          /* (Fl, C), column-split */
@@ -30,11 +30,11 @@ typedef struct flux_double {
 } flux_double;
 
 typedef struct flux_single {
-    flux_linear norm;       /* AdaLayerNormZeroSingle linear (3C, C) */
-    flux_linear qkv_mlp;    /* fused [q; k; v; proj_mlp] (3 Cl + Fl, C) */
+    flux_linear norm;    /* AdaLayerNormZeroSingle linear (3C, C) */
+    flux_linear qkv_mlp; /* fused [q; k; v; proj_mlp] (3 Cl + Fl, C) */
     dit_tensor norm_q, norm_k;
-    flux_linear proj_attn;  /* proj_out columns of the attention block (C, Cl) + bias */
-    flux_linear proj_mlp;   /* proj_out columns of the MLP block (C, Fl), no bias */
+    flux_linear proj_attn; /* proj_out columns of the attention block (C, Cl) + bias */
+    flux_linear proj_mlp;  /* proj_out columns of the MLP block (C, Fl), no bias */
 } flux_single;
 
 /* What a captured forward depends on besides the weights: shapes and every
@@ -120,8 +120,8 @@ static dit_status plan_build(dit_weight_plan *p, dit_flux *m)
         dit_tp_add_linear(p, &tp, "time_text_embed.guidance_embedder.linear_1", C, 256, &m->g1);
         dit_tp_add_linear(p, &tp, "time_text_embed.guidance_embedder.linear_2", C, C, &m->g2);
     }
-    dit_tp_add_linear(p, &tp, "time_text_embed.text_embedder.linear_1", C,
-                      c->pooled_projection_dim, &m->p1);
+    dit_tp_add_linear(p, &tp, "time_text_embed.text_embedder.linear_1", C, c->pooled_projection_dim,
+                      &m->p1);
     dit_tp_add_linear(p, &tp, "time_text_embed.text_embedder.linear_2", C, C, &m->p2);
 
 #define NAME(b, suffix) (snprintf(b, sizeof b, "%s.%s", pre, suffix), b)
@@ -183,17 +183,16 @@ static dit_status flux_alloc(dit_backend *be, const dit_flux_config *cfg,
                             "tp_degree %d must divide num_attention_heads %d", sh.tp_degree,
                             cfg->num_attention_heads);
     if (cfg->mlp_dim % sh.tp_degree != 0)
-        return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
-                            "tp_degree %d must divide the FFN width %d", sh.tp_degree,
-                            cfg->mlp_dim);
+        return dit_diag_set(diag, DIT_ERR_INVALID_ARG, "tp_degree %d must divide the FFN width %d",
+                            sh.tp_degree, cfg->mlp_dim);
     dit_flux *m = calloc(1, sizeof *m);
     if (!m)
         return dit_diag_set(diag, DIT_ERR_NOMEM, "flux: out of memory");
     m->be = be;
     m->cfg = *cfg;
     m->shard = sh;
-    dit_status gst = dit_graph_cache_create(be, sizeof(flux_graph_key), "flux forward", &m->graphs,
-                                            diag);
+    dit_status gst =
+        dit_graph_cache_create(be, sizeof(flux_graph_key), "flux forward", &m->graphs, diag);
     if (gst != DIT_OK) {
         free(m);
         return gst;
@@ -344,8 +343,8 @@ static void rope_tables(const dit_flux_config *c, const float *txt_ids, int64_t 
 
 /* rope_tables through a one-entry cache keyed on the ids' bits; a cache
  * that cannot be allocated is simply not kept. */
-static void rope_tables_cached(dit_flux *m, const float *txt_ids, int64_t St,
-                               const float *img_ids, int64_t Si, float *cosb, float *sinb)
+static void rope_tables_cached(dit_flux *m, const float *txt_ids, int64_t St, const float *img_ids,
+                               int64_t Si, float *cosb, float *sinb)
 {
     const dit_flux_config *c = &m->cfg;
     const size_t nt = (size_t)St * (size_t)c->n_axes, ni = (size_t)Si * (size_t)c->n_axes;
@@ -403,39 +402,39 @@ typedef struct fwd {
     dit_diag *diag;
     int64_t B, St, Si, S, C, D, Hl, Cl, Fl;
     float scale;
-    dit_tensor x;        /* (B, S, C) residual stream, text rows first */
-    dit_tensor n;        /* (B, S, C) normalised + modulated */
-    dit_tensor y;        /* (B, S, 3 Cl + Fl) projections */
-    dit_tensor attn;     /* (B, S, Cl) attention output */
-    dit_tensor o;        /* (B, S, C) block output before its gate */
-    dit_tensor emb;      /* (B, 6C) modulation of one stream */
-    dit_tensor emb_ctx;  /* (B, 6C) modulation of the other */
+    dit_tensor x;         /* (B, S, C) residual stream, text rows first */
+    dit_tensor n;         /* (B, S, C) normalised + modulated */
+    dit_tensor y;         /* (B, S, 3 Cl + Fl) projections */
+    dit_tensor attn;      /* (B, S, Cl) attention output */
+    dit_tensor o;         /* (B, S, C) block output before its gate */
+    dit_tensor emb;       /* (B, 6C) modulation of one stream */
+    dit_tensor emb_ctx;   /* (B, 6C) modulation of the other */
     dit_tensor emb_local; /* (B, 6C / T) this rank's slice before the gather */
-    dit_tensor silu_t;   /* (B, C) SiLU(temb) */
-    dit_tensor cos, sin; /* (S, D) */
-    dit_tensor tp, gp;   /* (B, 256) timestep / guidance sinusoids */
-    dit_tensor h1, temb; /* (B, C) conditioning MLP */
+    dit_tensor silu_t;    /* (B, C) SiLU(temb) */
+    dit_tensor cos, sin;  /* (S, D) */
+    dit_tensor tp, gp;    /* (B, 256) timestep / guidance sinusoids */
+    dit_tensor h1, temb;  /* (B, C) conditioning MLP */
     /* The backend's fast path (operand_dtype bf16, no attention hook): GEMM
      * inputs and attention operands in bf16, written once by the op that
      * produces them. y is then (B, S, 2 Cl) f32, q and k before their norm;
      * n is unused. */
     bool fast;
-    dit_tensor nb;       /* (B, S, C) bf16 normalised + modulated (GEMM input) */
-    dit_tensor qkvb;     /* (B, S, 3 Cl) bf16 q, k after RMSNorm + RoPE; v */
-    dit_tensor attnb;    /* (B, S, Cl) bf16 attention output */
-    dit_tensor hb;       /* (B, S, Fl) bf16 GELU(MLP input projection) */
+    dit_tensor nb;    /* (B, S, C) bf16 normalised + modulated (GEMM input) */
+    dit_tensor qkvb;  /* (B, S, 3 Cl) bf16 q, k after RMSNorm + RoPE; v */
+    dit_tensor attnb; /* (B, S, Cl) bf16 attention output */
+    dit_tensor hb;    /* (B, S, Fl) bf16 GELU(MLP input projection) */
     const dit_flux_inputs *in;
     const dit_tensor *sample;
 } fwd;
 
-#define BE(call)                                                                             \
-    do {                                                                                     \
-        st = (call);                                                                         \
-        if (st != DIT_OK) {                                                                  \
-            st = dit_diag_set(f->diag, st, "flux forward: %s failed: %s", #call,             \
-                              dit_status_str(st));                                           \
-            goto cleanup;                                                                    \
-        }                                                                                    \
+#define BE(call)                                                                                   \
+    do {                                                                                           \
+        st = (call);                                                                               \
+        if (st != DIT_OK) {                                                                        \
+            st = dit_diag_set(f->diag, st, "flux forward: %s failed: %s", #call,                   \
+                              dit_status_str(st));                                                 \
+            goto cleanup;                                                                          \
+        }                                                                                          \
     } while (0)
 
 static dit_status linear(fwd *f, const dit_tensor *y, const dit_tensor *x, const flux_linear *L,
@@ -451,8 +450,8 @@ static dit_status tp_reduce(fwd *f, const dit_tensor *t)
     return f->m->hooks.tp_all_reduce(f->m->hooks.ctx, t, f->diag);
 }
 
-static dit_status attention(fwd *f, const dit_tensor *out, const dit_tensor *q,
-                            const dit_tensor *k, const dit_tensor *v)
+static dit_status attention(fwd *f, const dit_tensor *out, const dit_tensor *q, const dit_tensor *k,
+                            const dit_tensor *v)
 {
     if (f->m->hooks.attention)
         return f->m->hooks.attention(f->m->hooks.ctx, f->arena, out, q, k, v, f->scale, f->diag);
@@ -710,8 +709,8 @@ cleanup:
     return st;
 }
 
-static dit_status check_input(const dit_tensor *t, int ndim, const int64_t *want,
-                              const char *name, dit_diag *diag)
+static dit_status check_input(const dit_tensor *t, int ndim, const int64_t *want, const char *name,
+                              dit_diag *diag)
 {
     bool ok = t->dtype == DIT_F32 && t->ndim == ndim;
     for (int i = 0; ok && i < ndim; i++)
@@ -730,8 +729,8 @@ static dit_status check_input(const dit_tensor *t, int ndim, const int64_t *want
         if (used >= sizeof exp)
             break;
     }
-    return dit_diag_set(diag, DIT_ERR_INVALID_ARG, "input '%s' is %s, expected %s) f32", name,
-                        got, used < sizeof exp ? exp : "?");
+    return dit_diag_set(diag, DIT_ERR_INVALID_ARG, "input '%s' is %s, expected %s) f32", name, got,
+                        used < sizeof exp ? exp : "?");
 }
 
 /* Everything of the forward pass after the host-to-device uploads: only
@@ -927,14 +926,14 @@ dit_status dit_flux_forward(dit_flux *m, dit_arena *arena, const dit_flux_inputs
     f->fast = be->ops->operand_dtype && be->ops->operand_dtype(be) == DIT_BF16 &&
               be->ops->rms_norm_rope_to && !m->hooks.attention;
 
-#define ALLOC_T(t, dt, nd, ...)                                                              \
-    do {                                                                                     \
-        const int64_t shp_[] = {__VA_ARGS__};                                                \
-        st = dit_arena_tensor(arena, dt, nd, shp_, &(t));                                    \
-        if (st != DIT_OK) {                                                                  \
-            st = dit_diag_set(diag, st, "flux forward: activation memory exhausted");        \
-            goto cleanup;                                                                    \
-        }                                                                                    \
+#define ALLOC_T(t, dt, nd, ...)                                                                    \
+    do {                                                                                           \
+        const int64_t shp_[] = {__VA_ARGS__};                                                      \
+        st = dit_arena_tensor(arena, dt, nd, shp_, &(t));                                          \
+        if (st != DIT_OK) {                                                                        \
+            st = dit_diag_set(diag, st, "flux forward: activation memory exhausted");              \
+            goto cleanup;                                                                          \
+        }                                                                                          \
     } while (0)
 #define ALLOC(t, nd, ...) ALLOC_T(t, DIT_F32, nd, __VA_ARGS__)
 

@@ -45,8 +45,8 @@ dit_status dit_flux_config_finish(dit_flux_config *c, const char *what, dit_diag
     }
     if (sum != c->attention_head_dim)
         return dit_diag_set(diag, DIT_ERR_FORMAT,
-                            "%s: axes_dims_rope sums to %d but attention_head_dim is %d", what,
-                            sum, c->attention_head_dim);
+                            "%s: axes_dims_rope sums to %d but attention_head_dim is %d", what, sum,
+                            c->attention_head_dim);
     long inner = (long)c->num_attention_heads * c->attention_head_dim;
     long out = (long)c->patch_size * c->patch_size * c->out_channels;
     if (inner > (1L << 20) || out > (1L << 20))
@@ -76,8 +76,8 @@ dit_status dit_flux_config_load(const char *path, dit_flux_config *cfg, dit_diag
                           path, cls);
         goto cleanup;
     }
-#define GET_INT(key, def, lo, field)                                                   \
-    DIT_CHECK(dit_json_get_int(root, key, path, false, def, lo, big, &v, diag));       \
+#define GET_INT(key, def, lo, field)                                                               \
+    DIT_CHECK(dit_json_get_int(root, key, path, false, def, lo, big, &v, diag));                   \
     c.field = (int)v
     GET_INT("patch_size", 1, 1, patch_size);
     GET_INT("in_channels", 64, 1, in_channels);
@@ -89,15 +89,15 @@ dit_status dit_flux_config_load(const char *path, dit_flux_config *cfg, dit_diag
     GET_INT("joint_attention_dim", 4096, 1, joint_attention_dim);
     GET_INT("pooled_projection_dim", 768, 1, pooled_projection_dim);
 #undef GET_INT
-    DIT_CHECK(dit_json_get_bool(root, "guidance_embeds", path, false, false, &c.guidance_embeds,
-                                diag));
+    DIT_CHECK(
+        dit_json_get_bool(root, "guidance_embeds", path, false, false, &c.guidance_embeds, diag));
     if (cJSON_GetObjectItemCaseSensitive(root, "axes_dims_rope")) {
         DIT_CHECK(dit_json_get_int_array(root, "axes_dims_rope", path, axes, DIT_FLUX_MAX_AXES,
                                          &c.n_axes, diag));
         for (int i = 0; i < c.n_axes; i++) {
             if (axes[i] < 0 || axes[i] > big) {
-                st = dit_diag_set(diag, DIT_ERR_FORMAT, "%s: axes_dims_rope[%d] out of range",
-                                  path, i);
+                st = dit_diag_set(diag, DIT_ERR_FORMAT, "%s: axes_dims_rope[%d] out of range", path,
+                                  i);
                 goto cleanup;
             }
             c.axes_dims_rope[i] = (int)axes[i];
