@@ -11,7 +11,8 @@ import sys
 LIBS = re.compile(r"(openblas|blas|cublas|cudart|nccl|cudnn)", re.I)
 # dit_model_* is the model interface (models/model.h); the daemon's own
 # family-neutral description of the served model is dit_model_info_*.
-SYMBOLS = re.compile(r"\b(dit_flux_\w+|cblas_\w+|dit_cpu_\w+|dit_cuda_\w+|dit_model_(?!info_)\w+)\b")
+# dit_flux_config_* reads a config.json (JSON only; the probe's).
+SYMBOLS = re.compile(r"\b(dit_flux_(?!config_)\w+|cblas_\w+|dit_cpu_\w+|dit_cuda_\w+|dit_model_(?!info_)\w+)\b")
 
 
 def main():

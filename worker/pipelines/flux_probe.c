@@ -5,86 +5,43 @@
 #include <string.h>
 
 #include "loader/json_util.h"
+#include "models/flux/flux_config.h"
 
 #define PROBE_PATH 4096
-#define MAX_AXES 8
 
-/* transformer/config.json with the keys and defaults diffusers'
- * FluxTransformer2DModel has, and the rules a request depends on. */
+/* transformer/config.json through the model's own config reader
+ * (models/flux/flux_config.h: the keys, defaults and checks diffusers'
+ * FluxTransformer2DModel has; it parses JSON only, so ditd links it without
+ * any model code), and the rules a request depends on. */
 static dit_status read_transformer(const char *path, dit_pipeline_info *info, dit_diag *diag)
 {
-    cJSON *root = NULL;
-    dit_status st = dit_json_load_file(path, &root, diag);
+    dit_flux_config c;
+    dit_status st = dit_flux_config_load(path, &c, diag);
     if (st != DIT_OK)
         return st;
+    if (c.in_channels % 4 != 0 || c.patch_size != 1)
+        return dit_diag_set(diag, DIT_ERR_UNSUPPORTED,
+                            "%s: FluxPipeline needs patch_size 1 and in_channels divisible by 4",
+                            path);
     dit_transformer_info *t = &info->transformer;
-    const char *cls = NULL;
-    int64_t v, axes[MAX_AXES];
-    int n_axes = 3, patch = 1, heads = 24, head_dim = 128;
-    const int64_t big = 1 << 20;
-    DIT_CHECK(dit_json_get_string(root, "_class_name", path, false, &cls, diag));
-    if (cls && strcmp(cls, "FluxTransformer2DModel") != 0) {
-        st = dit_diag_set(diag, DIT_ERR_UNSUPPORTED,
-                          "%s: _class_name is \"%s\"; FluxPipeline takes a FluxTransformer2DModel",
-                          path, cls);
-        goto cleanup;
-    }
     snprintf(t->class_name, sizeof t->class_name, "FluxTransformer2DModel");
-#define GET_INT(key, def, lo, var)                                                                 \
-    DIT_CHECK(dit_json_get_int(root, key, path, false, def, lo, big, &v, diag));                   \
-    var = (int)v
-    GET_INT("patch_size", 1, 1, patch);
-    GET_INT("in_channels", 64, 1, t->in_channels);
-    GET_INT("num_layers", 19, 0, t->num_layers);
-    GET_INT("num_single_layers", 38, 0, t->num_single_layers);
-    GET_INT("attention_head_dim", 128, 1, head_dim);
-    GET_INT("num_attention_heads", 24, 1, heads);
-    GET_INT("joint_attention_dim", 4096, 1, t->joint_attention_dim);
-    GET_INT("pooled_projection_dim", 768, 1, t->pooled_projection_dim);
-#undef GET_INT
-    DIT_CHECK(
-        dit_json_get_bool(root, "guidance_embeds", path, false, false, &t->guidance_embeds, diag));
-    if (cJSON_GetObjectItemCaseSensitive(root, "axes_dims_rope")) {
-        DIT_CHECK(
-            dit_json_get_int_array(root, "axes_dims_rope", path, axes, MAX_AXES, &n_axes, diag));
-        int64_t sum = 0;
-        for (int i = 0; i < n_axes; i++)
-            sum += axes[i];
-        if (n_axes < 1 || sum != head_dim) {
-            st = dit_diag_set(diag, DIT_ERR_FORMAT,
-                              "%s: axes_dims_rope sums to %lld but attention_head_dim is %d", path,
-                              (long long)sum, head_dim);
-            goto cleanup;
-        }
-    } else if (head_dim != 128) {
-        st = dit_diag_set(diag, DIT_ERR_FORMAT,
-                          "%s: axes_dims_rope sums to 128 but attention_head_dim is %d", path,
-                          head_dim);
-        goto cleanup;
-    }
-    if ((int64_t)heads * head_dim > big) {
-        st = dit_diag_set(diag, DIT_ERR_FORMAT, "%s: dimensions are implausibly large", path);
-        goto cleanup;
-    }
-    t->inner_dim = heads * head_dim;
-    if (t->in_channels % 4 != 0 || patch != 1) {
-        st = dit_diag_set(diag, DIT_ERR_UNSUPPORTED,
-                          "%s: FluxPipeline needs patch_size 1 and in_channels divisible by 4",
-                          path);
-        goto cleanup;
-    }
+    t->num_layers = c.num_layers;
+    t->num_single_layers = c.num_single_layers;
+    t->inner_dim = c.inner_dim;
+    t->in_channels = c.in_channels;
+    t->joint_attention_dim = c.joint_attention_dim;
+    t->pooled_projection_dim = c.pooled_projection_dim;
+    t->guidance_embeds = c.guidance_embeds;
     /* What FluxTransformer2DModel's parallel_req says (models/flux). */
     info->parallel = (dit_parallel_req){
-        .num_heads = heads,
+        .num_heads = c.num_attention_heads,
         .n_widths = 1,
-        .widths = {4 * t->inner_dim},
+        .widths = {c.mlp_dim},
         .width_names = {"the FFN width"},
         .n_seqs = 2,
         .seq_names = {"image tokens", "text tokens"},
     };
-cleanup:
-    cJSON_Delete(root);
-    return st;
+    return DIT_OK;
 }
 
 /* 2^(len(block_out_channels) - 1), read from vae/config.json even when the
