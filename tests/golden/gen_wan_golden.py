@@ -29,6 +29,7 @@ covered: a case that sets it is refused.
 from __future__ import annotations
 
 import argparse
+import copy
 import math
 import shutil
 from pathlib import Path
@@ -103,7 +104,12 @@ def make_case(case, out: Path) -> None:
     model = WanTransformer3DModel(**cfg).eval()
     randomize_parameters(model, gen)
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[case["weights_dtype"]]
-    model = model.to(dtype).float()  # round, then compute in f32 on the rounded values
+    # Round the parameters only, then compute in f32 on the rounded values.
+    # (model.to(bf16) would also round the f64 RoPE buffers, which
+    # from_pretrained keeps as they are.)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(p.to(dtype).float())
 
     B, F, H, W = case["batch"], case["frames"], case["height"], case["width"]
     hs = torch.randn(B, cfg["in_channels"], F, H, W, generator=gen)
@@ -115,8 +121,7 @@ def make_case(case, out: Path) -> None:
     d = out / case["name"]
     shutil.rmtree(d, ignore_errors=True)
     d.mkdir(parents=True)
-    save = model.to(dtype)
-    save.save_pretrained(d / "transformer", safe_serialization=True,
+    copy.deepcopy(model).to(dtype).save_pretrained(d / "transformer", safe_serialization=True,
                          max_shard_size="25KB" if case["sharded"] else "10GB")
     save_file({"hidden_states": hs.contiguous(), "timestep": t.float(),
                "encoder_hidden_states": ehs.contiguous()}, d / "inputs.safetensors")
