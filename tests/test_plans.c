@@ -10,13 +10,15 @@
 #include "backend/backend.h"
 #include "models/flux/flux_model.h"
 #include "models/model.h"
+#include "models/wan/wan_model.h"
 #include "parallel/cp_plan.h"
 #include "parallel/tp_plan.h"
 
 START_TEST(registry_finds_flux_by_class_name)
 {
     ck_assert_ptr_eq(dit_model_class_find("FluxTransformer2DModel"), &dit_flux_model_class);
-    ck_assert_ptr_null(dit_model_class_find("WanTransformer3DModel"));
+    ck_assert_ptr_eq(dit_model_class_find("WanTransformer3DModel"), &dit_wan_model_class);
+    ck_assert_ptr_null(dit_model_class_find("NoSuchTransformerModel"));
     ck_assert_ptr_null(dit_model_class_find(NULL));
 }
 END_TEST

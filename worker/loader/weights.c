@@ -235,6 +235,20 @@ static dit_tensor piece_dst(const dit_weight_piece *w)
     return dit_tensor_narrow(w->dst, 0, w->dst_row0, w->nr);
 }
 
+/* A contiguous checkpoint tensor of more dims than a piece reads flattened:
+ * as (n0, the rest) for a matrix (a convolution whose kernel equals its
+ * stride is a linear over flattened patches), as all its elements for a
+ * vector (a (1, 6, C) parameter table). */
+static dit_tensor flat_view(const dit_tensor *v, int ndim)
+{
+    if (v->ndim <= ndim || !dit_tensor_is_contiguous(v))
+        return *v;
+    const int64_t n = dit_tensor_numel(v);
+    if (ndim == 1)
+        return dit_tensor_1d(v->data, v->dtype, n);
+    return dit_tensor_2d(v->data, v->dtype, v->ne[0], v->ne[0] ? n / v->ne[0] : 0);
+}
+
 static void shape_str(const int64_t *s, int ndim, char *buf, size_t cap)
 {
     if (ndim == 1)
@@ -266,8 +280,9 @@ dit_status dit_weight_plan_load(dit_weight_plan *p, dit_backend *be, const dit_s
             continue;
         }
         used[e - dit_st_set_at(set, 0)] = true;
-        bool ok = e->view.ndim == w->ndim && e->view.ne[0] == w->shape[0] &&
-                  (w->ndim == 1 || e->view.ne[1] == w->shape[1]);
+        const dit_tensor view = flat_view(&e->view, w->ndim);
+        bool ok = view.ndim == w->ndim && view.ne[0] == w->shape[0] &&
+                  (w->ndim == 1 || view.ne[1] == w->shape[1]);
         if (!ok) {
             char want[64], got[64];
             shape_str(w->shape, w->ndim, want, sizeof want);
@@ -279,7 +294,7 @@ dit_status dit_weight_plan_load(dit_weight_plan *p, dit_backend *be, const dit_s
         }
         if (!w->dst)
             continue;
-        dit_tensor src = piece_src(w, &e->view);
+        dit_tensor src = piece_src(w, &view);
         dit_tensor dst = piece_dst(w);
         st = be->ops->upload(be, &dst, &src);
         if (st != DIT_OK) {

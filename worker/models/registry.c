@@ -6,9 +6,11 @@
 #include "loader/json_util.h"
 #include "models/flux/flux_model.h"
 #include "models/model.h"
+#include "models/wan/wan_model.h"
 
 static const dit_model_class *const classes[] = {
     &dit_flux_model_class,
+    &dit_wan_model_class,
 };
 #define N_CLASSES (sizeof classes / sizeof classes[0])
 

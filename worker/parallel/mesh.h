@@ -64,7 +64,8 @@ typedef struct dit_parallel_req {
 /* Rules that depend on the model and the request: heads and every width
  * divisible by T, heads divisible by U (plain Ulysses), and (when seq_lens,
  * req->n_seqs lengths, is not NULL) every split sequence divisible by the CP
- * size (plain modes). */
+ * size (plain modes). A model that splits no sequence refuses a CP size
+ * above 1. */
 dit_status dit_parallel_validate_model(const dit_parallel_config *pc, const dit_parallel_req *req,
                                        const int64_t *seq_lens, dit_diag *diag);
 

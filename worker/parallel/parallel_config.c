@@ -92,6 +92,10 @@ dit_status dit_parallel_validate_model(const dit_parallel_config *pc, const dit_
             return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
                                 "%s (%d) must be divisible by tp_degree (%d)", req->width_names[i],
                                 req->widths[i], T);
+    if (C > 1 && req->n_seqs == 0)
+        return dit_diag_set(diag, DIT_ERR_UNSUPPORTED,
+                            "this model's context-parallel plan splits no sequence: ring_degree "
+                            "and ulysses_degree must be 1");
     const bool uneven_heads = pc->ulysses_anything || pc->unified_anything;
     if (!uneven_heads && (H / T) % U != 0) {
         if (T > 1)
