@@ -84,6 +84,8 @@ dit_status dit_scheduler_set_timesteps(dit_scheduler *s, int steps, int64_t seq_
         return dit_diag_set(diag, DIT_ERR_NOMEM, "out of memory");
     }
     dit_status st = s->cls->schedule(s->impl, steps, seq_len, sg, ts, diag);
+    if (st == DIT_OK && s->cls->start)
+        st = s->cls->start(s->impl, steps, diag);
     if (st != DIT_OK) {
         free(sg);
         free(ts);
