@@ -7,9 +7,11 @@
 
 #include "loader/json_util.h"
 #include "schedulers/flow_match_euler.h"
+#include "schedulers/unipc.h"
 
 static const dit_scheduler_class *const classes[] = {
     &dit_flow_match_euler_class,
+    &dit_unipc_class,
 };
 #define N_CLASSES (sizeof classes / sizeof classes[0])
 
