@@ -139,6 +139,55 @@ START_TEST(schedules_and_steps_match_diffusers)
 }
 END_TEST
 
+/* Sigmas and timesteps alone, at flow_shift 1, 3, 5 and 7 and 45 step counts
+ * up to 1000. */
+START_TEST(schedules_match_diffusers_at_many_step_counts)
+{
+    char path[1200];
+    snprintf(path, sizeof path, "%s/schedules.safetensors", root);
+    dit_st_file *f = NULL;
+    dit_diag diag;
+    dit_diag_clear(&diag);
+    ck_assert_msg(dit_st_file_open(path, &f, &diag) == DIT_OK, "%s", diag.msg);
+    snprintf(path, sizeof path, "%s/wan_480p/scheduler_config.json", root);
+    dit_unipc_config c;
+    ck_assert_msg(dit_unipc_config_load(path, &c, &diag) == DIT_OK, "%s", diag.msg);
+    float *sig = malloc(sizeof(float) * 1001);
+    int64_t *ts = malloc(sizeof(int64_t) * 1000);
+    int cases = 0;
+    for (size_t i = 0; i < dit_st_file_count(f); i++) {
+        const dit_st_entry *e = dit_st_file_at(f, i);
+        int shift, N;
+        if (sscanf(e->name, "shift%d_sigmas_%d", &shift, &N) != 2)
+            continue;
+        char name[64];
+        snprintf(name, sizeof name, "shift%d_timesteps_%d", shift, N);
+        const float *wsig = f32_of(f, e->name, (size_t)N + 1);
+        const float *wts = f32_of(f, name, (size_t)N);
+        c.flow_shift = shift;
+        ck_assert_int_eq(dit_unipc_schedule(&c, N, sig, ts, &diag), DIT_OK);
+        for (int k = 0; k <= N; k++) {
+            float w;
+            memcpy(&w, wsig + k, sizeof w);
+            ck_assert_msg(f2u(sig[k]) == f2u(w), "shift %d N=%d sigma[%d] %08x want %08x", shift, N,
+                          k, f2u(sig[k]), f2u(w));
+        }
+        for (int k = 0; k < N; k++) {
+            float w;
+            memcpy(&w, wts + k, sizeof w);
+            ck_assert_msg((float)ts[k] == w, "shift %d N=%d timestep[%d] %lld want %g", shift, N, k,
+                          (long long)ts[k], (double)w);
+        }
+        cases++;
+    }
+    printf("unipc schedules: %d cases bit-identical\n", cases);
+    ck_assert_int_eq(cases, 4 * 45);
+    free(sig);
+    free(ts);
+    dit_st_file_close(f);
+}
+END_TEST
+
 START_TEST(rejects_what_it_does_not_implement)
 {
     char dir[] = "/tmp/dit_unipc_XXXXXX";
@@ -187,6 +236,7 @@ int main(void)
     TCase *tc = tcase_create("core");
     tcase_add_loop_test(tc, schedules_and_steps_match_diffusers, 0,
                         (int)(sizeof configs / sizeof *configs));
+    tcase_add_test(tc, schedules_match_diffusers_at_many_step_counts);
     tcase_add_test(tc, rejects_what_it_does_not_implement);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);

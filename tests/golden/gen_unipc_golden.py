@@ -15,6 +15,9 @@ counts, writes tests/data/scheduler/unipc/<config>/:
     exactlog_N   the same run with the scheduler's scalar torch.log correctly
                  rounded (log in f64, rounded to f32), as the C code does it
 
+tests/data/scheduler/unipc/schedules.safetensors: sigmas and timesteps only, for
+Wan's config at flow_shift 1, 3, 5 and 7 and many step counts
+("shift<s>_sigmas_<N>", "shift<s>_timesteps_<N>", s as an integer),
 and tests/data/scheduler/unipc/inputs.safetensors: the initial sample `x0` and
 `model_outputs` (50, 60) f32 (rows of shape (1, 4, 1, 3, 5)), seeded randn;
 step i gets model_outputs[i] in f32, so diffusers computes the whole step in
@@ -38,6 +41,8 @@ from safetensors.torch import save_file
 OUT = pathlib.Path(__file__).resolve().parents[1] / "data" / "scheduler" / "unipc"
 SHAPE = (1, 4, 1, 3, 5)
 STEPS = (1, 2, 3, 5, 10, 50)
+SCHEDULE_SHIFTS = (1.0, 3.0, 5.0, 7.0)
+SCHEDULE_STEPS = tuple(range(1, 41)) + (50, 64, 100, 250, 1000)
 
 # Wan 2.1's scheduler/scheduler_config.json (flow_shift 3.0: 480p).
 WAN = dict(num_train_timesteps=1000, beta_start=0.0001, beta_end=0.02, beta_schedule="linear",
@@ -113,6 +118,15 @@ def main():
             finite = bool(torch.isfinite(tensors[f"samples_{n}"]).all())
             print(f"{name} N={n}: finite={finite} last={x.flatten()[:3].tolist()}")
         save_file(tensors, str(d / "expected.safetensors"))
+    tensors = {}
+    for shift in SCHEDULE_SHIFTS:
+        for n in SCHEDULE_STEPS:
+            s = UniPCMultistepScheduler(**dict(WAN, flow_shift=shift))
+            s.set_timesteps(n, device="cpu")
+            assert (s.timesteps.float().long() == s.timesteps).all()
+            tensors[f"shift{int(shift)}_sigmas_{n}"] = s.sigmas.clone()
+            tensors[f"shift{int(shift)}_timesteps_{n}"] = s.timesteps.float()
+    save_file(tensors, str(OUT / "schedules.safetensors"))
 
 
 if __name__ == "__main__":
