@@ -7,9 +7,11 @@
 
 #include "loader/json_util.h"
 #include "schedulers/flow_match_euler.h"
+#include "schedulers/unipc.h"
 
 static const dit_scheduler_class *const classes[] = {
     &dit_flow_match_euler_class,
+    &dit_unipc_class,
 };
 #define N_CLASSES (sizeof classes / sizeof classes[0])
 
@@ -84,6 +86,8 @@ dit_status dit_scheduler_set_timesteps(dit_scheduler *s, int steps, int64_t seq_
         return dit_diag_set(diag, DIT_ERR_NOMEM, "out of memory");
     }
     dit_status st = s->cls->schedule(s->impl, steps, seq_len, sg, ts, diag);
+    if (st == DIT_OK && s->cls->start)
+        st = s->cls->start(s->impl, steps, diag);
     if (st != DIT_OK) {
         free(sg);
         free(ts);

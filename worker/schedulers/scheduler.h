@@ -26,6 +26,10 @@ typedef struct dit_scheduler_class {
     /* One step i: x <- step(x, model output v), n elements. Called once per
      * step in order; multistep schedulers keep their history in s. */
     void (*step)(void *s, int i, const float *sigmas, float *x, const float *v, size_t n);
+    /* Optional (NULL: nothing to do): called by dit_scheduler_set_timesteps
+     * after schedule, with the step count; multistep schedulers drop the
+     * history of an earlier generation here. */
+    dit_status (*start)(void *s, int steps, dit_diag *diag);
 } dit_scheduler_class;
 
 typedef struct dit_scheduler dit_scheduler;
