@@ -1,7 +1,8 @@
 /* The model plug-in seams: the registries find classes by their diffusers
  * names, the tensor-parallel plan's patterns pick the styles diffusers'
  * Flux plan gives, and the context-parallel plan splits and scatters
- * inputs by its table as torch.tensor_split does. */
+ * inputs by its table as torch.tensor_split does; a sequence the model
+ * forms itself (Wan's video tokens) lays out the same way. */
 #include <check.h>
 #include <stdlib.h>
 #include <string.h>
@@ -111,6 +112,32 @@ START_TEST(cp_plan_splits_like_tensor_split)
 }
 END_TEST
 
+/* Wan's plan: the video tokens are a sequence the model forms (TOKENS),
+ * with the class's lengths and finish; their layout is tensor_split's. */
+START_TEST(wan_plan_splits_its_own_tokens)
+{
+    const dit_model_class *c = &dit_wan_model_class;
+    const dit_cp_rule *o = dit_cp_plan_output(c->cp_plan, c->n_cp);
+    ck_assert_ptr_nonnull(o);
+    ck_assert_int_eq(o->dim, 1);
+    int tokens = 0;
+    for (int i = 0; i < c->n_cp; i++)
+        tokens += c->cp_plan[i].kind == DIT_CP_TOKENS;
+    ck_assert_int_eq(tokens, 1);
+    ck_assert(c->seq_lens && c->gathered_shape && c->cp_finish);
+    ck_assert_ptr_null(dit_flux_model_class.seq_lens);
+    dit_cp_layout lay;
+    const int64_t lens[1] = {45};
+    ck_assert_int_eq(dit_cp_layout_from_lengths(1, lens, 4, 3, &lay, NULL), DIT_OK);
+    /* torch.arange(45).tensor_split(4) -> 12, 11, 11, 11 */
+    ck_assert_int_eq(lay.len[0][0], 12);
+    ck_assert_int_eq(lay.off[0][1], 12);
+    ck_assert_int_eq(lay.off[0][3], 34);
+    ck_assert_int_eq(lay.attn_len[3], 11);
+    ck_assert_int_eq(dit_cp_layout_from_lengths(1, lens, 4, 4, &lay, NULL), DIT_ERR_INTERNAL);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("plans");
@@ -119,6 +146,7 @@ int main(void)
     tcase_add_test(tc, tp_patterns_match_one_component_per_star);
     tcase_add_test(tc, flux_tp_plan_gives_diffusers_styles);
     tcase_add_test(tc, cp_plan_splits_like_tensor_split);
+    tcase_add_test(tc, wan_plan_splits_its_own_tokens);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -55,6 +55,9 @@ typedef struct dit_model_hooks {
     /* Called after every transformer block, counted from 0 in the order they
      * run; a status other than DIT_OK stops the pass. */
     dit_status (*block_done)(void *ctx, int index, dit_diag *diag);
+    /* This forward's context-parallel layout (NULL: alone), for a model whose
+     * plan has TOKENS rules: it computes tokens [off, off + len) of them. */
+    const dit_cp_layout *cp_layout;
 } dit_model_hooks;
 
 typedef struct dit_model_class dit_model_class;
@@ -82,6 +85,18 @@ struct dit_model_class {
     /* The context-parallel plan (parallel/cp_plan.h). */
     const dit_cp_rule *cp_plan;
     int n_cp;
+    /* Plans with TOKENS rules (parallel/cp_plan.h), else NULL: the whole
+     * length of every sequence (parallel_req's n_seqs) from the inputs'
+     * shapes (data may be absent); the shape the output gathers to (the
+     * token sequence, split on the GATHER rule's dim); and the host step
+     * that makes the final output (`out`, output_shape) from the gathered
+     * tokens. */
+    dit_status (*seq_lens)(const void *cfg, const dit_named_tensors *in, int64_t *lens,
+                           dit_diag *diag);
+    dit_status (*gathered_shape)(const void *cfg, const dit_named_tensors *in, dit_tensor *out,
+                                 dit_diag *diag);
+    dit_status (*cp_finish)(const void *cfg, const dit_named_tensors *in,
+                            const dit_tensor *gathered, const dit_tensor *out, dit_diag *diag);
     /* The tensor-parallel plan (parallel/tp_plan.h) the class's load slices
      * by (through dit_tp_add_*), for tools and checks. */
     const dit_tp_rule *tp_plan;

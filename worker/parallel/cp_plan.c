@@ -20,9 +20,8 @@ static const dit_cp_rule *find_rule(const dit_cp_rule *plan, int n_rules, const 
     return NULL;
 }
 
-dit_status dit_cp_plan_layout(const dit_cp_rule *plan, int n_rules, int n_seqs,
-                              const dit_named_tensors *in, int cp_size, int cp_rank,
-                              dit_cp_layout *out, dit_diag *diag)
+dit_status dit_cp_layout_from_lengths(int n_seqs, const int64_t *seq_len, int cp_size, int cp_rank,
+                                      dit_cp_layout *out, dit_diag *diag)
 {
     if (cp_size < 1 || cp_size > DIT_CP_MAX_RANKS || n_seqs > DIT_CP_MAX_SEQS || cp_rank < 0 ||
         cp_rank >= cp_size)
@@ -31,6 +30,23 @@ dit_status dit_cp_plan_layout(const dit_cp_rule *plan, int n_rules, int n_seqs,
     out->cp_size = cp_size;
     out->cp_rank = cp_rank;
     out->n_seqs = n_seqs;
+    for (int s = 0; s < n_seqs; s++) {
+        out->seq_len[s] = seq_len[s];
+        for (int j = 0; j < cp_size; j++) {
+            dit_partition(out->seq_len[s], cp_size, j, &out->off[s][j], &out->len[s][j]);
+            out->attn_len[j] += out->len[s][j];
+        }
+    }
+    return DIT_OK;
+}
+
+dit_status dit_cp_plan_layout(const dit_cp_rule *plan, int n_rules, int n_seqs,
+                              const dit_named_tensors *in, int cp_size, int cp_rank,
+                              dit_cp_layout *out, dit_diag *diag)
+{
+    int64_t lens[DIT_CP_MAX_SEQS] = {0};
+    if (n_seqs > DIT_CP_MAX_SEQS)
+        return dit_diag_set(diag, DIT_ERR_INTERNAL, "context-parallel plan: bad layout");
     for (int s = 0; s < n_seqs; s++) {
         const dit_tensor *t = NULL;
         const dit_cp_rule *r = NULL;
@@ -46,13 +62,9 @@ dit_status dit_cp_plan_layout(const dit_cp_rule *plan, int n_rules, int n_seqs,
         if (r->dim >= t->ndim)
             return dit_diag_set(diag, DIT_ERR_INVALID_ARG, "input '%s' has %d dims, fewer than %d",
                                 r->input, t->ndim, r->dim + 1);
-        out->seq_len[s] = t->ne[r->dim];
-        for (int j = 0; j < cp_size; j++) {
-            dit_partition(out->seq_len[s], cp_size, j, &out->off[s][j], &out->len[s][j]);
-            out->attn_len[j] += out->len[s][j];
-        }
+        lens[s] = t->ne[r->dim];
     }
-    return DIT_OK;
+    return dit_cp_layout_from_lengths(n_seqs, lens, cp_size, cp_rank, out, diag);
 }
 
 dit_status dit_cp_plan_scatter(const dit_cp_rule *plan, int n_rules, const dit_cp_layout *lay,

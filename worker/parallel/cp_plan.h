@@ -8,6 +8,13 @@
  * i of every sequence. Attention runs over the concatenation of a rank's
  * chunks of all sequences, so a rank's attention length is their sum.
  *
+ * A model may split a sequence it forms inside its forward (video tokens
+ * after a patch embedding): its input is a TOKENS rule, whole on every
+ * rank; the class reports the sequence's length (dit_model_class.seq_lens),
+ * the model reads its token range from the layout (dit_model_hooks
+ * .cp_layout) and computes only those tokens, and its output gathers on the
+ * token dim before the class's cp_finish makes the final output.
+ *
  * Inputs travel to the model as backend tensors, or (`host`) as host
  * arrays a model reads on the CPU (timesteps, RoPE position ids); a host
  * input splits on dim 0 only, so its chunk stays contiguous.
@@ -29,6 +36,8 @@ typedef enum dit_cp_kind {
     DIT_CP_SPLIT,     /* this rank's chunk of dim `dim` */
     DIT_CP_REPLICATE, /* whole on every rank */
     DIT_CP_GATHER,    /* (output) chunks of dim `dim` gathered in rank order */
+    DIT_CP_TOKENS,    /* whole on every rank; the model splits sequence `seq`
+                       * it forms from it */
 } dit_cp_kind;
 
 typedef struct dit_cp_rule {
@@ -56,6 +65,10 @@ typedef struct dit_cp_layout {
 dit_status dit_cp_plan_layout(const dit_cp_rule *plan, int n_rules, int n_seqs,
                               const dit_named_tensors *in, int cp_size, int cp_rank,
                               dit_cp_layout *out, dit_diag *diag);
+
+/* Splits sequences of the given whole lengths (a class's seq_lens). */
+dit_status dit_cp_layout_from_lengths(int n_seqs, const int64_t *seq_len, int cp_size, int cp_rank,
+                                      dit_cp_layout *out, dit_diag *diag);
 
 /* This rank's inputs: backend tensors from `arena` holding the rank's chunk
  * (or the whole) of every non-host input, host views for host inputs.

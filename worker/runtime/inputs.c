@@ -20,6 +20,16 @@ dit_status dit_input_file_peek(const char *path, const dit_model_class *cls, con
     dit_status st;
     const dit_parallel_req req = cls->parallel_req(cfg);
     DIT_CHECK(dit_st_set_open_path(path, &set, diag));
+    if (cls->seq_lens) {
+        /* The class computes its token counts from the inputs' shapes. */
+        dit_named_tensors views = {0};
+        for (size_t i = 0; i < dit_st_set_count(set) && i < DIT_NAMED_TENSORS_MAX; i++) {
+            const dit_st_entry *e = dit_st_set_at(set, i);
+            DIT_CHECK(dit_named_tensors_set(&views, e->name, &e->view));
+        }
+        st = cls->seq_lens(cfg, &views, seq_lens, diag);
+        goto cleanup;
+    }
     for (int s = 0; s < req.n_seqs; s++) {
         const dit_st_entry *e = NULL;
         const dit_cp_rule *r = NULL;

@@ -17,6 +17,7 @@ struct dit_runner {
     dit_block_fn block_fn;
     void *block_ctx;
     dit_runner_stats stats;
+    dit_cp_layout lay; /* the current forward's */
 };
 
 static dit_status hook_attention(void *ctx, dit_arena *arena, const dit_tensor *out,
@@ -80,6 +81,7 @@ static void set_hooks(dit_runner *r)
         .tp_all_reduce = mesh && dit_mesh_tp(mesh) ? hook_all_reduce : NULL,
         .tp_all_gather = mesh && dit_mesh_tp(mesh) ? hook_all_gather : NULL,
         .block_done = r->block_fn ? hook_block : NULL,
+        .cp_layout = r->model->cls->seq_lens ? &r->lay : NULL,
     };
     r->model->cls->set_hooks(r->model->impl, &hooks);
 }
@@ -148,20 +150,36 @@ dit_status dit_runner_forward(dit_runner *r, const dit_named_tensors *in, const 
     const dit_model_class *cls = r->model->cls;
     const int C = r->mesh ? dit_mesh_cp_size(r->mesh) : 1;
     const int cp = r->mesh ? dit_mesh_cp_rank(r->mesh) : 0;
-    dit_cp_layout lay;
+    dit_cp_layout *lay = &r->lay;
     dit_named_tensors local;
-    dit_tensor out_local;
+    dit_tensor out_local, whole = *out;
+    float *gathered = NULL;
 
-    DIT_CHECK(dit_cp_plan_layout(cls->cp_plan, cls->n_cp, r->req.n_seqs, in, C, cp, &lay, diag));
+    if (cls->seq_lens) {
+        int64_t lens[DIT_CP_MAX_SEQS] = {0};
+        if (r->req.n_seqs > DIT_CP_MAX_SEQS)
+            return dit_diag_set(diag, DIT_ERR_INTERNAL, "context-parallel plan: bad layout");
+        DIT_CHECK(cls->seq_lens(dit_model_config(r->model), in, lens, diag));
+        DIT_CHECK(dit_cp_layout_from_lengths(r->req.n_seqs, lens, C, cp, lay, diag));
+        /* The output gathers as tokens, on the host, before cp_finish. */
+        DIT_CHECK(cls->gathered_shape(dit_model_config(r->model), in, &whole, diag));
+        gathered = malloc((size_t)dit_tensor_numel(&whole) * sizeof(float));
+        if (!gathered) {
+            st = dit_diag_set(diag, DIT_ERR_NOMEM, "forward: out of host memory");
+            goto cleanup;
+        }
+        whole = dit_tensor_make(gathered, DIT_F32, whole.ndim, whole.ne);
+    } else {
+        DIT_CHECK(dit_cp_plan_layout(cls->cp_plan, cls->n_cp, r->req.n_seqs, in, C, cp, lay, diag));
+    }
     if (r->mesh)
         DIT_CHECK(
-            dit_parallel_validate_model(dit_mesh_config(r->mesh), &r->req, lay.seq_len, diag));
+            dit_parallel_validate_model(dit_mesh_config(r->mesh), &r->req, lay->seq_len, diag));
     if (r->cpa)
-        DIT_CHECK(dit_cp_attention_set_lengths(r->cpa, lay.attn_len, C, diag));
-    DIT_CHECK(
-        dit_cp_plan_scatter(cls->cp_plan, cls->n_cp, &lay, r->be, r->arena, in, &local, diag));
+        DIT_CHECK(dit_cp_attention_set_lengths(r->cpa, lay->attn_len, C, diag));
+    DIT_CHECK(dit_cp_plan_scatter(cls->cp_plan, cls->n_cp, lay, r->be, r->arena, in, &local, diag));
     {
-        dit_tensor shape = dit_cp_plan_local_output_shape(cls->cp_plan, cls->n_cp, &lay, out);
+        dit_tensor shape = dit_cp_plan_local_output_shape(cls->cp_plan, cls->n_cp, lay, &whole);
         st = dit_arena_tensor(r->arena, DIT_F32, shape.ndim, shape.ne, &out_local);
         if (st != DIT_OK) {
             st = dit_diag_set(diag, st, "forward: out of device memory for inputs");
@@ -169,10 +187,13 @@ dit_status dit_runner_forward(dit_runner *r, const dit_named_tensors *in, const 
         }
     }
     DIT_CHECK(cls->forward(r->model->impl, r->arena, &local, &out_local, diag));
-    DIT_CHECK(dit_cp_plan_gather(cls->cp_plan, cls->n_cp, &lay, r->be, r->arena,
-                                 r->mesh ? dit_mesh_cp(r->mesh) : NULL, &out_local, out,
+    DIT_CHECK(dit_cp_plan_gather(cls->cp_plan, cls->n_cp, lay, r->be, r->arena,
+                                 r->mesh ? dit_mesh_cp(r->mesh) : NULL, &out_local, &whole,
                                  &r->stats.gather_bytes, diag));
+    if (gathered)
+        DIT_CHECK(cls->cp_finish(dit_model_config(r->model), in, &whole, out, diag));
 cleanup:
+    free(gathered);
     dit_arena_reset(r->arena);
     return st;
 }

@@ -259,6 +259,7 @@ typedef struct fwd {
     dit_arena *arena;
     dit_diag *diag;
     int64_t B, S, L, C, D, Hl, Cl, Fl;
+    int64_t tok0; /* this rank's first token (S tokens from it) */
     float scale, eps;
     dit_tensor x;        /* (B, S, C) residual stream */
     dit_tensor n;        /* (B, S, C) normalised (+ modulated) */
@@ -270,7 +271,7 @@ typedef struct fwd {
     dit_tensor temb;     /* (B, C) */
     dit_tensor tproj;    /* (B, 6C) time_proj(SiLU(temb)) */
     dit_tensor e;        /* (B, 6C) a block's modulation: tproj + its table */
-    double *cosb, *sinb; /* (S, D/2) host RoPE */
+    double *cosb, *sinb; /* (all tokens, D/2) host RoPE */
     float *host;         /* (B, S, Cl) host scratch for q/k */
     float *ss;           /* (B S) host sums of squares */
     dit_tensor ss_dev;   /* (B rows) device copy for their all-reduce */
@@ -349,7 +350,8 @@ static dit_status qk_norm_rope(fwd *f, const dit_tensor *x, const dit_tensor *w,
         for (int64_t b = 0; b < B; b++)
             for (int64_t s = 0; s < R; s++) {
                 float *v = f->host + (b * R + s) * Cl;
-                const double *cs = f->cosb + s * half, *sn = f->sinb + s * half;
+                const double *cs = f->cosb + (f->tok0 + s) * half;
+                const double *sn = f->sinb + (f->tok0 + s) * half;
                 for (int64_t hd = 0; hd < Cl / f->D; hd++)
                     for (int64_t i = 0; i < half; i++) {
                         float *p = v + hd * f->D + 2 * i;
@@ -444,6 +446,27 @@ static dit_status scratch(fwd *f, dit_tensor *t, int ndim, int64_t n0, int64_t n
     return DIT_OK;
 }
 
+/* Unpatchify: features (i, j, k, c) of token (f, h, w) go to
+ * [c, f pt + i, h ph + j, w pw + k]. */
+void dit_wan_unpatchify(const dit_wan_config *c, const float *tok, int64_t B, int64_t NF,
+                        int64_t NH, int64_t NW, float *out)
+{
+    const int pt = c->patch_size[0], ph = c->patch_size[1], pw = c->patch_size[2];
+    const int64_t phh = NH / ph, pww = NW / pw, S = NF / pt * phh * pww, O = c->out_dim;
+    const int64_t Co = c->out_channels;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t s = 0; s < S; s++) {
+            const int64_t fi = s / (phh * pww), hi = (s / pww) % phh, wi = s % pww;
+            const float *v = tok + (b * S + s) * O;
+            for (int i = 0; i < pt; i++)
+                for (int j = 0; j < ph; j++)
+                    for (int k = 0; k < pw; k++)
+                        for (int64_t ch = 0; ch < Co; ch++)
+                            out[(((b * Co + ch) * NF + fi * pt + i) * NH + hi * ph + j) * NW +
+                                wi * pw + k] = *v++;
+        }
+}
+
 dit_status dit_wan_forward(dit_wan *m, dit_arena *arena, const dit_wan_inputs *in,
                            const dit_tensor *sample, dit_diag *diag)
 {
@@ -465,10 +488,29 @@ dit_status dit_wan_forward(dit_wan *m, dit_arena *arena, const dit_wan_inputs *i
                             "wan forward: %lld x %lld x %lld patches exceed rope_max_seq_len %d",
                             (long long)pf, (long long)phh, (long long)pww, c->rope_max_seq_len);
     const int64_t out_shape[5] = {B, c->out_channels, NF, NH, NW};
-    for (int i = 0; i < 5; i++)
-        if (sample->ndim != 5 || sample->ne[i] != out_shape[i])
+    const int64_t S_all = pf * phh * pww;
+    /* A 3-D sample takes this rank's tokens, not unpatchified: all of them,
+     * or the context-parallel layout's chunk. */
+    const bool tokens_out = sample->ndim == 3;
+    int64_t tok0 = 0, S_mine = S_all;
+    if (tokens_out && m->hooks.cp_layout) {
+        const dit_cp_layout *lay = m->hooks.cp_layout;
+        if (lay->n_seqs != 1 || lay->seq_len[0] != S_all)
+            return dit_diag_set(diag, DIT_ERR_INTERNAL,
+                                "wan forward: the layout does not match the video tokens");
+        tok0 = lay->off[0][lay->cp_rank];
+        S_mine = lay->len[0][lay->cp_rank];
+    }
+    if (tokens_out) {
+        if (sample->ne[0] != B || sample->ne[1] != S_mine || sample->ne[2] != c->out_dim)
             return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
-                                "wan forward: sample must be (B, out_channels, F, H, W)");
+                                "wan forward: sample must be (B, tokens, out_dim)");
+    } else {
+        for (int i = 0; i < 5; i++)
+            if (sample->ndim != 5 || sample->ne[i] != out_shape[i])
+                return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
+                                    "wan forward: sample must be (B, out_channels, F, H, W)");
+    }
 
     dit_status st = DIT_OK;
     fwd fw, *f = &fw;
@@ -478,7 +520,8 @@ dit_status dit_wan_forward(dit_wan *m, dit_arena *arena, const dit_wan_inputs *i
     f->arena = arena;
     f->diag = diag;
     f->B = B;
-    f->S = pf * phh * pww;
+    f->S = S_mine;
+    f->tok0 = tok0;
     f->L = ehs->ne[1];
     f->C = c->inner_dim;
     f->D = c->attention_head_dim;
@@ -493,8 +536,8 @@ dit_status dit_wan_forward(dit_wan *m, dit_arena *arena, const dit_wan_inputs *i
     float *tok = NULL;
     const size_t tok_n = (size_t)(B * S) * (size_t)(P > O ? P : O);
     tok = malloc(tok_n * sizeof(float));
-    f->cosb = malloc((size_t)S * (size_t)(f->D / 2) * sizeof(double));
-    f->sinb = malloc((size_t)S * (size_t)(f->D / 2) * sizeof(double));
+    f->cosb = malloc((size_t)S_all * (size_t)(f->D / 2) * sizeof(double));
+    f->sinb = malloc((size_t)S_all * (size_t)(f->D / 2) * sizeof(double));
     f->host = malloc((size_t)(B * rows * f->Cl) * sizeof(float));
     f->ss = malloc((size_t)(B * rows) * sizeof(float));
     float *tfreq = malloc((size_t)(B * c->freq_dim) * sizeof(float));
@@ -524,7 +567,8 @@ dit_status dit_wan_forward(dit_wan *m, dit_arena *arena, const dit_wan_inputs *i
     const float *src = hs->data;
     for (int64_t b = 0; b < B; b++)
         for (int64_t s = 0; s < S; s++) {
-            const int64_t fi = s / (phh * pww), hi = (s / pww) % phh, wi = s % pww;
+            const int64_t g = tok0 + s;
+            const int64_t fi = g / (phh * pww), hi = (g / pww) % phh, wi = g % pww;
             float *dst = tok + (b * S + s) * P;
             for (int64_t ch = 0; ch < Cin; ch++)
                 for (int i = 0; i < pt; i++)
@@ -574,8 +618,11 @@ dit_status dit_wan_forward(dit_wan *m, dit_arena *arena, const dit_wan_inputs *i
     BE(be->ops->layer_norm_mod(be, &f->n, &f->x, &oshift, &oscale, f->eps));
     BE(linear(f, &yo, &f->n, &m->proj_out, DIT_ACT_NONE));
 
-    /* Unpatchify: features (i, j, k, c) of token (f, h, w) go to
-     * [c, f pt + i, h ph + j, w pw + k]. */
+    if (tokens_out) {
+        BE(be->ops->copy(be, sample, &yo));
+        BE(be->ops->sync(be));
+        goto cleanup;
+    }
     dit_tensor hy = dit_tensor_3d(tok, DIT_F32, B, S, O);
     BE(be->ops->download(be, &hy, &yo));
     float *outh = malloc((size_t)(B * S * O) * sizeof(float));
@@ -583,18 +630,7 @@ dit_status dit_wan_forward(dit_wan *m, dit_arena *arena, const dit_wan_inputs *i
         st = dit_diag_set(diag, DIT_ERR_NOMEM, "wan forward: out of host memory");
         goto cleanup;
     }
-    const int64_t Co = c->out_channels;
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t s = 0; s < S; s++) {
-            const int64_t fi = s / (phh * pww), hi = (s / pww) % phh, wi = s % pww;
-            const float *v = tok + (b * S + s) * O;
-            for (int i = 0; i < pt; i++)
-                for (int j = 0; j < ph; j++)
-                    for (int k = 0; k < pw; k++)
-                        for (int64_t ch = 0; ch < Co; ch++)
-                            outh[(((b * Co + ch) * NF + fi * pt + i) * NH + hi * ph + j) * NW +
-                                 wi * pw + k] = *v++;
-        }
+    dit_wan_unpatchify(c, tok, B, NF, NH, NW, outh);
     dit_tensor hout = dit_tensor_make(outh, DIT_F32, 5, out_shape);
     st = be->ops->upload(be, sample, &hout);
     if (st == DIT_OK)

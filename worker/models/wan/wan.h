@@ -50,10 +50,17 @@ typedef struct dit_wan_inputs {
     dit_tensor encoder_hidden_states;
 } dit_wan_inputs;
 
-/* One forward pass. sample: backend tensor (B, out_channels, F, H, W), f32.
+/* One forward pass. sample: backend tensor (B, out_channels, F, H, W), f32;
+ * or (B, tokens, out_dim): proj_out's tokens before unpatchify, all of them
+ * or, with the hooks' cp_layout, this rank's chunk of the video tokens.
  * Scratch from `arena`, which the caller resets afterwards. */
 dit_status dit_wan_forward(dit_wan *m, dit_arena *arena, const dit_wan_inputs *in,
                            const dit_tensor *sample, dit_diag *diag);
+
+/* Unpatchify on the host: tok (B, F H W / patch, out_dim) to out (B,
+ * out_channels, NF, NH, NW). */
+void dit_wan_unpatchify(const dit_wan_config *cfg, const float *tok, int64_t batch, int64_t nf,
+                        int64_t nh, int64_t nw, float *out);
 
 /* Floating-point operations of one whole forward: 2 rows in out per linear
  * plus 4 B Sq Skv inner per attention. */

@@ -7,14 +7,15 @@
 
 /* Inputs as WanTransformer3DModel.forward names them. The latent video and
  * the timesteps are read on the host (patchify, sinusoids); the text is a
- * backend tensor. Every input is whole on every rank: diffusers' _cp_plan
- * splits the video tokens after the patch embedding, which a split of a
- * named input cannot say, so context parallelism is not offered yet
- * (parallel_req names no split sequence). */
+ * backend tensor. As diffusers' _cp_plan: the video tokens split after the
+ * patch embedding (every rank patchifies its chunk of the whole latent, with
+ * the matching RoPE rows), the text is whole on every rank (cross-attention
+ * stays local), and proj_out's tokens gather before unpatchify. */
 static const dit_cp_rule wan_cp_plan[] = {
-    {"hidden_states", DIT_CP_REPLICATE, 0, 0, true},
+    {"hidden_states", DIT_CP_TOKENS, 0, 0, true},
     {"timestep", DIT_CP_REPLICATE, 0, 0, true},
     {"encoder_hidden_states", DIT_CP_REPLICATE, 0, 0, false},
+    {"proj_out", DIT_CP_GATHER, 1, 0, false},
 };
 
 static dit_status wan_cls_config_load(const char *dir, void *cfg, dit_diag *diag)
@@ -32,9 +33,48 @@ static dit_parallel_req wan_parallel_req(const void *cfg)
         .n_widths = 1,
         .widths = {c->ffn_dim},
         .width_names = {"ffn_dim"},
-        .n_seqs = 0,
+        .n_seqs = 1,
+        .seq_names = {"video tokens"},
     };
     return r;
+}
+
+static dit_status wan_seq_lens(const void *cfg, const dit_named_tensors *in, int64_t *lens,
+                               dit_diag *diag)
+{
+    const dit_wan_config *c = cfg;
+    const dit_tensor *hs = dit_named_tensors_get(in, "hidden_states");
+    if (!hs || hs->ndim != 5)
+        return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
+                            "input 'hidden_states' (B, C, F, H, W) is required");
+    lens[0] = hs->ne[2] / c->patch_size[0] * (hs->ne[3] / c->patch_size[1]) *
+              (hs->ne[4] / c->patch_size[2]);
+    return DIT_OK;
+}
+
+static dit_status wan_gathered_shape(const void *cfg, const dit_named_tensors *in, dit_tensor *out,
+                                     dit_diag *diag)
+{
+    const dit_wan_config *c = cfg;
+    int64_t S = 0;
+    dit_status st = wan_seq_lens(cfg, in, &S, diag);
+    if (st != DIT_OK)
+        return st;
+    const dit_tensor *hs = dit_named_tensors_get(in, "hidden_states");
+    const int64_t shape[3] = {hs->ne[0], S, c->out_dim};
+    *out = dit_tensor_make(NULL, DIT_F32, 3, shape);
+    return DIT_OK;
+}
+
+static dit_status wan_cp_finish(const void *cfg, const dit_named_tensors *in,
+                                const dit_tensor *gathered, const dit_tensor *out, dit_diag *diag)
+{
+    const dit_tensor *hs = dit_named_tensors_get(in, "hidden_states");
+    if (!hs || hs->ndim != 5 || out->ndim != 5 || !dit_tensor_is_contiguous(out) ||
+        !dit_tensor_is_contiguous(gathered))
+        return dit_diag_set(diag, DIT_ERR_INTERNAL, "wan: bad shapes to unpatchify");
+    dit_wan_unpatchify(cfg, gathered->data, hs->ne[0], hs->ne[2], hs->ne[3], hs->ne[4], out->data);
+    return DIT_OK;
 }
 
 static dit_model_summary wan_summary(const void *cfg)
@@ -194,6 +234,9 @@ const dit_model_class dit_wan_model_class = {
     .summary = wan_summary,
     .cp_plan = wan_cp_plan,
     .n_cp = (int)(sizeof wan_cp_plan / sizeof wan_cp_plan[0]),
+    .seq_lens = wan_seq_lens,
+    .gathered_shape = wan_gathered_shape,
+    .cp_finish = wan_cp_finish,
     .tp_plan = dit_wan_tp_plan,
     .n_tp = &dit_wan_tp_plan_len,
     .load = wan_cls_load,
