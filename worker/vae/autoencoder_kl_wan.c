@@ -1,6 +1,6 @@
 /* AutoencoderKLWan's decoder on the backend interface. See
- * autoencoder_kl_wan.h for the structure and why the whole sequence can be
- * decoded layer by layer. */
+ * autoencoder_kl_wan.h for the structure and the frame-by-frame decoding
+ * with a causal cache. */
 #include "vae/autoencoder_kl_wan.h"
 
 #include <math.h>
@@ -493,6 +493,62 @@ static void act_free(dit_backend *be, dit_tensor *t)
     t->data = NULL;
 }
 
+/* diffusers' feat_cache: per causal convolution (and time_conv), in the
+ * order the decoder runs them, the last two frames of its input so far
+ * (zeros before the first), so that a chunk of frames is convolved as part
+ * of the whole sequence. Each chunk walks the list from 0 again. */
+#define WAN_MAX_CACHES (8 + WAN_MAX_BLOCKS * (2 * WAN_MAX_RES + 1))
+typedef struct wan_feat {
+    dit_tensor buf; /* (2, C, H, W) */
+    int64_t seen;   /* input frames this convolution has seen */
+} wan_feat;
+
+typedef struct wan_cache {
+    wan_feat f[WAN_MAX_CACHES];
+    int idx;
+} wan_cache;
+
+/* The next convolution's cache, zeroed on first use. */
+static dit_status next_feat(dit_backend *be, wan_cache *cache, int64_t c, int64_t h, int64_t w,
+                            wan_feat **out)
+{
+    if (cache->idx >= WAN_MAX_CACHES)
+        return DIT_ERR_INTERNAL;
+    wan_feat *f = &cache->f[cache->idx++];
+    if (!f->buf.data) {
+        dit_status st = act_new(be, 2, c, h, w, &f->buf);
+        if (st == DIT_OK)
+            st = be->ops->fill(be, &f->buf, 0.0f);
+        if (st != DIT_OK)
+            return st;
+    }
+    if (f->buf.ne[1] != c || f->buf.ne[2] != h || f->buf.ne[3] != w)
+        return DIT_ERR_INTERNAL;
+    *out = f;
+    return DIT_OK;
+}
+
+/* p (n + 2, C, H, W) = [cache, x]; afterwards the cache holds p's last two
+ * frames. */
+static dit_status feat_push(dit_backend *be, wan_feat *f, const dit_tensor *x, dit_tensor *p)
+{
+    const int64_t n = x->ne[0];
+    dit_status st = act_new(be, n + 2, x->ne[1], x->ne[2], x->ne[3], p);
+    if (st != DIT_OK)
+        return st;
+    dit_tensor head = dit_tensor_narrow(p, 0, 0, 2), body = dit_tensor_narrow(p, 0, 2, n);
+    dit_tensor tail = dit_tensor_narrow(p, 0, n, 2);
+    st = be->ops->copy(be, &head, &f->buf);
+    if (st == DIT_OK)
+        st = be->ops->copy(be, &body, x);
+    if (st == DIT_OK)
+        st = be->ops->copy(be, &f->buf, &tail);
+    f->seen += n;
+    if (st != DIT_OK)
+        act_free(be, p);
+    return st;
+}
+
 /* Frames [t0, t0 + n) of x seen as one (1, n C, H, W) image. */
 static dit_tensor frames_as_image(const dit_tensor *x, int64_t t0, int64_t n)
 {
@@ -507,10 +563,10 @@ static dit_tensor conv_weight(const wan_conv *c)
 }
 
 /* Causal 3-D convolution of x (T, Cin, H, W) into a new y (T, Cout, H, W):
- * kt = 1 is a per-frame conv2d; kt = 3 pads two zero frames in front and
- * runs one conv2d per output frame over its three input frames. */
-static dit_status causal_conv(dit_backend *be, const wan_conv *c, const dit_tensor *x,
-                              dit_tensor *y)
+ * kt = 1 is a per-frame conv2d; kt = 3 puts the two cached frames in front
+ * and runs one conv2d per output frame over its three input frames. */
+static dit_status causal_conv(dit_backend *be, wan_cache *cache, const wan_conv *c,
+                              const dit_tensor *x, dit_tensor *y)
 {
     const int64_t T = x->ne[0], H = x->ne[2], W = x->ne[3];
     const int pad = c->k / 2;
@@ -522,13 +578,12 @@ static dit_status causal_conv(dit_backend *be, const wan_conv *c, const dit_tens
         st = be->ops->conv2d(be, y, x, &w, &c->b, 1, pad);
         goto out;
     }
-    st = act_new(be, T + 2, c->cin, H, W, &p);
+    wan_feat *f = NULL;
+    st = next_feat(be, cache, c->cin, H, W, &f);
+    if (st == DIT_OK)
+        st = feat_push(be, f, x, &p);
     if (st != DIT_OK)
         goto out;
-    dit_tensor head = dit_tensor_narrow(&p, 0, 0, 2), body = dit_tensor_narrow(&p, 0, 2, T);
-    st = be->ops->fill(be, &head, 0.0f);
-    if (st == DIT_OK)
-        st = be->ops->copy(be, &body, x);
     for (int64_t t = 0; t < T && st == DIT_OK; t++) {
         dit_tensor in = frames_as_image(&p, t, 3), o = frames_as_image(y, t, 1);
         st = be->ops->conv2d(be, &o, &in, &w, &c->b, 1, pad);
@@ -605,23 +660,23 @@ static dit_status add_into(dit_backend *be, const dit_tensor *res, const dit_ten
 }
 
 /* WanResidualBlock; consumes x. */
-static dit_status resnet_fwd(dit_backend *be, const wan_resnet *r, dit_tensor *x)
+static dit_status resnet_fwd(dit_backend *be, wan_cache *cache, const wan_resnet *r, dit_tensor *x)
 {
     dit_tensor h = {0}, a = {0}, b = {0};
     dit_status st = DIT_OK;
     if (r->has_shortcut)
-        DIT_CHECK(causal_conv(be, &r->shortcut, x, &h));
+        DIT_CHECK(causal_conv(be, cache, &r->shortcut, x, &h));
     DIT_CHECK(rms_silu(be, x, &r->g1, &a));
     if (r->has_shortcut)
         act_free(be, x);
     else
         h = *x;
     x->data = NULL;
-    DIT_CHECK(causal_conv(be, &r->conv1, &a, &b));
+    DIT_CHECK(causal_conv(be, cache, &r->conv1, &a, &b));
     act_free(be, &a);
     DIT_CHECK(rms_silu(be, &b, &r->g2, &a));
     act_free(be, &b);
-    DIT_CHECK(causal_conv(be, &r->conv2, &a, &b));
+    DIT_CHECK(causal_conv(be, cache, &r->conv2, &a, &b));
     DIT_CHECK(add_into(be, &b, &h));
     *x = b;
     b.data = NULL;
@@ -668,31 +723,40 @@ cleanup:
 }
 
 /* WanResample upsample2d / upsample3d; consumes x. */
-static dit_status upsample_fwd(dit_backend *be, const wan_up *u, dit_tensor *x)
+static dit_status upsample_fwd(dit_backend *be, wan_cache *cache, const wan_up *u, dit_tensor *x)
 {
     const int64_t T = x->ne[0], C = x->ne[1], H = x->ne[2], W = x->ne[3];
     dit_tensor xt = {0}, p = {0}, up = {0}, y = {0};
     dit_status st = DIT_OK;
-    if (u->mode == 3 && T > 1) {
-        /* Frame 0 as is; frames 1 .. T-1 through the causal time_conv to
-         * 2C channels, (2C, H, W) of output t being frames 2t+1, 2t+2. */
-        DIT_CHECK(act_new(be, 2 * T - 1, C, H, W, &xt));
-        dit_tensor d0 = dit_tensor_narrow(&xt, 0, 0, 1), s0 = dit_tensor_narrow(x, 0, 0, 1);
-        DIT_CHECK(be->ops->copy(be, &d0, &s0));
-        DIT_CHECK(act_new(be, T + 1, C, H, W, &p));
-        dit_tensor head = dit_tensor_narrow(&p, 0, 0, 2), body = dit_tensor_narrow(&p, 0, 2, T - 1);
-        dit_tensor rest = dit_tensor_narrow(x, 0, 1, T - 1);
-        DIT_CHECK(be->ops->fill(be, &head, 0.0f));
-        DIT_CHECK(be->ops->copy(be, &body, &rest));
-        dit_tensor w = conv_weight(&u->time_conv);
-        for (int64_t t = 0; t < T - 1; t++) {
-            dit_tensor in = frames_as_image(&p, t, 3), o = frames_as_image(&xt, 1 + 2 * t, 2);
-            DIT_CHECK(be->ops->conv2d(be, &o, &in, &w, &u->time_conv.b, 1, 0));
+    if (u->mode == 3) {
+        /* The very first frame passes as is (diffusers' "Rep" chunk); every
+         * later one goes through the causal time_conv to 2C channels, the
+         * (2C, H, W) of output t being frames 2t and 2t+1 after the
+         * passed ones. */
+        wan_feat *f = NULL;
+        DIT_CHECK(next_feat(be, cache, C, H, W, &f));
+        const int64_t pass = f->seen == 0 ? 1 : 0, Tc = T - pass;
+        if (f->seen == 0)
+            f->seen = 1;
+        if (Tc > 0) {
+            DIT_CHECK(act_new(be, pass + 2 * Tc, C, H, W, &xt));
+            if (pass) {
+                dit_tensor d0 = dit_tensor_narrow(&xt, 0, 0, 1), s0 = dit_tensor_narrow(x, 0, 0, 1);
+                DIT_CHECK(be->ops->copy(be, &d0, &s0));
+            }
+            dit_tensor rest = dit_tensor_narrow(x, 0, pass, Tc);
+            DIT_CHECK(feat_push(be, f, &rest, &p));
+            dit_tensor w = conv_weight(&u->time_conv);
+            for (int64_t t = 0; t < Tc; t++) {
+                dit_tensor in = frames_as_image(&p, t, 3);
+                dit_tensor o = frames_as_image(&xt, pass + 2 * t, 2);
+                DIT_CHECK(be->ops->conv2d(be, &o, &in, &w, &u->time_conv.b, 1, 0));
+            }
+            act_free(be, &p);
+            act_free(be, x);
+            *x = xt;
+            xt.data = NULL;
         }
-        act_free(be, &p);
-        act_free(be, x);
-        *x = xt;
-        xt.data = NULL;
     }
     const int64_t T2 = x->ne[0];
     /* nearest-exact at scale 2 picks source pixel i / 2, as nearest does. */
@@ -732,49 +796,68 @@ dit_status dit_wan_vae_decode(dit_wan_vae *v, const dit_tensor *z, const dit_ten
                             (long long)(w * s));
     dit_tensor x = {0}, y = {0};
     dit_status st;
-    /* (1, C, T, h, w) host -> (T, C, h, w) backend. */
-    DIT_CHECK(act_new(be, T, c->z_dim, h, w, &x));
-    {
-        dit_tensor src = {.dtype = DIT_F32, .ndim = 3, .data = z->data};
-        src.ne[0] = T, src.ne[1] = c->z_dim, src.ne[2] = h * w;
-        src.nb[0] = h * w * 4, src.nb[1] = T * h * w * 4, src.nb[2] = 4;
-        dit_tensor dst = dit_tensor_3d(x.data, DIT_F32, T, c->z_dim, h * w);
+    wan_cache *cache = calloc(1, sizeof *cache);
+    if (!cache)
+        return dit_diag_set(diag, DIT_ERR_NOMEM, "wan vae: out of memory");
+    const int64_t HW = h * s * w * s, Co = c->out_channels;
+    int64_t f0 = 0;
+    /* One latent frame at a time, as diffusers' _decode: memory holds one
+     * chunk's activations and the caches. */
+    for (int64_t t = 0; t < T; t++) {
+        cache->idx = 0;
+        DIT_CHECK(act_new(be, 1, c->z_dim, h, w, &x));
+        dit_tensor src = dit_tensor_2d((float *)z->data + t * h * w, DIT_F32, c->z_dim, h * w);
+        src.nb[0] = T * h * w * 4;
+        dit_tensor dst = dit_tensor_2d(x.data, DIT_F32, c->z_dim, h * w);
         DIT_CHECK(be->ops->upload(be, &dst, &src));
+        DIT_CHECK(causal_conv(be, cache, &v->post_quant, &x, &y));
+        act_free(be, &x);
+        DIT_CHECK(causal_conv(be, cache, &v->conv_in, &y, &x));
+        act_free(be, &y);
+        DIT_CHECK(resnet_fwd(be, cache, &v->mid_res[0], &x));
+        DIT_CHECK(attn_fwd(be, v, &x));
+        DIT_CHECK(resnet_fwd(be, cache, &v->mid_res[1], &x));
+        for (int i = 0; i < c->n_mult; i++) {
+            for (int j = 0; j <= c->n_res; j++)
+                DIT_CHECK(resnet_fwd(be, cache, &v->ups[i].res[j], &x));
+            if (v->ups[i].mode)
+                DIT_CHECK(upsample_fwd(be, cache, &v->ups[i], &x));
+        }
+        DIT_CHECK(rms_silu(be, &x, &v->norm_out_g, &y));
+        act_free(be, &x);
+        DIT_CHECK(causal_conv(be, cache, &v->conv_out, &y, &x));
+        act_free(be, &y);
+        /* (n, Cout, H, W) backend -> frames [f0, f0 + n) of (1, Cout, F, H, W). */
+        const int64_t n = x.ne[0];
+        if (f0 + n > F) {
+            st = DIT_ERR_INTERNAL;
+            goto cleanup;
+        }
+        for (int64_t ch = 0; ch < Co; ch++) {
+            dit_tensor s2 = dit_tensor_2d((float *)x.data + ch * HW, DIT_F32, n, HW);
+            s2.nb[0] = Co * HW * 4;
+            dit_tensor d2 =
+                dit_tensor_2d((float *)video->data + (ch * F + f0) * HW, DIT_F32, n, HW);
+            DIT_CHECK(be->ops->download(be, &d2, &s2));
+        }
+        f0 += n;
+        act_free(be, &x);
     }
-    DIT_CHECK(causal_conv(be, &v->post_quant, &x, &y));
-    act_free(be, &x);
-    DIT_CHECK(causal_conv(be, &v->conv_in, &y, &x));
-    act_free(be, &y);
-    DIT_CHECK(resnet_fwd(be, &v->mid_res[0], &x));
-    DIT_CHECK(attn_fwd(be, v, &x));
-    DIT_CHECK(resnet_fwd(be, &v->mid_res[1], &x));
-    for (int i = 0; i < c->n_mult; i++) {
-        for (int j = 0; j <= c->n_res; j++)
-            DIT_CHECK(resnet_fwd(be, &v->ups[i].res[j], &x));
-        if (v->ups[i].mode)
-            DIT_CHECK(upsample_fwd(be, &v->ups[i], &x));
+    if (f0 != F) {
+        st = DIT_ERR_INTERNAL;
+        goto cleanup;
     }
-    DIT_CHECK(rms_silu(be, &x, &v->norm_out_g, &y));
-    act_free(be, &x);
-    DIT_CHECK(causal_conv(be, &v->conv_out, &y, &x));
-    act_free(be, &y);
-    {
-        /* (F, Cout, H, W) backend -> (1, Cout, F, H, W) host, clamped. */
-        const int64_t HW = x.ne[2] * x.ne[3];
-        dit_tensor src = {.dtype = DIT_F32, .ndim = 3, .data = x.data};
-        src.ne[0] = c->out_channels, src.ne[1] = F, src.ne[2] = HW;
-        src.nb[0] = HW * 4, src.nb[1] = c->out_channels * HW * 4, src.nb[2] = 4;
-        dit_tensor dst = dit_tensor_3d(video->data, DIT_F32, c->out_channels, F, HW);
-        DIT_CHECK(be->ops->download(be, &dst, &src));
-        float *o = video->data;
-        for (int64_t i = 0, n = dit_tensor_numel(video); i < n; i++)
-            o[i] = o[i] < -1.0f ? -1.0f : o[i] > 1.0f ? 1.0f : o[i];
-    }
+    float *o = video->data;
+    for (int64_t i = 0, n = dit_tensor_numel(video); i < n; i++)
+        o[i] = o[i] < -1.0f ? -1.0f : o[i] > 1.0f ? 1.0f : o[i];
 cleanup:
     if (st != DIT_OK)
         dit_diag_set(diag, st, "wan vae: decode failed: %s",
                      be->ops->last_error ? be->ops->last_error(be) : "");
     act_free(be, &x);
     act_free(be, &y);
+    for (int i = 0; i < WAN_MAX_CACHES; i++)
+        act_free(be, &cache->f[i].buf);
+    free(cache);
     return st;
 }

@@ -26,21 +26,20 @@
  * attention is single-head (head_dim = C) over the H*W positions of each
  * frame, with its own RMS norm and a residual connection.
  *
- * diffusers decodes one latent frame at a time with a per-convolution cache
- * of the last two input frames. With the cache every causal convolution
- * sees exactly the zero-padded sequence, so this decoder runs each layer
- * over all frames at once and gets the same values. The one place where the
- * chunking shows is upsample3d: the first chunk skips the time_conv (its
- * cache says "Rep"), so frame 0 passes through unchanged while frames
- * 1 .. T-1 go through a causal (3, 1, 1) conv to 2C channels whose halves
- * become frames 2t+1 and 2t+2. T latent frames give 1 + 4 (T - 1) frames.
+ * Like diffusers' _decode, this decodes one latent frame at a time with a
+ * per-convolution cache of the last two input frames (zeros before the
+ * first), so every causal convolution sees the zero-padded sequence and
+ * memory holds one chunk's activations plus the caches. upsample3d's
+ * time_conv skips the very first frame (diffusers' "Rep" cache): frame 0
+ * passes unchanged, every later frame goes through a causal (3, 1, 1) conv
+ * to 2C channels whose halves become two frames. T latent frames give
+ * 1 + 4 (T - 1) frames with Wan 2.1's two temporal upsamplings.
  *
  * Layout: activations (T, C, H, W) f32 on the backend, each frame a
  * contiguous NCHW image, so a 3x3x3 conv of output frame t is one conv2d
- * over the three input frames t .. t+2 seen as 3C channels, with the
+ * over the three input frames t-2 .. t seen as 3C channels, with the
  * weight rearranged at load to (Cout, 3 Cin, 3, 3). Activations are
- * allocated per layer and freed when consumed; memory holds a few
- * activations of the whole sequence (not yet bounded by chunks).
+ * allocated per layer and freed when consumed.
  *
  * Weights come from `<dir>/diffusion_pytorch_model.safetensors` and
  * `<dir>/config.json`; tensors under `encoder.` and `quant_conv.` are
