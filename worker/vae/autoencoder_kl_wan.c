@@ -52,7 +52,7 @@ typedef struct wan_up {
 struct dit_wan_vae {
     dit_backend *be;
     wan_config cfg;
-    void *weights;
+    void *weights, *gammas;
     size_t weight_bytes;
     int64_t dims[WAN_MAX_BLOCKS + 1];
     wan_conv post_quant, conv_in, conv_out;
@@ -373,6 +373,36 @@ static void each_conv(dit_wan_vae *v, wan_conv **list, int *n)
     *n = k;
 }
 
+/* Every RMS gamma as an f32 vector (C): the checkpoint's (C, 1, 1[, 1])
+ * tensors load in the backend's weight dtype, rms_norm takes f32. */
+static dit_status gammas_to_f32(dit_wan_vae *v)
+{
+    dit_tensor *g[4 + WAN_MAX_BLOCKS * 2 * WAN_MAX_RES];
+    int n = 0;
+    g[n++] = &v->attn_g;
+    g[n++] = &v->norm_out_g;
+    for (int i = 0; i < 2; i++) {
+        g[n++] = &v->mid_res[i].g1;
+        g[n++] = &v->mid_res[i].g2;
+    }
+    for (int i = 0; i < v->cfg.n_mult; i++)
+        for (int j = 0; j <= v->cfg.n_res; j++) {
+            g[n++] = &v->ups[i].res[j].g1;
+            g[n++] = &v->ups[i].res[j].g2;
+        }
+    int64_t total = 0;
+    for (int i = 0; i < n; i++)
+        total += g[i]->ne[0];
+    dit_status st = dit_backend_alloc(v->be, (size_t)total * sizeof(float), &v->gammas);
+    for (int64_t i = 0, off = 0; i < n && st == DIT_OK; off += g[i]->ne[0], i++) {
+        dit_tensor src = dit_tensor_1d(g[i]->data, g[i]->dtype, g[i]->ne[0]);
+        dit_tensor dst = dit_tensor_1d((float *)v->gammas + off, DIT_F32, g[i]->ne[0]);
+        st = v->be->ops->copy(v->be, &dst, &src);
+        *g[i] = dst;
+    }
+    return st;
+}
+
 dit_status dit_wan_vae_load(dit_backend *be, const char *dir, dit_wan_vae **out, dit_diag *diag)
 {
     char path[4096];
@@ -418,6 +448,11 @@ dit_status dit_wan_vae_load(dit_backend *be, const char *dir, dit_wan_vae **out,
             goto cleanup;
         }
     }
+    st = gammas_to_f32(v);
+    if (st != DIT_OK) {
+        st = dit_diag_set(diag, st, "%s: converting the RMS norm weights failed", dir);
+        goto cleanup;
+    }
     DIT_CHECK(be->ops->sync(be));
     *out = v;
     v = NULL;
@@ -435,6 +470,7 @@ void dit_wan_vae_free(dit_wan_vae *v)
     if (!v)
         return;
     dit_backend_free(v->be, v->weights);
+    dit_backend_free(v->be, v->gammas);
     free(v);
 }
 
@@ -611,10 +647,9 @@ static dit_status rms_to_rows(dit_backend *be, const dit_tensor *x, const dit_te
     dit_tensor src = {.dtype = DIT_F32, .ndim = 3, .data = x->data};
     src.ne[0] = T, src.ne[1] = HW, src.ne[2] = C;
     src.nb[0] = C * HW * 4, src.nb[1] = 4, src.nb[2] = HW * 4;
-    dit_tensor g = dit_tensor_1d(gamma->data, gamma->dtype, C);
     st = be->ops->copy(be, rows, &src);
     if (st == DIT_OK)
-        st = be->ops->rms_norm(be, rows, rows, &g, 1e-24f / (float)C);
+        st = be->ops->rms_norm(be, rows, rows, gamma, 1e-24f / (float)C);
     if (st == DIT_OK && silu)
         st = be->ops->activate(be, rows, rows, DIT_ACT_SILU);
     if (st != DIT_OK) {
