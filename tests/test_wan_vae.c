@@ -3,6 +3,7 @@
  *  - vae.decode of 1, 2 and 3 latent frames (1, 5 and 9 video frames,
  *    non-square) within 1e-5 of the largest reference value (about 1e-6
  *    is reached);
+ *  - decode refuses latents or a video of the wrong shape, naming the right one;
  *  - loader errors name the file and the tensor or key. */
 #include <check.h>
 #include <math.h>
@@ -128,6 +129,29 @@ START_TEST(decode_matches_diffusers)
 }
 END_TEST
 
+START_TEST(decode_rejects_bad_shapes)
+{
+    char vdir[1200];
+    snprintf(vdir, sizeof vdir, "%s/vae", data_dir);
+    dit_diag diag;
+    dit_diag_clear(&diag);
+    dit_wan_vae *v = NULL;
+    ck_assert_msg(dit_wan_vae_load(be, vdir, &v, &diag) == DIT_OK, "%s", dit_diag_msg(&diag));
+    static float zbuf[4 * 2 * 3 * 5], vbuf[3 * 5 * 24 * 40];
+    dit_tensor z = dit_tensor_5d(zbuf, DIT_F32, 1, 4, 2, 3, 5);
+    dit_tensor good = dit_tensor_5d(vbuf, DIT_F32, 1, 3, 5, 24, 40);
+    /* Two latent frames make 5 frames, not 4. */
+    dit_tensor bad_frames = dit_tensor_5d(vbuf, DIT_F32, 1, 3, 4, 24, 40);
+    ck_assert_int_eq(dit_wan_vae_decode(v, &z, &bad_frames, &diag), DIT_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(dit_diag_msg(&diag), "(1, 3, 5, 24, 40)"));
+    dit_diag_clear(&diag);
+    dit_tensor bad_z = dit_tensor_5d(zbuf, DIT_F32, 1, 3, 2, 3, 5);
+    ck_assert_int_eq(dit_wan_vae_decode(v, &bad_z, &good, &diag), DIT_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(dit_diag_msg(&diag), "(1, 4, T, h, w)"));
+    dit_wan_vae_free(v);
+}
+END_TEST
+
 /* A copy of the fixture's vae/ folder with config.json replaced. */
 static void temp_vae(char *dir, size_t len, const char *config)
 {
@@ -202,6 +226,7 @@ static Suite *wan_vae_suite(void)
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, denormalize_matches_pipeline);
     tcase_add_loop_test(tc, decode_matches_diffusers, 0, 3);
+    tcase_add_test(tc, decode_rejects_bad_shapes);
     tcase_add_test(tc, load_errors_name_the_problem);
     suite_add_tcase(s, tc);
     return s;
