@@ -17,6 +17,9 @@
 #define WAN_MAX_BLOCKS 8
 #define WAN_MAX_Z 256
 #define WAN_MAX_RES 16
+/* Bound on the latent frames and sides, so that frame and pixel counts stay
+ * far from int64 overflow whatever the config. */
+#define WAN_MAX_SIDE (1 << 14)
 
 typedef struct wan_config {
     int64_t dim, z_dim, out_channels;
@@ -816,10 +819,12 @@ dit_status dit_wan_vae_decode(dit_wan_vae *v, const dit_tensor *z, const dit_ten
     dit_backend *be = v->be;
     const wan_config *c = &v->cfg;
     if (z->ndim != 5 || z->dtype != DIT_F32 || !dit_tensor_is_contiguous(z) || z->ne[0] != 1 ||
-        z->ne[1] != c->z_dim || z->ne[2] < 1 || z->ne[3] < 1 || z->ne[4] < 1)
+        z->ne[1] != c->z_dim || z->ne[2] < 1 || z->ne[3] < 1 || z->ne[4] < 1 ||
+        z->ne[2] > WAN_MAX_SIDE || z->ne[3] > WAN_MAX_SIDE || z->ne[4] > WAN_MAX_SIDE)
         return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
-                            "wan vae: latents must be (1, %lld, T, h, w) f32 contiguous",
-                            (long long)c->z_dim);
+                            "wan vae: latents must be (1, %lld, T, h, w) f32 contiguous, T, h "
+                            "and w at most %d",
+                            (long long)c->z_dim, WAN_MAX_SIDE);
     const int64_t T = z->ne[2], h = z->ne[3], w = z->ne[4], s = dit_wan_vae_spatial_scale(v);
     const int64_t F = dit_wan_vae_frames(v, T);
     if (video->ndim != 5 || video->dtype != DIT_F32 || !dit_tensor_is_contiguous(video) ||
