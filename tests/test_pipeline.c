@@ -263,8 +263,10 @@ START_TEST(ditrun_generate_reports_bad_requests)
         int rc;
     } bad[] = {
         {"--width", "100", "width 100 must be a positive multiple of 16", 2},
-        {"--height", "0", "height 0 must be a positive multiple of 16", 2},
-        {"--steps", "0", "num_inference_steps 0 must be between 1 and 1000", 2},
+        {"--height", "0", "--height 0: give a positive value, or leave the flag out", 2},
+        {"--height", "8", "height 8 must be a positive multiple of 16", 2},
+        {"--steps", "0", "--steps 0: give a positive value", 2},
+        {"--steps", "-3", "num_inference_steps -3 must be between 1 and 1000", 2},
         {"--steps", "5000", "between 1 and 1000", 2},
         {"--max-sequence-length", "1000", "max_sequence_length 1000", 2},
         {"--guidance", "-1", "guidance_scale -1", 2},

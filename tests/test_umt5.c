@@ -337,8 +337,8 @@ START_TEST(prompt_embeds_match_wan_pipeline)
     ck_assert_int_eq(dit_arena_tensor(arena, DIT_F32, 3, shp, &out), DIT_OK);
     dit_diag diag;
     dit_diag_clear(&diag);
-    ck_assert_msg(dit_umt5_prompt_embeds(g.enc, g.tok, arena, prompts, P, L, &out, n_tok, &diag) ==
-                      DIT_OK,
+    ck_assert_msg(dit_umt5_prompt_embeds(g.enc, g.tok, arena, prompts, P, L, &out, n_tok, NULL,
+                                         &diag) == DIT_OK,
                   "%s", dit_diag_msg(&diag));
     dit_tensor host = dit_tensor_3d(got, DIT_F32, P, L, D);
     ck_assert_int_eq(be->ops->download(be, &host, &out), DIT_OK);

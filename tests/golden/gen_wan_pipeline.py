@@ -86,6 +86,14 @@ CASES = [
     dict(name="f5_nocfg", prompt="a small boat on a lake", negative_prompt=None, height=48,
          width=32, num_frames=5, num_inference_steps=4, guidance_scale=1.0, seed=42,
          max_sequence_length=16),
+    # Nine frames (three latent frames), CFG on with a negative prompt, wide.
+    dict(name="f9_cfg_neg", prompt="a cat jumping over a fence",
+         negative_prompt="blurry, low quality", height=32, width=64, num_frames=9,
+         num_inference_steps=3, guidance_scale=4.0, seed=123, max_sequence_length=16),
+    # Nine frames, CFG off, square, an odd text length.
+    dict(name="f9_nocfg", prompt="waves on a beach at sunset", negative_prompt=None, height=32,
+         width=32, num_frames=9, num_inference_steps=2, guidance_scale=1.0, seed=3,
+         max_sequence_length=13),
 ]
 
 

@@ -481,7 +481,7 @@ cleanup:
 dit_status dit_umt5_prompt_embeds(dit_umt5_encoder *m, const dit_t5_tokenizer *tok,
                                   dit_arena *arena, const char *const *prompts, int64_t B,
                                   int max_sequence_length, const dit_tensor *out, int32_t *n_tokens,
-                                  dit_diag *diag)
+                                  bool *truncated, dit_diag *diag)
 {
     dit_status st = DIT_OK;
     dit_backend *be = m->be;
@@ -513,9 +513,12 @@ dit_status dit_umt5_prompt_embeds(dit_umt5_encoder *m, const dit_t5_tokenizer *t
     int64_t S = 1;
     for (int64_t b = 0; b < B; b++) {
         int n = 0;
+        bool cut = false;
         st = dit_wan_prompt_clean(prompts[b] ? prompts[b] : "", &clean, diag);
         if (st == DIT_OK)
-            st = dit_t5_tokenizer_encode(tok, clean, ids + b * L, (int)L, &n, NULL, diag);
+            st = dit_t5_tokenizer_encode(tok, clean, ids + b * L, (int)L, &n, &cut, diag);
+        if (truncated && cut)
+            *truncated = true;
         free(clean);
         clean = NULL;
         if (st != DIT_OK) {

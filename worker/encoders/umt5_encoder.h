@@ -22,6 +22,7 @@
 #ifndef DIT_ENCODERS_UMT5_ENCODER_H
 #define DIT_ENCODERS_UMT5_ENCODER_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "backend/backend.h"
@@ -57,7 +58,8 @@ dit_status dit_umt5_encoder_forward(dit_umt5_encoder *m, dit_arena *arena, const
  * L = max_sequence_length (</s> kept), the masked forward, then rows at and
  * after each prompt's token count (</s> included in the count) set to 0.
  * out: backend (B, L, d_model) f32. n_tokens: host (B) receiving each
- * prompt's token count, or NULL.
+ * prompt's token count, or NULL. truncated, when not NULL, is set to true
+ * if a prompt had more than L tokens (cut as transformers cuts it).
  *
  * The forward runs over S = the largest token count rather than L: with the
  * mask, rows before a prompt's count depend neither on the padding tokens
@@ -66,6 +68,6 @@ dit_status dit_umt5_encoder_forward(dit_umt5_encoder *m, dit_arena *arena, const
 dit_status dit_umt5_prompt_embeds(dit_umt5_encoder *m, const dit_t5_tokenizer *tok,
                                   dit_arena *arena, const char *const *prompts, int64_t B,
                                   int max_sequence_length, const dit_tensor *out, int32_t *n_tokens,
-                                  dit_diag *diag);
+                                  bool *truncated, dit_diag *diag);
 
 #endif

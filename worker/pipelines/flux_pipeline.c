@@ -243,6 +243,10 @@ static dit_status flux_pipe_generate(void *pv, const dit_pipeline_info *info,
     res->channels = 3;
     res->latent_tokens = tokens;
     res->latent_dim = dim;
+    res->latents_ndim = 3;
+    res->latents_shape[0] = 1;
+    res->latents_shape[1] = tokens;
+    res->latents_shape[2] = dim;
 
     /* Conditioning. */
     if (gp->prompt_embeds) {

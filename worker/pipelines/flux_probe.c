@@ -82,6 +82,8 @@ static dit_status flux_probe(const char *dir, dit_pipeline_info *info, dit_diag 
     info->default_steps = 28;
     info->default_guidance = 3.5f;
     info->default_max_sequence_length = 512;
+    info->frame_step = 0;
+    info->default_fps = 0;
     char p1[PROBE_PATH + 32], p2[PROBE_PATH + 32];
     snprintf(p1, sizeof p1, "%s/text_encoder", dir);
     snprintf(p2, sizeof p2, "%s/text_encoder_2", dir);
@@ -107,9 +109,12 @@ static dit_status flux_check(const dit_pipeline_info *info, const dit_gen_params
         return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
                             "height %d must be a positive multiple of %d (at most 16384)",
                             gp->height, mult);
-    if (gp->frames > 1)
+    if (gp->frames < 0 || gp->frames > 1)
         return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
                             "FluxPipeline makes images: frames %d must be 1 (or 0)", gp->frames);
+    if (gp->fps != 0)
+        return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
+                            "FluxPipeline makes images, which have no frame rate: leave fps 0");
     if (gp->steps < 1 || gp->steps > 1000)
         return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
                             "num_inference_steps %d must be between 1 and 1000", gp->steps);
@@ -248,10 +253,32 @@ static bool flux_mesh_advice(const dit_pipeline_info *info, const dit_gen_params
     return true;
 }
 
+/* Packed latents (1, tokens, 4 C): one token per 2x2 latent pixels. */
+static int flux_latents_shape(const dit_pipeline_info *info, const dit_gen_params *gp,
+                              int64_t *shape)
+{
+    const int mult = info->size_multiple;
+    shape[0] = 1;
+    shape[1] = (int64_t)(gp->height / mult) * (gp->width / mult);
+    shape[2] = info->latent_dim;
+    return 3;
+}
+
+/* True CFG needs both a negative prompt and true_cfg_scale above 1, and
+ * either alone has no effect, as diffusers warns. */
+static bool flux_warning(const dit_pipeline_info *info, const dit_gen_params *gp,
+                         const dit_gen_field_names *names, char *buf, size_t cap)
+{
+    (void)info;
+    return dit_gen_true_cfg_warning(gp, names->negative_prompt, names->true_cfg_scale, buf, cap);
+}
+
 const dit_pipeline_probe_class dit_probe_flux_pipeline = {
     .diffusers_class = "FluxPipeline",
     .probe = flux_probe,
     .check = flux_check,
     .seq_lens = flux_seq_lens,
     .mesh_advice = flux_mesh_advice,
+    .latents_shape = flux_latents_shape,
+    .warning = flux_warning,
 };

@@ -8,8 +8,8 @@
  * business. Under a parallel mesh every rank runs the whole pipeline with
  * the same seed; ranks other than 0 may skip the VAE.
  *
- * Results are media, frames x height x width x channels (an image is one
- * frame), as f32 in [-1, 1] the way the VAE decodes them, plus the packed
+ * Results are media, channels x frames x height x width (an image is one
+ * frame), as f32 in [-1, 1] the way the VAE decodes them, plus the
  * latents for tests and raw outputs.
  *
  * Owner: the thread that loaded it. */
@@ -32,14 +32,18 @@ typedef dit_status (*dit_gen_progress_fn)(void *ctx, int step, int total, double
 
 typedef struct dit_gen_result {
     int width, height;
-    int frames;   /* 1 for an image */
-    int channels; /* 3 (RGB) */
-    int64_t latent_tokens, latent_dim;
-    float *initial_latents; /* (1, tokens, dim) packed, malloc'ed */
-    float *latents;         /* (1, tokens, dim) packed, after the last step */
-    /* (frames, channels, height, width) as the VAE decodes it: for an image
-     * (3, height, width); NULL if not decoded. dit_gen_result_media gives
-     * the frames x H x W x C layout. */
+    int frames;                        /* 1 for an image */
+    int channels;                      /* 3 (RGB) */
+    int64_t latent_tokens, latent_dim; /* the latents' size: tokens x dim floats */
+    /* The latents' shape, as dit_gen_latents_shape gives it (FLUX: packed
+     * (1, tokens, dim); Wan: (1, C, F', H', W')). */
+    int latents_ndim;
+    int64_t latents_shape[5];
+    float *initial_latents; /* malloc'ed, in that shape */
+    float *latents;         /* malloc'ed, after the last step */
+    /* (channels, frames, height, width) as the VAE decodes it: for an
+     * image (3, height, width); NULL if not decoded. dit_gen_result_media
+     * gives the frames x H x W x C layout. */
     float *image;
     bool prompt_truncated; /* a prompt was longer than its tokenizer allows */
     double tokenize_ms, encode_ms, denoise_ms, vae_ms;

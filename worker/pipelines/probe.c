@@ -1,15 +1,18 @@
 /* The pipeline probe registry: one line per pipeline class. */
 #include "pipelines/probe.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
 
 #include "loader/json_util.h"
 #include "pipelines/flux_probe.h"
+#include "pipelines/wan_probe.h"
 
 static const dit_pipeline_probe_class *const classes[] = {
     &dit_probe_flux_pipeline,
+    &dit_probe_wan_pipeline,
 };
 #define N_CLASSES (sizeof classes / sizeof classes[0])
 
@@ -139,6 +142,37 @@ bool dit_gen_mesh_advice(const dit_pipeline_info *info, const dit_gen_params *gp
 {
     const dit_pipeline_probe_class *c = dit_pipeline_probe_class_of(info);
     return c && c->mesh_advice && c->mesh_advice(info, gp, pc, buf, cap);
+}
+
+void dit_gen_apply_defaults(const dit_pipeline_info *info, dit_gen_params *gp)
+{
+    if (!gp->width)
+        gp->width = info->default_width;
+    if (!gp->height)
+        gp->height = info->default_height;
+    if (!gp->frames)
+        gp->frames = info->default_frames;
+    if (!gp->fps)
+        gp->fps = info->default_fps;
+    if (!gp->steps)
+        gp->steps = info->default_steps;
+    if (!gp->max_sequence_length && !gp->prompt_embeds)
+        gp->max_sequence_length = info->default_max_sequence_length;
+    if (isnan(gp->guidance_scale))
+        gp->guidance_scale = info->default_guidance;
+}
+
+int dit_gen_latents_shape(const dit_pipeline_info *info, const dit_gen_params *gp, int64_t *shape)
+{
+    const dit_pipeline_probe_class *c = dit_pipeline_probe_class_of(info);
+    return c ? c->latents_shape(info, gp, shape) : 0;
+}
+
+bool dit_gen_warning(const dit_pipeline_info *info, const dit_gen_params *gp,
+                     const dit_gen_field_names *names, char *buf, size_t cap)
+{
+    const dit_pipeline_probe_class *c = dit_pipeline_probe_class_of(info);
+    return c && c->warning && c->warning(info, gp, names, buf, cap);
 }
 
 bool dit_gen_true_cfg(const dit_gen_params *gp)

@@ -27,13 +27,17 @@ typedef struct dit_gen_params {
     const char *negative_prompt_2; /* NULL: negative_prompt */
     int width, height;             /* pixels */
     int frames;                    /* 0: the pipeline's default (1 for images) */
+    int fps;                       /* video frame rate; 0: the pipeline's default */
     int steps;                     /* 1 .. 1000 */
-    float guidance_scale;          /* distilled guidance, for guidance_embeds models */
-    float true_cfg_scale;          /* > 1 with a negative prompt: two passes per step */
-    uint64_t seed;                 /* torch.Generator("cpu").manual_seed(seed) */
-    int max_sequence_length;       /* text tokens (0: the pipeline's default) */
-    /* Optional: initial packed latents (1, tokens, latent_dim), instead of
-     * noise from the seed. */
+    /* FLUX: distilled guidance (guidance_embeds models); Wan: classic CFG,
+     * two passes per step above 1. NaN: the pipeline's default. */
+    float guidance_scale;
+    float true_cfg_scale;    /* > 1 with a negative prompt: two passes per step */
+    uint64_t seed;           /* torch.Generator("cpu").manual_seed(seed) */
+    int max_sequence_length; /* text tokens (0: the pipeline's default) */
+    /* Optional: initial latents in the shape dit_gen_latents_shape gives
+     * (FLUX: packed (1, tokens, latent_dim); Wan: (1, C, F', H', W')),
+     * instead of noise from the seed. */
     const float *latents;
     /* Optional caller embeddings instead of the text encoders: prompt_embeds
      * (1, embeds_len, joint_attention_dim), pooled (1, pooled_projection_dim),
@@ -64,11 +68,19 @@ typedef struct dit_pipeline_info {
     int latent_channels;       /* VAE latent channels */
     int size_multiple;         /* width and height must be multiples (16 for FLUX) */
     int latent_dim;            /* width of a packed latent token (64 for FLUX) */
-    int default_width, default_height, default_frames, default_steps;
+    int frame_step;            /* num_frames - 1 a multiple of this (4 for Wan); 0: images */
+    int default_width, default_height, default_frames, default_steps, default_fps;
     float default_guidance;
     int default_max_sequence_length;
     bool has_text_encoders; /* the text encoders the pipeline needs are present */
 } dit_pipeline_info;
+
+/* What the caller's users call the request fields, for messages: request
+ * fields ("negative_prompt") in the daemon, flags ("--negative-prompt") in
+ * ditrun. */
+typedef struct dit_gen_field_names {
+    const char *negative_prompt, *true_cfg_scale, *guidance_scale;
+} dit_gen_field_names;
 
 /* One pipeline class's config-only part. */
 typedef struct dit_pipeline_probe_class {
@@ -85,6 +97,14 @@ typedef struct dit_pipeline_probe_class {
      * in request fields, into buf; false to let the mesh's message stand. */
     bool (*mesh_advice)(const dit_pipeline_info *info, const dit_gen_params *gp,
                         const dit_parallel_config *pc, char *buf, size_t cap);
+    /* The latents' shape for a checked request, as the pipeline returns them
+     * with output_type='latent' (and takes them as `latents`); returns the
+     * number of dims (at most 5). */
+    int (*latents_shape)(const dit_pipeline_info *info, const dit_gen_params *gp, int64_t *shape);
+    /* Optional: a warning about request fields that have no effect, named as
+     * the caller's users name them; false when there is none. */
+    bool (*warning)(const dit_pipeline_info *info, const dit_gen_params *gp,
+                    const dit_gen_field_names *names, char *buf, size_t cap);
 } dit_pipeline_probe_class;
 
 /* Reads dir/model_index.json, finds the class and probes. A folder that is
@@ -108,6 +128,19 @@ dit_status dit_gen_check_mesh(const dit_pipeline_info *info, const dit_gen_param
  * false when it has none. */
 bool dit_gen_mesh_advice(const dit_pipeline_info *info, const dit_gen_params *gp,
                          const dit_parallel_config *pc, char *buf, size_t cap);
+
+/* Fills the request's zeros (sizes, frames, fps, steps, text length) and a
+ * NaN guidance with the pipeline's defaults; idempotent. */
+void dit_gen_apply_defaults(const dit_pipeline_info *info, dit_gen_params *gp);
+
+/* The latents' shape for a checked request (see latents_shape); returns the
+ * number of dims. */
+int dit_gen_latents_shape(const dit_pipeline_info *info, const dit_gen_params *gp, int64_t *shape);
+
+/* The pipeline's warning about request fields that have no effect (see
+ * warning), false when there is none. */
+bool dit_gen_warning(const dit_pipeline_info *info, const dit_gen_params *gp,
+                     const dit_gen_field_names *names, char *buf, size_t cap);
 
 /* Whether the generation runs true classifier-free guidance: a scale above
  * 1 and a negative prompt (text or embeddings), as diffusers decides it. */

@@ -4,9 +4,11 @@
 
 #include "pipelines/flux_pipeline.h"
 #include "pipelines/pipeline.h"
+#include "pipelines/wan_pipeline.h"
 
 static const dit_pipeline_class *const classes[] = {
     &dit_flux_pipeline_class,
+    &dit_wan_pipeline_class,
 };
 #define N_CLASSES (sizeof classes / sizeof classes[0])
 
@@ -81,7 +83,7 @@ float *dit_gen_result_media(const dit_gen_result *r)
         for (int64_t c = 0; c < C; c++)
             for (int64_t y = 0; y < H; y++)
                 for (int64_t x = 0; x < W; x++)
-                    m[((f * H + y) * W + x) * C + c] = r->image[((f * C + c) * H + y) * W + x];
+                    m[((f * H + y) * W + x) * C + c] = r->image[((c * F + f) * H + y) * W + x];
     return m;
 }
 

@@ -8,6 +8,7 @@
  * 0's result; any failing rank fails the run with that rank's message. It is
  * the tool for tests, benchmarks and debugging. */
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,25 +41,31 @@ static const char *const forward_usage =
     "in f32.\n";
 
 static const char *const generate_usage =
-    "usage: ditrun generate --model PIPELINE_DIR --prompt TEXT --output OUT.png\n"
+    "usage: ditrun generate --model PIPELINE_DIR --prompt TEXT --output OUT\n"
     "                       [--prompt-2 TEXT] [--negative-prompt TEXT]\n"
     "                       [--negative-prompt-2 TEXT] [--width W] [--height H]\n"
-    "                       [--steps N] [--guidance G] [--true-cfg S] [--seed N]\n"
-    "                       [--max-sequence-length N] [--latents FILE]\n"
-    "                       [--output-latents FILE] [--backend cpu|cuda] [--threads N]\n"
-    "                       [--quiet] [parallel options]\n"
+    "                       [--frames F] [--fps N] [--steps N] [--guidance G]\n"
+    "                       [--true-cfg S] [--seed N] [--max-sequence-length N]\n"
+    "                       [--latents FILE] [--output-latents FILE]\n"
+    "                       [--backend cpu|cuda] [--threads N] [--quiet]\n"
+    "                       [parallel options]\n"
     "\n"
-    "Text to image with a diffusers FluxPipeline folder, as pipe(prompt, ...) would.\n"
-    "Longer prompts are truncated to 77 CLIP tokens and --max-sequence-length T5\n"
-    "tokens, as diffusers does. A progress line per step (with steps/s and the time\n"
-    "left) and the VAE decode are shown when stderr is a terminal.\n";
+    "Text to image (FluxPipeline) or text to video (WanPipeline) with a diffusers\n"
+    "pipeline folder, as pipe(prompt, ...) would. Sizes, frames, steps, guidance and\n"
+    "text length default to the pipeline's own defaults (FLUX: 1024x1024, 28 steps,\n"
+    "guidance 3.5; Wan 2.1: 832x480, 81 frames at 16 fps, 50 steps, guidance 5).\n"
+    "--output by extension: .png (an image, or one frame), .mp4 (H.264 video),\n"
+    ".safetensors (the decoded f32 values: 'image' (3, H, W) or 'video' (3, F, H, W)).\n"
+    "Longer prompts are truncated to the tokenizers' limits (--max-sequence-length\n"
+    "T5/UMT5 tokens), as diffusers does. A progress line per step (with steps/s and\n"
+    "the time left) and the VAE decode are shown when stderr is a terminal.\n";
 
 static const char *const main_usage =
     "usage: ditrun <command> [options]\n"
     "\n"
     "Commands:\n"
     "  forward    one transformer forward pass from a safetensors file of inputs\n"
-    "  generate   text to image with a FluxPipeline folder, written as PNG\n"
+    "  generate   text to image (FluxPipeline) or video (WanPipeline): PNG, MP4, f32\n"
     "\n"
     "Options:\n"
     "  --help      show this help (ditrun <command> --help for a command's options)\n"
@@ -77,7 +84,7 @@ typedef struct raw_args {
     const char *model, *inputs, *output, *backend, *compare, *mesh_shm;
     const char *prompt, *prompt_2, *neg, *neg_2, *latents, *output_latents;
     long long threads, repeat, world, ring, ulysses, tp, comm_timeout, mesh_rank;
-    long long width, height, steps, max_seq;
+    long long width, height, frames, fps, steps, max_seq;
     double guidance, true_cfg;
     uint64_t seed;
     bool quiet, uany, rany, unany, nofp32;
@@ -200,17 +207,24 @@ static int set_true_cfg(void *target, const char *val, char *err, size_t cap)
             "step; either one alone has no effect, and ditrun warns)",                             \
             neg),                                                                                  \
         R_STR("negative-prompt-2", 0, "TEXT", "a different negative prompt for T5", neg_2),        \
-        R_INT("width", 0, "1024", "W", "pixels, a multiple of 16 for FLUX's VAE", width, -1000000, \
-              1000000),                                                                            \
-        R_INT("height", 0, "1024", "H", "pixels, a multiple of 16 for FLUX's VAE", height,         \
+        R_INT("width", 0, NULL, "W", "pixels, a multiple of 16 (default: the pipeline's)", width,  \
               -1000000, 1000000),                                                                  \
-        R_INT("steps", 0, "28", "N", "denoising steps, 1 to 1000", steps, -1000000, 1000000),      \
+        R_INT("height", 0, NULL, "H", "pixels, a multiple of 16 (default: the pipeline's)",        \
+              height, -1000000, 1000000),                                                          \
+        R_INT("frames", 0, NULL, "F",                                                              \
+              "video frames, 4 k + 1 for Wan (default: the pipeline's, 1 for images)", frames,     \
+              -1000000, 1000000),                                                                  \
+        R_INT("fps", 0, NULL, "N", "video frames per second, 1 to 240 (default: the pipeline's)",  \
+              fps, -1000000, 1000000),                                                             \
+        R_INT("steps", 0, NULL, "N", "denoising steps, 1 to 1000 (default: the pipeline's)",       \
+              steps, -1000000, 1000000),                                                           \
         {"guidance",                                                                               \
          0,                                                                                        \
          DIT_OPT_CUSTOM,                                                                           \
-         "3.5",                                                                                    \
+         NULL,                                                                                     \
          "G",                                                                                      \
-         "distilled guidance scale for guidance-embedding models",                                 \
+         "FLUX: distilled guidance scale; Wan: classifier-free guidance above 1 (default: the "    \
+         "pipeline's)",                                                                            \
          NULL,                                                                                     \
          0,                                                                                        \
          0,                                                                                        \
@@ -233,12 +247,11 @@ static int set_true_cfg(void *target, const char *val, char *err, size_t cap)
          0,                                                                                        \
          set_seed,                                                                                 \
          false},                                                                                   \
-        R_INT("max-sequence-length", 0, "512", "N", "T5 tokens, 1 to 512", max_seq, -1000000,      \
-              1000000),                                                                            \
+        R_INT("max-sequence-length", 0, NULL, "N", "T5 / UMT5 tokens, 1 to 512 (default 512)",     \
+              max_seq, -1000000, 1000000),                                                         \
         R_STR("latents", 0, "FILE",                                                                \
-              "initial packed latents (tensor 'latents', (1, tokens, 4C)) instead of noise from "  \
-              "the "                                                                               \
-              "seed",                                                                              \
+              "initial latents (tensor 'latents': FLUX (1, tokens, 4C) packed, Wan (1, C, F', "    \
+              "H/8, W/8)) instead of noise from the seed",                                         \
               latents),                                                                            \
         R_STR("output-latents", 0, "FILE", "also write the final latents (tensor 'latents')",      \
               output_latents)
@@ -255,7 +268,7 @@ static const dit_option forward_only[] = {FORWARD_OPTS};
 static const dit_option generate_opts[] = {
     COMMON_OPTS("pipeline folder: model_index.json, transformer/, vae/, text_encoder/, "
                 "text_encoder_2/, tokenizer/, tokenizer_2/, scheduler/",
-                "the PNG to write"),
+                "the file to write: .png, .mp4 or .safetensors"),
     GENERATE_OPTS,
     PARALLEL_OPTS,
 };
@@ -278,6 +291,9 @@ static int parse(ditrun_args *a, int argc, char **argv)
     };
     raw_args r;
     memset(&r, 0, sizeof r);
+    /* Unset: the pipeline's defaults (no value the parser produces). */
+    r.guidance = NAN;
+    r.width = r.height = r.frames = r.fps = r.steps = r.max_seq = LLONG_MIN;
     const int rc = dit_options_parse(&table, &r, argc, argv, NULL);
     if (rc == 1)
         return -1; /* --help */
@@ -308,10 +324,26 @@ static int parse(ditrun_args *a, int argc, char **argv)
     a->gen.prompt_2 = r.prompt_2;
     a->gen.negative_prompt = r.neg;
     a->gen.negative_prompt_2 = r.neg_2;
-    a->gen.width = (int)r.width;
-    a->gen.height = (int)r.height;
-    a->gen.steps = (int)r.steps;
-    a->gen.max_sequence_length = (int)r.max_seq;
+    /* The request's 0 means "the pipeline's default"; on the command line
+     * that is leaving the flag out, and an explicit 0 is refused. */
+    const struct {
+        const char *flag;
+        long long v;
+        int *out;
+    } sizes[] = {{"--width", r.width, &a->gen.width},
+                 {"--height", r.height, &a->gen.height},
+                 {"--frames", r.frames, &a->gen.frames},
+                 {"--fps", r.fps, &a->gen.fps},
+                 {"--steps", r.steps, &a->gen.steps},
+                 {"--max-sequence-length", r.max_seq, &a->gen.max_sequence_length}};
+    for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
+        if (sizes[i].v == 0)
+            return usage_error(usage,
+                               "%s 0: give a positive value, or leave the flag out for the "
+                               "pipeline's default",
+                               sizes[i].flag);
+        *sizes[i].out = sizes[i].v == LLONG_MIN ? 0 : (int)sizes[i].v;
+    }
     a->gen.guidance_scale = (float)r.guidance;
     a->gen.true_cfg_scale = (float)r.true_cfg;
     a->gen.seed = r.seed;
@@ -352,11 +384,8 @@ static int run(ditrun_cmd cmd, int argc, char **argv)
             return 1;
         }
     }
-    char warning[200];
-    if (cmd == DITRUN_GENERATE && !a.quiet &&
-        dit_gen_true_cfg_warning(&a.gen, "--negative-prompt", "--true-cfg", warning,
-                                 sizeof warning))
-        fprintf(stderr, "ditrun generate: warning: %s\n", warning);
+    if (cmd == DITRUN_GENERATE && (rc = ditrun_generate_prepare(&a)) != 0)
+        return rc;
     rc = ditrun_validate(&a);
     if (rc != 0)
         return rc;

@@ -45,6 +45,11 @@ typedef struct ditrun_args {
 int ditrun_forward_rank(const ditrun_args *a, int rank);
 int ditrun_generate_rank(const ditrun_args *a, int rank);
 
+/* generate, before any rank starts: probes the pipeline, fills the
+ * request's defaults from it, prints its warnings (unless quiet) and checks
+ * that the output's extension suits the result. 0, or the exit code. */
+int ditrun_generate_prepare(ditrun_args *a);
+
 /* Checks what can be checked before any rank starts (layout against model
  * and request): 0, or the exit code to return. */
 int ditrun_validate(const ditrun_args *a);

@@ -1,7 +1,10 @@
-/* ditrun generate: prompt in, PNG out, through the whole FluxPipeline. */
+/* ditrun generate: prompt in, image or video out, through a whole pipeline
+ * (FluxPipeline, WanPipeline). */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include "media/png.h"
@@ -27,14 +30,76 @@ static dit_status show_progress(void *ctx, int step, int total, double elapsed_m
             fprintf(stderr, "  %.2f s/step, ETA %.1f s", 1.0 / rate, (total - step) / rate);
         /* The pipeline decodes right after the last step's callback. */
         if (step == total)
-            fputs("\ndecoding the image (VAE)...\n", stderr);
+            fputs("\ndecoding (VAE)...\n", stderr);
         fflush(stderr);
     }
     return DIT_OK;
 }
 
-/* Reads 'latents' (1, tokens, dim) from a safetensors file as f32. */
-static dit_status read_latents(const char *path, int64_t tokens, int64_t dim, float **out,
+typedef enum output_kind {
+    OUT_PNG,
+    OUT_MP4,
+    OUT_SAFETENSORS,
+    OUT_UNKNOWN,
+} output_kind;
+
+static bool has_suffix(const char *s, const char *suffix)
+{
+    const size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && strcasecmp(s + n - k, suffix) == 0;
+}
+
+static output_kind output_kind_of(const char *path)
+{
+    if (has_suffix(path, ".png"))
+        return OUT_PNG;
+    if (has_suffix(path, ".mp4"))
+        return OUT_MP4;
+    if (has_suffix(path, ".safetensors"))
+        return OUT_SAFETENSORS;
+    return OUT_UNKNOWN;
+}
+
+int ditrun_generate_prepare(ditrun_args *a)
+{
+    dit_diag diag;
+    dit_diag_clear(&diag);
+    dit_pipeline_info info;
+    if (dit_pipeline_probe(a->model, &info, &diag) != DIT_OK) {
+        fprintf(stderr, "ditrun generate: %s\n", dit_diag_msg(&diag));
+        return 1;
+    }
+    dit_gen_apply_defaults(&info, &a->gen);
+    char warning[256];
+    const dit_gen_field_names names = {"--negative-prompt", "--true-cfg", "--guidance"};
+    if (!a->quiet && dit_gen_warning(&info, &a->gen, &names, warning, sizeof warning))
+        fprintf(stderr, "ditrun generate: warning: %s\n", warning);
+    const output_kind k = output_kind_of(a->output);
+    if (k == OUT_UNKNOWN) {
+        fprintf(stderr,
+                "ditrun generate: --output %s: name it .png (an image), .mp4 (a video) or "
+                ".safetensors (the decoded f32 values)\n",
+                a->output);
+        return DITRUN_EXIT_USAGE;
+    }
+    if (k == OUT_PNG && a->gen.frames > 1) {
+        fprintf(stderr,
+                "ditrun generate: --output %s: a PNG holds one image, and this is a %d-frame "
+                "video; write .mp4 or .safetensors (or ask for --frames 1)\n",
+                a->output, a->gen.frames);
+        return DITRUN_EXIT_USAGE;
+    }
+    if (k == OUT_MP4 && info.frame_step == 0) {
+        fprintf(stderr,
+                "ditrun generate: --output %s: %s makes images; write .png or .safetensors\n",
+                a->output, info.class_name);
+        return DITRUN_EXIT_USAGE;
+    }
+    return 0;
+}
+
+/* Reads 'latents' in the request's shape from a safetensors file as f32. */
+static dit_status read_latents(const char *path, int ndim, const int64_t *shape, float **out,
                                dit_diag *diag)
 {
     dit_st_file *f = NULL;
@@ -46,23 +111,67 @@ static dit_status read_latents(const char *path, int64_t tokens, int64_t dim, fl
         st = dit_diag_set(diag, DIT_ERR_INVALID_ARG, "%s: no tensor named 'latents'", path);
         goto cleanup;
     }
-    if (e->view.ndim != 3 || e->view.ne[0] != 1 || e->view.ne[1] != tokens ||
-        e->view.ne[2] != dim) {
-        char got[64];
+    bool same = e->view.ndim == ndim;
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++) {
+        same = same && e->view.ne[i] == shape[i];
+        n *= shape[i];
+    }
+    if (!same) {
+        char got[64], want[96] = "(";
         dit_tensor_shape_str(&e->view, got, sizeof got);
+        for (int i = 0; i < ndim; i++)
+            snprintf(want + strlen(want), sizeof want - strlen(want), "%s%lld", i ? ", " : "",
+                     (long long)shape[i]);
+        snprintf(want + strlen(want), sizeof want - strlen(want), ")");
         st = dit_diag_set(diag, DIT_ERR_INVALID_ARG,
-                          "%s: 'latents' is %s; this size needs packed latents (1, %lld, %lld)",
-                          path, got, (long long)tokens, (long long)dim);
+                          "%s: 'latents' is %s; this request needs latents %s", path, got, want);
         goto cleanup;
     }
-    *out = malloc(sizeof(float) * (size_t)(tokens * dim));
+    *out = malloc(sizeof(float) * (size_t)n);
     if (!*out) {
         st = dit_diag_set(diag, DIT_ERR_NOMEM, "out of memory");
         goto cleanup;
     }
-    dit_convert_to_f32(*out, e->view.data, e->view.dtype, (size_t)(tokens * dim));
+    dit_convert_to_f32(*out, e->view.data, e->view.dtype, (size_t)n);
 cleanup:
     dit_st_file_close(f);
+    return st;
+}
+
+/* Writes the result in the output's format; *bytes_out: the file's size. */
+static dit_status write_output(const char *path, const dit_gen_params *gp,
+                               const dit_gen_result *res, size_t *bytes_out, dit_diag *diag)
+{
+    dit_status st = DIT_OK;
+    uint8_t *bytes = NULL;
+    size_t len = 0;
+    switch (output_kind_of(path)) {
+    case OUT_PNG:
+        DIT_CHECK(dit_png_encode_rgb(res->image, res->height, res->width, &bytes, &len, diag));
+        DIT_CHECK(dit_png_write_file(path, bytes, len, diag));
+        break;
+    case OUT_MP4:
+        st = dit_diag_set(diag, DIT_ERR_UNSUPPORTED, "%s: MP4 output is not built in (fps %d)",
+                          path, gp->fps);
+        break;
+    case OUT_SAFETENSORS: {
+        const bool video = res->frames > 1 || gp->frames > 1;
+        const int64_t vs[4] = {3, res->frames, res->height, res->width};
+        const int64_t is[3] = {3, res->height, res->width};
+        const dit_tensor t = video ? dit_tensor_make(res->image, DIT_F32, 4, vs)
+                                   : dit_tensor_make(res->image, DIT_F32, 3, is);
+        dit_st_write_item item = {.name = video ? "video" : "image", .tensor = &t};
+        DIT_CHECK(dit_st_write(path, &item, 1, diag));
+        len = dit_tensor_nbytes(&t);
+        break;
+    }
+    default:
+        st = dit_diag_set(diag, DIT_ERR_INVALID_ARG, "%s: unknown output format", path);
+    }
+    *bytes_out = len;
+cleanup:
+    free(bytes);
     return st;
 }
 
@@ -77,8 +186,7 @@ int ditrun_generate_rank(const ditrun_args *a, int rank)
     dit_pipeline *pipe = NULL;
     dit_runner *runner = NULL;
     float *latents = NULL;
-    uint8_t *png = NULL;
-    size_t png_len = 0;
+    size_t out_len = 0;
     dit_gen_result res;
     memset(&res, 0, sizeof res);
     const bool multi = a->pc.world_size > 1;
@@ -95,10 +203,13 @@ int ditrun_generate_rank(const ditrun_args *a, int rank)
     const dit_pipeline_info *info = dit_pipeline_get_info(pipe);
 
     dit_gen_params gp = a->gen;
+    dit_gen_apply_defaults(info, &gp);
     if (a->latents_path) {
-        const int s = info->size_multiple;
-        const int64_t tokens = (int64_t)(gp.height / s) * (gp.width / s);
-        DIT_CHECK(read_latents(a->latents_path, tokens, info->latent_dim, &latents, &diag));
+        /* The shape depends on the sizes: check them first. */
+        DIT_CHECK(dit_gen_check(info, &gp, &diag));
+        int64_t shape[5];
+        const int nd = dit_gen_latents_shape(info, &gp, shape);
+        DIT_CHECK(read_latents(a->latents_path, nd, shape, &latents, &diag));
         gp.latents = latents;
     }
     DIT_CHECK(dit_runner_create(be, dit_pipeline_transformer(pipe), mesh, &runner, &diag));
@@ -113,14 +224,13 @@ int ditrun_generate_rank(const ditrun_args *a, int rank)
         goto cleanup;
 
     if (a->output_latents) {
-        dit_tensor lt = dit_tensor_3d(res.latents, DIT_F32, 1, res.latent_tokens, res.latent_dim);
+        dit_tensor lt = dit_tensor_make(res.latents, DIT_F32, res.latents_ndim, res.latents_shape);
         dit_st_write_item item = {.name = "latents", .tensor = &lt};
         DIT_CHECK(dit_st_write(a->output_latents, &item, 1, &diag));
     }
     t0 = ditrun_now_ms();
-    DIT_CHECK(dit_png_encode_rgb(res.image, res.height, res.width, &png, &png_len, &diag));
-    const double t_png = ditrun_now_ms() - t0;
-    DIT_CHECK(dit_png_write_file(a->output, png, png_len, &diag));
+    DIT_CHECK(write_output(a->output, &gp, &res, &out_len, &diag));
+    const double t_out = ditrun_now_ms() - t0;
     if (!a->quiet) {
         const dit_model *tm = dit_pipeline_transformer(pipe);
         const dit_model_summary sum = tm->cls->summary(dit_model_config(tm));
@@ -129,15 +239,18 @@ int ditrun_generate_rank(const ditrun_args *a, int rank)
         if (multi)
             printf("mesh: %d ranks = ring %d x ulysses %d x tp %d\n", a->pc.world_size,
                    a->pc.ring_degree, a->pc.ulysses_degree, a->pc.tp_degree);
-        printf("generated %dx%d, %d steps, seed %llu, guidance %.2f%s%s\n", res.width, res.height,
-               gp.steps, (unsigned long long)gp.seed, gp.guidance_scale,
+        char frames[48] = "";
+        if (res.frames > 1)
+            snprintf(frames, sizeof frames, ", %d frames at %d fps", res.frames, gp.fps);
+        printf("generated %dx%d%s, %d steps, seed %llu, guidance %.2f%s%s\n", res.width, res.height,
+               frames, gp.steps, (unsigned long long)gp.seed, gp.guidance_scale,
                gp.latents ? ", initial latents from file" : "",
                res.prompt_truncated ? "; the prompt was truncated to the tokenizers' limit" : "");
         printf("time: tokenize %.1f ms, text encoders %.1f ms, denoising %.1f ms (%.1f to %.1f "
-               "ms per step), VAE decode %.1f ms, PNG %.1f ms\n",
+               "ms per step), VAE decode %.1f ms, writing %.1f ms\n",
                res.tokenize_ms, res.encode_ms, res.denoise_ms, res.step_ms_min, res.step_ms_max,
-               res.vae_ms, t_png);
-        printf("wrote %s (%zu bytes)%s%s\n", a->output, png_len, a->output_latents ? " and " : "",
+               res.vae_ms, t_out);
+        printf("wrote %s (%zu bytes)%s%s\n", a->output, out_len, a->output_latents ? " and " : "",
                a->output_latents ? a->output_latents : "");
     }
 cleanup:
@@ -149,7 +262,6 @@ cleanup:
         if (world)
             world->ops->abort(world);
     }
-    free(png);
     free(latents);
     dit_gen_result_free(&res);
     dit_runner_destroy(runner);
