@@ -624,15 +624,16 @@ dit_rpc_code dit_client_list_models(dit_client *c, const dit_call_opts *co,
                  &ditserve__v1__list_models_response__descriptor, co, (ProtobufCMessage **)out, st);
 }
 
-dit_rpc_code dit_client_warmup(dit_client *c, const char *model, int width, int height, int steps,
-                               const dit_call_opts *co, Ditserve__V1__WarmupResponse **out,
-                               dit_rpc_status *st)
+dit_rpc_code dit_client_warmup(dit_client *c, const char *model, int width, int height, int frames,
+                               int steps, const dit_call_opts *co,
+                               Ditserve__V1__WarmupResponse **out, dit_rpc_status *st)
 {
     Ditserve__V1__WarmupRequest req = DITSERVE__V1__WARMUP_REQUEST__INIT;
     if (model)
         req.model = (char *)model;
     req.width = width;
     req.height = height;
+    req.num_frames = frames;
     req.num_inference_steps = steps;
     Ditserve__V1__WarmupResponse *resp = NULL;
     dit_rpc_code code =

@@ -140,12 +140,12 @@ dit_rpc_code dit_client_server_info(dit_client *c, const dit_call_opts *co,
 dit_rpc_code dit_client_list_models(dit_client *c, const dit_call_opts *co,
                                     Ditserve__V1__ListModelsResponse **out, dit_rpc_status *st);
 
-/* Warmup with the given shape (0s: the server's defaults; model NULL or "":
- * the only model). *out (may be NULL to discard) is the caller's
- * (ditserve__v1__warmup_response__free_unpacked). */
-dit_rpc_code dit_client_warmup(dit_client *c, const char *model, int width, int height, int steps,
-                               const dit_call_opts *co, Ditserve__V1__WarmupResponse **out,
-                               dit_rpc_status *st);
+/* Warmup with the given shape (0s: the server's defaults; frames for video
+ * models; model NULL or "": the only model). *out (may be NULL to discard)
+ * is the caller's (ditserve__v1__warmup_response__free_unpacked). */
+dit_rpc_code dit_client_warmup(dit_client *c, const char *model, int width, int height, int frames,
+                               int steps, const dit_call_opts *co,
+                               Ditserve__V1__WarmupResponse **out, dit_rpc_status *st);
 
 /* Generate's events as they arrive. Every member may be NULL. A callback that
  * returns nonzero cancels the call (it then ends with CANCELLED). The request

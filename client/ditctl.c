@@ -39,8 +39,8 @@ static const char main_usage[] =
     "The command-line client of ditd, the ditserve daemon (gRPC API ditserve.v1).\n"
     "\n"
     "Commands:\n"
-    "  generate   text to image: writes the PNG (or the raw tensor) and prints the\n"
-    "             seed, size and timings\n"
+    "  generate   text to image or video: writes the PNG or MP4 (or the raw tensor)\n"
+    "             and prints the seed, size and timings\n"
     "  health     asks grpc.health.v1 whether the server is SERVING\n"
     "  info       version, parallel layout, backend, devices, queue state\n"
     "  models     the models the daemon serves\n"
@@ -75,7 +75,7 @@ static const ctl_help models_help = {
     EXIT_HELP};
 
 static const ctl_help warmup_help = {
-    "usage: ditctl warmup [--model NAME] [--width W] [--height H] [--steps N]\n"
+    "usage: ditctl warmup [--model NAME] [--width W] [--height H] [--frames F] [--steps N]\n"
     "                     [connection options]\n"
     "\n"
     "Calls Warmup: the daemon runs one generation of this shape so that later requests\n"
@@ -185,10 +185,13 @@ void ctl_request_init(ctl_request *r)
 bool ctl_request_warn(const ctl_request *r)
 {
     /* The daemon reads an empty negative prompt as none, and true CFG as
-     * off unless the scale is above 1 (its default is 1). */
+     * off unless the scale is above 1 (its default is 1). Whether a
+     * negative prompt alone does anything depends on the model (FLUX: no;
+     * Wan: yes, with guidance above 1): the daemon says so in the Result.
+     * Only an explicit --true-cfg (FLUX's true CFG) is judged here. */
     const bool neg = r->req.negative_prompt && r->req.negative_prompt[0];
     const double cfg = r->req.true_cfg_scale ? r->req.true_cfg_scale->value : 1.0;
-    if (neg && !(cfg > 1.0)) {
+    if (neg && r->req.true_cfg_scale && !(cfg > 1.0)) {
         fprintf(stderr, "ditctl: warning: --negative-prompt has no effect unless --true-cfg is "
                         "above 1 (true classifier-free guidance is off)\n");
         return true;
@@ -371,6 +374,16 @@ static int set_steps(void *t, const char *v, char *err, size_t cap)
     return request_int(v, 1, &REQ(t)->req.num_inference_steps, err, cap);
 }
 
+static int set_frames(void *t, const char *v, char *err, size_t cap)
+{
+    return request_int(v, 1, &REQ(t)->req.num_frames, err, cap);
+}
+
+static int set_fps(void *t, const char *v, char *err, size_t cap)
+{
+    return request_int(v, 1, &REQ(t)->req.fps, err, cap);
+}
+
 static int set_max_seq(void *t, const char *v, char *err, size_t cap)
 {
     return request_int(v, 1, &REQ(t)->req.max_sequence_length, err, cap);
@@ -433,18 +446,24 @@ static const dit_option request_opts[] = {
            set_prompt),
     CUSTOM("prompt-2", 0, "TEXT", "a different prompt for T5", NULL, set_prompt_2),
     CUSTOM("negative-prompt", 0, "TEXT",
-           "with --true-cfg above 1: true classifier-free guidance (either one alone has no "
-           "effect: ditctl warns)",
+           "FLUX: with --true-cfg above 1, true classifier-free guidance; Wan: the negative side "
+           "of its guidance (above 1)",
            NULL, set_neg),
     CUSTOM("negative-prompt-2", 0, "TEXT", "the negative prompt for T5", NULL, set_neg_2),
-    CUSTOM("width", 0, "W", "pixels, a multiple of 16 for FLUX (default: the daemon's, 1024)", NULL,
+    CUSTOM("width", 0, "W",
+           "pixels, a multiple of 16 (default: the model's, as 'ditctl models' lists)", NULL,
            set_width),
-    CUSTOM("height", 0, "H", "pixels, a multiple of 16 for FLUX (default: the daemon's, 1024)",
-           NULL, set_height),
-    CUSTOM("steps", 0, "N", "denoising steps, 1 to 1000 (default: the daemon's, 28)", NULL,
-           set_steps),
-    CUSTOM("guidance", 0, "G", "distilled guidance scale (default: the daemon's, 3.5)", NULL,
-           set_guidance),
+    CUSTOM("height", 0, "H", "pixels, a multiple of 16 (default: the model's)", NULL, set_height),
+    CUSTOM("frames", 0, "F",
+           "video frames, 4 k + 1 for Wan (default: the model's; images take 1 only)", NULL,
+           set_frames),
+    CUSTOM("fps", 0, "N", "video frames per second, 1 to 240 (default: the model's)", NULL,
+           set_fps),
+    CUSTOM("steps", 0, "N", "denoising steps, 1 to 1000 (default: the model's)", NULL, set_steps),
+    CUSTOM("guidance", 0, "G",
+           "FLUX: distilled guidance; Wan: classifier-free guidance above 1 (default: the "
+           "model's)",
+           NULL, set_guidance),
     CUSTOM("true-cfg", 0, "S", "true CFG scale (default: the daemon's, 1: off)", NULL,
            set_true_cfg),
     CUSTOM("seed", 0, "N", "noise seed, 0 to 2^64-1 (default: random, reported)", NULL, set_seed),
@@ -455,7 +474,10 @@ static const dit_option request_opts[] = {
     CUSTOM("request-id", 0, "ID", "echoed in every event (default: the daemon makes one up)", NULL,
            set_request_id),
     CUSTOM("model", 0, "NAME", "the model (default: the daemon's only model)", NULL, set_model),
-    CFLAG("raw", "ask for the decoded image as an f32 tensor (3, H, W) instead of a PNG", set_raw),
+    CFLAG("raw",
+          "ask for the decoded values as an f32 tensor, (3, H, W) for an image or (3, F, H, W) "
+          "for a video, instead of a PNG or MP4",
+          set_raw),
 };
 #define N_REQUEST (sizeof request_opts / sizeof request_opts[0])
 
@@ -705,7 +727,7 @@ cleanup:
 
 typedef struct warmup_args {
     const char *model;
-    int width, height, steps;
+    int width, height, frames, steps;
 } warmup_args;
 
 static int warmup_int(const char *v, int *out, char *err, size_t cap)
@@ -738,6 +760,11 @@ static int set_w_height(void *t, const char *v, char *err, size_t cap)
     return warmup_int(v, &WARG(t)->height, err, cap);
 }
 
+static int set_w_frames(void *t, const char *v, char *err, size_t cap)
+{
+    return warmup_int(v, &WARG(t)->frames, err, cap);
+}
+
 static int set_w_steps(void *t, const char *v, char *err, size_t cap)
 {
     return warmup_int(v, &WARG(t)->steps, err, cap);
@@ -745,8 +772,10 @@ static int set_w_steps(void *t, const char *v, char *err, size_t cap)
 
 static const dit_option warmup_opts[] = {
     CUSTOM("model", 0, "NAME", "the model (default: the daemon's only model)", NULL, set_w_model),
-    CUSTOM("width", 0, "W", "pixels (default 0: the daemon's default, 1024)", NULL, set_w_width),
-    CUSTOM("height", 0, "H", "pixels (default 0: the daemon's default, 1024)", NULL, set_w_height),
+    CUSTOM("width", 0, "W", "pixels (default 0: the model's default)", NULL, set_w_width),
+    CUSTOM("height", 0, "H", "pixels (default 0: the model's default)", NULL, set_w_height),
+    CUSTOM("frames", 0, "F", "video frames (default 0: the model's default; images: 1)", NULL,
+           set_w_frames),
     CUSTOM("steps", 0, "N", "denoising steps (default 0: the daemon's default, 1)", NULL,
            set_w_steps),
 };
@@ -764,7 +793,8 @@ static int cmd_warmup(int argc, char **argv, ctl_common *common)
     dit_call_opts co = {.cancel = &ctl_interrupted};
     dit_rpc_status st;
     Ditserve__V1__WarmupResponse *wr = NULL;
-    if (dit_client_warmup(c, a.model, a.width, a.height, a.steps, &co, &wr, &st) != DIT_RPC_OK) {
+    if (dit_client_warmup(c, a.model, a.width, a.height, a.frames, a.steps, &co, &wr, &st) !=
+        DIT_RPC_OK) {
         rc = ctl_rpc_error(&st);
     } else {
         printf("warmup: %.1f ms%s%s\n", wr->elapsed_ms, wr->detail[0] ? ": " : "", wr->detail);

@@ -1,11 +1,12 @@
 /* ditctl generate: one Generate call with a live view of its events, then
- * the image written to a file (PNG, or the raw tensor as safetensors) and the
- * server's timings printed. */
+ * the image or video written to a file (PNG, MP4, or the raw tensor as
+ * safetensors) and the server's timings printed. */
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include "ditctl.h"
@@ -16,9 +17,11 @@ static const ctl_help generate_help = {
     "                       [connection options]\n"
     "\n"
     "Sends one Generate request and follows its events: the queue position, the start,\n"
-    "one progress update per denoising step, the image in chunks, and the final Result.\n"
-    "Then writes the image and prints the request id, seed, size, the server's timings\n"
-    "and the latency seen here.\n"
+    "one progress update per denoising step, the result in chunks, and the final Result.\n"
+    "Then writes the image or video and prints the request id, seed, size, the server's\n"
+    "timings and the latency seen here. The output's extension picks the format: .png\n"
+    "(an image), .mp4 (a video); with --raw, a safetensors file. Otherwise the model's\n"
+    "own (PNG for images, MP4 for video).\n"
     "\n"
     "Progress goes to stderr: a bar when stderr is a terminal, otherwise a line for\n"
     "the queue, the start, every tenth of the steps and the VAE decode; both show the\n"
@@ -54,8 +57,8 @@ static int set_quiet(void *t, const char *v, char *err, size_t cap)
 
 static const dit_option gen_opts[] = {
     {"output", 'o', DIT_OPT_CUSTOM, NULL, "FILE",
-     "where to write the PNG; with --raw, a safetensors file holding the tensor 'image' (3, H, "
-     "W) in the dtype the daemon sent (f32)",
+     "where to write the PNG or MP4; with --raw, a safetensors file holding the tensor 'image' "
+     "(3, H, W) or 'video' (3, F, H, W) in the dtype the daemon sent (f32)",
      NULL, 0, 0, 0, set_output, false},
     {"quiet", 'q', DIT_OPT_FLAG, NULL, NULL, "print nothing but errors (no progress, no summary)",
      NULL, 0, 0, 0, set_quiet, false},
@@ -203,6 +206,12 @@ int ctl_generate(int argc, char **argv, ctl_common *common)
         return CTL_EXIT_FAIL;
     }
     const bool warned = !a.quiet && ctl_request_warn(&a.r);
+    /* Without --raw, the file's extension names the format. */
+    const size_t olen = strlen(a.output);
+    if (!a.r.raw && olen >= 4 && strcasecmp(a.output + olen - 4, ".mp4") == 0)
+        a.r.req.output_format = DITSERVE__V1__OUTPUT_FORMAT__OUTPUT_FORMAT_MP4;
+    else if (!a.r.raw && olen >= 4 && strcasecmp(a.output + olen - 4, ".png") == 0)
+        a.r.req.output_format = DITSERVE__V1__OUTPUT_FORMAT__OUTPUT_FORMAT_PNG;
 
     dit_client *c;
     if ((rc = ctl_open(common, 0, &c)))
@@ -227,9 +236,12 @@ int ctl_generate(int argc, char **argv, ctl_common *common)
     }
     const Ditserve__V1__Result *res = out.result;
     const bool got_raw = res->format == DITSERVE__V1__OUTPUT_FORMAT__OUTPUT_FORMAT_RAW_TENSOR;
-    if (got_raw != a.r.raw) {
-        fprintf(stderr, "ditctl: the daemon sent %s although %s was asked for\n",
-                got_raw ? "a raw tensor" : "a PNG", a.r.raw ? "a raw tensor" : "a PNG");
+    const bool got_mp4 = res->format == DITSERVE__V1__OUTPUT_FORMAT__OUTPUT_FORMAT_MP4;
+    const char *got_name = got_raw ? "a raw tensor" : got_mp4 ? "an MP4" : "a PNG";
+    if (got_raw != a.r.raw ||
+        (a.r.req.output_format != DITSERVE__V1__OUTPUT_FORMAT__OUTPUT_FORMAT_UNSPECIFIED &&
+         res->format != a.r.req.output_format)) {
+        fprintf(stderr, "ditctl: the daemon sent %s, which was not asked for\n", got_name);
         rc = CTL_EXIT_FAIL;
         goto cleanup;
     }
@@ -244,19 +256,30 @@ int ctl_generate(int argc, char **argv, ctl_common *common)
     if (!got_raw)
         written = out.size;
     if (!a.quiet) {
+        const bool video = res->num_frames > 1 || got_mp4;
         printf("wrote %s (%zu bytes, %s)\n", a.output, written,
-               got_raw ? "safetensors, tensor 'image'" : "PNG");
+               got_raw   ? (res->n_shape == 4 ? "safetensors, tensor 'video'"
+                                              : "safetensors, tensor 'image'")
+               : got_mp4 ? "MP4"
+                         : "PNG");
         printf("request: %s\n", out.request_id ? out.request_id : "");
         printf("seed: %llu\n", (unsigned long long)res->seed);
-        printf("size: %dx%d\n", res->width, res->height);
+        if (video)
+            printf("size: %dx%d, %d frames at %d fps\n", res->width, res->height, res->num_frames,
+                   res->fps);
+        else
+            printf("size: %dx%d\n", res->width, res->height);
         if (res->timings) {
             const Ditserve__V1__Timings *t = res->timings;
             printf("time: queue %.1f ms, tokenize %.1f ms, text encoders %.1f ms, denoising "
                    "%.1f ms (%.1f to %.1f ms per step), VAE decode %.1f ms, %s %.1f ms, "
                    "server total %.1f ms\n",
                    t->queue_ms, t->tokenize_ms, t->text_encode_ms, t->denoise_ms, t->step_ms_min,
-                   t->step_ms_max, t->vae_ms, got_raw ? "encode" : "PNG", t->encode_ms,
-                   t->total_ms);
+                   t->step_ms_max, t->vae_ms,
+                   got_raw   ? "encode"
+                   : got_mp4 ? "MP4"
+                             : "PNG",
+                   t->encode_ms, t->total_ms);
         }
         printf("latency: %.1f ms (client, end to end)\n", out.latency_ms);
         if (res->prompt_truncated)

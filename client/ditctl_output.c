@@ -154,12 +154,14 @@ int ctl_write_raw(const char *path, const Ditserve__V1__Result *res, const char 
 
     char rid[512];
     json_escape(rid, sizeof rid, request_id ? request_id : "");
+    /* (3, H, W): an image; (3, F, H, W): a video. */
+    const char *name = ndim == 4 ? "video" : "image";
     char header[1024];
-    int hn =
-        snprintf(header, sizeof header,
-                 "{\"image\":{\"dtype\":\"%s\",\"shape\":[%s],\"data_offsets\":[0,%zu]},"
-                 "\"__metadata__\":{\"format\":\"pt\",\"seed\":\"%llu\",\"request_id\":\"%s\"}}",
-                 dtype, shape_txt, size, (unsigned long long)res->seed, rid);
+    int hn = snprintf(header, sizeof header,
+                      "{\"%s\":{\"dtype\":\"%s\",\"shape\":[%s],\"data_offsets\":[0,%zu]},"
+                      "\"__metadata__\":{\"format\":\"pt\",\"seed\":\"%llu\",\"request_id\":"
+                      "\"%s\",\"fps\":\"%d\"}}",
+                      name, dtype, shape_txt, size, (unsigned long long)res->seed, rid, res->fps);
     if (hn < 0 || (size_t)hn + 8 > sizeof header) {
         snprintf(err, errcap, "%s", "safetensors header too long");
         return -1;

@@ -20,8 +20,9 @@ int ctl_check_output(const char *path, char *err, size_t errcap);
 int ctl_write_file(const char *path, const uint8_t *data, size_t size, char *err, size_t errcap);
 
 /* Writes the raw tensor of `res` (dtype and shape from the Result; shape
- * (3, height, width) when the daemon sent none) as tensor "image" with the
- * seed and request id as metadata. Checks that the bytes match the shape.
+ * (3, height, width) when the daemon sent none) as tensor "image", or
+ * "video" for a (3, frames, height, width) one, with the seed, request id
+ * and frame rate as metadata. Checks that the bytes match the shape.
  * *written gets the file size. Returns 0, or -1 with a message in err. */
 int ctl_write_raw(const char *path, const Ditserve__V1__Result *res, const char *request_id,
                   const uint8_t *data, size_t size, size_t *written, char *err, size_t errcap);

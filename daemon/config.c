@@ -104,8 +104,8 @@ static const dit_option defs[] = {
           "DITD_MAX_UNREAD_TOTAL", max_unread_total, 1024, (double)(1ll << 40)),
     INT("max-pixels", "4194304", "N", "largest width x height a request may ask for (2048x2048)",
         "DITD_MAX_PIXELS", max_pixels, 256, 268435456),
-    STR("warmup", NULL, "WxH:STEPS", "run one generation of this shape before serving",
-        "DITD_WARMUP", warmup),
+    STR("warmup", NULL, "WxH[xF]:STEPS",
+        "run one generation of this shape (F: video frames) before serving", "DITD_WARMUP", warmup),
     STR("tls-cert", NULL, "FILE", "serve TLS with this PEM certificate chain (needs --tls-key)",
         "DITD_TLS_CERT", tls_cert),
     STR("tls-key", NULL, "FILE", "the PEM private key of --tls-cert", "DITD_TLS_KEY", tls_key),
@@ -126,7 +126,7 @@ static const dit_options table = {
     .prog = "ditd",
     .usage = "usage: ditd --model DIR [options]\n"
              "\n"
-             "Serves generation with a diffusers pipeline (FluxPipeline) over gRPC\n"
+             "Serves generation with a diffusers pipeline (FluxPipeline, WanPipeline) over gRPC\n"
              "(ditserve.v1.Generation, grpc.health.v1.Health, server reflection), running the\n"
              "model on a mesh of ditworker processes.\n",
     .epilog = "Signals: SIGTERM or SIGINT drains (health NOT_SERVING, no new requests,\n"
@@ -136,6 +136,26 @@ static const dit_options table = {
     .opts = defs,
     .n_opts = sizeof defs / sizeof defs[0],
 };
+
+int dit_warmup_spec_parse(const char *text, int *width, int *height, int *frames, int *steps)
+{
+    int w = 0, h = 0, f = 0, s = 0, used = 0;
+    if (sscanf(text, "%dx%dx%d:%d%n", &w, &h, &f, &s, &used) == 4 && text[used] == '\0' && f > 0) {
+        /* WxHxF:STEPS */
+    } else if (f = 0, used = 0,
+               sscanf(text, "%dx%d:%d%n", &w, &h, &s, &used) == 3 && text[used] == '\0') {
+        /* WxH:STEPS */
+    } else {
+        return -1;
+    }
+    if (w <= 0 || h <= 0 || s <= 0)
+        return -1;
+    *width = w;
+    *height = h;
+    *frames = f;
+    *steps = s;
+    return 0;
+}
 
 static const char *basename_of(const char *path)
 {

@@ -46,6 +46,11 @@ typedef struct dit_daemon_config {
     char listen_buf[300]; /* storage for listen when it was rewritten */
 } dit_daemon_config;
 
+/* The shape of --warmup: WxH:STEPS, or WxHxF:STEPS with F video frames
+ * (0 when not given: the model's default). 0, or -1 when the text is not
+ * in either form with positive numbers. */
+int dit_warmup_spec_parse(const char *text, int *width, int *height, int *frames, int *steps);
+
 /* Fills cfg from the environment and argv. Returns 0 to run, 1 when --help
  * or --version was printed, 2 on bad usage (message printed). */
 int dit_daemon_config_parse(dit_daemon_config *cfg, int argc, char **argv);

@@ -83,17 +83,17 @@ static dit_status find_worker(const char *given, char *out, size_t cap, dit_diag
 static dit_status check_warmup(const dit_daemon_config *cfg, const dit_pipeline_info *info,
                                dit_diag *diag)
 {
-    int w = 0, h = 0, steps = 0;
-    char tail;
-    if (sscanf(cfg->warmup, "%dx%d:%d%c", &w, &h, &steps, &tail) != 3 || w <= 0 || h <= 0 ||
-        steps <= 0)
+    int w = 0, h = 0, frames = 0, steps = 0;
+    if (dit_warmup_spec_parse(cfg->warmup, &w, &h, &frames, &steps) != 0)
         return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
-                            "--warmup wants WIDTHxHEIGHT:STEPS (e.g. 256x256:2), not '%s'",
+                            "--warmup wants WIDTHxHEIGHT:STEPS (e.g. 256x256:2) or, for video, "
+                            "WIDTHxHEIGHTxFRAMES:STEPS (e.g. 832x480x81:1), not '%s'",
                             cfg->warmup);
     Ditserve__V1__GenerateRequest r = DITSERVE__V1__GENERATE_REQUEST__INIT;
     r.prompt = "warm-up";
     r.width = w;
     r.height = h;
+    r.num_frames = frames;
     r.num_inference_steps = steps;
     dit_status st = dit_request_validate(&r, info, diag);
     if (st == DIT_OK)
@@ -123,7 +123,7 @@ static void describe_pipeline(const dit_pipeline_info *info, const dit_daemon_co
     m->default_height = info->default_height;
     m->default_steps = info->default_steps;
     m->default_num_frames = info->default_frames;
-    m->default_fps = 0;
+    m->default_fps = info->default_fps;
     /* One token per size_multiple x size_multiple pixels (VAE factor x patch). */
     m->size_multiple = info->size_multiple;
     m->pixels_per_token = info->size_multiple;
@@ -131,7 +131,7 @@ static void describe_pipeline(const dit_pipeline_info *info, const dit_daemon_co
     m->max_pixels = cfg->max_pixels;
     m->max_steps = 1000;
     m->max_sequence_length = info->default_max_sequence_length;
-    m->frame_step = 0; /* images only so far */
+    m->frame_step = info->frame_step; /* 0: images only */
     dit_model_info_add_config(m, "num_layers", t->num_layers);
     dit_model_info_add_config(m, "num_single_layers", t->num_single_layers);
     dit_model_info_add_config(m, "num_attention_heads", info->parallel.num_heads);

@@ -426,7 +426,7 @@ static void on_generate(void *ctx, dit_rpc_call *call, const uint8_t *req, size_
         dit_rpc_call_finish(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
         goto reject;
     }
-    dit_request_warning(r, j->warning, sizeof j->warning);
+    dit_request_warning(r, &s->info, j->warning, sizeof j->warning);
     enqueue(s, j);
     update_positions(s);
     try_dispatch(s);
@@ -507,8 +507,10 @@ static void on_warmup(void *ctx, dit_rpc_call *call, const uint8_t *req, size_t 
     r->seed = seed;
     r->width = w->width;
     r->height = w->height;
+    r->num_frames = w->num_frames;
     r->num_inference_steps = w->num_inference_steps ? w->num_inference_steps : 1;
-    if (dit_request_validate(r, &s->info, &diag) != DIT_OK) {
+    if (dit_model_info_check_frames(&s->model, r->num_frames, 0, &diag) != DIT_OK ||
+        dit_request_validate(r, &s->info, &diag) != DIT_OK) {
         dit_rpc_call_finish(call, GRPC_STATUS_INVALID_ARGUMENT, dit_diag_msg(&diag));
         goto done;
     }
@@ -540,8 +542,8 @@ static void queue_startup_warmup(dit_server *s)
             return;
     if (s->running && s->running->kind == JOB_STARTUP_WARMUP)
         return;
-    int w = 0, h = 0, steps = 0;
-    sscanf(s->cfg->warmup, "%dx%d:%d", &w, &h, &steps);
+    int w = 0, h = 0, frames = 0, steps = 0;
+    dit_warmup_spec_parse(s->cfg->warmup, &w, &h, &frames, &steps);
     Ditserve__V1__GenerateRequest *r = malloc(sizeof *r);
     char *prompt = strdup("warm-up");
     Google__Protobuf__UInt64Value *seed = malloc(sizeof *seed);
@@ -557,6 +559,7 @@ static void queue_startup_warmup(dit_server *s)
     r->seed = seed;
     r->width = w;
     r->height = h;
+    r->num_frames = frames;
     r->num_inference_steps = steps;
     job *j = new_job(s, JOB_STARTUP_WARMUP, r, NULL);
     if (!j) {
@@ -623,12 +626,13 @@ static void send_result(dit_server *s, job *j, const Ditserve__Ipc__JobDone *d)
     tm.base = (ProtobufCMessage)PROTOBUF_C_MESSAGE_INIT(&ditserve__v1__timings__descriptor);
     tm.queue_ms = j->started_ms - j->arrived_ms;
     tm.total_ms = now_ms() - j->arrived_ms;
-    const bool raw = j->req->output_format == DITSERVE__V1__OUTPUT_FORMAT__OUTPUT_FORMAT_RAW_TENSOR;
-    res.format = raw ? DITSERVE__V1__OUTPUT_FORMAT__OUTPUT_FORMAT_RAW_TENSOR
-                     : DITSERVE__V1__OUTPUT_FORMAT__OUTPUT_FORMAT_PNG;
+    res.format = (Ditserve__V1__OutputFormat)dit_request_output_format(j->req, &s->info);
+    const bool raw = res.format == DITSERVE__V1__OUTPUT_FORMAT__OUTPUT_FORMAT_RAW_TENSOR;
     res.seed = d->seed;
     res.width = d->width;
     res.height = d->height;
+    res.num_frames = d->num_frames > 0 ? d->num_frames : 1;
+    res.fps = d->fps;
     res.total_bytes = (int64_t)d->image.len;
     res.prompt_truncated = d->prompt_truncated;
     res.timings = &tm;

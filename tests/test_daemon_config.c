@@ -227,6 +227,22 @@ START_TEST(parallel_layout_from_flags)
 }
 END_TEST
 
+START_TEST(warmup_shapes)
+{
+    int w = -1, h = -1, f = -1, s = -1;
+    ck_assert_int_eq(dit_warmup_spec_parse("256x128:2", &w, &h, &f, &s), 0);
+    ck_assert(w == 256 && h == 128 && f == 0 && s == 2);
+    ck_assert_int_eq(dit_warmup_spec_parse("832x480x81:1", &w, &h, &f, &s), 0);
+    ck_assert(w == 832 && h == 480 && f == 81 && s == 1);
+    const char *bad[] = {"",          "256x256",   "256x256:",  "256x256:2x", "0x256:2",
+                         "256x256:0", "256x-1:2",  "8x8x0:1",   "8x8x-5:1",   "8x8x9",
+                         "8x8x9:1:",  "a x b : c", "256x256:2 "};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+        ck_assert_msg(dit_warmup_spec_parse(bad[i], &w, &h, &f, &s) == -1, "'%s' was accepted",
+                      bad[i]);
+}
+END_TEST
+
 START_TEST(help_lists_every_flag_with_its_variable_and_default)
 {
     clear_env();
@@ -265,6 +281,7 @@ int main(void)
     tcase_add_test(tc, usage_mistakes);
     tcase_add_test(tc, listen_forms);
     tcase_add_test(tc, parallel_layout_from_flags);
+    tcase_add_test(tc, warmup_shapes);
     tcase_add_test(tc, help_lists_every_flag_with_its_variable_and_default);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);

@@ -21,6 +21,7 @@ def env_path(name):
 
 
 DEMO = os.path.join(env_path("DIT_SOURCE_ROOT"), "tests", "data", "demo")
+WAN_DEMO = os.path.join(env_path("DIT_SOURCE_ROOT"), "tests", "data", "wan_demo")
 
 
 def children_of(pid):
@@ -54,11 +55,12 @@ class Daemon:
 
     logs = []
 
-    def __init__(self, *args, world=1, env=None, startup_s=60, wait_serving=True, creds=None):
+    def __init__(self, *args, world=1, env=None, startup_s=60, wait_serving=True, creds=None,
+                 model=DEMO):
         self.api = ditapi.Api(env_path("DIT_DESC"))
         self.logf = tempfile.NamedTemporaryFile(prefix="ditd-", suffix=".log", delete=False)
         Daemon.logs.append(self.logf.name)
-        cmd = [env_path("DITD"), "--model", DEMO, "--listen", "127.0.0.1:0",
+        cmd = [env_path("DITD"), "--model", model, "--listen", "127.0.0.1:0",
                "--world-size", str(world)] + list(args)
         e = dict(os.environ)
         e.update(env or {})

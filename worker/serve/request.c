@@ -161,6 +161,8 @@ static void fill_params(const Ditserve__V1__GenerateRequest *req, const dit_pipe
         req->negative_prompt_2 && req->negative_prompt_2[0] ? req->negative_prompt_2 : NULL;
     gp->width = req->width ? req->width : info ? info->default_width : 0;
     gp->height = req->height ? req->height : info ? info->default_height : 0;
+    gp->frames = req->num_frames ? req->num_frames : info ? info->default_frames : 0;
+    gp->fps = req->fps ? req->fps : info ? info->default_fps : 0;
     gp->steps = req->num_inference_steps ? req->num_inference_steps
                 : info                   ? info->default_steps
                                          : 0;
@@ -188,6 +190,15 @@ static void fill_params(const Ditserve__V1__GenerateRequest *req, const dit_pipe
         gp->latents = (const float *)req->latents->data.data;
 }
 
+int dit_request_output_format(const Ditserve__V1__GenerateRequest *req,
+                              const dit_pipeline_info *info)
+{
+    if (req->output_format != DITSERVE__V1__OUTPUT_FORMAT__OUTPUT_FORMAT_UNSPECIFIED)
+        return req->output_format;
+    return info->frame_step > 0 ? DITSERVE__V1__OUTPUT_FORMAT__OUTPUT_FORMAT_MP4
+                                : DITSERVE__V1__OUTPUT_FORMAT__OUTPUT_FORMAT_PNG;
+}
+
 dit_status dit_request_validate(const Ditserve__V1__GenerateRequest *req,
                                 const dit_pipeline_info *info, dit_diag *diag)
 {
@@ -209,18 +220,39 @@ dit_status dit_request_validate(const Ditserve__V1__GenerateRequest *req,
         return dit_diag_set(diag, DIT_ERR_INVALID_ARG, "request_id is not valid UTF-8");
     if (req->output_format != DITSERVE__V1__OUTPUT_FORMAT__OUTPUT_FORMAT_UNSPECIFIED &&
         req->output_format != DITSERVE__V1__OUTPUT_FORMAT__OUTPUT_FORMAT_PNG &&
-        req->output_format != DITSERVE__V1__OUTPUT_FORMAT__OUTPUT_FORMAT_RAW_TENSOR)
+        req->output_format != DITSERVE__V1__OUTPUT_FORMAT__OUTPUT_FORMAT_RAW_TENSOR &&
+        req->output_format != DITSERVE__V1__OUTPUT_FORMAT__OUTPUT_FORMAT_MP4)
         return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
-                            "output_format %d is not OUTPUT_FORMAT_PNG or OUTPUT_FORMAT_RAW_TENSOR",
+                            "output_format %d is not OUTPUT_FORMAT_PNG, OUTPUT_FORMAT_MP4 or "
+                            "OUTPUT_FORMAT_RAW_TENSOR",
                             (int)req->output_format);
     dit_gen_params gp;
     fill_params(req, info, &gp);
+    const bool video = info->frame_step > 0;
+    if (req->output_format == DITSERVE__V1__OUTPUT_FORMAT__OUTPUT_FORMAT_MP4 && !video)
+        return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
+                            "output_format OUTPUT_FORMAT_MP4: %s makes images; ask for "
+                            "OUTPUT_FORMAT_PNG or OUTPUT_FORMAT_RAW_TENSOR",
+                            info->class_name);
+    if (req->output_format == DITSERVE__V1__OUTPUT_FORMAT__OUTPUT_FORMAT_PNG && video &&
+        gp.frames != 1)
+        return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
+                            "output_format OUTPUT_FORMAT_PNG holds one image and this request is "
+                            "a %d-frame video: ask for OUTPUT_FORMAT_MP4 (the default for "
+                            "video) or OUTPUT_FORMAT_RAW_TENSOR, or num_frames 1",
+                            gp.frames);
     const dit_transformer_info *fc = &info->transformer;
     if (req->prompt_embeds) {
         const int64_t s[3] = {1, -1, fc->joint_attention_dim};
         if ((st = check_tensor("prompt_embeds", req->prompt_embeds, 3, s, 4096, diag)) != DIT_OK)
             return st;
     }
+    if ((req->pooled_prompt_embeds || req->negative_pooled_prompt_embeds) &&
+        fc->pooled_projection_dim == 0)
+        return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
+                            "%s has no pooled text embeddings: send prompt_embeds (and "
+                            "negative_prompt_embeds) alone",
+                            info->class_name);
     if (req->pooled_prompt_embeds) {
         const int64_t s[2] = {1, fc->pooled_projection_dim};
         if ((st = check_tensor("pooled_prompt_embeds", req->pooled_prompt_embeds, 2, s, 0, diag)) !=
@@ -244,9 +276,9 @@ dit_status dit_request_validate(const Ditserve__V1__GenerateRequest *req,
     if ((st = dit_gen_check(info, &gp, diag)) != DIT_OK)
         return st;
     if (req->latents) {
-        const int mult = info->size_multiple;
-        const int64_t s[3] = {1, (int64_t)(gp.height / mult) * (gp.width / mult), info->latent_dim};
-        if ((st = check_tensor("latents", req->latents, 3, s, 0, diag)) != DIT_OK)
+        int64_t s[5];
+        const int nd = dit_gen_latents_shape(info, &gp, s);
+        if ((st = check_tensor("latents", req->latents, nd, s, 0, diag)) != DIT_OK)
             return st;
     }
     return DIT_OK;
@@ -279,11 +311,13 @@ void dit_request_mesh_advice(const Ditserve__V1__GenerateRequest *req,
         snprintf(buf, cap, "%s", dit_diag_msg(&diag));
 }
 
-bool dit_request_warning(const Ditserve__V1__GenerateRequest *req, char *buf, size_t cap)
+bool dit_request_warning(const Ditserve__V1__GenerateRequest *req, const dit_pipeline_info *info,
+                         char *buf, size_t cap)
 {
     dit_gen_params gp;
-    fill_params(req, NULL, &gp);
-    return dit_gen_true_cfg_warning(&gp, "negative_prompt", "true_cfg_scale", buf, cap);
+    fill_params(req, info, &gp);
+    const dit_gen_field_names names = {"negative_prompt", "true_cfg_scale", "guidance_scale"};
+    return dit_gen_warning(info, &gp, &names, buf, cap);
 }
 
 static dit_status to_f32(const Ditserve__V1__Tensor *t, float **out, dit_diag *diag)
@@ -312,9 +346,7 @@ dit_status dit_request_resolve(const Ditserve__V1__GenerateRequest *req,
     out->seed_set = req->seed != NULL;
     if (!out->seed_set)
         out->gp.seed = seed_fallback;
-    out->output_format = req->output_format == DITSERVE__V1__OUTPUT_FORMAT__OUTPUT_FORMAT_RAW_TENSOR
-                             ? DITSERVE__V1__OUTPUT_FORMAT__OUTPUT_FORMAT_RAW_TENSOR
-                             : DITSERVE__V1__OUTPUT_FORMAT__OUTPUT_FORMAT_PNG;
+    out->output_format = dit_request_output_format(req, info);
     DIT_CHECK(to_f32(req->prompt_embeds, &out->prompt_embeds, diag));
     DIT_CHECK(to_f32(req->pooled_prompt_embeds, &out->pooled_prompt_embeds, diag));
     DIT_CHECK(to_f32(req->negative_prompt_embeds, &out->negative_prompt_embeds, diag));

@@ -25,12 +25,17 @@
 
 typedef struct dit_request {
     dit_gen_params gp; /* points into this struct's own storage */
-    int output_format; /* DITSERVE__V1__OUTPUT_FORMAT__OUTPUT_FORMAT_PNG or _RAW_TENSOR */
+    int output_format; /* DITSERVE__V1__OUTPUT_FORMAT__OUTPUT_FORMAT_PNG, _MP4 or _RAW_TENSOR */
     bool seed_set;     /* the request chose the seed */
     float *prompt_embeds, *pooled_prompt_embeds;
     float *negative_prompt_embeds, *negative_pooled_prompt_embeds;
     float *latents;
 } dit_request;
+
+/* The output format a (validated) request gets: the one it asks for, or
+ * for UNSPECIFIED the pipeline's: PNG for images, MP4 for video. */
+int dit_request_output_format(const Ditserve__V1__GenerateRequest *req,
+                              const dit_pipeline_info *info);
 
 /* Checks everything without allocating; the message says which field is
  * wrong and what would be right. */
@@ -56,10 +61,12 @@ void dit_request_mesh_advice(const Ditserve__V1__GenerateRequest *req,
                              const dit_pipeline_info *info, const dit_parallel_config *pc,
                              char *buf, size_t cap);
 
-/* A request field that has no effect (a negative prompt without
- * true_cfg_scale above 1, or the reverse), as diffusers warns about it:
- * true and the warning in buf, or false. */
-bool dit_request_warning(const Ditserve__V1__GenerateRequest *req, char *buf, size_t cap);
+/* A request field that has no effect (FLUX: a negative prompt without
+ * true_cfg_scale above 1, or the reverse; Wan: a negative prompt without
+ * guidance_scale above 1), as diffusers warns about it: true and the
+ * warning in buf, or false. */
+bool dit_request_warning(const Ditserve__V1__GenerateRequest *req, const dit_pipeline_info *info,
+                         char *buf, size_t cap);
 
 /* Validates, then fills *out (tensors converted to f32). seed_fallback is
  * used when the request has no seed. */

@@ -1,7 +1,7 @@
 /* ditrun: runs the worker's compute code without the daemon.
  *
  *   ditrun forward  --model DIR --inputs IN.safetensors --output OUT.safetensors
- *   ditrun generate --model PIPELINE_DIR --prompt TEXT -o out.png
+ *   ditrun generate --model PIPELINE_DIR --prompt TEXT -o out.png|out.mp4
  *
  * With --world-size N > 1 it creates a shared-memory mesh, starts N rank
  * processes of itself (the same code a daemon worker runs), and reports rank
@@ -32,13 +32,15 @@ static const char *const forward_usage =
     "                      [--backend cpu|cuda] [--threads N] [--repeat N]\n"
     "                      [--compare FILE] [--quiet] [parallel options]\n"
     "\n"
-    "Runs one FluxTransformer2DModel forward pass, as diffusers' model(...) would.\n"
-    "--inputs holds the forward arguments, named as diffusers names them:\n"
-    "hidden_states (B, S_img, in_channels), encoder_hidden_states (B, S_txt,\n"
+    "Runs one transformer forward pass (FluxTransformer2DModel or WanTransformer3DModel,\n"
+    "by config.json's _class_name), as diffusers' model(...) would. --inputs holds the\n"
+    "forward arguments, named as diffusers names them, in f32, bf16 or f16.\n"
+    "FLUX: hidden_states (B, S_img, in_channels), encoder_hidden_states (B, S_txt,\n"
     "joint_attention_dim), pooled_projections (B, pooled_projection_dim), timestep (B),\n"
     "img_ids (S_img, n_axes), txt_ids (S_txt, n_axes), and guidance (B) when the config\n"
-    "has guidance_embeds; f32, bf16 or f16. --output holds 'sample' (B, S_img, out_dim)\n"
-    "in f32.\n";
+    "has guidance_embeds; --output holds 'sample' (B, S_img, out_dim) in f32.\n"
+    "Wan: hidden_states (B, in_channels, F, H, W), timestep (B), encoder_hidden_states\n"
+    "(B, S_txt, text_dim); --output holds 'sample' (B, out_channels, F, H, W) in f32.\n";
 
 static const char *const generate_usage =
     "usage: ditrun generate --model PIPELINE_DIR --prompt TEXT --output OUT\n"
@@ -367,8 +369,8 @@ static int run(ditrun_cmd cmd, int argc, char **argv)
     ditrun_args a;
     memset(&a, 0, sizeof a);
     a.cmd = cmd;
-    /* The defaults (diffusers' FluxPipeline ones for generate) are in the
-     * option tables. */
+    /* The defaults are in the option tables, but for generate's request
+     * fields: those are the pipeline's (ditrun_generate_prepare). */
     int rc = parse(&a, argc, argv);
     if (rc != 0)
         return rc < 0 ? 0 : rc;

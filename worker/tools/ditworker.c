@@ -215,6 +215,28 @@ static bool mesh_fatal(dit_status st)
     return st == DIT_ERR_PEER || st == DIT_ERR_TIMEOUT || st == DIT_ERR_DEVICE;
 }
 
+/* The result's bytes in the request's format: PNG, MP4 or the raw f32
+ * values (channels, frames, height, width) as the VAE decoded them. */
+static dit_status encode_result(const dit_gen_result *res, const dit_request *rq, uint8_t **bytes,
+                                size_t *nbytes, dit_diag *diag)
+{
+    const size_t n = (size_t)3 * (size_t)res->frames * (size_t)res->width * (size_t)res->height;
+    switch (rq->output_format) {
+    case DITSERVE__V1__OUTPUT_FORMAT__OUTPUT_FORMAT_RAW_TENSOR:
+        *nbytes = sizeof(float) * n;
+        *bytes = malloc(*nbytes);
+        if (!*bytes)
+            return dit_diag_set(diag, DIT_ERR_NOMEM, "out of memory for the result");
+        memcpy(*bytes, res->image, *nbytes);
+        return DIT_OK;
+    case DITSERVE__V1__OUTPUT_FORMAT__OUTPUT_FORMAT_MP4:
+        return dit_diag_set(diag, DIT_ERR_UNSUPPORTED, "MP4 output is not built in (%d frames)",
+                            res->frames);
+    default:
+        return dit_png_encode_rgb(res->image, res->height, res->width, bytes, nbytes, diag);
+    }
+}
+
 /* Runs one job; returns non-zero when the mesh is broken and the worker
  * must exit. */
 static int run_job(worker *w, const Ditserve__Ipc__Job *job)
@@ -236,16 +258,7 @@ static int run_job(worker *w, const Ditserve__Ipc__Job *job)
         st = dit_pipeline_generate(w->pipe, &den, &rq.gp, w->rank == 0, on_step, w, &res, &diag);
     if (st == DIT_OK && w->rank == 0 && !job->warmup) {
         double t0 = now_ms();
-        if (rq.output_format == DITSERVE__V1__OUTPUT_FORMAT__OUTPUT_FORMAT_RAW_TENSOR) {
-            nbytes = sizeof(float) * 3 * (size_t)res.width * (size_t)res.height;
-            bytes = malloc(nbytes);
-            if (bytes)
-                memcpy(bytes, res.image, nbytes);
-            else
-                st = dit_diag_set(&diag, DIT_ERR_NOMEM, "out of memory for the result");
-        } else {
-            st = dit_png_encode_rgb(res.image, res.height, res.width, &bytes, &nbytes, &diag);
-        }
+        st = encode_result(&res, &rq, &bytes, &nbytes, &diag);
         t_encode = now_ms() - t0;
     }
     Ditserve__Ipc__JobDone done = DITSERVE__IPC__JOB_DONE__INIT;
@@ -257,12 +270,21 @@ static int run_job(worker *w, const Ditserve__Ipc__Job *job)
     done.rank = w->rank;
     done.status = (int32_t)st;
     done.message = st == DIT_OK ? "" : (char *)dit_diag_msg(&diag);
-    int64_t shape[3] = {3, res.height, res.width};
+    /* Raw tensors: (3, H, W) for an image, (3, F, H, W) for a video. */
+    const bool video = dit_pipeline_get_info(w->pipe)->frame_step > 0;
+    int64_t shape[4] = {3, res.height, res.width, 0};
+    if (video) {
+        shape[1] = res.frames;
+        shape[2] = res.height;
+        shape[3] = res.width;
+    }
     if (st == DIT_OK) {
         done.image.data = bytes;
         done.image.len = nbytes;
         done.width = res.width;
         done.height = res.height;
+        done.num_frames = res.frames;
+        done.fps = video ? rq.gp.fps : 0;
         done.seed = rq.gp.seed;
         done.prompt_truncated = res.prompt_truncated;
         tm.tokenize_ms = res.tokenize_ms;
@@ -274,7 +296,7 @@ static int run_job(worker *w, const Ditserve__Ipc__Job *job)
         tm.encode_ms = t_encode;
         done.timings = &tm;
         if (rq.output_format == DITSERVE__V1__OUTPUT_FORMAT__OUTPUT_FORMAT_RAW_TENSOR) {
-            done.n_shape = 3;
+            done.n_shape = video ? 4 : 3;
             done.shape = shape;
         }
     }
