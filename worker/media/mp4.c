@@ -42,6 +42,8 @@
  * README.md for measured times and sizes. */
 #define MP4_X264_CRF "18"
 #define MP4_X264_PRESET "medium"
+/* Zeroed bytes after the RGB frame (FFmpeg's input padding). */
+#define MP4_RGB_PAD 64
 /* The muxer's write buffer and the second-pass reader's buffer. */
 #define MP4_IO_BUF (64 * 1024)
 
@@ -371,7 +373,10 @@ static dit_status open_converter(mp4_enc *e, int height, int width, dit_diag *di
         return dit_diag_set(diag, DIT_ERR_INTERNAL, "mp4: libswscale refused the BT.601 matrix");
     e->frame = av_frame_alloc();
     e->pkt = av_packet_alloc();
-    e->rgb = malloc((size_t)height * (size_t)width * 3);
+    /* libswscale's SIMD input readers load 16 bytes at a time and run past
+     * the last row's end: zeroed padding keeps them inside the buffer, and
+     * the output independent of whatever memory follows it. */
+    e->rgb = calloc(1, (size_t)height * (size_t)width * 3 + MP4_RGB_PAD);
     if (!e->frame || !e->pkt || !e->rgb)
         return dit_diag_set(diag, DIT_ERR_NOMEM, "mp4: out of memory");
     e->frame->format = AV_PIX_FMT_YUV420P;
@@ -410,8 +415,9 @@ dit_status dit_mp4_encode(const float *frames, int n_frames, int height, int wid
     DIT_CHECK(open_converter(&e, height, width, diag));
 
     const size_t frame_floats = (size_t)3 * (size_t)height * (size_t)width;
-    const uint8_t *src[1] = {e.rgb};
-    const int src_stride[1] = {3 * width};
+    /* sws_scale reads four planes' pointers and strides, even for packed RGB. */
+    const uint8_t *src[4] = {e.rgb, NULL, NULL, NULL};
+    const int src_stride[4] = {3 * width, 0, 0, 0};
     int ret;
     for (int i = 0; i < n_frames; i++) {
         dit_mp4_to_rgb8(frames + (size_t)i * frame_floats, height, width, e.rgb);
