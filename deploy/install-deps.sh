@@ -10,6 +10,7 @@ packages=(
   libopenblas-openmp-dev                       # GEMMs on the cpu backend (OpenMP build)
   libcjson-dev                                 # config.json and safetensors headers
   libpng-dev                                   # PNG encoding of generated images
+  libavcodec-dev libavformat-dev libavutil-dev libswscale-dev  # FFmpeg: H.264 MP4 of generated video
   libutf8proc-dev                              # Unicode classes and normalization (tokenizers)
   protobuf-c-compiler libprotobuf-c-dev        # protoc-c and the protobuf-c runtime (API, IPC)
   protobuf-compiler libprotobuf-dev            # protoc (descriptor set) and the well-known protos
