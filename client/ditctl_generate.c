@@ -169,7 +169,7 @@ static int on_stage(void *user, const char *rid, const char *stage, double elaps
     if (!v->show)
         return 0;
     if (strcmp(stage, "decoding") == 0)
-        view_line(v, "decoding the image (VAE) after %.1f s of denoising", elapsed_ms / 1e3);
+        view_line(v, "decoding (VAE) after %.1f s of denoising", elapsed_ms / 1e3);
     else
         view_line(v, "%s", stage);
     return 0;

@@ -1610,7 +1610,7 @@ START_TEST(test_first_use_progress_rate_and_decode)
                      0);
     HAS(out, "step 5/10  0.0 s  200.00 steps/s, ETA 0.0 s\n");
     HAS(out, "step 10/10  0.1 s  200.00 steps/s, ETA 0.0 s\n");
-    HAS(out, "decoding the image (VAE) after 0.1 s of denoising\n");
+    HAS(out, "decoding (VAE) after 0.1 s of denoising\n");
     unlink(path);
 }
 END_TEST

@@ -136,7 +136,7 @@ START_TEST(to_rgb8_interleaves_planes)
     chw[6 + 2] = -1.0f; /* G at (0, 2) */
     chw[12 + 3] = NAN;  /* B at (1, 0) */
     uint8_t rgb[18];
-    dit_mp4_to_rgb8(chw, 2, 3, rgb);
+    dit_mp4_to_rgb8(chw, 6, 2, 3, rgb);
     for (int p = 0; p < 6; p++) {
         ck_assert_uint_eq(rgb[3 * p + 0], p == 4 ? 255 : 0);
         ck_assert_uint_eq(rgb[3 * p + 1], p == 2 ? 0 : 127);
@@ -148,7 +148,7 @@ END_TEST
 /* ------------------------------------------------------------------------ */
 /* Synthetic clips                                                           */
 
-/* (F, 3, H, W): smooth colour gradients that drift with time, and a light
+/* (3, F, H, W), as the VAE decodes video: smooth colour gradients that drift with time, and a light
  * grey 8 x 8 square moving 3 pixels right and 2 down per frame. */
 static float *make_clip(int F, int H, int W)
 {
@@ -158,12 +158,13 @@ static float *make_clip(int F, int H, int W)
     for (int f = 0; f < F; f++)
         for (int y = 0; y < H; y++)
             for (int x = 0; x < W; x++) {
-                float *px = v + (size_t)f * 3 * plane + (size_t)y * W + x;
+                float *px = v + (size_t)f * plane + (size_t)y * W + x;
+                const size_t cs = (size_t)F * plane; /* one channel's frames */
                 const int sx = (3 * f) % (W - 8), sy = (2 * f) % (H - 8);
                 const int in_sq = x >= sx && x < sx + 8 && y >= sy && y < sy + 8;
                 px[0] = in_sq ? 0.8f : -0.8f + 1.6f * (float)x / (float)(W - 1);
-                px[plane] = in_sq ? 0.8f : -0.6f + 1.2f * (float)y / (float)(H - 1);
-                px[2 * plane] = in_sq ? 0.8f : 0.5f * sinf(0.3f * (float)f + 0.1f * (float)x);
+                px[cs] = in_sq ? 0.8f : -0.6f + 1.2f * (float)y / (float)(H - 1);
+                px[2 * cs] = in_sq ? 0.8f : 0.5f * sinf(0.3f * (float)f + 0.1f * (float)x);
             }
     return v;
 }
@@ -174,8 +175,10 @@ static uint8_t *expected_rgb(const float *clip, int F, int H, int W)
     const size_t n = (size_t)H * W * 3;
     uint8_t *rgb = calloc(1, (size_t)F * n + SWS_PAD); /* libswscale reads past the end */
     ck_assert_ptr_nonnull(rgb);
+    const size_t plane = (size_t)H * W;
     for (int f = 0; f < F; f++)
-        dit_mp4_to_rgb8(clip + (size_t)f * n, H, W, rgb + (size_t)f * n);
+        dit_mp4_to_rgb8(clip + (size_t)f * plane, (int64_t)((size_t)F * plane), H, W,
+                        rgb + (size_t)f * n);
     return rgb;
 }
 

@@ -316,6 +316,19 @@ START_TEST(ditrun_generate_video_on_meshes)
         dit_st_file_close(f);
         dit_st_file_close(r);
     }
+    /* The same as an H.264 MP4 (ISO BMFF: 'ftyp' first; test_mp4 decodes
+     * the encoder's output back). */
+    char mp4[128];
+    snprintf(mp4, sizeof mp4, "/tmp/dit_wan_%d.mp4", (int)getpid());
+    const int rc = run_generate(w, mp4, lat, single, out, sizeof out);
+    ck_assert_msg(rc == 0, "exit %d:\n%s", rc, out);
+    FILE *f = fopen(mp4, "rb");
+    ck_assert_ptr_nonnull(f);
+    unsigned char head[8];
+    ck_assert_int_eq((int)fread(head, 1, 8, f), 8);
+    fclose(f);
+    ck_assert_int_eq(memcmp(head + 4, "ftyp", 4), 0);
+    unlink(mp4);
     unlink(vid);
     unlink(lat);
 }

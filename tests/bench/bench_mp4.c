@@ -41,7 +41,7 @@ static float *make_clip(int F, int H, int W, float noise)
                               cosf(0.017f * (float)x - 0.023f * (float)y - 0.11f * (float)f);
                     s = s * 6364136223846793005ull + 1442695040888963407ull;
                     float u = (float)(s >> 40) / (float)(1 << 24); /* [0, 1) */
-                    v[((size_t)f * 3 + c) * plane + (size_t)y * W + x] =
+                    v[((size_t)c * F + f) * plane + (size_t)y * W + x] =
                         a + noise * (2.0f * u - 1.0f);
                 }
     return v;

@@ -122,7 +122,7 @@ def serving():
             assert p.returncode == 0, p.stderr
             assert ("warning from the daemon: negative_prompt has no effect: true "
                     "classifier-free guidance needs true_cfg_scale above 1") in p.stderr, p.stderr
-            assert "decoding the image (VAE)" in p.stderr, p.stderr
+            assert "decoding (VAE) after" in p.stderr, p.stderr
             assert "steps/s" in p.stderr or "s/step" in p.stderr, p.stderr
             t0 = time.monotonic()
             p = run(exe, "--target", d.target, "generate", "--prompt", "fox", "--steps", "4",

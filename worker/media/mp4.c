@@ -25,6 +25,35 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "media/png.h"
+
+uint8_t dit_mp4_quantize(float x)
+{
+    /* torch: video / 2 + 0.5 in float32 (x / 2 == x * 0.5 exactly, so an
+     * FMA contraction cannot change it), then clamp(0, 1), which keeps NaN. */
+    float v = x * 0.5f + 0.5f;
+    if (!(v == v))
+        return 0;
+    v = v < 0.0f ? 0.0f : (v > 1.0f ? 1.0f : v);
+    /* numpy: (frame * 255) in float32, then astype(uint8), which truncates
+     * toward zero; p is in [0, 255] here, so the conversion is defined. */
+    const float p = v * 255.0f;
+    return (uint8_t)p;
+}
+
+void dit_mp4_to_rgb8(const float *frame, int64_t channel_stride, int64_t H, int64_t W, uint8_t *rgb)
+{
+    const int64_t plane = H * W;
+    for (int64_t p = 0; p < plane; p++) {
+        uint8_t *px = rgb + 3 * p;
+        px[0] = dit_mp4_quantize(frame[p]);
+        px[1] = dit_mp4_quantize(frame[channel_stride + p]);
+        px[2] = dit_mp4_quantize(frame[2 * channel_stride + p]);
+    }
+}
+
+#ifdef DIT_HAVE_MP4
+
 #include <libavcodec/avcodec.h>
 #include <libavformat/avformat.h>
 #include <libavutil/dict.h>
@@ -34,8 +63,6 @@
 #include <libavutil/mem.h>
 #include <libavutil/opt.h>
 #include <libswscale/swscale.h>
-
-#include "media/png.h"
 
 /* libx264 settings: CRF 18 is visually lossless for this content, preset
  * medium is x264's (and ffmpeg's) default speed/size trade-off; see
@@ -53,31 +80,6 @@ typedef const uint8_t mp4_wbuf;
 #else
 typedef uint8_t mp4_wbuf;
 #endif
-
-uint8_t dit_mp4_quantize(float x)
-{
-    /* torch: video / 2 + 0.5 in float32 (x / 2 == x * 0.5 exactly, so an
-     * FMA contraction cannot change it), then clamp(0, 1), which keeps NaN. */
-    float v = x * 0.5f + 0.5f;
-    if (!(v == v))
-        return 0;
-    v = v < 0.0f ? 0.0f : (v > 1.0f ? 1.0f : v);
-    /* numpy: (frame * 255) in float32, then astype(uint8), which truncates
-     * toward zero; p is in [0, 255] here, so the conversion is defined. */
-    const float p = v * 255.0f;
-    return (uint8_t)p;
-}
-
-void dit_mp4_to_rgb8(const float *chw, int64_t H, int64_t W, uint8_t *rgb)
-{
-    const int64_t plane = H * W;
-    for (int64_t p = 0; p < plane; p++) {
-        uint8_t *px = rgb + 3 * p;
-        px[0] = dit_mp4_quantize(chw[p]);
-        px[1] = dit_mp4_quantize(chw[plane + p]);
-        px[2] = dit_mp4_quantize(chw[2 * plane + p]);
-    }
-}
 
 /* ------------------------------------------------------------------------ */
 /* The output file, in memory                                                */
@@ -414,13 +416,15 @@ dit_status dit_mp4_encode(const float *frames, int n_frames, int height, int wid
     DIT_CHECK(open_output(&e, height, width, fps, diag));
     DIT_CHECK(open_converter(&e, height, width, diag));
 
-    const size_t frame_floats = (size_t)3 * (size_t)height * (size_t)width;
+    /* (3, F, H, W): frame i's channel c is the plane at (c F + i) H W. */
+    const size_t plane = (size_t)height * (size_t)width;
     /* sws_scale reads four planes' pointers and strides, even for packed RGB. */
     const uint8_t *src[4] = {e.rgb, NULL, NULL, NULL};
     const int src_stride[4] = {3 * width, 0, 0, 0};
     int ret;
     for (int i = 0; i < n_frames; i++) {
-        dit_mp4_to_rgb8(frames + (size_t)i * frame_floats, height, width, e.rgb);
+        dit_mp4_to_rgb8(frames + (size_t)i * plane, (int64_t)(plane * (size_t)n_frames), height,
+                        width, e.rgb);
         /* The encoder may still hold the previous picture. */
         if ((ret = av_frame_make_writable(e.frame)) < 0) {
             st = av_fail(diag, ret, "cannot allocate a frame");
@@ -454,6 +458,25 @@ cleanup:
     close_enc(&e);
     return st;
 }
+
+#else /* !DIT_HAVE_MP4 */
+
+/* Built with -Dmp4=disabled (the GPU check bundle, which cannot carry
+ * FFmpeg's hundred libraries): the conversion above stays, the encoder
+ * says it is absent. */
+dit_status dit_mp4_encode(const float *frames, int n_frames, int height, int width, int fps,
+                          uint8_t **out, size_t *out_len, dit_diag *diag)
+{
+    (void)frames;
+    (void)out;
+    (void)out_len;
+    return dit_diag_set(diag, DIT_ERR_UNSUPPORTED,
+                        "this build has no MP4 encoder (built with -Dmp4=disabled) for the %d "
+                        "frames of %d x %d at %d fps: ask for the raw tensor instead",
+                        n_frames, height, width, fps);
+}
+
+#endif /* DIT_HAVE_MP4 */
 
 dit_status dit_mp4_write_file(const char *path, const float *frames, int n_frames, int height,
                               int width, int fps, dit_diag *diag)

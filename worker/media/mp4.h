@@ -36,12 +36,16 @@ extern "C" {
 /* The export quantisation of one value (see above). */
 uint8_t dit_mp4_quantize(float x);
 
-/* One frame chw (3, H, W) host f32, as the VAE decodes it -> interleaved
- * RGB bytes (H, W, 3) in rgb (3 * H * W bytes, caller-allocated). */
-void dit_mp4_to_rgb8(const float *chw, int64_t H, int64_t W, uint8_t *rgb);
+/* One frame of host f32 planes -> interleaved RGB bytes (H, W, 3) in rgb
+ * (3 * H * W bytes, caller-allocated). The R plane (H, W) starts at
+ * frame, G at frame + channel_stride, B at frame + 2 channel_stride:
+ * H * W for an image (3, H, W), F * H * W for frame f of a video
+ * (3, F, H, W) at frame = video + f * H * W. */
+void dit_mp4_to_rgb8(const float *frame, int64_t channel_stride, int64_t H, int64_t W,
+                     uint8_t *rgb);
 
-/* Encodes frames (n_frames, 3, height, width) f32 (dit_gen_result.image
- * for a video) at fps frames per second into a complete MP4 file in a
+/* Encodes frames (3, n_frames, height, width) f32, as the VAE decodes a
+ * video (dit_gen_result.image), at fps frames per second into a complete MP4 file in a
  * malloc'ed buffer (*out, *out_len). n_frames in 1..DIT_MP4_MAX_FRAMES,
  * width and height even in 2..DIT_MP4_MAX_SIDE, fps in 1..DIT_MP4_MAX_FPS;
  * anything else is DIT_ERR_INVALID_ARG with a message saying which. */

@@ -7,6 +7,7 @@
 #include <strings.h>
 #include <unistd.h>
 
+#include "media/mp4.h"
 #include "media/png.h"
 #include "loader/safetensors.h"
 #include "pipelines/pipeline.h"
@@ -152,8 +153,9 @@ static dit_status write_output(const char *path, const dit_gen_params *gp,
         DIT_CHECK(dit_png_write_file(path, bytes, len, diag));
         break;
     case OUT_MP4:
-        st = dit_diag_set(diag, DIT_ERR_UNSUPPORTED, "%s: MP4 output is not built in (fps %d)",
-                          path, gp->fps);
+        DIT_CHECK(dit_mp4_encode(res->image, res->frames, res->height, res->width, gp->fps, &bytes,
+                                 &len, diag));
+        DIT_CHECK(dit_png_write_file(path, bytes, len, diag)); /* an atomic write of any bytes */
         break;
     case OUT_SAFETENSORS: {
         const bool video = res->frames > 1 || gp->frames > 1;

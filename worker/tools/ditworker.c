@@ -34,6 +34,7 @@
 #include <unistd.h>
 
 #include "comm/shm/comm_shm.h"
+#include "media/mp4.h"
 #include "media/png.h"
 #include "ipc_wire.h"
 #include "parallel/mesh.h"
@@ -230,8 +231,8 @@ static dit_status encode_result(const dit_gen_result *res, const dit_request *rq
         memcpy(*bytes, res->image, *nbytes);
         return DIT_OK;
     case DITSERVE__V1__OUTPUT_FORMAT__OUTPUT_FORMAT_MP4:
-        return dit_diag_set(diag, DIT_ERR_UNSUPPORTED, "MP4 output is not built in (%d frames)",
-                            res->frames);
+        return dit_mp4_encode(res->image, res->frames, res->height, res->width, rq->gp.fps, bytes,
+                              nbytes, diag);
     default:
         return dit_png_encode_rgb(res->image, res->height, res->width, bytes, nbytes, diag);
     }
