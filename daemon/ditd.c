@@ -132,17 +132,8 @@ static void describe_pipeline(const dit_pipeline_info *info, const dit_daemon_co
     m->max_steps = 1000;
     m->max_sequence_length = info->default_max_sequence_length;
     m->frame_step = info->frame_step; /* 0: images only */
-    dit_model_info_add_config(m, "num_layers", t->num_layers);
-    dit_model_info_add_config(m, "num_single_layers", t->num_single_layers);
-    dit_model_info_add_config(m, "num_attention_heads", info->parallel.num_heads);
-    if (info->parallel.num_heads > 0)
-        dit_model_info_add_config(m, "attention_head_dim", t->inner_dim / info->parallel.num_heads);
-    dit_model_info_add_config(m, "in_channels", t->in_channels);
-    dit_model_info_add_config(m, "joint_attention_dim", t->joint_attention_dim);
-    dit_model_info_add_config(m, "pooled_projection_dim", t->pooled_projection_dim);
-    dit_model_info_add_config(m, "guidance_embeds", t->guidance_embeds ? 1 : 0);
-    dit_model_info_add_config(m, "latent_channels", info->latent_channels);
-    dit_model_info_add_config(m, "vae_scale_factor", info->vae_scale);
+    for (int i = 0; i < info->n_config; i++)
+        dit_model_info_add_config(m, info->config[i].key, info->config[i].value);
 }
 
 /* The bearer token: the file's first line, at least 16 bytes. */

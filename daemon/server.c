@@ -20,7 +20,7 @@ struct job {
     dit_rpc_call *call;                 /* NULL once the client is gone */
     double arrived_ms, started_ms;
     int last_position;
-    int width, height, steps;
+    int width, height, frames, steps;
     double last_elapsed_ms;  /* at the previous progress event */
     char warning[300];       /* a request field without effect; Result.warnings */
     char cancel_reason[200]; /* why a running job was cancelled, for the request log */
@@ -378,6 +378,7 @@ static job *new_job(dit_server *s, job_kind kind, Ditserve__V1__GenerateRequest 
     j->width = r->width ? r->width : s->info.default_width;
     j->height = r->height ? r->height : s->info.default_height;
     j->steps = r->num_inference_steps ? r->num_inference_steps : s->info.default_steps;
+    j->frames = r->num_frames ? r->num_frames : s->info.default_frames;
     if (call)
         dit_rpc_call_set_user(call, j);
     return j;
@@ -692,7 +693,12 @@ static void on_done(void *ctx, uint64_t job_id, dit_status st, const char *messa
             Ditserve__V1__WarmupResponse wr = DITSERVE__V1__WARMUP_RESPONSE__INIT;
             wr.elapsed_ms = compute_ms;
             char text[200];
-            snprintf(text, sizeof text, "ran %dx%d for %d step(s)", j->width, j->height, j->steps);
+            if (j->frames > 1)
+                snprintf(text, sizeof text, "ran %dx%d, %d frames, for %d step(s)", j->width,
+                         j->height, j->frames, j->steps);
+            else
+                snprintf(text, sizeof text, "ran %dx%d for %d step(s)", j->width, j->height,
+                         j->steps);
             wr.detail = text;
             send_packed(j->call, &wr.base);
             fail_job(j, GRPC_STATUS_OK, NULL);

@@ -96,7 +96,8 @@ def generate():
         assert (m.default_width, m.default_height) == (832, 480), m
         assert (m.default_num_frames, m.default_fps, m.default_steps) == (81, 16, 50), m
         assert m.layout.frame_step == 4 and m.layout.size_multiple == 16, m.layout
-        assert m.config["in_channels"] == 4 and m.config["pooled_projection_dim"] == 0, m.config
+        assert m.config["in_channels"] == 4 and m.config["text_dim"] == 32, m.config
+        assert m.config["vae_scale_factor_temporal"] == 4 and "pooled_projection_dim" not in m.config
 
         c = reference_case("f9_cfg_neg")
         kinds, data, res = d.generate(**request_of(c, output_format="OUTPUT_FORMAT_RAW_TENSOR"))

@@ -88,6 +88,17 @@ static dit_status flux_probe(const char *dir, dit_pipeline_info *info, dit_diag 
     snprintf(p1, sizeof p1, "%s/text_encoder", dir);
     snprintf(p2, sizeof p2, "%s/text_encoder_2", dir);
     info->has_text_encoders = dit_probe_is_dir(p1) && dit_probe_is_dir(p2);
+    const dit_transformer_info *t = &info->transformer;
+    dit_probe_add_config(info, "num_layers", t->num_layers);
+    dit_probe_add_config(info, "num_single_layers", t->num_single_layers);
+    dit_probe_add_config(info, "num_attention_heads", info->parallel.num_heads);
+    dit_probe_add_config(info, "attention_head_dim", t->inner_dim / info->parallel.num_heads);
+    dit_probe_add_config(info, "in_channels", t->in_channels);
+    dit_probe_add_config(info, "joint_attention_dim", t->joint_attention_dim);
+    dit_probe_add_config(info, "pooled_projection_dim", t->pooled_projection_dim);
+    dit_probe_add_config(info, "guidance_embeds", t->guidance_embeds ? 1 : 0);
+    dit_probe_add_config(info, "latent_channels", info->latent_channels);
+    dit_probe_add_config(info, "vae_scale_factor", info->vae_scale);
 cleanup:
     return st;
 }

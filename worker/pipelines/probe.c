@@ -18,6 +18,15 @@ static const dit_pipeline_probe_class *const classes[] = {
 
 #define PROBE_PATH 4096
 
+void dit_probe_add_config(dit_pipeline_info *info, const char *key, int64_t value)
+{
+    if (info->n_config < DIT_PIPELINE_MAX_CONFIG) {
+        info->config[info->n_config].key = key;
+        info->config[info->n_config].value = value;
+        info->n_config++;
+    }
+}
+
 bool dit_probe_is_dir(const char *path)
 {
     struct stat sb;

@@ -59,6 +59,8 @@ typedef struct dit_transformer_info {
     bool guidance_embeds;
 } dit_transformer_info;
 
+#define DIT_PIPELINE_MAX_CONFIG 16
+
 typedef struct dit_pipeline_info {
     char class_name[64]; /* model_index.json's _class_name, e.g. "FluxPipeline" */
     const char *task;    /* "text-to-image" */
@@ -73,6 +75,13 @@ typedef struct dit_pipeline_info {
     float default_guidance;
     int default_max_sequence_length;
     bool has_text_encoders; /* the text encoders the pipeline needs are present */
+    /* The config values a client needs to build tensors (prompt_embeds,
+     * latents), under their diffusers config names (ListModels' config). */
+    struct {
+        const char *key; /* static storage */
+        int64_t value;
+    } config[DIT_PIPELINE_MAX_CONFIG];
+    int n_config;
 } dit_pipeline_info;
 
 /* What the caller's users call the request fields, for messages: request
@@ -155,6 +164,7 @@ bool dit_gen_true_cfg_warning(const dit_gen_params *gp, const char *neg_name, co
                               char *buf, size_t cap);
 
 /* Helpers for probe classes. */
+void dit_probe_add_config(dit_pipeline_info *info, const char *key, int64_t value);
 bool dit_probe_is_dir(const char *path);
 bool dit_probe_is_file(const char *path);
 

@@ -113,6 +113,15 @@ static dit_status wan_probe(const char *dir, dit_pipeline_info *info, dit_diag *
     snprintf(p1, sizeof p1, "%s/text_encoder", dir);
     snprintf(p2, sizeof p2, "%s/tokenizer", dir);
     info->has_text_encoders = dit_probe_is_dir(p1) && dit_probe_is_dir(p2);
+    /* Under WanTransformer3DModel's and AutoencoderKLWan's config names. */
+    dit_probe_add_config(info, "num_layers", c.num_layers);
+    dit_probe_add_config(info, "num_attention_heads", c.num_attention_heads);
+    dit_probe_add_config(info, "attention_head_dim", c.attention_head_dim);
+    dit_probe_add_config(info, "in_channels", c.in_channels);
+    dit_probe_add_config(info, "text_dim", c.text_dim);
+    dit_probe_add_config(info, "z_dim", z_dim);
+    dit_probe_add_config(info, "vae_scale_factor_spatial", spatial);
+    dit_probe_add_config(info, "vae_scale_factor_temporal", temporal);
 cleanup:
     return st;
 }
