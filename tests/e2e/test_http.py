@@ -464,6 +464,71 @@ def disconnect():
         d.close()
 
 
+def closed_by_server(sock, timeout_s):
+    """True when the server closes this socket within timeout_s."""
+    sock.settimeout(timeout_s)
+    try:
+        while True:
+            if not sock.recv(4096):
+                return True
+    except ConnectionResetError:
+        return True
+    except socket.timeout:
+        return False
+
+
+@case
+def slow_clients():
+    """Idle and slow clients are bounded: past --http-max-connections new
+    connections are refused at once, silent ones close after
+    --http-idle-timeout, a body that trickles in is cut off at
+    --http-request-timeout, and then requests are served again."""
+    d = Daemon("--http-listen", "127.0.0.1:0", "--http-max-connections", "4",
+               "--http-idle-timeout", "2", "--http-request-timeout", "3")
+    u = urllib.parse.urlsplit(d.http_url)
+    socks = []
+    try:
+        socks = [socket.create_connection((u.hostname, u.port)) for _ in range(4)]
+        time.sleep(0.3)
+        extra = socket.create_connection((u.hostname, u.port))
+        extra.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert closed_by_server(extra, 5), "a connection past the limit was served"
+        extra.close()
+        t0 = time.monotonic()
+        for s in socks:
+            assert closed_by_server(s, 10), "an idle connection stayed open"
+        idle = time.monotonic() - t0
+        assert idle < 6, idle
+        assert http_request(d, "GET", "/health")[0] == 200
+        # A body that trickles in, a byte a second (never idle for 2 s).
+        s = socket.create_connection((u.hostname, u.port))
+        s.sendall(b"POST " + GEN.encode() + b" HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                  b"application/json\r\nContent-Length: 100\r\n\r\n")
+        t0 = time.monotonic()
+        cut = False
+        for _ in range(20):
+            try:
+                s.sendall(b" ")
+            except OSError:
+                cut = True
+                break
+            if closed_by_server(s, 1.0):
+                cut = True
+                break
+        took = time.monotonic() - t0
+        s.close()
+        assert cut and took < 8, f"the slow body was not cut off ({took:.1f} s)"
+        print(f"idle connections closed after {idle:.1f} s, a trickling body after {took:.1f} s")
+        r = client(d).images.generate(prompt=PROMPT, size="64x64",
+                                      extra_body={"seed": 1, "num_inference_steps": 2})
+        assert base64.b64decode(r.data[0].b64_json).startswith(PNG_MAGIC)
+        d.stop()
+    finally:
+        for s in socks:
+            s.close()
+        d.close()
+
+
 @case
 def load():
     """200 requests from 50 clients, half over HTTP (the openai client) and
