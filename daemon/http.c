@@ -195,6 +195,16 @@ static char *base64(const uint8_t *p, size_t n)
     return out;
 }
 
+/* An integer written out in full: cJSON prints numbers with 15 significant
+ * digits when they compare equal within its tolerance, which turns a seed
+ * such as 6259364193470371 into 6.25936419347037e+15. */
+static void add_u64(cJSON *o, const char *name, uint64_t v)
+{
+    char buf[24];
+    snprintf(buf, sizeof buf, "%llu", (unsigned long long)v);
+    cJSON_AddRawToObject(o, name, buf);
+}
+
 static cJSON *timings_json(const Ditserve__V1__Timings *t)
 {
     cJSON *o = cJSON_CreateObject();
@@ -354,7 +364,7 @@ static void on_job_event(void *ctx, const Ditserve__V1__GenerateEvent *ev)
             o = cJSON_CreateObject();
             cJSON_AddStringToObject(o, "b64_json", b64 ? b64 : "");
             free(b64);
-            cJSON_AddNumberToObject(o, "created_at", (double)g->created);
+            add_u64(o, "created_at", (uint64_t)g->created);
             cJSON_AddStringToObject(o, "size", size);
             cJSON_AddStringToObject(o, "output_format", "png");
             cJSON_AddStringToObject(o, "quality", "auto");
@@ -367,7 +377,7 @@ static void on_job_event(void *ctx, const Ditserve__V1__GenerateEvent *ev)
             cJSON_AddNumberToObject(d, "image_tokens", 0);
             cJSON_AddNumberToObject(d, "text_tokens", 0);
             cJSON_AddNumberToObject(o, "index", sl->index);
-            cJSON_AddNumberToObject(o, "seed", (double)sl->seed);
+            add_u64(o, "seed", sl->seed);
             cJSON_AddItemToObject(o, "timings", timings_json(&sl->timings));
             sse_event(g, "image_generation.completed", o);
             free(sl->data); /* sent; the stream needs it no more */
@@ -984,7 +994,7 @@ static enum MHD_Result send_result(dit_http *h, struct MHD_Connection *conn, gen
 {
     /* mu held; every slot finished without failure. */
     cJSON *o = cJSON_CreateObject();
-    cJSON_AddNumberToObject(o, "created", (double)g->created);
+    add_u64(o, "created", (uint64_t)g->created);
     cJSON *data = cJSON_AddArrayToObject(o, "data");
     char size[40] = "";
     for (int k = 0; k < g->n; k++) {
@@ -997,12 +1007,12 @@ static enum MHD_Result send_result(dit_http *h, struct MHD_Connection *conn, gen
         cJSON *item = cJSON_CreateObject();
         cJSON_AddStringToObject(item, "b64_json", b64);
         free(b64);
-        cJSON_AddNumberToObject(item, "seed", (double)sl->seed);
+        add_u64(item, "seed", sl->seed);
         cJSON_AddItemToObject(item, "timings", timings_json(&sl->timings));
         cJSON_AddItemToArray(data, item);
         snprintf(size, sizeof size, "%dx%d", sl->width, sl->height);
     }
-    cJSON_AddNumberToObject(o, "seed", (double)g->img[0].seed);
+    add_u64(o, "seed", g->img[0].seed);
     cJSON_AddStringToObject(o, "size", size);
     cJSON_AddStringToObject(o, "output_format", "png");
     cJSON_AddItemToObject(o, "timings", timings_json(&g->img[0].timings));
@@ -1127,7 +1137,7 @@ static enum MHD_Result answer_static(dit_http *h, struct MHD_Connection *conn, c
         cJSON *m = cJSON_CreateObject();
         cJSON_AddStringToObject(m, "id", h->cfg.model_name);
         cJSON_AddStringToObject(m, "object", "model");
-        cJSON_AddNumberToObject(m, "created", (double)h->started);
+        add_u64(m, "created", (uint64_t)h->started);
         cJSON_AddStringToObject(m, "owned_by", "ditserve");
         cJSON_AddItemToArray(data, m);
         return send_json(h, conn, MHD_HTTP_OK, o);

@@ -150,6 +150,12 @@ def generate():
         seed = r5.data[0].model_extra["seed"]
         assert isinstance(seed, int) and 0 <= seed < 2**53, seed
         assert base64.b64decode(r5.data[0].b64_json) == grpc_png(d, seed)
+        # The largest seed comes back exact, as an integer (not 9.00719925474098e+15).
+        top = 2**53 - 11
+        st, _, body = http_request(d, "POST", GEN, {"prompt": PROMPT, "size": "64x64",
+                                                    "num_inference_steps": 1, "seed": top})
+        assert st == 200 and b'"seed":9007199254740981' in body, body[-300:]
+        assert json.loads(body)["data"][0]["seed"] == top
         # The models list in OpenAI's shape.
         models = c.models.list()
         assert [m.id for m in models.data] == ["demo"] and models.data[0].object == "model"
@@ -693,6 +699,12 @@ def main():
     t0 = time.monotonic()
     try:
         rc = CASES[sys.argv[1]]()
+        # In the sanitizer build, UBSan and ASan report on ditd's stderr.
+        for name in Daemon.logs:
+            with open(name, errors="replace") as f:
+                log = f.read()
+            for needle in ("runtime error:", "AddressSanitizer", "LeakSanitizer", "ThreadSanitizer"):
+                assert needle not in log, f"sanitizer report in {name}:\n{log}"
     except BaseException:
         Daemon.dump_logs()
         raise
