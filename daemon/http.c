@@ -721,8 +721,32 @@ static bool parse_generation(dit_http *h, const char *body, size_t len, gen *g, 
     int width = 0, height = 0;
     double n = 1, seed = -1, steps = 0, guidance = NAN, true_cfg = NAN, priority = 0;
     bool stream = false;
+    static const char *const known[] = {"model",
+                                        "prompt",
+                                        "negative_prompt",
+                                        "n",
+                                        "size",
+                                        "response_format",
+                                        "output_format",
+                                        "stream",
+                                        "partial_images",
+                                        "user",
+                                        "seed",
+                                        "num_inference_steps",
+                                        "guidance_scale",
+                                        "true_cfg_scale",
+                                        "priority"};
+    unsigned seen = 0;
     for (const cJSON *f = root->child; f; f = f->next) {
         const char *k = f->string;
+        for (unsigned i = 0; i < sizeof known / sizeof *known; i++)
+            if (strcmp(k, known[i]) == 0) {
+                if (seen & (1u << i)) {
+                    fail(b, 400, known[i], "duplicate_parameter", "'%s' is given twice", known[i]);
+                    goto done;
+                }
+                seen |= 1u << i;
+            }
         if (strcmp(k, "model") == 0) {
             if (!get_string(f, "model", 256, &model, b))
                 goto done;

@@ -241,6 +241,8 @@ def errors():
         err = expect_error(d, 400, "unknown_parameter", {"prompt": "x", "\u202e<script>": 1})
         assert "<script>" not in err["message"], err
         expect_error(d, 400, "missing_required_parameter", {"size": "64x64"}, needle="prompt")
+        err = expect_error(d, 400, "duplicate_parameter", '{"prompt": "a", "prompt": "b"}')
+        assert err["param"] == "prompt", err
         for bad, param, code in [
                 ({"size": "63x64"}, None, "invalid_value"),
                 ({"size": "64"}, "size", "invalid_value"),
