@@ -296,12 +296,6 @@ int dit_daemon_config_parse(dit_daemon_config *cfg, int argc, char **argv)
         fprintf(stderr, "ditd: --tls-client-ca needs --tls-cert and --tls-key\n");
         return 2;
     }
-    if (cfg->tls_client_ca && cfg->http_listen) {
-        /* Refused rather than served without the client check gRPC makes. */
-        fprintf(stderr, "ditd: --http-listen does not check client certificates yet: it cannot "
-                        "go with --tls-client-ca\n");
-        return 2;
-    }
     if (!dit_log_level_parse(r.log_level, &cfg->log.level)) {
         fprintf(stderr, "ditd: log level '%s' is not debug, info, warn or error\n", r.log_level);
         return 2;

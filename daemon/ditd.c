@@ -421,6 +421,7 @@ int main(int argc, char **argv)
             .auth_token = token[0] ? token : NULL,
             .tls_cert = d->cfg.tls_cert,
             .tls_key = d->cfg.tls_key,
+            .tls_client_ca = d->cfg.tls_client_ca,
             .cors_origins = d->cfg.http_cors_origins,
             .max_body_bytes = d->cfg.http_max_body_bytes,
             .max_connections = d->cfg.http_max_connections,

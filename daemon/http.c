@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
+#include <gnutls/gnutls.h>
 #include <microhttpd.h>
 
 #include "serve/request.h"
@@ -96,8 +97,8 @@ struct dit_http {
     uv_loop_t *loop;
     struct dit_server *srv; /* loop thread only */
     dit_http_config cfg;
-    char *token, *cors; /* copies */
-    char *cert_pem, *key_pem;
+    char *token, *cors;                /* copies */
+    char *cert_pem, *key_pem, *ca_pem; /* ca_pem: client certificates required */
     struct MHD_Daemon *mhd;
     bool tls;
     int64_t started;
@@ -260,6 +261,8 @@ static const char *error_type_of(unsigned status)
         return "rate_limit_error";
     if (status == MHD_HTTP_NOT_FOUND)
         return "not_found_error";
+    if (status == MHD_HTTP_FORBIDDEN)
+        return "permission_error";
     return status >= 500 ? "server_error" : "invalid_request_error";
 }
 
@@ -1169,6 +1172,24 @@ static enum MHD_Result answer_static(dit_http *h, struct MHD_Connection *conn, c
     return send_simple_error(h, conn, 404, "not_found", "no such endpoint");
 }
 
+/* With --tls-client-ca: the connection presented a certificate that
+ * verifies against those roots (gnutls checks chain, dates and usage). */
+static bool client_verified(dit_http *h, struct MHD_Connection *conn)
+{
+    if (!h->ca_pem)
+        return true;
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_GNUTLS_SESSION);
+    if (!ci || !ci->tls_session)
+        return false;
+    gnutls_session_t session = (gnutls_session_t)ci->tls_session;
+    unsigned n_certs = 0;
+    if (!gnutls_certificate_get_peers(session, &n_certs) || n_certs == 0)
+        return false;
+    unsigned status = 0;
+    return gnutls_certificate_verify_peers2(session, &status) == GNUTLS_E_SUCCESS && status == 0;
+}
+
 static bool json_content_type(struct MHD_Connection *conn)
 {
     const char *ct = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Type");
@@ -1194,6 +1215,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         uv_mutex_lock(&h->mu);
         h->active++;
         uv_mutex_unlock(&h->mu);
+        if (!client_verified(h, conn)) {
+            rc->answered = true;
+            return send_simple_error(h, conn, 403, "client_certificate_required",
+                                     "this server requires a client certificate signed by its "
+                                     "--tls-client-ca");
+        }
         if (strcmp(method, "OPTIONS") == 0) {
             /* CORS preflight: allowed origins get the methods and headers. */
             rc->answered = true;
@@ -1394,6 +1421,7 @@ static void free_http(dit_http *h)
     free(h->cors);
     free(h->cert_pem);
     free(h->key_pem);
+    free(h->ca_pem);
     uv_mutex_destroy(&h->mu);
     free(h);
 }
@@ -1439,7 +1467,8 @@ dit_status dit_http_create(uv_loop_t *loop, struct dit_server *srv, const dit_ht
             goto fail;
         }
         if (!(h->cert_pem = read_file(cfg->tls_cert, diag)) ||
-            !(h->key_pem = read_file(cfg->tls_key, diag))) {
+            !(h->key_pem = read_file(cfg->tls_key, diag)) ||
+            (cfg->tls_client_ca && !(h->ca_pem = read_file(cfg->tls_client_ca, diag)))) {
             st = DIT_ERR_IO;
             goto fail;
         }
@@ -1454,6 +1483,9 @@ dit_status dit_http_create(uv_loop_t *loop, struct dit_server *srv, const dit_ht
     struct MHD_OptionItem tls_opts[] = {
         {h->tls ? MHD_OPTION_HTTPS_MEM_CERT : MHD_OPTION_END, 0, h->cert_pem},
         {MHD_OPTION_HTTPS_MEM_KEY, 0, h->key_pem},
+        /* The trusted roots also make libmicrohttpd ask for a client
+         * certificate; client_verified checks it. */
+        {h->ca_pem ? MHD_OPTION_HTTPS_MEM_TRUST : MHD_OPTION_END, 0, h->ca_pem},
         {MHD_OPTION_END, 0, NULL},
     };
     h->mhd = MHD_start_daemon(

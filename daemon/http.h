@@ -33,8 +33,10 @@ typedef struct dit_http_config {
     const char *listen;     /* HOST:PORT (":PORT" every interface; port 0 picks one) */
     const char *model_name; /* the served model's id in /v1/models */
     const char *auth_token; /* bearer token for the API; NULL: none */
-    /* TLS with this PEM certificate chain and key; NULL: plain HTTP. */
-    const char *tls_cert, *tls_key;
+    /* TLS with this PEM certificate chain and key; NULL: plain HTTP. With
+     * tls_client_ca, every request must come with a client certificate
+     * signed by those roots (mutual TLS, as on gRPC). */
+    const char *tls_cert, *tls_key, *tls_client_ca;
     const char *cors_origins;          /* comma-separated origins, or "*"; NULL: no CORS */
     int64_t max_body_bytes;            /* request bodies past this: 413 */
     int max_connections;               /* open connections at most */

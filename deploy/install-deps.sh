@@ -19,7 +19,8 @@ packages=(
   protobuf-compiler libprotobuf-dev            # protoc (descriptor set) and the well-known protos
   libgrpc-dev                                  # gRPC C core: ditd's server, ditctl's client
   libuv1-dev                                   # ditd's event loop, worker processes, IPC
-  libmicrohttpd-dev                            # ditd's Prometheus metrics endpoint
+  libmicrohttpd-dev                            # ditd's metrics endpoint and HTTP API
+  libgnutls28-dev                              # client certificate checks on the HTTP API
   libssl-dev                                   # libcrypto: HMAC of the multi-node join handshake
   check                                        # unit-test framework
   clang-format                                 # the formatting check of the unit suite

@@ -54,10 +54,13 @@ def grpc_png(d, seed, width=64, height=64, steps=2, prompt=PROMPT, metadata=None
     return png
 
 
-def http_request(d, method, path, body=None, headers=None, timeout=60):
-    """(status, headers, body bytes) of one plain HTTP request."""
+def http_request(d, method, path, body=None, headers=None, timeout=60, ctx=None):
+    """(status, headers, body bytes) of one HTTP request (HTTPS with ctx)."""
     u = urllib.parse.urlsplit(d.http_url)
-    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
+    if ctx:
+        conn = http.client.HTTPSConnection(u.hostname, u.port, timeout=timeout, context=ctx)
+    else:
+        conn = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
     try:
         h = {"Content-Type": "application/json"}
         h.update(headers or {})
@@ -332,8 +335,8 @@ def errors():
 @case
 def auth_tls_cors():
     """With --auth-token-file the API needs the bearer token (health and the
-    page do not); HTTPS with the gRPC certificate flags; CORS only for the
-    origins given."""
+    page do not); HTTPS and mutual TLS with the gRPC certificate flags; CORS
+    only for the origins given."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from test_daemon import make_certs
     import httpx2 as httpx
@@ -411,14 +414,39 @@ def auth_tls_cors():
             d.stop()
         finally:
             d.close()
-        # Client certificates are not checked on HTTP: the combination is refused.
-        import subprocess
-        from daemon import DEMO, env_path
-        p = subprocess.run([env_path("DITD"), "--model", DEMO, "--http-listen", "127.0.0.1:0",
-                            "--tls-cert", os.path.join(tmp, "server.pem"), "--tls-key",
-                            os.path.join(tmp, "server.key"), "--tls-client-ca",
-                            os.path.join(tmp, "ca.pem")], capture_output=True, text=True)
-        assert p.returncode == 2 and "--tls-client-ca" in p.stderr, p.stderr
+        # Mutual TLS, as on gRPC: a client certificate from the CA is served;
+        # none, or one from another CA, gets 403.
+        import ssl
+        d = Daemon("--http-listen", "127.0.0.1:0", "--tls-cert", os.path.join(tmp, "server.pem"),
+                   "--tls-key", os.path.join(tmp, "server.key"), "--tls-client-ca",
+                   os.path.join(tmp, "ca.pem"),
+                   creds=grpc.ssl_channel_credentials(pem["ca.pem"], pem["client.key"],
+                                                      pem["client.pem"]))
+        try:
+            def ctx_with(name):
+                ctx = ssl.create_default_context(cafile=os.path.join(tmp, "ca.pem"))
+                if name:
+                    ctx.load_cert_chain(os.path.join(tmp, f"{name}.pem"),
+                                        os.path.join(tmp, f"{name}.key"))
+                return ctx
+            c = client(d, http_client=httpx.Client(verify=ctx_with("client")))
+            r = c.images.generate(prompt=PROMPT, size="64x64",
+                                  extra_body={"seed": 3, "num_inference_steps": 2})
+            assert base64.b64decode(r.data[0].b64_json) == grpc_png(d, 3)
+            for name in (None, "other"):
+                for method, path in (("GET", "/health"), ("POST", GEN)):
+                    try:
+                        st, _, body = http_request(d, method, path, {"prompt": "x"},
+                                                   ctx=ctx_with(name))
+                    except (OSError, http.client.HTTPException) as e:
+                        st, body = None, repr(e).encode()
+                    assert st == 403, (name, path, st, body)
+                    err = json.loads(body)["error"]
+                    assert err["code"] == "client_certificate_required", err
+            assert http_request(d, "GET", "/health", ctx=ctx_with("client"))[0] == 200
+            d.stop()
+        finally:
+            d.close()
 
 
 def raw_post(d, body):
