@@ -19,6 +19,9 @@ typedef struct raw {
         max_pixels;
     long long max_unread, max_unread_total;
     long long metrics_port;
+    const char *http_listen, *http_cors;
+    long long http_max_body, http_max_conns;
+    double http_idle, http_request_timeout;
     double drain, comm_timeout, job_timeout, startup_timeout;
     bool uany, rany, unany, nofp32, log_json;
 } raw;
@@ -118,6 +121,21 @@ static const dit_option defs[] = {
     INT("metrics-port", "-1", "PORT",
         "serve Prometheus metrics at http://*:PORT/metrics (0: a free port; -1: off)",
         "DITD_METRICS_PORT", metrics_port, -1, 65535),
+    STR("http-listen", NULL, "HOST:PORT",
+        "also serve the OpenAI-compatible HTTP API, /health and the playground page here "
+        "(port 0 picks a free port; same TLS and token flags as gRPC)",
+        "DITD_HTTP_LISTEN", http_listen),
+    STR("http-cors-origins", NULL, "ORIGINS",
+        "browser origins allowed to call the HTTP API, comma-separated, or * (default: none)",
+        "DITD_HTTP_CORS_ORIGINS", http_cors),
+    BYTES("http-max-body-bytes", "1048576", "largest HTTP request body; larger ones get 413",
+          "DITD_HTTP_MAX_BODY_BYTES", http_max_body, 1024, 67108864),
+    INT("http-max-connections", "256", "N", "open HTTP connections at most (a thread each)",
+        "DITD_HTTP_MAX_CONNECTIONS", http_max_conns, 1, 100000),
+    SECS("http-idle-timeout", "30", "an HTTP connection silent this long is closed",
+         "DITD_HTTP_IDLE_TIMEOUT", http_idle),
+    SECS("http-request-timeout", "30", "an HTTP request's body must arrive within this",
+         "DITD_HTTP_REQUEST_TIMEOUT", http_request_timeout),
     STR("log-level", "info", "LEVEL", "debug, info, warn or error", "DITD_LOG_LEVEL", log_level),
     FLAG("log-json", "log lines as JSON objects", "DITD_LOG_JSON", log_json),
 };
@@ -172,9 +190,9 @@ static const char *basename_of(const char *path)
  * starts: gRPC itself would take "127.0.0.1:99999" as port 34463 and
  * report other mistakes only once the workers run. ":PORT" means every
  * interface and is rewritten to 0.0.0.0:PORT. */
-static int check_listen(dit_daemon_config *cfg)
+static int check_listen(const char *flag, const char **listen, char *buf, size_t cap)
 {
-    const char *v = cfg->listen;
+    const char *v = *listen;
     const char *colon = strrchr(v, ':');
     const char *why = NULL;
     if (!colon) {
@@ -191,14 +209,14 @@ static int check_listen(dit_daemon_config *cfg)
     }
     if (why) {
         fprintf(stderr,
-                "ditd: --listen '%s': %s; the form is HOST:PORT, e.g. 0.0.0.0:50051, "
+                "ditd: --%s '%s': %s; the form is HOST:PORT, e.g. 0.0.0.0:50051, "
                 "127.0.0.1:0 (a free port), [::]:50051 or :50051 (every interface)\n",
-                v, why);
+                flag, v, why);
         return 2;
     }
     if (colon == v) {
-        snprintf(cfg->listen_buf, sizeof cfg->listen_buf, "0.0.0.0%s", v);
-        cfg->listen = cfg->listen_buf;
+        snprintf(buf, cap, "0.0.0.0%s", v);
+        *listen = buf;
     }
     return 0;
 }
@@ -218,8 +236,17 @@ int dit_daemon_config_parse(dit_daemon_config *cfg, int argc, char **argv)
     cfg->model = r.model;
     cfg->model_name = r.model_name ? r.model_name : basename_of(r.model);
     cfg->listen = r.listen;
-    if (check_listen(cfg) != 0)
+    if (check_listen("listen", &cfg->listen, cfg->listen_buf, sizeof cfg->listen_buf) != 0)
         return 2;
+    cfg->http_listen = r.http_listen;
+    if (cfg->http_listen && check_listen("http-listen", &cfg->http_listen, cfg->http_listen_buf,
+                                         sizeof cfg->http_listen_buf) != 0)
+        return 2;
+    cfg->http_cors_origins = r.http_cors;
+    cfg->http_max_body_bytes = r.http_max_body;
+    cfg->http_max_connections = (int)r.http_max_conns;
+    cfg->http_idle_timeout_s = r.http_idle;
+    cfg->http_request_timeout_s = r.http_request_timeout;
     cfg->backend_name = r.backend;
     if (dit_backend_kind_parse(cfg->backend_name, &cfg->backend) != DIT_OK) {
         fprintf(stderr, "ditd: unknown backend '%s' (cpu or cuda)\n", cfg->backend_name);

@@ -42,8 +42,15 @@ typedef struct dit_daemon_config {
     int local_ranks;         /* ranks ditd starts (0 .. local_ranks-1); the rest join */
     const char *join_listen; /* IP:PORT for joining workers, or NULL */
     const char *join_secret_file;
+    /* The HTTP front end (http.h); NULL: off. Checked as listen is. */
+    const char *http_listen;
+    const char *http_cors_origins; /* comma-separated, or "*"; NULL: none */
+    int64_t http_max_body_bytes;
+    int http_max_connections;
+    double http_idle_timeout_s, http_request_timeout_s;
     dit_log log;
-    char listen_buf[300]; /* storage for listen when it was rewritten */
+    char listen_buf[300];      /* storage for listen when it was rewritten */
+    char http_listen_buf[300]; /* the same for http_listen */
 } dit_daemon_config;
 
 /* The shape of --warmup: WxH:STEPS, or WxHxF:STEPS with F video frames

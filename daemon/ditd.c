@@ -12,6 +12,7 @@
 #include <uv.h>
 
 #include "config.h"
+#include "http.h"
 #include "log.h"
 #include "model_info.h"
 #include "parallel/mesh.h"
@@ -33,6 +34,7 @@ typedef struct daemon_state {
     uv_loop_t loop;
     dit_daemon_config cfg;
     dit_server srv;
+    dit_http *http; /* NULL: no --http-listen */
     uv_signal_t sigterm, sigint;
     uv_timer_t drain_timer;
     uint64_t drain_started_ms;
@@ -176,6 +178,7 @@ static void maybe_finish(daemon_state *d)
     if (!d->mesh_stopped || (d->srv.rpc && !d->rpc_done))
         return;
     DIT_LOG(&d->cfg.log, DIT_LOG_INFO, "main", "workers stopped, calls ended; exiting");
+    dit_http_close(d->http);
     uv_handle_t *own[] = {(uv_handle_t *)&d->sigterm, (uv_handle_t *)&d->sigint,
                           (uv_handle_t *)&d->drain_timer};
     for (size_t i = 0; d->handles_up && i < sizeof own / sizeof *own; i++)
@@ -401,6 +404,37 @@ int main(int argc, char **argv)
         uv_run(&d->loop, UV_RUN_DEFAULT);
         goto cleanup;
     }
+    int http_port = -1;
+    if (d->cfg.http_listen) {
+        dit_http_config hc = {
+            .listen = d->cfg.http_listen,
+            .model_name = d->cfg.model_name,
+            .auth_token = token[0] ? token : NULL,
+            .tls_cert = d->cfg.tls_cert,
+            .tls_key = d->cfg.tls_key,
+            .tls_client_ca = d->cfg.tls_client_ca,
+            .cors_origins = d->cfg.http_cors_origins,
+            .max_body_bytes = d->cfg.http_max_body_bytes,
+            .max_connections = d->cfg.http_max_connections,
+            .idle_timeout_s = d->cfg.http_idle_timeout_s,
+            .request_timeout_s = d->cfg.http_request_timeout_s,
+            .default_width = s->model.default_width,
+            .default_height = s->model.default_height,
+            .log = lg,
+        };
+        if (dit_http_create(&d->loop, s, &hc, &d->http, &http_port, &diag) != DIT_OK) {
+            fprintf(stderr, "ditd: %s\n", dit_diag_msg(&diag));
+            rc = 2;
+            dit_server_drain(s);
+            close_rpc(d);
+            stop_mesh(d);
+            uv_run(&d->loop, UV_RUN_DEFAULT);
+            goto cleanup;
+        }
+        s->health_changed = dit_http_set_serving;
+        s->health_ctx = d->http;
+        dit_http_set_serving(d->http, s->serving);
+    }
     /* Tests and scripts read the port from this line. */
     const char *colon = strrchr(d->cfg.listen, ':');
     printf("ditd: listening on %.*s:%d\n", colon ? (int)(colon - d->cfg.listen) : 0, d->cfg.listen,
@@ -413,6 +447,11 @@ int main(int argc, char **argv)
     if (s->metrics)
         printf("ditd: metrics on http://%.*s:%d/metrics\n",
                colon ? (int)(colon - d->cfg.listen) : 0, d->cfg.listen, metrics_port);
+    if (d->http) {
+        const char *hc = strrchr(d->cfg.http_listen, ':');
+        printf("ditd: http on %s://%.*s:%d\n", d->cfg.tls_cert ? "https" : "http",
+               hc ? (int)(hc - d->cfg.http_listen) : 0, d->cfg.http_listen, http_port);
+    }
     fflush(stdout);
     DIT_LOG(lg, DIT_LOG_INFO, "main",
             "serving model '%s' from %s on port %d: %d worker(s), ring %d x ulysses %d x tp %d, "
@@ -439,6 +478,7 @@ cleanup:
         dit_supervisor_destroy(s->sup);
     if (loop_up)
         uv_run(&d->loop, UV_RUN_DEFAULT);
+    dit_http_destroy(d->http); /* its connection threads wait for no job now */
     dit_server_free_jobs(s);
     dit_reflection_free(s->refl);
     dit_metrics_stop(s->metrics);

@@ -1,6 +1,7 @@
 #include "server.h"
 
 #include <limits.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +19,7 @@ struct job {
     char request_id[140];
     Ditserve__V1__GenerateRequest *req; /* owned */
     dit_rpc_call *call;                 /* NULL once the client is gone */
+    dit_job_client client;              /* instead of call (HTTP); .finish NULL when none */
     double arrived_ms, started_ms;
     int last_position;
     int width, height, frames, steps;
@@ -60,10 +62,17 @@ static void send_packed(dit_rpc_call *c, const ProtobufCMessage *m)
 
 static void send_event(job *j, Ditserve__V1__GenerateEvent *ev)
 {
-    if (!j->call)
-        return;
     ev->request_id = j->request_id;
-    send_packed(j->call, &ev->base);
+    if (j->call)
+        send_packed(j->call, &ev->base);
+    else if (j->client.event)
+        j->client.event(j->client.ctx, ev);
+}
+
+/* Whether someone still waits for the job's events. */
+static bool has_client(const job *j)
+{
+    return j->call || j->client.finish;
 }
 
 static void send_queued(job *j, int position, int depth)
@@ -107,6 +116,8 @@ static void update_health(dit_server *s)
         return;
     s->serving = serving;
     DIT_LOG(s->log, DIT_LOG_INFO, "health", "%s", serving ? "SERVING" : "NOT_SERVING");
+    if (s->health_changed)
+        s->health_changed(s->health_ctx, serving);
     for (int i = 0; i < s->n_watchers; i++)
         if (dit_rpc_call_user(s->watchers[i]) == NULL) /* known service */
             send_health(s->watchers[i], health_of(s));
@@ -221,6 +232,10 @@ static void fail_job(job *j, grpc_status_code code, const char *msg)
         dit_rpc_call_set_user(j->call, NULL);
         dit_rpc_call_finish(j->call, code, msg);
         j->call = NULL;
+    } else if (j->client.finish) {
+        const dit_job_client c = j->client;
+        j->client = (dit_job_client){0};
+        c.finish(c.ctx, code, msg);
     }
 }
 
@@ -228,7 +243,7 @@ static void try_dispatch(dit_server *s)
 {
     while (!s->running && dit_queue_peek(&s->queue) && dit_supervisor_idle(s->sup)) {
         job *j = JOB_OF(dit_queue_pop(&s->queue));
-        if (!j->call && j->kind != JOB_STARTUP_WARMUP) {
+        if (!has_client(j) && j->kind != JOB_STARTUP_WARMUP) {
             job_free(j); /* the client left while it waited */
             continue;
         }
@@ -265,85 +280,97 @@ static uint64_t random_seed(void)
     return v & 0x7fffffffffffffffull;
 }
 
+/* Why a request was refused: a gRPC code and a message for the client. */
+typedef struct reply {
+    grpc_status_code code;
+    char msg[DIT_DIAG_MAX];
+} reply;
+
+static bool refuse(reply *rp, grpc_status_code code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static bool refuse(reply *rp, grpc_status_code code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    rp->code = code;
+    vsnprintf(rp->msg, sizeof rp->msg, fmt, ap);
+    va_end(ap);
+    return false;
+}
+
 /* Finished results wait in ditd until their client reads them. A client
  * that stops reading must not make ditd hold result after result, so past
  * --max-unread-bytes on its connection (or --max-unread-total in all) new
- * calls are refused. */
-static bool unread_ok(dit_server *s, dit_rpc_call *call)
+ * calls are refused. `call` NULL (an HTTP request): the total only. */
+static bool unread_ok(dit_server *s, dit_rpc_call *call, reply *rp)
 {
-    const int64_t conn = dit_rpc_call_conn_unsent(call), all = dit_rpc_server_unsent(s->rpc);
-    char msg[300];
+    const int64_t conn = call ? dit_rpc_call_conn_unsent(call) : 0,
+                  all = dit_rpc_server_unsent(s->rpc);
     if (conn >= s->cfg->max_unread_bytes)
-        snprintf(msg, sizeof msg,
-                 "this connection has %lld bytes of results it has not read (the limit is "
-                 "%lld, --max-unread-bytes); read them before sending more requests",
-                 (long long)conn, (long long)s->cfg->max_unread_bytes);
-    else if (all >= s->cfg->max_unread_total)
-        snprintf(msg, sizeof msg,
-                 "clients have %lld bytes of results they have not read (the limit is %lld, "
-                 "--max-unread-total); retry later",
-                 (long long)all, (long long)s->cfg->max_unread_total);
-    else
-        return true;
-    dit_rpc_call_finish(call, GRPC_STATUS_RESOURCE_EXHAUSTED, msg);
-    return false;
+        return refuse(rp, GRPC_STATUS_RESOURCE_EXHAUSTED,
+                      "this connection has %lld bytes of results it has not read (the limit is "
+                      "%lld, --max-unread-bytes); read them before sending more requests",
+                      (long long)conn, (long long)s->cfg->max_unread_bytes);
+    if (all >= s->cfg->max_unread_total)
+        return refuse(rp, GRPC_STATUS_RESOURCE_EXHAUSTED,
+                      "clients have %lld bytes of results they have not read (the limit is %lld, "
+                      "--max-unread-total); retry later",
+                      (long long)all, (long long)s->cfg->max_unread_total);
+    return true;
 }
 
-/* Common admission: draining, mesh state, queue room, unread results. */
-static bool admit(dit_server *s, dit_rpc_call *call)
+/* Common admission of `n` jobs: draining, mesh state, queue room, unread
+ * results. */
+static bool admit(dit_server *s, dit_rpc_call *call, int n, reply *rp)
 {
-    char msg[200];
-    if (s->draining) {
-        dit_rpc_call_finish(call, GRPC_STATUS_UNAVAILABLE,
-                            "the server is shutting down; send the request to another replica");
-        return false;
-    }
+    if (s->draining)
+        return refuse(rp, GRPC_STATUS_UNAVAILABLE,
+                      "the server is shutting down; send the request to another replica");
     dit_mesh_state ms = dit_supervisor_state(s->sup);
-    if (ms != DIT_MESH_READY) {
-        snprintf(msg, sizeof msg, "the workers are not ready (mesh %s); retry shortly",
-                 dit_mesh_state_name(ms));
-        dit_rpc_call_finish(call, GRPC_STATUS_UNAVAILABLE, msg);
-        return false;
+    if (ms != DIT_MESH_READY)
+        return refuse(rp, GRPC_STATUS_UNAVAILABLE,
+                      "the workers are not ready (mesh %s); retry shortly",
+                      dit_mesh_state_name(ms));
+    if (dit_queue_length(&s->queue) + n > s->cfg->max_queue) {
+        if (n > 1)
+            return refuse(rp, GRPC_STATUS_RESOURCE_EXHAUSTED,
+                          "the queue has room for %d of the %d requested images (%d requests "
+                          "waiting); retry later",
+                          s->cfg->max_queue - dit_queue_length(&s->queue), n,
+                          dit_queue_length(&s->queue));
+        return refuse(rp, GRPC_STATUS_RESOURCE_EXHAUSTED,
+                      "the queue is full (%d requests waiting); retry later",
+                      dit_queue_length(&s->queue));
     }
-    if (dit_queue_length(&s->queue) >= s->cfg->max_queue) {
-        snprintf(msg, sizeof msg, "the queue is full (%d requests waiting); retry later",
-                 dit_queue_length(&s->queue));
-        dit_rpc_call_finish(call, GRPC_STATUS_RESOURCE_EXHAUSTED, msg);
-        return false;
-    }
-    return unread_ok(s, call);
+    return unread_ok(s, call, rp);
 }
 
-static bool model_ok(dit_server *s, dit_rpc_call *call, const char *model)
+static bool model_ok(dit_server *s, const char *model, reply *rp)
 {
     if (!model || !*model || strcmp(model, s->cfg->model_name) == 0)
         return true;
-    char msg[600];
-    snprintf(msg, sizeof msg, "model '%.256s' is not served here (available: '%.256s')", model,
-             s->cfg->model_name);
-    dit_rpc_call_finish(call, GRPC_STATUS_NOT_FOUND, msg);
-    return false;
+    return refuse(rp, GRPC_STATUS_NOT_FOUND,
+                  "model '%.256s' is not served here (available: '%.256s')", model,
+                  s->cfg->model_name);
 }
 
 /* The server's own limit on image size, beyond what the model allows. */
-static bool size_ok(dit_server *s, dit_rpc_call *call, int width, int height)
+static bool size_ok(dit_server *s, int width, int height, reply *rp)
 {
     const int64_t w = width ? width : s->info.default_width;
     const int64_t h = height ? height : s->info.default_height;
     if (w * h <= s->cfg->max_pixels)
         return true;
-    char msg[300];
-    snprintf(msg, sizeof msg,
-             "%lldx%lld is %lld pixels; this server accepts at most %lld (its --max-pixels)",
-             (long long)w, (long long)h, (long long)(w * h), (long long)s->cfg->max_pixels);
-    dit_rpc_call_finish(call, GRPC_STATUS_INVALID_ARGUMENT, msg);
-    return false;
+    return refuse(rp, GRPC_STATUS_INVALID_ARGUMENT,
+                  "%lldx%lld is %lld pixels; this server accepts at most %lld (its --max-pixels)",
+                  (long long)w, (long long)h, (long long)(w * h), (long long)s->cfg->max_pixels);
 }
 
 /* The mesh's split rules. The client hears what it can change (the nearest
  * size that splits evenly); the operator's remedy (an "anything" mode) goes
  * to the log, since only the operator can act on it. */
-static bool mesh_ok(dit_server *s, dit_rpc_call *call, const Ditserve__V1__GenerateRequest *r)
+static bool mesh_ok(dit_server *s, const Ditserve__V1__GenerateRequest *r, reply *rp)
 {
     dit_diag diag;
     dit_diag_clear(&diag);
@@ -353,8 +380,22 @@ static bool mesh_ok(dit_server *s, dit_rpc_call *call, const Ditserve__V1__Gener
     dit_request_mesh_advice(r, &s->info, &s->cfg->pc, advice, sizeof advice);
     DIT_LOG(s->log, DIT_LOG_INFO, "request", "request %s refused by the mesh's split rules: %s",
             r->request_id && *r->request_id ? r->request_id : "-", dit_diag_msg(&diag));
-    dit_rpc_call_finish(call, GRPC_STATUS_INVALID_ARGUMENT, advice);
-    return false;
+    return refuse(rp, GRPC_STATUS_INVALID_ARGUMENT, "%s", advice);
+}
+
+/* Every check a Generate request passes before it may wait in the queue,
+ * whichever front end it came through. */
+static bool generate_ok(dit_server *s, dit_rpc_call *call, const Ditserve__V1__GenerateRequest *r,
+                        int n, reply *rp)
+{
+    dit_diag diag;
+    dit_diag_clear(&diag);
+    if (!model_ok(s, r->model, rp))
+        return false;
+    if (dit_model_info_check_frames(&s->model, r->num_frames, r->fps, &diag) != DIT_OK ||
+        dit_request_validate(r, &s->info, &diag) != DIT_OK)
+        return refuse(rp, GRPC_STATUS_INVALID_ARGUMENT, "%s", dit_diag_msg(&diag));
+    return mesh_ok(s, r, rp) && size_ok(s, r->width, r->height, rp) && admit(s, call, n, rp);
 }
 
 static job *new_job(dit_server *s, job_kind kind, Ditserve__V1__GenerateRequest *r,
@@ -384,6 +425,35 @@ static job *new_job(dit_server *s, job_kind kind, Ditserve__V1__GenerateRequest 
     return j;
 }
 
+/* A seed for a request that gave none, so the image can be reproduced.
+ * False when out of memory. */
+static bool ensure_seed(Ditserve__V1__GenerateRequest *r)
+{
+    if (r->seed)
+        return true;
+    Google__Protobuf__UInt64Value *seed = malloc(sizeof *seed);
+    if (!seed)
+        return false;
+    google__protobuf__uint64_value__init(seed);
+    seed->value = random_seed();
+    r->seed = seed;
+    return true;
+}
+
+/* The request-log line and metric of a refused request. */
+static void log_refused(dit_server *s, const Ditserve__V1__GenerateRequest *r,
+                        grpc_status_code code, const char *why)
+{
+    s->requests_failed++;
+    dit_log_request(s->log, r->request_id && *r->request_id ? r->request_id : "-",
+                    r->model && *r->model ? r->model : s->cfg->model_name,
+                    r->width ? r->width : DIT_REQUEST_DEFAULT_SIZE,
+                    r->height ? r->height : DIT_REQUEST_DEFAULT_SIZE,
+                    r->num_inference_steps ? r->num_inference_steps : DIT_REQUEST_DEFAULT_STEPS, 0,
+                    0, dit_rpc_status_name(code), why);
+    dit_metrics_request(s->metrics, dit_rpc_status_name(code), -1, -1);
+}
+
 static void on_generate(void *ctx, dit_rpc_call *call, const uint8_t *req, size_t len)
 {
     dit_server *s = ctx;
@@ -393,38 +463,19 @@ static void on_generate(void *ctx, dit_rpc_call *call, const uint8_t *req, size_
                             "the request is not a valid ditserve.v1.GenerateRequest message");
         return;
     }
+    reply rp = {GRPC_STATUS_OK, ""};
     dit_diag diag;
     dit_diag_clear(&diag);
     if (dit_request_check_strings(&ditserve__v1__generate_request__descriptor, req, len, &diag) !=
         DIT_OK) {
-        dit_rpc_call_finish(call, GRPC_STATUS_INVALID_ARGUMENT, dit_diag_msg(&diag));
+        refuse(&rp, GRPC_STATUS_INVALID_ARGUMENT, "%s", dit_diag_msg(&diag));
         goto reject;
     }
-    if (!model_ok(s, call, r->model))
+    if (!generate_ok(s, call, r, 1, &rp))
         goto reject;
-    if (dit_model_info_check_frames(&s->model, r->num_frames, r->fps, &diag) != DIT_OK ||
-        dit_request_validate(r, &s->info, &diag) != DIT_OK) {
-        dit_rpc_call_finish(call, GRPC_STATUS_INVALID_ARGUMENT, dit_diag_msg(&diag));
-        goto reject;
-    }
-    if (!mesh_ok(s, call, r))
-        goto reject;
-    if (!size_ok(s, call, r->width, r->height) || !admit(s, call))
-        goto reject;
-    if (!r->seed) {
-        /* Report the seed we chose so the image can be reproduced. */
-        Google__Protobuf__UInt64Value *seed = malloc(sizeof *seed);
-        if (!seed) {
-            dit_rpc_call_finish(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
-            goto reject;
-        }
-        google__protobuf__uint64_value__init(seed);
-        seed->value = random_seed();
-        r->seed = seed;
-    }
-    job *j = new_job(s, JOB_GENERATE, r, call);
+    job *j = ensure_seed(r) ? new_job(s, JOB_GENERATE, r, call) : NULL;
     if (!j) {
-        dit_rpc_call_finish(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+        refuse(&rp, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
         goto reject;
     }
     dit_request_warning(r, &s->info, j->warning, sizeof j->warning);
@@ -433,34 +484,19 @@ static void on_generate(void *ctx, dit_rpc_call *call, const uint8_t *req, size_
     try_dispatch(s);
     return;
 reject:
-    s->requests_failed++;
-    {
-        /* Refused requests get their request-log line too. */
-        const char *why;
-        const grpc_status_code code = dit_rpc_call_code(call, &why);
-        dit_log_request(s->log, r->request_id && *r->request_id ? r->request_id : "-",
-                        r->model && *r->model ? r->model : s->cfg->model_name,
-                        r->width ? r->width : DIT_REQUEST_DEFAULT_SIZE,
-                        r->height ? r->height : DIT_REQUEST_DEFAULT_SIZE,
-                        r->num_inference_steps ? r->num_inference_steps : DIT_REQUEST_DEFAULT_STEPS,
-                        0, 0, dit_rpc_status_name(code), why);
-        dit_metrics_request(s->metrics, dit_rpc_status_name(code), -1, -1);
-    }
+    /* Refused requests get their request-log line too. */
+    dit_rpc_call_finish(call, rp.code, rp.msg);
+    log_refused(s, r, rp.code, rp.msg);
     ditserve__v1__generate_request__free_unpacked(r, NULL);
 }
 
-static void on_job_cancel(void *ctx, dit_rpc_call *call)
+/* Takes a job away from its client: a queued one leaves the queue and is
+ * freed, a running one stops at its next step. */
+static void cancel_job(dit_server *s, job *j, const char *reason)
 {
-    dit_server *s = ctx;
-    job *j = dit_rpc_call_user(call);
-    dit_rpc_call_finish(call, GRPC_STATUS_CANCELLED, "cancelled");
-    if (!j)
-        return;
-    j->call = NULL;
     if (s->running == j) {
         DIT_LOG(s->log, DIT_LOG_INFO, "queue", "request %s cancelled while running", j->request_id);
-        snprintf(j->cancel_reason, sizeof j->cancel_reason, "%s",
-                 "the client cancelled the call or its deadline passed");
+        snprintf(j->cancel_reason, sizeof j->cancel_reason, "%s", reason);
         dit_supervisor_cancel(s->sup, j->id);
     } else {
         DIT_LOG(s->log, DIT_LOG_INFO, "queue", "request %s cancelled while queued", j->request_id);
@@ -473,6 +509,65 @@ static void on_job_cancel(void *ctx, dit_rpc_call *call)
     }
 }
 
+static void on_job_cancel(void *ctx, dit_rpc_call *call)
+{
+    dit_server *s = ctx;
+    job *j = dit_rpc_call_user(call);
+    dit_rpc_call_finish(call, GRPC_STATUS_CANCELLED, "cancelled");
+    if (!j)
+        return;
+    j->call = NULL;
+    cancel_job(s, j, "the client cancelled the call or its deadline passed");
+}
+
+dit_status dit_server_submit(dit_server *s, Ditserve__V1__GenerateRequest **reqs, int n,
+                             const dit_job_client *clients, dit_server_job **jobs,
+                             grpc_status_code *code, char *msg, size_t cap)
+{
+    reply rp = {GRPC_STATUS_OK, ""};
+    job *made[DIT_SERVER_MAX_SUBMIT] = {0};
+    int k;
+    if (n < 1 || n > DIT_SERVER_MAX_SUBMIT) {
+        refuse(&rp, GRPC_STATUS_INVALID_ARGUMENT, "n must be 1 to %d", DIT_SERVER_MAX_SUBMIT);
+        goto reject;
+    }
+    for (k = 0; k < n; k++)
+        if (!generate_ok(s, NULL, reqs[k], n, &rp))
+            goto reject;
+    for (k = 0; k < n; k++)
+        if (!ensure_seed(reqs[k]) || !(made[k] = new_job(s, JOB_GENERATE, reqs[k], NULL))) {
+            refuse(&rp, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+            goto reject;
+        }
+    for (k = 0; k < n; k++) {
+        made[k]->client = clients[k];
+        dit_request_warning(reqs[k], &s->info, made[k]->warning, sizeof made[k]->warning);
+        enqueue(s, made[k]);
+        jobs[k] = made[k];
+    }
+    update_positions(s);
+    try_dispatch(s);
+    return DIT_OK;
+reject:
+    for (k = 0; k < n && k < DIT_SERVER_MAX_SUBMIT; k++)
+        if (made[k]) {
+            made[k]->req = NULL; /* still the caller's */
+            job_free(made[k]);
+        }
+    log_refused(s, reqs[0], rp.code, rp.msg);
+    *code = rp.code;
+    snprintf(msg, cap, "%s", rp.msg);
+    return DIT_ERR_INVALID_ARG;
+}
+
+void dit_server_cancel(dit_server *s, dit_server_job *j, const char *reason)
+{
+    if (!j)
+        return;
+    j->client = (dit_job_client){0};
+    cancel_job(s, j, reason);
+}
+
 static void on_warmup(void *ctx, dit_rpc_call *call, const uint8_t *req, size_t len)
 {
     dit_server *s = ctx;
@@ -482,14 +577,15 @@ static void on_warmup(void *ctx, dit_rpc_call *call, const uint8_t *req, size_t 
         return;
     }
     Ditserve__V1__GenerateRequest *r = NULL;
+    reply rp = {GRPC_STATUS_OK, ""};
     dit_diag diag;
     dit_diag_clear(&diag);
     if (dit_request_check_strings(&ditserve__v1__warmup_request__descriptor, req, len, &diag) !=
         DIT_OK) {
-        dit_rpc_call_finish(call, GRPC_STATUS_INVALID_ARGUMENT, dit_diag_msg(&diag));
+        refuse(&rp, GRPC_STATUS_INVALID_ARGUMENT, "%s", dit_diag_msg(&diag));
         goto done;
     }
-    if (!model_ok(s, call, w->model))
+    if (!model_ok(s, w->model, &rp))
         goto done;
     r = malloc(sizeof *r);
     char *prompt = strdup("warm-up");
@@ -499,7 +595,7 @@ static void on_warmup(void *ctx, dit_rpc_call *call, const uint8_t *req, size_t 
         free(prompt);
         free(seed);
         r = NULL;
-        dit_rpc_call_finish(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+        refuse(&rp, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
         goto done;
     }
     ditserve__v1__generate_request__init(r);
@@ -512,22 +608,22 @@ static void on_warmup(void *ctx, dit_rpc_call *call, const uint8_t *req, size_t 
     r->num_inference_steps = w->num_inference_steps ? w->num_inference_steps : 1;
     if (dit_model_info_check_frames(&s->model, r->num_frames, 0, &diag) != DIT_OK ||
         dit_request_validate(r, &s->info, &diag) != DIT_OK) {
-        dit_rpc_call_finish(call, GRPC_STATUS_INVALID_ARGUMENT, dit_diag_msg(&diag));
+        refuse(&rp, GRPC_STATUS_INVALID_ARGUMENT, "%s", dit_diag_msg(&diag));
         goto done;
     }
-    if (!mesh_ok(s, call, r))
-        goto done;
-    if (!size_ok(s, call, r->width, r->height) || !admit(s, call))
+    if (!mesh_ok(s, r, &rp) || !size_ok(s, r->width, r->height, &rp) || !admit(s, call, 1, &rp))
         goto done;
     job *j = new_job(s, JOB_WARMUP, r, call);
     if (!j) {
-        dit_rpc_call_finish(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+        refuse(&rp, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
         goto done;
     }
     r = NULL;
     enqueue(s, j);
     try_dispatch(s);
 done:
+    if (rp.code != GRPC_STATUS_OK)
+        dit_rpc_call_finish(call, rp.code, rp.msg);
     if (r)
         ditserve__v1__generate_request__free_unpacked(r, NULL);
     ditserve__v1__warmup_request__free_unpacked(w, NULL);
@@ -706,11 +802,13 @@ static void on_done(void *ctx, uint64_t job_id, dit_status st, const char *messa
             fail_job(j, code, detail);
         }
         break;
-    case JOB_GENERATE:
+    case JOB_GENERATE: {
+        reply rp;
         if (j->call)
             dit_rpc_call_set_user(j->call, NULL);
-        if (st == DIT_OK && j->call && !unread_ok(s, j->call)) {
+        if (st == DIT_OK && j->call && !unread_ok(s, j->call, &rp)) {
             /* Admitted while there was room; the client has not read since. */
+            dit_rpc_call_finish(j->call, rp.code, rp.msg);
             j->call = NULL;
             code = GRPC_STATUS_RESOURCE_EXHAUSTED;
             snprintf(detail, sizeof detail, "the result was dropped: too many unread results");
@@ -730,6 +828,7 @@ static void on_done(void *ctx, uint64_t job_id, dit_status st, const char *messa
                             (j->started_ms - j->arrived_ms) / 1e3,
                             (now_ms() - j->arrived_ms) / 1e3);
         break;
+    }
     }
     if (env)
         ditserve__ipc__envelope__free_unpacked(env, NULL);

@@ -28,6 +28,22 @@ typedef enum job_kind {
 } job_kind;
 
 typedef struct job job;
+typedef struct job dit_server_job;
+
+/* Where a Generate job that did not come through gRPC reports (the HTTP
+ * front end, http.h). Both run on the loop thread. `event` gets every
+ * event a gRPC client would get (queued, started, progress, the result's
+ * chunks, the result), valid during the call; `finish` comes exactly once,
+ * after the result with GRPC_STATUS_OK or with the error, unless the client
+ * cancelled the job first (dit_server_cancel). */
+typedef struct dit_job_client {
+    void (*event)(void *ctx, const Ditserve__V1__GenerateEvent *ev);
+    void (*finish)(void *ctx, grpc_status_code code, const char *msg);
+    void *ctx;
+} dit_job_client;
+
+/* Generate jobs one dit_server_submit may add. */
+#define DIT_SERVER_MAX_SUBMIT 16
 
 typedef struct dit_server {
     uv_loop_t *loop;
@@ -46,6 +62,9 @@ typedef struct dit_server {
     bool draining;
     bool warmed;  /* --warmup done (or none asked for) */
     bool serving; /* what health last reported */
+    /* Told whenever health changes (the HTTP front end's /health). */
+    void (*health_changed)(void *ctx, bool serving);
+    void *health_ctx;
     dit_rpc_call **watchers;
     int n_watchers, cap_watchers;
     /* counters */
@@ -58,6 +77,19 @@ int dit_server_methods(dit_server *s, const dit_rpc_method **out);
 
 /* Supervisor events go here. */
 dit_supervisor_events dit_server_mesh_events(dit_server *s);
+
+/* Admits n Generate requests as one (all or none) from another front end:
+ * every check and limit a gRPC Generate passes, with room in the queue for
+ * all n. On success the jobs own reqs[0..n) and jobs[k] is request k's
+ * handle until its client's finish (or dit_server_cancel). On failure the
+ * requests stay the caller's, and *code and msg say why. */
+dit_status dit_server_submit(dit_server *s, Ditserve__V1__GenerateRequest **reqs, int n,
+                             const dit_job_client *clients, dit_server_job **jobs,
+                             grpc_status_code *code, char *msg, size_t cap);
+
+/* The client of a submitted job left: a queued job leaves the queue, a
+ * running one stops at its next step. Its client hears nothing more. */
+void dit_server_cancel(dit_server *s, dit_server_job *j, const char *reason);
 
 /* Starts draining: health NOT_SERVING, new calls refused. */
 void dit_server_drain(dit_server *s);

@@ -84,6 +84,12 @@ START_TEST(defaults_come_from_the_table)
     ck_assert_int_eq(cfg.max_unread_total, 1ll << 30);
     ck_assert_int_eq(cfg.max_pixels, 2048 * 2048);
     ck_assert_int_eq(cfg.metrics_port, -1);
+    ck_assert_ptr_null(cfg.http_listen);
+    ck_assert_ptr_null(cfg.http_cors_origins);
+    ck_assert_int_eq(cfg.http_max_body_bytes, 1 << 20);
+    ck_assert_int_eq(cfg.http_max_connections, 256);
+    ck_assert_double_eq(cfg.http_idle_timeout_s, 30);
+    ck_assert_double_eq(cfg.http_request_timeout_s, 30);
     ck_assert_int_eq(cfg.max_connection_age_s, 0);
     ck_assert_int_eq(cfg.threads, 0);
     ck_assert_ptr_null(cfg.warmup);
@@ -211,6 +217,39 @@ START_TEST(listen_forms)
 }
 END_TEST
 
+START_TEST(http_listen_forms_and_limits)
+{
+    clear_env();
+    dit_daemon_config cfg;
+    ck_assert_int_eq(PARSE(&cfg, "--model", "x", "--http-listen", ":8080"), 0);
+    ck_assert_str_eq(cfg.http_listen, "0.0.0.0:8080");
+    ck_assert_str_eq(cfg.listen, "0.0.0.0:50051");
+    setenv("DITD_HTTP_LISTEN", "127.0.0.1:0", 1);
+    setenv("DITD_HTTP_CORS_ORIGINS", "https://a.example,https://b.example", 1);
+    ck_assert_int_eq(PARSE(&cfg, "--model", "x", "--http-max-body-bytes", "65536",
+                           "--http-max-connections", "32", "--http-idle-timeout", "5"),
+                     0);
+    ck_assert_str_eq(cfg.http_listen, "127.0.0.1:0");
+    ck_assert_str_eq(cfg.http_cors_origins, "https://a.example,https://b.example");
+    ck_assert_int_eq(cfg.http_max_body_bytes, 64 << 10);
+    ck_assert_int_eq(cfg.http_max_connections, 32);
+    ck_assert_double_eq(cfg.http_idle_timeout_s, 5);
+    unsetenv("DITD_HTTP_LISTEN");
+    unsetenv("DITD_HTTP_CORS_ORIGINS");
+    ck_assert_int_eq(PARSE(&cfg, "--model", "x", "--http-listen", "8080"), 2);
+    ck_assert_msg(strstr(err, "--http-listen '8080': it has no ':PORT'"), "%s", err);
+    ck_assert_int_eq(PARSE(&cfg, "--model", "x", "--http-listen", ":99999"), 2);
+    ck_assert_msg(strstr(err, "--http-listen"), "%s", err);
+    ck_assert_int_eq(PARSE(&cfg, "--model", "x", "--http-max-body-bytes", "128"), 2);
+    ck_assert_int_eq(PARSE(&cfg, "--model", "x", "--http-max-connections", "0"), 2);
+    /* The TLS flags are gRPC's and HTTP's alike. */
+    ck_assert_int_eq(PARSE(&cfg, "--model", "x", "--http-listen", ":8080", "--tls-cert", "c",
+                           "--tls-key", "k", "--tls-client-ca", "ca"),
+                     0);
+    ck_assert_str_eq(cfg.tls_client_ca, "ca");
+}
+END_TEST
+
 START_TEST(parallel_layout_from_flags)
 {
     clear_env();
@@ -280,6 +319,7 @@ int main(void)
     tcase_add_test(tc, bad_flag_values_say_what_is_wanted);
     tcase_add_test(tc, usage_mistakes);
     tcase_add_test(tc, listen_forms);
+    tcase_add_test(tc, http_listen_forms_and_limits);
     tcase_add_test(tc, parallel_layout_from_flags);
     tcase_add_test(tc, warmup_shapes);
     tcase_add_test(tc, help_lists_every_flag_with_its_variable_and_default);

@@ -136,6 +136,27 @@ def k8s():
     sc = spec["securityContext"]
     assert sc["runAsNonRoot"] and str(sc["runAsUser"]) == dockerfile_user()
 
+    # The HTTP front end: its port in the pod, a Service for it, and the
+    # Ingress example pointing there with the timeouts SSE needs.
+    hport = int(cfg["DITD_HTTP_LISTEN"].rsplit(":", 1)[1])
+    assert ports["http"] == hport, (ports, hport)
+    hsvc = objs[("Service", "ditd-http")]["spec"]
+    assert all(labels.get(k) == v for k, v in hsvc["selector"].items())
+    assert hsvc["ports"][0]["targetPort"] == "http" and "sessionAffinity" not in hsvc
+    ing_path = os.path.join(K8S, "examples", "ingress-http.yaml")
+    p = subprocess.run([tool("kubernetes-validate"), "--strict", ing_path], capture_output=True,
+                       text=True)
+    assert p.returncode == 0 and "passed" in p.stdout, f"kubernetes-validate:\n{p.stdout}{p.stderr}"
+    import yaml
+    with open(ing_path) as f:
+        ing = yaml.safe_load(f)
+    ann = ing["metadata"]["annotations"]
+    assert ann["nginx.ingress.kubernetes.io/proxy-buffering"] == "off", "SSE must not be buffered"
+    assert int(ann["nginx.ingress.kubernetes.io/proxy-read-timeout"]) >= 600
+    backend = ing["spec"]["rules"][0]["http"]["paths"][0]["backend"]["service"]
+    assert backend["name"] == "ditd-http" and backend["port"]["name"] == "http"
+    assert ing["metadata"]["namespace"] == objs[("Service", "ditd-http")]["metadata"]["namespace"]
+
 
 def dockerfile_user():
     text = open(os.path.join(ROOT, "deploy", "Dockerfile")).read()

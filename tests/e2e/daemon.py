@@ -79,6 +79,18 @@ class Daemon:
                 self.proc.wait()
                 raise AssertionError(f"ditd printed no join address: {line!r}\n{self.log()}")
             self.join_target = line.split()[-1]
+        self.http_url = None
+        if "--http-listen" in args:
+            # After the join and metrics lines, when those are asked for.
+            for _ in range(3):
+                line = self.proc.stdout.readline().decode()
+                if line.startswith("ditd: http on "):
+                    self.http_url = line.split()[-1]
+                    break
+            if not self.http_url:
+                self.proc.kill()
+                self.proc.wait()
+                raise AssertionError(f"ditd printed no http address: {line!r}\n{self.log()}")
         self.creds = creds
         self.channel = self.connect()
         self.workers = []

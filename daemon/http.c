@@ -1,0 +1,1569 @@
+#include "http.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <netdb.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+#include <gnutls/gnutls.h>
+#include <microhttpd.h>
+
+#include "serve/request.h"
+#include "server.h"
+
+extern const char dit_playground_html[];
+extern const size_t dit_playground_html_len;
+
+/* Images one request may ask for (OpenAI's own limit is 10). */
+#define HTTP_MAX_N 10
+_Static_assert(HTTP_MAX_N <= DIT_SERVER_MAX_SUBMIT, "the server admits every image at once");
+/* How often a waiting connection thread looks at its socket. */
+#define HTTP_POLL_MS 200
+/* A stream silent this long gets an SSE comment, so proxies keep it. */
+#define HTTP_KEEPALIVE_MS 15000
+/* Largest seed the HTTP API hands out or takes: JSON numbers are exact to
+ * 2^53 in JavaScript. */
+#define HTTP_MAX_SEED ((uint64_t)1 << 53)
+/* The playground and error bodies are small; SSE writes go out in blocks. */
+#define HTTP_SSE_BLOCK 65536
+
+/* ------------------------------------------------------------------------ */
+/* Requests shared by a connection thread and the loop                      */
+
+typedef struct gen gen;
+
+/* One image of a request. `job` is the loop's; the rest is under gen.mu. */
+typedef struct slot {
+    gen *g;
+    int index;
+    dit_server_job *job; /* loop thread only; NULL once finished */
+    bool finished;
+    bool have_result;
+    uint8_t *data; /* the PNG as its chunks arrive */
+    size_t len, cap;
+    uint64_t seed;
+    int width, height;
+    Ditserve__V1__Timings timings;
+} slot;
+
+typedef enum gen_phase {
+    GEN_NEW,      /* handed to the loop, not admitted yet */
+    GEN_ACCEPTED, /* in the queue or running */
+    GEN_DONE,     /* every image finished, failed or cancelled (or refused) */
+} gen_phase;
+
+struct gen {
+    dit_http *h;
+    uv_mutex_t mu;
+    uv_cond_t cv;
+    int refs; /* the connection's and, while its jobs live, the loop's */
+    bool stream;
+    int n;
+    Ditserve__V1__GenerateRequest *reqs[HTTP_MAX_N]; /* the connection's until admitted */
+    slot img[HTTP_MAX_N];
+    int64_t created;
+    /* Under mu. */
+    gen_phase phase;
+    int n_finished;
+    bool failed;
+    grpc_status_code code;
+    char msg[DIT_DIAG_MAX];
+    char *sse; /* SSE bytes the client has not been sent yet */
+    size_t sse_len, sse_off, sse_cap;
+    bool gone;                   /* the client left */
+    struct MHD_Connection *conn; /* the connection thread's, for the SSE reader */
+};
+
+typedef enum op_kind { OP_SUBMIT, OP_CANCEL } op_kind;
+
+typedef struct op {
+    struct op *next;
+    op_kind kind;
+    gen *g;
+} op;
+
+struct dit_http {
+    uv_loop_t *loop;
+    struct dit_server *srv; /* loop thread only */
+    dit_http_config cfg;
+    char *token, *cors;                /* copies */
+    char *cert_pem, *key_pem, *ca_pem; /* ca_pem: client certificates required */
+    struct MHD_Daemon *mhd;
+    bool tls;
+    int64_t started;
+    uv_async_t async;
+    uv_mutex_t mu; /* ops, closed, active */
+    op *ops_head, *ops_tail;
+    bool closed;
+    int active; /* requests whose connection has not completed */
+    atomic_bool serving;
+    atomic_bool stopping;
+};
+
+static void gen_unref(gen *g)
+{
+    uv_mutex_lock(&g->mu);
+    const int left = --g->refs;
+    uv_mutex_unlock(&g->mu);
+    if (left > 0)
+        return;
+    for (int k = 0; k < g->n; k++) {
+        if (g->reqs[k])
+            ditserve__v1__generate_request__free_unpacked(g->reqs[k], NULL);
+        free(g->img[k].data);
+    }
+    free(g->sse);
+    uv_cond_destroy(&g->cv);
+    uv_mutex_destroy(&g->mu);
+    free(g);
+}
+
+/* Appends to the SSE buffer (mu held). False when out of memory. */
+static bool sse_append(gen *g, const char *s, size_t n)
+{
+    if (g->sse_off > 0 && g->sse_off == g->sse_len)
+        g->sse_off = g->sse_len = 0;
+    if (g->sse_len + n > g->sse_cap) {
+        size_t cap = g->sse_cap ? g->sse_cap : 4096;
+        while (cap < g->sse_len + n)
+            cap *= 2;
+        char *p = realloc(g->sse, cap);
+        if (!p)
+            return false;
+        g->sse = p;
+        g->sse_cap = cap;
+    }
+    memcpy(g->sse + g->sse_len, s, n);
+    g->sse_len += n;
+    return true;
+}
+
+/* One SSE event: `event: TYPE` and the object (which holds "type" too, as
+ * OpenAI's client reads it from there). Frees obj. mu held. */
+static void sse_event(gen *g, const char *type, cJSON *obj)
+{
+    cJSON_AddStringToObject(obj, "type", type);
+    char *text = cJSON_PrintUnformatted(obj);
+    cJSON_Delete(obj);
+    if (!text)
+        return;
+    char head[96];
+    const int hn = snprintf(head, sizeof head, "event: %s\ndata: ", type);
+    sse_append(g, head, (size_t)hn);
+    sse_append(g, text, strlen(text));
+    sse_append(g, "\n\n", 2);
+    free(text);
+}
+
+/* ------------------------------------------------------------------------ */
+/* JSON pieces                                                               */
+
+static const char b64_alphabet[] =
+    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+static char *base64(const uint8_t *p, size_t n)
+{
+    char *out = malloc((n + 2) / 3 * 4 + 1);
+    if (!out)
+        return NULL;
+    size_t o = 0, i = 0;
+    for (; i + 2 < n; i += 3) {
+        const uint32_t v = (uint32_t)p[i] << 16 | (uint32_t)p[i + 1] << 8 | p[i + 2];
+        out[o++] = b64_alphabet[v >> 18];
+        out[o++] = b64_alphabet[(v >> 12) & 63];
+        out[o++] = b64_alphabet[(v >> 6) & 63];
+        out[o++] = b64_alphabet[v & 63];
+    }
+    if (i < n) {
+        const uint32_t v = (uint32_t)p[i] << 16 | (i + 1 < n ? (uint32_t)p[i + 1] << 8 : 0);
+        out[o++] = b64_alphabet[v >> 18];
+        out[o++] = b64_alphabet[(v >> 12) & 63];
+        out[o++] = i + 1 < n ? b64_alphabet[(v >> 6) & 63] : '=';
+        out[o++] = '=';
+    }
+    out[o] = '\0';
+    return out;
+}
+
+/* An integer written out in full: cJSON prints numbers with 15 significant
+ * digits when they compare equal within its tolerance, which turns a seed
+ * such as 6259364193470371 into 6.25936419347037e+15. */
+static void add_u64(cJSON *o, const char *name, uint64_t v)
+{
+    char buf[24];
+    snprintf(buf, sizeof buf, "%llu", (unsigned long long)v);
+    cJSON_AddRawToObject(o, name, buf);
+}
+
+static cJSON *timings_json(const Ditserve__V1__Timings *t)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "queue_ms", t->queue_ms);
+    cJSON_AddNumberToObject(o, "tokenize_ms", t->tokenize_ms);
+    cJSON_AddNumberToObject(o, "text_encode_ms", t->text_encode_ms);
+    cJSON_AddNumberToObject(o, "denoise_ms", t->denoise_ms);
+    cJSON_AddNumberToObject(o, "step_ms_min", t->step_ms_min);
+    cJSON_AddNumberToObject(o, "step_ms_max", t->step_ms_max);
+    cJSON_AddNumberToObject(o, "vae_ms", t->vae_ms);
+    cJSON_AddNumberToObject(o, "encode_ms", t->encode_ms);
+    cJSON_AddNumberToObject(o, "total_ms", t->total_ms);
+    return o;
+}
+
+/* The HTTP status of a gRPC one. */
+static unsigned http_status_of(grpc_status_code code)
+{
+    switch (code) {
+    case GRPC_STATUS_OK:
+        return MHD_HTTP_OK;
+    case GRPC_STATUS_INVALID_ARGUMENT:
+    case GRPC_STATUS_FAILED_PRECONDITION:
+    case GRPC_STATUS_OUT_OF_RANGE:
+        return MHD_HTTP_BAD_REQUEST;
+    case GRPC_STATUS_UNAUTHENTICATED:
+        return MHD_HTTP_UNAUTHORIZED;
+    case GRPC_STATUS_PERMISSION_DENIED:
+        return MHD_HTTP_FORBIDDEN;
+    case GRPC_STATUS_NOT_FOUND:
+        return MHD_HTTP_NOT_FOUND;
+    case GRPC_STATUS_RESOURCE_EXHAUSTED:
+        return MHD_HTTP_TOO_MANY_REQUESTS;
+    case GRPC_STATUS_UNAVAILABLE:
+        return MHD_HTTP_SERVICE_UNAVAILABLE;
+    case GRPC_STATUS_UNIMPLEMENTED:
+        return MHD_HTTP_NOT_IMPLEMENTED;
+    case GRPC_STATUS_DEADLINE_EXCEEDED:
+        return MHD_HTTP_GATEWAY_TIMEOUT;
+    case GRPC_STATUS_CANCELLED:
+        return 499; /* the client closed the request (nginx's code) */
+    default:
+        return MHD_HTTP_INTERNAL_SERVER_ERROR;
+    }
+}
+
+/* OpenAI's error "type" for an HTTP status, and our "code". */
+static const char *error_type_of(unsigned status)
+{
+    if (status == MHD_HTTP_UNAUTHORIZED)
+        return "authentication_error";
+    if (status == MHD_HTTP_TOO_MANY_REQUESTS)
+        return "rate_limit_error";
+    if (status == MHD_HTTP_NOT_FOUND)
+        return "not_found_error";
+    if (status == MHD_HTTP_FORBIDDEN)
+        return "permission_error";
+    return status >= 500 ? "server_error" : "invalid_request_error";
+}
+
+/* {"error": {"message", "type", "param", "code"}}; param may be NULL. */
+static cJSON *error_json(unsigned status, const char *param, const char *code, const char *msg)
+{
+    cJSON *o = cJSON_CreateObject(), *e = cJSON_AddObjectToObject(o, "error");
+    cJSON_AddStringToObject(e, "message", msg);
+    cJSON_AddStringToObject(e, "type", error_type_of(status));
+    if (param)
+        cJSON_AddStringToObject(e, "param", param);
+    else
+        cJSON_AddNullToObject(e, "param");
+    cJSON_AddStringToObject(e, "code", code);
+    return o;
+}
+
+static const char *grpc_code_name(grpc_status_code code)
+{
+    switch (code) {
+    case GRPC_STATUS_INVALID_ARGUMENT:
+        return "invalid_value";
+    case GRPC_STATUS_NOT_FOUND:
+        return "model_not_found";
+    case GRPC_STATUS_RESOURCE_EXHAUSTED:
+        return "queue_full";
+    case GRPC_STATUS_UNAVAILABLE:
+        return "unavailable";
+    case GRPC_STATUS_CANCELLED:
+        return "cancelled";
+    default:
+        return "internal_error";
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Loop thread: the jobs' client                                             */
+
+static void on_job_event(void *ctx, const Ditserve__V1__GenerateEvent *ev)
+{
+    slot *sl = ctx;
+    gen *g = sl->g;
+    uv_mutex_lock(&g->mu);
+    cJSON *o = NULL;
+    switch (ev->event_case) {
+    case DITSERVE__V1__GENERATE_EVENT__EVENT_QUEUED:
+        if (g->stream) {
+            o = cJSON_CreateObject();
+            cJSON_AddNumberToObject(o, "index", sl->index);
+            cJSON_AddNumberToObject(o, "position", ev->queued->position);
+            cJSON_AddNumberToObject(o, "queue_depth", ev->queued->queue_depth);
+            sse_event(g, "ditserve.queued", o);
+        }
+        break;
+    case DITSERVE__V1__GENERATE_EVENT__EVENT_STARTED:
+        if (g->stream) {
+            o = cJSON_CreateObject();
+            cJSON_AddNumberToObject(o, "index", sl->index);
+            cJSON_AddNumberToObject(o, "queue_ms", ev->started->queue_ms);
+            sse_event(g, "ditserve.started", o);
+        }
+        break;
+    case DITSERVE__V1__GENERATE_EVENT__EVENT_PROGRESS:
+        if (g->stream) {
+            o = cJSON_CreateObject();
+            cJSON_AddNumberToObject(o, "index", sl->index);
+            cJSON_AddNumberToObject(o, "step", ev->progress->step);
+            cJSON_AddNumberToObject(o, "total_steps", ev->progress->total_steps);
+            cJSON_AddNumberToObject(o, "elapsed_ms", ev->progress->elapsed_ms);
+            cJSON_AddStringToObject(o, "stage", ev->progress->stage ? ev->progress->stage : "");
+            sse_event(g, "ditserve.progress", o);
+        }
+        break;
+    case DITSERVE__V1__GENERATE_EVENT__EVENT_CHUNK: {
+        const size_t n = ev->chunk->data.len;
+        if (sl->len + n > sl->cap) {
+            size_t cap = sl->cap ? sl->cap : 65536;
+            while (cap < sl->len + n)
+                cap *= 2;
+            uint8_t *p = realloc(sl->data, cap);
+            if (!p)
+                break; /* the result check below notices the short image */
+            sl->data = p;
+            sl->cap = cap;
+        }
+        memcpy(sl->data + sl->len, ev->chunk->data.data, n);
+        sl->len += n;
+        break;
+    }
+    case DITSERVE__V1__GENERATE_EVENT__EVENT_RESULT: {
+        const Ditserve__V1__Result *r = ev->result;
+        sl->seed = r->seed;
+        sl->width = r->width;
+        sl->height = r->height;
+        if (r->timings)
+            sl->timings = *r->timings;
+        sl->have_result = (int64_t)sl->len == r->total_bytes;
+        if (g->stream && sl->have_result) {
+            char *b64 = base64(sl->data, sl->len);
+            char size[40];
+            snprintf(size, sizeof size, "%dx%d", sl->width, sl->height);
+            o = cJSON_CreateObject();
+            cJSON_AddStringToObject(o, "b64_json", b64 ? b64 : "");
+            free(b64);
+            add_u64(o, "created_at", (uint64_t)g->created);
+            cJSON_AddStringToObject(o, "size", size);
+            cJSON_AddStringToObject(o, "output_format", "png");
+            cJSON_AddStringToObject(o, "quality", "auto");
+            cJSON_AddStringToObject(o, "background", "opaque");
+            cJSON *u = cJSON_AddObjectToObject(o, "usage");
+            cJSON_AddNumberToObject(u, "input_tokens", 0);
+            cJSON_AddNumberToObject(u, "output_tokens", 0);
+            cJSON_AddNumberToObject(u, "total_tokens", 0);
+            cJSON *d = cJSON_AddObjectToObject(u, "input_tokens_details");
+            cJSON_AddNumberToObject(d, "image_tokens", 0);
+            cJSON_AddNumberToObject(d, "text_tokens", 0);
+            cJSON_AddNumberToObject(o, "index", sl->index);
+            add_u64(o, "seed", sl->seed);
+            cJSON_AddItemToObject(o, "timings", timings_json(&sl->timings));
+            sse_event(g, "image_generation.completed", o);
+            free(sl->data); /* sent; the stream needs it no more */
+            sl->data = NULL;
+            sl->len = sl->cap = 0;
+        }
+        break;
+    }
+    default:
+        break;
+    }
+    uv_mutex_unlock(&g->mu);
+    uv_cond_broadcast(&g->cv);
+}
+
+/* Marks a slot finished (mu held); true when it was the last. */
+static bool finish_slot(gen *g, slot *sl, grpc_status_code code, const char *msg)
+{
+    if (sl->finished)
+        return false;
+    sl->finished = true;
+    if (code == GRPC_STATUS_OK && !sl->have_result) {
+        code = GRPC_STATUS_INTERNAL;
+        msg = "the image did not arrive whole";
+    }
+    if (code != GRPC_STATUS_OK && !g->failed) {
+        g->failed = true;
+        g->code = code;
+        snprintf(g->msg, sizeof g->msg, "%s", msg && *msg ? msg : "failed");
+        if (g->stream) {
+            const unsigned st = http_status_of(code);
+            cJSON *o = error_json(st, NULL, grpc_code_name(code), g->msg);
+            sse_event(g, "error", o);
+        }
+    }
+    return ++g->n_finished == g->n;
+}
+
+static void cancel_rest(gen *g, const char *why);
+
+static void on_job_finish(void *ctx, grpc_status_code code, const char *msg)
+{
+    slot *sl = ctx;
+    gen *g = sl->g;
+    sl->job = NULL;
+    uv_mutex_lock(&g->mu);
+    const bool last = finish_slot(g, sl, code, msg);
+    const bool failed = g->failed;
+    if (last)
+        g->phase = GEN_DONE;
+    uv_mutex_unlock(&g->mu);
+    uv_cond_broadcast(&g->cv);
+    if (last) {
+        gen_unref(g); /* the loop's */
+        return;
+    }
+    /* One image failed: the request has, so its other images stop. */
+    if (failed)
+        cancel_rest(g, "another image of the same HTTP request failed");
+}
+
+/* Cancels the images still queued or running (loop thread); drops the
+ * loop's reference when that finishes the request. */
+static void cancel_rest(gen *g, const char *why)
+{
+    bool last = false;
+    for (int k = 0; k < g->n; k++) {
+        slot *sl = &g->img[k];
+        if (!sl->job)
+            continue;
+        dit_server_job *j = sl->job;
+        sl->job = NULL;
+        dit_server_cancel(g->h->srv, j, why);
+        uv_mutex_lock(&g->mu);
+        last = finish_slot(g, sl, GRPC_STATUS_CANCELLED, why);
+        if (last)
+            g->phase = GEN_DONE;
+        uv_mutex_unlock(&g->mu);
+    }
+    uv_cond_broadcast(&g->cv);
+    if (last)
+        gen_unref(g);
+}
+
+static void submit(dit_http *h, gen *g)
+{
+    dit_job_client clients[HTTP_MAX_N];
+    dit_server_job *jobs[HTTP_MAX_N] = {0};
+    for (int k = 0; k < g->n; k++)
+        clients[k] = (dit_job_client){on_job_event, on_job_finish, &g->img[k]};
+    grpc_status_code code = GRPC_STATUS_OK;
+    char msg[DIT_DIAG_MAX];
+    if (dit_server_submit(h->srv, g->reqs, g->n, clients, jobs, &code, msg, sizeof msg) != DIT_OK) {
+        uv_mutex_lock(&g->mu);
+        g->failed = true;
+        g->code = code;
+        snprintf(g->msg, sizeof g->msg, "%s", msg);
+        g->phase = GEN_DONE;
+        uv_mutex_unlock(&g->mu);
+        uv_cond_broadcast(&g->cv);
+        gen_unref(g);
+        return;
+    }
+    uv_mutex_lock(&g->mu);
+    for (int k = 0; k < g->n; k++) {
+        g->reqs[k] = NULL; /* the jobs' now */
+        g->img[k].job = jobs[k];
+    }
+    if (g->phase == GEN_NEW)
+        g->phase = GEN_ACCEPTED;
+    uv_mutex_unlock(&g->mu);
+    uv_cond_broadcast(&g->cv);
+}
+
+static void on_async(uv_async_t *a)
+{
+    dit_http *h = a->data;
+    uv_mutex_lock(&h->mu);
+    op *list = h->ops_head;
+    h->ops_head = h->ops_tail = NULL;
+    uv_mutex_unlock(&h->mu);
+    while (list) {
+        op *o = list;
+        list = o->next;
+        if (o->kind == OP_SUBMIT)
+            submit(h, o->g);
+        else {
+            cancel_rest(o->g, "the HTTP client disconnected");
+            gen_unref(o->g);
+        }
+        free(o);
+    }
+}
+
+/* Hands an op to the loop. False once the front end is closed. */
+static bool push_op(dit_http *h, op_kind kind, gen *g)
+{
+    op *o = calloc(1, sizeof *o);
+    if (!o)
+        return false;
+    o->kind = kind;
+    o->g = g;
+    if (kind == OP_CANCEL) { /* the op's own reference: the jobs may end first */
+        uv_mutex_lock(&g->mu);
+        g->refs++;
+        uv_mutex_unlock(&g->mu);
+    }
+    uv_mutex_lock(&h->mu);
+    const bool open = !h->closed;
+    if (open) {
+        if (h->ops_tail)
+            h->ops_tail->next = o;
+        else
+            h->ops_head = o;
+        h->ops_tail = o;
+        uv_async_send(&h->async);
+    }
+    uv_mutex_unlock(&h->mu);
+    if (!open) {
+        if (kind == OP_CANCEL)
+            gen_unref(g);
+        free(o);
+    }
+    return open;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Connection threads: parsing and checking                                  */
+
+typedef struct req_ctx {
+    bool is_gen; /* POST /v1/images/generations */
+    bool answered;
+    char *body;
+    size_t len, cap;
+    bool too_big;
+    uint64_t t0_ms;
+    gen *g;
+} req_ctx;
+
+static uint64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* Length of the well-formed UTF-8 sequence at p (n bytes left), or 0. */
+static size_t utf8_len(const unsigned char *p, size_t n)
+{
+    size_t len;
+    unsigned c = p[0], min;
+    if (c < 0x80)
+        return 1;
+    if ((c & 0xe0) == 0xc0) {
+        len = 2, min = 0x80, c &= 0x1f;
+    } else if ((c & 0xf0) == 0xe0) {
+        len = 3, min = 0x800, c &= 0x0f;
+    } else if ((c & 0xf8) == 0xf0) {
+        len = 4, min = 0x10000, c &= 0x07;
+    } else {
+        return 0;
+    }
+    if (len > n)
+        return 0;
+    for (size_t k = 1; k < len; k++) {
+        if ((p[k] & 0xc0) != 0x80)
+            return 0;
+        c = (c << 6) | (p[k] & 0x3f);
+    }
+    return c < min || c > 0x10ffff || (c >= 0xd800 && c <= 0xdfff) ? 0 : len;
+}
+
+/* The body must be UTF-8 and hold no \u0000 escape (a C string would end
+ * there). */
+static const char *body_problem(const char *b, size_t n)
+{
+    for (size_t i = 0; i < n;) {
+        const unsigned char c = (unsigned char)b[i];
+        if (c == 0)
+            return "the body holds a NUL byte";
+        if (c == '\\' && i + 1 < n) {
+            if (b[i + 1] == 'u' && i + 5 < n && memcmp(b + i + 2, "0000", 4) == 0)
+                return "strings may not hold \\u0000";
+            i += 2;
+            continue;
+        }
+        const size_t l = utf8_len((const unsigned char *)b + i, n - i);
+        if (!l)
+            return "the body is not UTF-8";
+        i += l;
+    }
+    return NULL;
+}
+
+/* A field name fit to echo: letters, digits and '_' only, 64 at most. */
+static const char *echo_name(const char *s)
+{
+    size_t n = 0;
+    for (; s[n]; n++)
+        if (n >= 64 || !(isalnum((unsigned char)s[n]) || s[n] == '_'))
+            return "(a field with an unusual name)";
+    return n ? s : "(an empty name)";
+}
+
+typedef struct bad {
+    unsigned status;
+    const char *param;
+    const char *code;
+    char msg[512];
+} bad;
+
+static bool fail(bad *b, unsigned status, const char *param, const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+
+static bool fail(bad *b, unsigned status, const char *param, const char *code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    b->status = status;
+    b->param = param;
+    b->code = code;
+    vsnprintf(b->msg, sizeof b->msg, fmt, ap);
+    va_end(ap);
+    return false;
+}
+
+static bool get_int(const cJSON *v, const char *name, double lo, double hi, double *out, bad *b)
+{
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble != floor(v->valuedouble))
+        return fail(b, 400, name, "invalid_type", "'%s' must be an integer", name);
+    if (v->valuedouble < lo || v->valuedouble > hi)
+        return fail(b, 400, name, "invalid_value", "'%s' must be from %.0f to %.0f", name, lo, hi);
+    *out = v->valuedouble;
+    return true;
+}
+
+static bool get_number(const cJSON *v, const char *name, double lo, double hi, double *out, bad *b)
+{
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble))
+        return fail(b, 400, name, "invalid_type", "'%s' must be a number", name);
+    if (v->valuedouble < lo || v->valuedouble > hi)
+        return fail(b, 400, name, "invalid_value", "'%s' must be from %g to %g", name, lo, hi);
+    *out = v->valuedouble;
+    return true;
+}
+
+static bool get_string(const cJSON *v, const char *name, size_t max, const char **out, bad *b)
+{
+    if (!cJSON_IsString(v) || !v->valuestring)
+        return fail(b, 400, name, "invalid_type", "'%s' must be a string", name);
+    if (strlen(v->valuestring) > max)
+        return fail(b, 400, name, "invalid_value", "'%s' is longer than %zu bytes", name, max);
+    *out = v->valuestring;
+    return true;
+}
+
+/* "WxH" with plain decimal sides, or "auto". */
+static bool parse_size(const char *s, int *w, int *h)
+{
+    long v[2] = {0, 0};
+    int k = 0;
+    const char *p = s;
+    for (; k < 2; k++) {
+        int digits = 0;
+        while (*p >= '0' && *p <= '9' && digits < 6) {
+            v[k] = v[k] * 10 + (*p++ - '0');
+            digits++;
+        }
+        if (!digits || v[k] < 1)
+            return false;
+        if (k == 0 && *p++ != 'x')
+            return false;
+    }
+    if (*p)
+        return false;
+    *w = (int)v[0];
+    *h = (int)v[1];
+    return true;
+}
+
+static char *dup_or_null(const char *s)
+{
+    return s ? strdup(s) : NULL;
+}
+
+/* The JSON body as n GenerateRequests (seeds seed, seed + 1, ...). */
+static bool parse_generation(dit_http *h, const char *body, size_t len, gen *g, bad *b)
+{
+    const char *problem = body_problem(body, len);
+    if (problem)
+        return fail(b, 400, NULL, "invalid_json", "%s", problem);
+    cJSON *root = cJSON_ParseWithLength(body, len);
+    bool ok = false;
+    if (!root)
+        return fail(b, 400, NULL, "invalid_json", "the body is not valid JSON");
+    if (!cJSON_IsObject(root)) {
+        fail(b, 400, NULL, "invalid_json", "the body must be a JSON object");
+        goto done;
+    }
+    const char *model = NULL, *prompt = NULL, *neg = NULL;
+    int width = 0, height = 0;
+    double n = 1, seed = -1, steps = 0, guidance = NAN, true_cfg = NAN, priority = 0;
+    bool stream = false;
+    static const char *const known[] = {"model",
+                                        "prompt",
+                                        "negative_prompt",
+                                        "n",
+                                        "size",
+                                        "response_format",
+                                        "output_format",
+                                        "stream",
+                                        "partial_images",
+                                        "user",
+                                        "seed",
+                                        "num_inference_steps",
+                                        "guidance_scale",
+                                        "true_cfg_scale",
+                                        "priority"};
+    unsigned seen = 0;
+    for (const cJSON *f = root->child; f; f = f->next) {
+        const char *k = f->string;
+        for (unsigned i = 0; i < sizeof known / sizeof *known; i++)
+            if (strcmp(k, known[i]) == 0) {
+                if (seen & (1u << i)) {
+                    fail(b, 400, known[i], "duplicate_parameter", "'%s' is given twice", known[i]);
+                    goto done;
+                }
+                seen |= 1u << i;
+            }
+        if (strcmp(k, "model") == 0) {
+            if (!get_string(f, "model", 256, &model, b))
+                goto done;
+        } else if (strcmp(k, "prompt") == 0) {
+            if (!get_string(f, "prompt", DIT_REQUEST_MAX_PROMPT_BYTES, &prompt, b))
+                goto done;
+        } else if (strcmp(k, "negative_prompt") == 0) {
+            if (!get_string(f, "negative_prompt", DIT_REQUEST_MAX_PROMPT_BYTES, &neg, b))
+                goto done;
+        } else if (strcmp(k, "n") == 0) {
+            if (!get_int(f, "n", 1, HTTP_MAX_N, &n, b))
+                goto done;
+        } else if (strcmp(k, "size") == 0) {
+            const char *sz = NULL;
+            if (!get_string(f, "size", 32, &sz, b))
+                goto done;
+            if (strcmp(sz, "auto") == 0) {
+                width = h->cfg.default_width;
+                height = h->cfg.default_height;
+            } else if (!parse_size(sz, &width, &height)) {
+                fail(b, 400, "size", "invalid_value",
+                     "'size' must be \"WIDTHxHEIGHT\" (e.g. \"1024x1024\") or \"auto\"");
+                goto done;
+            }
+        } else if (strcmp(k, "response_format") == 0) {
+            const char *rf = NULL;
+            if (!get_string(f, "response_format", 32, &rf, b))
+                goto done;
+            if (strcmp(rf, "b64_json") != 0) {
+                fail(b, 400, "response_format", "invalid_value",
+                     "only response_format \"b64_json\" is served (no image URLs)");
+                goto done;
+            }
+        } else if (strcmp(k, "output_format") == 0) {
+            const char *of = NULL;
+            if (!get_string(f, "output_format", 32, &of, b))
+                goto done;
+            if (strcmp(of, "png") != 0) {
+                fail(b, 400, "output_format", "invalid_value",
+                     "only output_format \"png\" is served");
+                goto done;
+            }
+        } else if (strcmp(k, "stream") == 0) {
+            if (!cJSON_IsBool(f)) {
+                fail(b, 400, "stream", "invalid_type", "'stream' must be true or false");
+                goto done;
+            }
+            stream = cJSON_IsTrue(f);
+        } else if (strcmp(k, "partial_images") == 0) {
+            double pi;
+            if (!get_int(f, "partial_images", 0, 0, &pi, b)) {
+                fail(b, 400, "partial_images", "invalid_value",
+                     "partial images are not served; progress events come with stream: true");
+                goto done;
+            }
+        } else if (strcmp(k, "user") == 0) {
+            const char *u = NULL;
+            if (!get_string(f, "user", 256, &u, b)) /* accepted, unused */
+                goto done;
+        } else if (strcmp(k, "seed") == 0) {
+            if (!get_int(f, "seed", 0, (double)(HTTP_MAX_SEED - HTTP_MAX_N), &seed, b))
+                goto done;
+        } else if (strcmp(k, "num_inference_steps") == 0) {
+            if (!get_int(f, "num_inference_steps", 1, 1000, &steps, b))
+                goto done;
+        } else if (strcmp(k, "guidance_scale") == 0) {
+            if (!get_number(f, "guidance_scale", 0, 100, &guidance, b))
+                goto done;
+        } else if (strcmp(k, "true_cfg_scale") == 0) {
+            if (!get_number(f, "true_cfg_scale", 0, 100, &true_cfg, b))
+                goto done;
+        } else if (strcmp(k, "priority") == 0) {
+            if (!get_int(f, "priority", -1000000, 1000000, &priority, b))
+                goto done;
+        } else {
+            fail(b, 400, NULL, "unknown_parameter", "unknown field '%s'", echo_name(k));
+            goto done;
+        }
+    }
+    if (!prompt) {
+        fail(b, 400, "prompt", "missing_required_parameter", "'prompt' is required");
+        goto done;
+    }
+    if (seed < 0) {
+        uint64_t r = 0;
+        if (getrandom(&r, sizeof r, 0) != (ssize_t)sizeof r)
+            r = mono_ms() * 0x9e3779b97f4a7c15ull;
+        seed = (double)(r % (HTTP_MAX_SEED - HTTP_MAX_N));
+    }
+    g->n = (int)n;
+    g->stream = stream;
+    for (int k = 0; k < g->n; k++) {
+        Ditserve__V1__GenerateRequest *r = calloc(1, sizeof *r);
+        if (!r) {
+            fail(b, 500, NULL, "internal_error", "out of memory");
+            goto done;
+        }
+        ditserve__v1__generate_request__init(r);
+        g->reqs[k] = r;
+        r->model = dup_or_null(model ? model : "");
+        r->prompt = dup_or_null(prompt);
+        r->negative_prompt = dup_or_null(neg ? neg : "");
+        r->width = width;
+        r->height = height;
+        r->num_inference_steps = (int32_t)steps;
+        r->priority = (int32_t)priority;
+        /* An image, also from a video model (one frame of its clip). */
+        r->output_format = DITSERVE__V1__OUTPUT_FORMAT__OUTPUT_FORMAT_PNG;
+        r->num_frames = 1;
+        r->seed = malloc(sizeof *r->seed);
+        if (r->seed) {
+            google__protobuf__uint64_value__init(r->seed);
+            r->seed->value = (uint64_t)seed + (uint64_t)k;
+        }
+        if (!isnan(guidance) && (r->guidance_scale = malloc(sizeof *r->guidance_scale))) {
+            google__protobuf__float_value__init(r->guidance_scale);
+            r->guidance_scale->value = (float)guidance;
+        }
+        if (!isnan(true_cfg) && (r->true_cfg_scale = malloc(sizeof *r->true_cfg_scale))) {
+            google__protobuf__float_value__init(r->true_cfg_scale);
+            r->true_cfg_scale->value = (float)true_cfg;
+        }
+        if (!r->model || !r->prompt || !r->negative_prompt || !r->seed ||
+            (!isnan(guidance) && !r->guidance_scale) || (!isnan(true_cfg) && !r->true_cfg_scale)) {
+            fail(b, 500, NULL, "internal_error", "out of memory");
+            goto done;
+        }
+    }
+    ok = true;
+done:
+    cJSON_Delete(root);
+    return ok;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Connection threads: answering                                             */
+
+/* The request's Origin when CORS allows it, else NULL. */
+static const char *allowed_origin(dit_http *h, struct MHD_Connection *conn)
+{
+    const char *origin = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Origin");
+    if (!origin || !h->cors)
+        return NULL;
+    if (strcmp(h->cors, "*") == 0)
+        return "*";
+    const size_t n = strlen(origin);
+    for (const char *p = h->cors; *p;) {
+        const char *end = strchr(p, ',');
+        const size_t len = end ? (size_t)(end - p) : strlen(p);
+        if (len == n && memcmp(p, origin, n) == 0)
+            return origin;
+        if (!end)
+            break;
+        p = end + 1;
+    }
+    return NULL;
+}
+
+static enum MHD_Result queue(dit_http *h, struct MHD_Connection *conn, unsigned status,
+                             struct MHD_Response *resp, const char *type)
+{
+    if (!resp)
+        return MHD_NO;
+    if (type)
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, type);
+    const char *origin = allowed_origin(h, conn);
+    if (origin) {
+        MHD_add_response_header(resp, "Access-Control-Allow-Origin", origin);
+        MHD_add_response_header(resp, "Vary", "Origin");
+    }
+    MHD_add_response_header(resp, "X-Content-Type-Options", "nosniff");
+    enum MHD_Result r = MHD_queue_response(conn, status, resp);
+    MHD_destroy_response(resp);
+    return r;
+}
+
+static enum MHD_Result send_json(dit_http *h, struct MHD_Connection *conn, unsigned status,
+                                 cJSON *obj)
+{
+    char *text = obj ? cJSON_PrintUnformatted(obj) : NULL;
+    cJSON_Delete(obj);
+    if (!text)
+        return MHD_NO;
+    struct MHD_Response *resp =
+        MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_FREE);
+    if (!resp)
+        free(text);
+    return queue(h, conn, status, resp, "application/json");
+}
+
+static enum MHD_Result send_error(dit_http *h, struct MHD_Connection *conn, const bad *b)
+{
+    DIT_LOG(h->cfg.log, DIT_LOG_DEBUG, "http", "refused with %u (%s)", b->status, b->code);
+    cJSON *o = error_json(b->status, b->param, b->code, b->msg);
+    if (b->status == MHD_HTTP_UNAUTHORIZED) {
+        char *text = cJSON_PrintUnformatted(o);
+        cJSON_Delete(o);
+        if (!text)
+            return MHD_NO;
+        struct MHD_Response *resp =
+            MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_FREE);
+        if (!resp) {
+            free(text);
+            return MHD_NO;
+        }
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
+        return queue(h, conn, b->status, resp, "application/json");
+    }
+    return send_json(h, conn, b->status, o);
+}
+
+static enum MHD_Result send_simple_error(dit_http *h, struct MHD_Connection *conn, unsigned status,
+                                         const char *code, const char *msg)
+{
+    bad b;
+    fail(&b, status, NULL, code, "%s", msg);
+    return send_error(h, conn, &b);
+}
+
+/* Constant-time comparison of the bearer token. */
+static bool authorized(dit_http *h, struct MHD_Connection *conn)
+{
+    if (!h->token)
+        return true;
+    const char *v = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Authorization");
+    if (!v || strncasecmp(v, "Bearer ", 7) != 0)
+        return false;
+    v += 7;
+    const size_t a = strlen(v), b = strlen(h->token);
+    unsigned char diff = a != b;
+    for (size_t i = 0; i < a && i < b; i++)
+        diff |= (unsigned char)(v[i] ^ h->token[i]);
+    return diff == 0;
+}
+
+/* The client has closed its end (or the socket failed). */
+static bool client_gone(struct MHD_Connection *conn)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!ci)
+        return false;
+    struct pollfd p = {.fd = ci->connect_fd, .events = POLLRDHUP};
+    return poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
+}
+
+/* One short wait for news (mu held); false when the client left or the
+ * daemon stops. The connection's completion then cancels the jobs. */
+static bool wait_news(gen *g, struct MHD_Connection *conn)
+{
+    uv_cond_timedwait(&g->cv, &g->mu, (uint64_t)HTTP_POLL_MS * 1000000);
+    if (atomic_load(&g->h->stopping))
+        return false;
+    if (client_gone(conn)) {
+        g->gone = true;
+        return false;
+    }
+    return true;
+}
+
+/* Waits (mu held) until `until` phase or later; false when the client
+ * left or the daemon stops. */
+static bool wait_phase(gen *g, struct MHD_Connection *conn, gen_phase until)
+{
+    while (g->phase < until)
+        if (!wait_news(g, conn))
+            return g->phase >= until;
+    return true;
+}
+
+static enum MHD_Result send_result(dit_http *h, struct MHD_Connection *conn, gen *g)
+{
+    /* mu held; every slot finished without failure. */
+    cJSON *o = cJSON_CreateObject();
+    add_u64(o, "created", (uint64_t)g->created);
+    cJSON *data = cJSON_AddArrayToObject(o, "data");
+    char size[40] = "";
+    for (int k = 0; k < g->n; k++) {
+        slot *sl = &g->img[k];
+        char *b64 = base64(sl->data, sl->len);
+        if (!b64) {
+            cJSON_Delete(o);
+            return send_simple_error(h, conn, 500, "internal_error", "out of memory");
+        }
+        cJSON *item = cJSON_CreateObject();
+        cJSON_AddStringToObject(item, "b64_json", b64);
+        free(b64);
+        add_u64(item, "seed", sl->seed);
+        cJSON_AddItemToObject(item, "timings", timings_json(&sl->timings));
+        cJSON_AddItemToArray(data, item);
+        snprintf(size, sizeof size, "%dx%d", sl->width, sl->height);
+    }
+    add_u64(o, "seed", g->img[0].seed);
+    cJSON_AddStringToObject(o, "size", size);
+    cJSON_AddStringToObject(o, "output_format", "png");
+    cJSON_AddItemToObject(o, "timings", timings_json(&g->img[0].timings));
+    return send_json(h, conn, MHD_HTTP_OK, o);
+}
+
+static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    (void)pos;
+    gen *g = cls;
+    uv_mutex_lock(&g->mu);
+    uint64_t quiet_since = mono_ms();
+    ssize_t out = 0;
+    for (;;) {
+        if (g->sse_off < g->sse_len) {
+            const size_t n = g->sse_len - g->sse_off < max ? g->sse_len - g->sse_off : max;
+            memcpy(buf, g->sse + g->sse_off, n);
+            g->sse_off += n;
+            out = (ssize_t)n;
+            break;
+        }
+        if (g->phase == GEN_DONE) {
+            out = MHD_CONTENT_READER_END_OF_STREAM;
+            break;
+        }
+        if (mono_ms() - quiet_since >= HTTP_KEEPALIVE_MS) {
+            static const char ka[] = ": keep-alive\n\n";
+            const size_t n = sizeof ka - 1 < max ? sizeof ka - 1 : max;
+            memcpy(buf, ka, n);
+            out = (ssize_t)n;
+            break;
+        }
+        if (!wait_news(g, g->conn) && g->sse_off == g->sse_len && g->phase != GEN_DONE) {
+            out = MHD_CONTENT_READER_END_WITH_ERROR;
+            break;
+        }
+    }
+    uv_mutex_unlock(&g->mu);
+    return out;
+}
+
+static enum MHD_Result answer_generation(dit_http *h, struct MHD_Connection *conn, req_ctx *rc)
+{
+    bad b;
+    gen *g = calloc(1, sizeof *g);
+    if (!g)
+        return send_simple_error(h, conn, 500, "internal_error", "out of memory");
+    uv_mutex_init(&g->mu);
+    uv_cond_init(&g->cv);
+    g->h = h;
+    g->refs = 1;
+    g->created = (int64_t)time(NULL);
+    for (int k = 0; k < HTTP_MAX_N; k++) {
+        g->img[k].g = g;
+        g->img[k].index = k;
+    }
+    rc->g = g;
+    g->conn = conn;
+    if (!parse_generation(h, rc->body, rc->len, g, &b))
+        return send_error(h, conn, &b);
+    g->refs = 2; /* the loop's, until its jobs end */
+    if (!push_op(h, OP_SUBMIT, g)) {
+        g->refs = 1;
+        return send_simple_error(h, conn, 503, "unavailable",
+                                 "the server is shutting down; send the request to another "
+                                 "replica");
+    }
+    uv_mutex_lock(&g->mu);
+    if (!wait_phase(g, conn, g->stream ? GEN_ACCEPTED : GEN_DONE)) {
+        uv_mutex_unlock(&g->mu);
+        return MHD_NO; /* nobody to answer */
+    }
+    enum MHD_Result r;
+    if (g->failed && (!g->stream || g->sse_len == 0)) {
+        const unsigned st = http_status_of(g->code);
+        fail(&b, st, NULL, grpc_code_name(g->code), "%s", g->msg);
+        uv_mutex_unlock(&g->mu);
+        return send_error(h, conn, &b);
+    }
+    if (!g->stream) {
+        r = send_result(h, conn, g);
+        uv_mutex_unlock(&g->mu);
+        return r;
+    }
+    uv_mutex_unlock(&g->mu);
+    struct MHD_Response *resp =
+        MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, HTTP_SSE_BLOCK, sse_reader, g, NULL);
+    if (resp) {
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+        MHD_add_response_header(resp, "X-Accel-Buffering", "no");
+    }
+    return queue(h, conn, MHD_HTTP_OK, resp, "text/event-stream");
+}
+
+static enum MHD_Result answer_static(dit_http *h, struct MHD_Connection *conn, const char *url)
+{
+    if (strcmp(url, "/health") == 0) {
+        const bool serving = atomic_load(&h->serving);
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "status", serving ? "SERVING" : "NOT_SERVING");
+        return send_json(h, conn, serving ? MHD_HTTP_OK : MHD_HTTP_SERVICE_UNAVAILABLE, o);
+    }
+    if (strcmp(url, "/") == 0 || strcmp(url, "/index.html") == 0) {
+        struct MHD_Response *resp = MHD_create_response_from_buffer(
+            dit_playground_html_len, (void *)dit_playground_html, MHD_RESPMEM_PERSISTENT);
+        if (resp) {
+            MHD_add_response_header(resp, "Content-Security-Policy",
+                                    "default-src 'self'; img-src 'self' data:; "
+                                    "style-src 'self' 'unsafe-inline'; "
+                                    "script-src 'self' 'unsafe-inline'");
+            MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+        }
+        return queue(h, conn, MHD_HTTP_OK, resp, "text/html; charset=utf-8");
+    }
+    if (strcmp(url, "/v1/models") == 0) {
+        if (!authorized(h, conn))
+            return send_simple_error(h, conn, 401, "invalid_api_key",
+                                     "missing or wrong bearer token (Authorization: Bearer ...)");
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "object", "list");
+        cJSON *data = cJSON_AddArrayToObject(o, "data");
+        cJSON *m = cJSON_CreateObject();
+        cJSON_AddStringToObject(m, "id", h->cfg.model_name);
+        cJSON_AddStringToObject(m, "object", "model");
+        add_u64(m, "created", (uint64_t)h->started);
+        cJSON_AddStringToObject(m, "owned_by", "ditserve");
+        cJSON_AddItemToArray(data, m);
+        return send_json(h, conn, MHD_HTTP_OK, o);
+    }
+    return send_simple_error(h, conn, 404, "not_found", "no such endpoint");
+}
+
+/* With --tls-client-ca: the connection presented a certificate that
+ * verifies against those roots (gnutls checks chain, dates and usage). */
+static bool client_verified(dit_http *h, struct MHD_Connection *conn)
+{
+    if (!h->ca_pem)
+        return true;
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_GNUTLS_SESSION);
+    if (!ci || !ci->tls_session)
+        return false;
+    gnutls_session_t session = (gnutls_session_t)ci->tls_session;
+    unsigned n_certs = 0;
+    if (!gnutls_certificate_get_peers(session, &n_certs) || n_certs == 0)
+        return false;
+    unsigned status = 0;
+    return gnutls_certificate_verify_peers2(session, &status) == GNUTLS_E_SUCCESS && status == 0;
+}
+
+static bool json_content_type(struct MHD_Connection *conn)
+{
+    const char *ct = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Type");
+    if (!ct)
+        return false;
+    const size_t n = strlen("application/json");
+    return strncasecmp(ct, "application/json", n) == 0 && (ct[n] == '\0' || ct[n] == ';');
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
+                                  const char *method, const char *version, const char *upload,
+                                  size_t *upload_size, void **con_cls)
+{
+    (void)version;
+    dit_http *h = cls;
+    req_ctx *rc = *con_cls;
+    if (!rc) {
+        rc = calloc(1, sizeof *rc);
+        if (!rc)
+            return MHD_NO;
+        *con_cls = rc;
+        rc->t0_ms = mono_ms();
+        uv_mutex_lock(&h->mu);
+        h->active++;
+        uv_mutex_unlock(&h->mu);
+        if (!client_verified(h, conn)) {
+            rc->answered = true;
+            return send_simple_error(h, conn, 403, "client_certificate_required",
+                                     "this server requires a client certificate signed by its "
+                                     "--tls-client-ca");
+        }
+        if (strcmp(method, "OPTIONS") == 0) {
+            /* CORS preflight: allowed origins get the methods and headers. */
+            rc->answered = true;
+            struct MHD_Response *resp = MHD_create_response_from_buffer(0, "", 0);
+            if (resp && allowed_origin(h, conn)) {
+                MHD_add_response_header(resp, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+                MHD_add_response_header(resp, "Access-Control-Allow-Headers",
+                                        "authorization, content-type");
+                MHD_add_response_header(resp, "Access-Control-Max-Age", "600");
+            }
+            return queue(h, conn, MHD_HTTP_NO_CONTENT, resp, NULL);
+        }
+        rc->is_gen = strcmp(url, "/v1/images/generations") == 0;
+        if (!rc->is_gen) {
+            rc->answered = true;
+            if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0) {
+                const bool known = strcmp(url, "/v1/models") == 0 || strcmp(url, "/health") == 0 ||
+                                   strcmp(url, "/") == 0;
+                return send_simple_error(h, conn, known ? 405 : 404,
+                                         known ? "method_not_allowed" : "not_found",
+                                         known ? "this endpoint takes GET" : "no such endpoint");
+            }
+            return answer_static(h, conn, url);
+        }
+        if (strcmp(method, "POST") != 0) {
+            rc->answered = true;
+            return send_simple_error(h, conn, 405, "method_not_allowed",
+                                     "/v1/images/generations takes POST");
+        }
+        /* Answered before the body is read: the client need not send it. */
+        bad b = {0};
+        const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Length");
+        if (!authorized(h, conn))
+            fail(&b, 401, NULL, "invalid_api_key",
+                 "missing or wrong bearer token (Authorization: Bearer ...)");
+        else if (!json_content_type(conn))
+            fail(&b, 400, NULL, "invalid_content_type",
+                 "the body must be JSON (Content-Type: application/json)");
+        else if (cl && strtoll(cl, NULL, 10) > h->cfg.max_body_bytes)
+            fail(&b, 413, NULL, "body_too_large", "the body is larger than %lld bytes",
+                 (long long)h->cfg.max_body_bytes);
+        if (b.status) {
+            rc->answered = true;
+            return send_error(h, conn, &b);
+        }
+        return MHD_YES;
+    }
+    if (rc->answered) {
+        *upload_size = 0; /* the rest of a refused body is dropped */
+        return MHD_YES;
+    }
+    const bool late = mono_ms() - rc->t0_ms > (uint64_t)(h->cfg.request_timeout_s * 1000);
+    if (*upload_size) {
+        const size_t n = *upload_size;
+        *upload_size = 0;
+        /* libmicrohttpd answers only once the body is in: a body too large
+         * is read and dropped until then, within the request timeout. */
+        if (late)
+            return MHD_NO;
+        if (rc->too_big || rc->len + n > (size_t)h->cfg.max_body_bytes) {
+            rc->too_big = true;
+            return MHD_YES;
+        }
+        if (rc->len + n > rc->cap) {
+            size_t cap = rc->cap ? rc->cap : 4096;
+            while (cap < rc->len + n)
+                cap *= 2;
+            char *p = realloc(rc->body, cap);
+            if (!p)
+                return MHD_NO;
+            rc->body = p;
+            rc->cap = cap;
+        }
+        memcpy(rc->body + rc->len, upload, n);
+        rc->len += n;
+        return MHD_YES;
+    }
+    if (rc->too_big) {
+        rc->answered = true;
+        bad b;
+        fail(&b, 413, NULL, "body_too_large", "the body is larger than %lld bytes",
+             (long long)h->cfg.max_body_bytes);
+        return send_error(h, conn, &b);
+    }
+    if (late) {
+        rc->answered = true;
+        return send_simple_error(h, conn, 408, "request_timeout",
+                                 "the body did not arrive in time");
+    }
+    rc->answered = true;
+    return answer_generation(h, conn, rc);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
+                         enum MHD_RequestTerminationCode why)
+{
+    (void)conn;
+    (void)why;
+    dit_http *h = cls;
+    req_ctx *rc = *con_cls;
+    if (!rc)
+        return;
+    gen *g = rc->g;
+    if (g) {
+        uv_mutex_lock(&g->mu);
+        const bool cancel = g->refs > 1 && g->phase != GEN_DONE;
+        g->gone = true;
+        uv_mutex_unlock(&g->mu);
+        if (cancel)
+            push_op(h, OP_CANCEL, g);
+        gen_unref(g);
+    }
+    free(rc->body);
+    free(rc);
+    *con_cls = NULL;
+    uv_mutex_lock(&h->mu);
+    h->active--;
+    uv_mutex_unlock(&h->mu);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Life                                                                      */
+
+static char *read_file(const char *path, dit_diag *diag)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        dit_diag_set(diag, DIT_ERR_IO, "cannot read %s: %s", path, strerror(errno));
+        return NULL;
+    }
+    char *buf = NULL;
+    size_t len = 0, cap = 0, n;
+    char tmp[4096];
+    while ((n = fread(tmp, 1, sizeof tmp, f)) > 0) {
+        if (len + n + 1 > cap) {
+            cap = (len + n + 1) * 2;
+            char *p = realloc(buf, cap);
+            if (!p || cap > (1u << 20)) {
+                free(p ? p : buf);
+                fclose(f);
+                dit_diag_set(diag, DIT_ERR_IO, "%s is not a PEM file of a sensible size", path);
+                return NULL;
+            }
+            buf = p;
+        }
+        memcpy(buf + len, tmp, n);
+        len += n;
+    }
+    fclose(f);
+    if (!buf) {
+        dit_diag_set(diag, DIT_ERR_IO, "%s is empty", path);
+        return NULL;
+    }
+    buf[len] = '\0';
+    return buf;
+}
+
+/* HOST:PORT, [IPv6]:PORT or :PORT into an address. */
+static dit_status resolve(const char *listen, struct sockaddr_storage *ss, socklen_t *sl, int *port,
+                          dit_diag *diag)
+{
+    const char *colon = strrchr(listen, ':');
+    char host[256];
+    if (!colon || colon - listen >= (long)sizeof host)
+        return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
+                            "--http-listen wants HOST:PORT (or :PORT), not '%s'", listen);
+    char *end;
+    const long p = strtol(colon + 1, &end, 10);
+    if (!colon[1] || *end || p < 0 || p > 65535)
+        return dit_diag_set(diag, DIT_ERR_INVALID_ARG, "--http-listen '%s': bad port", listen);
+    size_t hl = (size_t)(colon - listen);
+    const char *hs = listen;
+    if (hl >= 2 && hs[0] == '[' && hs[hl - 1] == ']') {
+        hs++;
+        hl -= 2;
+    }
+    memcpy(host, hs, hl);
+    host[hl] = '\0';
+    struct addrinfo hints = {.ai_family = AF_UNSPEC,
+                             .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
+    struct addrinfo *res = NULL;
+    char ps[8];
+    snprintf(ps, sizeof ps, "%ld", p);
+    if (getaddrinfo(hl ? host : NULL, ps, &hints, &res) != 0 || !res)
+        return dit_diag_set(diag, DIT_ERR_INVALID_ARG, "--http-listen '%s': cannot resolve '%s'",
+                            listen, host);
+    memcpy(ss, res->ai_addr, res->ai_addrlen);
+    *sl = res->ai_addrlen;
+    freeaddrinfo(res);
+    *port = (int)p;
+    return DIT_OK;
+}
+
+static void free_http(dit_http *h)
+{
+    free(h->token);
+    free(h->cors);
+    free(h->cert_pem);
+    free(h->key_pem);
+    free(h->ca_pem);
+    uv_mutex_destroy(&h->mu);
+    free(h);
+}
+
+static void free_after_close(uv_handle_t *handle)
+{
+    free_http(handle->data);
+}
+
+dit_status dit_http_create(uv_loop_t *loop, struct dit_server *srv, const dit_http_config *cfg,
+                           dit_http **out, int *bound_port, dit_diag *diag)
+{
+    dit_status st = DIT_OK;
+    struct sockaddr_storage ss;
+    socklen_t sl = 0;
+    int port = 0;
+    dit_http *h = calloc(1, sizeof *h);
+    if (!h)
+        return dit_diag_set(diag, DIT_ERR_NOMEM, "out of memory");
+    h->loop = loop;
+    h->srv = srv;
+    h->cfg = *cfg;
+    h->started = (int64_t)time(NULL);
+    uv_mutex_init(&h->mu);
+    atomic_init(&h->serving, false);
+    atomic_init(&h->stopping, false);
+    if ((st = resolve(cfg->listen, &ss, &sl, &port, diag)) != DIT_OK)
+        goto fail;
+    if ((cfg->auth_token && !(h->token = strdup(cfg->auth_token))) ||
+        (cfg->cors_origins && *cfg->cors_origins && !(h->cors = strdup(cfg->cors_origins)))) {
+        st = dit_diag_set(diag, DIT_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION |
+                     MHD_USE_POLL | MHD_USE_ITC;
+    if (ss.ss_family == AF_INET6)
+        flags |= MHD_USE_IPv6;
+    if (cfg->tls_cert) {
+        if (MHD_is_feature_supported(MHD_FEATURE_TLS) != MHD_YES) {
+            st = dit_diag_set(diag, DIT_ERR_UNSUPPORTED,
+                              "this libmicrohttpd was built without TLS: --http-listen cannot "
+                              "serve HTTPS");
+            goto fail;
+        }
+        if (!(h->cert_pem = read_file(cfg->tls_cert, diag)) ||
+            !(h->key_pem = read_file(cfg->tls_key, diag)) ||
+            (cfg->tls_client_ca && !(h->ca_pem = read_file(cfg->tls_client_ca, diag)))) {
+            st = DIT_ERR_IO;
+            goto fail;
+        }
+        flags |= MHD_USE_TLS;
+        h->tls = true;
+    }
+    if (uv_async_init(loop, &h->async, on_async) != 0) {
+        st = dit_diag_set(diag, DIT_ERR_IO, "cannot create the HTTP loop handle");
+        goto fail;
+    }
+    h->async.data = h;
+    struct MHD_OptionItem tls_opts[] = {
+        {h->tls ? MHD_OPTION_HTTPS_MEM_CERT : MHD_OPTION_END, 0, h->cert_pem},
+        {MHD_OPTION_HTTPS_MEM_KEY, 0, h->key_pem},
+        /* The trusted roots also make libmicrohttpd ask for a client
+         * certificate; client_verified checks it. */
+        {h->ca_pem ? MHD_OPTION_HTTPS_MEM_TRUST : MHD_OPTION_END, 0, h->ca_pem},
+        {MHD_OPTION_END, 0, NULL},
+    };
+    h->mhd = MHD_start_daemon(
+        flags, (uint16_t)port, NULL, NULL, on_request, h, MHD_OPTION_SOCK_ADDR,
+        (struct sockaddr *)&ss, MHD_OPTION_CONNECTION_LIMIT, (unsigned)cfg->max_connections,
+        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)(cfg->idle_timeout_s + 0.5),
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, h, MHD_OPTION_THREAD_STACK_SIZE,
+        (size_t)512 * 1024, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)64 * 1024, MHD_OPTION_ARRAY,
+        tls_opts, MHD_OPTION_END);
+    if (!h->mhd) {
+        /* The handle closes on the loop, which frees the rest after it. */
+        uv_close((uv_handle_t *)&h->async, free_after_close);
+        *out = NULL;
+        return dit_diag_set(diag, DIT_ERR_IO, "cannot serve HTTP on %s (in use?)", cfg->listen);
+    }
+    const union MHD_DaemonInfo *info = MHD_get_daemon_info(h->mhd, MHD_DAEMON_INFO_BIND_PORT);
+    *bound_port = info ? info->port : port;
+    *out = h;
+    return DIT_OK;
+fail:
+    free_http(h);
+    *out = NULL;
+    return st;
+}
+
+void dit_http_set_serving(void *ctx, bool serving)
+{
+    dit_http *h = ctx;
+    if (h)
+        atomic_store(&h->serving, serving);
+}
+
+void dit_http_close(dit_http *h)
+{
+    if (!h)
+        return;
+    uv_mutex_lock(&h->mu);
+    const bool was = h->closed;
+    h->closed = true;
+    uv_mutex_unlock(&h->mu);
+    atomic_store(&h->serving, false);
+    if (!was) {
+        on_async(&h->async); /* ops that arrived before the close */
+        uv_close((uv_handle_t *)&h->async, NULL);
+    }
+}
+
+void dit_http_destroy(dit_http *h)
+{
+    if (!h)
+        return;
+    if (h->mhd) {
+        /* Responses being written get a moment to finish; then every
+         * connection thread is told to stop and joined. */
+        const MHD_socket lfd = MHD_quiesce_daemon(h->mhd);
+        if (lfd != MHD_INVALID_SOCKET)
+            close(lfd);
+        for (int i = 0; i < 50; i++) {
+            uv_mutex_lock(&h->mu);
+            const int active = h->active;
+            uv_mutex_unlock(&h->mu);
+            if (!active)
+                break;
+            struct timespec ts = {0, 40 * 1000 * 1000};
+            nanosleep(&ts, NULL);
+        }
+        atomic_store(&h->stopping, true);
+        MHD_stop_daemon(h->mhd);
+    }
+    op *o = h->ops_head;
+    while (o) {
+        op *next = o->next;
+        gen_unref(o->g);
+        free(o);
+        o = next;
+    }
+    free_http(h);
+}

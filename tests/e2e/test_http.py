@@ -1,0 +1,750 @@
+"""End-to-end tests of ditd's HTTP front end (--http-listen): the real
+daemon and its real workers, driven by the official `openai` Python client,
+raw HTTP, gRPC beside it, and a real browser (Chromium through Selenium)
+on the playground page.
+
+    test_http.py CASE      runs one case (meson registers each as a test)
+    test_http.py --list    lists the cases
+"""
+
+import base64
+import http.client
+import json
+import os
+import signal
+import socket
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import urllib.parse
+
+import grpc
+import openai
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import ditapi  # noqa: E402
+from daemon import Daemon  # noqa: E402
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+PROMPT = "a red fox in the snow"
+# Long enough that only a cancel ends it early (seconds per step on CI).
+LONG = {"prompt": "a very long job", "size": "512x512", "num_inference_steps": 1000}
+GEN = "/v1/images/generations"
+
+CASES = {}
+
+
+def case(fn):
+    CASES[fn.__name__] = fn
+    return fn
+
+
+def client(d, key="no-token", **kw):
+    return openai.OpenAI(base_url=d.http_url + "/v1", api_key=key, max_retries=0, **kw)
+
+
+def grpc_png(d, seed, width=64, height=64, steps=2, prompt=PROMPT, metadata=None):
+    call = d.api.generate(d.channel)(
+        d.api.request(prompt=prompt, width=width, height=height, num_inference_steps=steps,
+                      seed=seed), timeout=120, metadata=metadata)
+    _, png, res = ditapi.collect(call)
+    assert png.startswith(PNG_MAGIC) and res.seed == seed
+    return png
+
+
+def http_request(d, method, path, body=None, headers=None, timeout=60, ctx=None):
+    """(status, headers, body bytes) of one HTTP request (HTTPS with ctx)."""
+    u = urllib.parse.urlsplit(d.http_url)
+    if ctx:
+        conn = http.client.HTTPSConnection(u.hostname, u.port, timeout=timeout, context=ctx)
+    else:
+        conn = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
+    try:
+        h = {"Content-Type": "application/json"}
+        h.update(headers or {})
+        if isinstance(body, (dict, list)):
+            body = json.dumps(body)
+        conn.request(method, path, body=body, headers={k: v for k, v in h.items() if v})
+        r = conn.getresponse()
+        return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
+    finally:
+        conn.close()
+
+
+def expect_error(d, status, code, body, headers=None, needle="", method="POST", path=GEN):
+    """A request that must fail with this status and an OpenAI-shaped error."""
+    st, hdrs, raw = http_request(d, method, path, body, headers)
+    assert st == status, f"{body!r:.200}: got {st} {raw[:300]!r}, expected {status}"
+    assert hdrs.get("content-type") == "application/json", hdrs
+    err = json.loads(raw)["error"]
+    assert set(err) == {"message", "type", "param", "code"}, err
+    assert err["code"] == code, f"{body!r:.200}: code {err['code']!r}, expected {code!r}"
+    assert needle.lower() in err["message"].lower(), f"{err['message']!r} lacks {needle!r}"
+    return err
+
+
+def wait_for(pred, timeout_s, what):
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout_s:
+        if pred():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"no {what} within {timeout_s} s")
+
+
+def running(d):
+    return d.info().running
+
+
+def sse_events(raw_lines):
+    """Parses server-sent events (the wire format) from lines of bytes."""
+    events, data = [], []
+    for line in raw_lines:
+        line = line.rstrip(b"\r\n")
+        if not line:
+            if data:
+                events.append(json.loads(b"\n".join(data)))
+            data = []
+        elif line.startswith(b"data:"):
+            data.append(line[5:].strip())
+    return events
+
+
+# --------------------------------------------------------------------------
+
+
+@case
+def generate():
+    """The openai client generates; the PNG is the gRPC path's for the same
+    request; n images get seeds seed, seed + 1, ...; a random seed is
+    reported and reproduces the image; /v1/models, /health and / answer."""
+    d = Daemon("--http-listen", "127.0.0.1:0")
+    try:
+        c = client(d)
+        r = c.images.generate(model="demo", prompt=PROMPT, size="64x64",
+                              response_format="b64_json",
+                              extra_body={"seed": 7, "num_inference_steps": 2})
+        assert len(r.data) == 1 and r.created > 1_600_000_000
+        png = base64.b64decode(r.data[0].b64_json)
+        assert png == grpc_png(d, 7), "the HTTP image differs from the gRPC one"
+        extra = r.model_extra
+        assert extra["seed"] == 7 and r.size == "64x64" and r.output_format == "png", extra
+        assert r.data[0].model_extra["seed"] == 7
+        t = r.data[0].model_extra["timings"]
+        assert t["total_ms"] > 0 and t["denoise_ms"] > 0, t
+        # n = 3: seeds 7, 8, 9, each the image gRPC makes with that seed.
+        r3 = c.images.generate(prompt=PROMPT, size="64x64", n=3,
+                               extra_body={"seed": 7, "num_inference_steps": 2})
+        assert [x.model_extra["seed"] for x in r3.data] == [7, 8, 9]
+        for k, x in enumerate(r3.data):
+            assert base64.b64decode(x.b64_json) == (png if k == 0 else grpc_png(d, 7 + k)), k
+        assert len({x.b64_json for x in r3.data}) == 3
+        # Our extensions change the image; a non-square size comes out so.
+        r4 = c.images.generate(prompt=PROMPT, size="96x64", extra_body={
+            "seed": 7, "num_inference_steps": 2, "guidance_scale": 5.0, "priority": 3,
+            "negative_prompt": "blurry", "true_cfg_scale": 1.5})
+        png4 = base64.b64decode(r4.data[0].b64_json)
+        assert png4.startswith(PNG_MAGIC) and png4 != png
+        assert int.from_bytes(png4[16:20], "big") == 96 and int.from_bytes(png4[20:24], "big") == 64
+        # No seed: one is chosen, exact in JSON (below 2^53), and reproduces.
+        r5 = c.images.generate(prompt=PROMPT, size="64x64", extra_body={"num_inference_steps": 2})
+        seed = r5.data[0].model_extra["seed"]
+        assert isinstance(seed, int) and 0 <= seed < 2**53, seed
+        assert base64.b64decode(r5.data[0].b64_json) == grpc_png(d, seed)
+        # The largest seed comes back exact, as an integer (not 9.00719925474098e+15).
+        top = 2**53 - 11
+        st, _, body = http_request(d, "POST", GEN, {"prompt": PROMPT, "size": "64x64",
+                                                    "num_inference_steps": 1, "seed": top})
+        assert st == 200 and b'"seed":9007199254740981' in body, body[-300:]
+        assert json.loads(body)["data"][0]["seed"] == top
+        # The models list in OpenAI's shape.
+        models = c.models.list()
+        assert [m.id for m in models.data] == ["demo"] and models.data[0].object == "model"
+        st, _, body = http_request(d, "GET", "/health")
+        assert st == 200 and json.loads(body) == {"status": "SERVING"}
+        st, hdrs, body = http_request(d, "GET", "/")
+        assert st == 200 and hdrs["content-type"].startswith("text/html")
+        assert b'id="generate"' in body and b"https://" not in body, "the page must be self-contained"
+        assert b'fetch("v1/images/generations"' in body, "the page must use relative URLs"
+        d.stop()
+    finally:
+        d.close()
+
+
+@case
+def stream():
+    """stream: true: the openai client reads queued, started and per-step
+    progress events, then image_generation.completed with the gRPC path's
+    PNG; the raw wire is valid SSE with `event:` and `data:` lines."""
+    d = Daemon("--http-listen", "127.0.0.1:0")
+    try:
+        c = client(d)
+        events = list(c.images.generate(prompt=PROMPT, size="64x64", stream=True,
+                                        extra_body={"seed": 11, "num_inference_steps": 3}))
+        types = [e.type for e in events]
+        assert types[0] == "ditserve.queued" and "ditserve.started" in types, types
+        assert types[-1] == "image_generation.completed", types
+        steps = [e.step for e in events
+                 if e.type == "ditserve.progress" and e.stage == "denoising"]
+        assert steps == [1, 2, 3], steps
+        assert all(e.total_steps == 3 for e in events if e.type == "ditserve.progress")
+        done = events[-1]
+        assert base64.b64decode(done.b64_json) == grpc_png(d, 11, steps=3)
+        assert done.size == "64x64" and done.output_format == "png"
+        assert done.model_extra["seed"] == 11 and done.model_extra["timings"]["total_ms"] > 0
+        # The wire itself: each event has an `event:` line naming the type
+        # inside its data, and the response is an event stream.
+        u = urllib.parse.urlsplit(d.http_url)
+        conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
+        conn.request("POST", GEN, body=json.dumps({"prompt": PROMPT, "size": "64x64", "seed": 11,
+                                                   "num_inference_steps": 3, "stream": True,
+                                                   "n": 2}),
+                     headers={"Content-Type": "application/json"})
+        r = conn.getresponse()
+        assert r.status == 200 and r.getheader("Content-Type") == "text/event-stream"
+        assert r.getheader("Cache-Control") == "no-cache"
+        lines = r.read().split(b"\n")
+        conn.close()
+        names = [ln[7:].decode() for ln in lines if ln.startswith(b"event: ")]
+        wire = sse_events([ln + b"\n" for ln in lines])
+        assert names == [e["type"] for e in wire], (names, [e["type"] for e in wire])
+        completed = [e for e in wire if e["type"] == "image_generation.completed"]
+        assert sorted(e["index"] for e in completed) == [0, 1]
+        assert [e["seed"] for e in sorted(completed, key=lambda e: e["index"])] == [11, 12]
+        by_index = {e["index"]: e for e in completed}
+        assert base64.b64decode(by_index[0]["b64_json"]) == base64.b64decode(done.b64_json)
+        d.stop()
+    finally:
+        d.close()
+
+
+@case
+def errors():
+    """Every refusal in OpenAI's error shape with its HTTP status: bad JSON,
+    wrong content type, unknown fields, sizes and values out of range,
+    bodies over the limit, unknown model, wrong method and path, queue
+    full, draining; the openai client raises its matching exceptions."""
+    d = Daemon("--http-listen", "127.0.0.1:0", "--max-queue", "1", "--http-max-body-bytes",
+               "4096", "--drain-timeout", "60")
+    try:
+        ok = {"prompt": PROMPT, "size": "64x64", "num_inference_steps": 2}
+        expect_error(d, 400, "invalid_json", "{not json", needle="not valid JSON")
+        expect_error(d, 400, "invalid_json", "[1, 2]", needle="JSON object")
+        expect_error(d, 400, "invalid_json", b'{"prompt": "\xff"}', needle="UTF-8")
+        expect_error(d, 400, "invalid_json", '{"prompt": "a\\u0000b"}', needle="u0000")
+        expect_error(d, 400, "invalid_content_type", json.dumps(ok),
+                     headers={"Content-Type": "text/plain"}, needle="application/json")
+        expect_error(d, 400, "invalid_content_type", json.dumps(ok),
+                     headers={"Content-Type": None})
+        err = expect_error(d, 400, "unknown_parameter", dict(ok, steps=3), needle="'steps'")
+        assert err["type"] == "invalid_request_error"
+        # A hostile field name is not echoed.
+        err = expect_error(d, 400, "unknown_parameter", {"prompt": "x", "\u202e<script>": 1})
+        assert "<script>" not in err["message"], err
+        expect_error(d, 400, "missing_required_parameter", {"size": "64x64"}, needle="prompt")
+        err = expect_error(d, 400, "duplicate_parameter", '{"prompt": "a", "prompt": "b"}')
+        assert err["param"] == "prompt", err
+        for bad, param, code in [
+                ({"size": "63x64"}, None, "invalid_value"),
+                ({"size": "64"}, "size", "invalid_value"),
+                ({"size": "64x64x1"}, "size", "invalid_value"),
+                ({"size": "-64x64"}, "size", "invalid_value"),
+                ({"size": "99999999x64"}, "size", "invalid_value"),
+                ({"size": "4096x4096"}, None, "invalid_value"),
+                ({"n": 0}, "n", "invalid_value"),
+                ({"n": 11}, "n", "invalid_value"),
+                ({"n": 1.5}, "n", "invalid_type"),
+                ({"n": "2"}, "n", "invalid_type"),
+                ({"num_inference_steps": 0}, "num_inference_steps", "invalid_value"),
+                ({"num_inference_steps": 1001}, "num_inference_steps", "invalid_value"),
+                ({"guidance_scale": "high"}, "guidance_scale", "invalid_type"),
+                ({"guidance_scale": -1}, "guidance_scale", "invalid_value"),
+                ({"true_cfg_scale": 1e9}, "true_cfg_scale", "invalid_value"),
+                ({"seed": -1}, "seed", "invalid_value"),
+                ({"seed": 2**60}, "seed", "invalid_value"),
+                ({"priority": 1e12}, "priority", "invalid_value"),
+                ({"response_format": "url"}, "response_format", "invalid_value"),
+                ({"output_format": "jpeg"}, "output_format", "invalid_value"),
+                ({"stream": "yes"}, "stream", "invalid_type"),
+                ({"partial_images": 2}, "partial_images", "invalid_value"),
+                ({"prompt": 5}, "prompt", "invalid_type"),
+                ({"prompt": "x" * 5000}, None, "body_too_large")]:
+            status = 413 if code == "body_too_large" else 400
+            err = expect_error(d, status, code, dict(ok, **bad))
+            assert err["param"] == param, (bad, err)
+        # Over the body limit, announced or chunked: 413 either way.
+        expect_error(d, 413, "body_too_large", json.dumps(dict(ok, prompt="y" * 8000)),
+                     needle="4096")
+        u = urllib.parse.urlsplit(d.http_url)
+        conn = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
+        conn.request("POST", GEN, body=iter([b"{" + b" " * 3000] * 4),
+                     headers={"Content-Type": "application/json"}, encode_chunked=True)
+        r = conn.getresponse()
+        assert r.status == 413 and json.loads(r.read())["error"]["code"] == "body_too_large"
+        conn.close()
+        expect_error(d, 404, "model_not_found", dict(ok, model="gpt-image-1"), needle="demo")
+        expect_error(d, 404, "not_found", None, method="GET", path="/v1/nothing")
+        expect_error(d, 405, "method_not_allowed", None, method="GET", path=GEN)
+        expect_error(d, 405, "method_not_allowed", "{}", method="POST", path="/v1/models")
+        c = client(d)
+        try:
+            c.images.generate(prompt=PROMPT, size="64x64", model="nope")
+            raise AssertionError("an unknown model was served")
+        except openai.NotFoundError as e:
+            assert e.status_code == 404 and e.body["code"] == "model_not_found", e.body
+        try:
+            c.images.generate(prompt=PROMPT, size="65x64")
+            raise AssertionError("a bad size was served")
+        except openai.BadRequestError as e:
+            assert "multiple of 16" in e.body["message"], e.body
+        # Queue full (--max-queue 1): a gRPC job runs, an HTTP one waits,
+        # the next HTTP request is refused, and so is n = 2.
+        long_call = d.api.generate(d.channel)(
+            d.api.request(prompt="long", width=512, height=512, num_inference_steps=1000),
+            timeout=300)
+        next(iter(long_call))
+        wait_for(lambda: running(d) == 1, 30, "running job")
+        waiting = {}
+        t = threading.Thread(target=lambda: waiting.setdefault(
+            "r", http_request(d, "POST", GEN, ok, timeout=300)))
+        t.start()
+        wait_for(lambda: d.info().queue_depth == 1, 30, "queued HTTP request")
+        expect_error(d, 429, "queue_full", ok, needle="queue is full")
+        try:
+            c.images.generate(prompt=PROMPT, size="64x64", extra_body={"num_inference_steps": 2})
+            raise AssertionError("a full queue took a request")
+        except openai.RateLimitError as e:
+            assert e.status_code == 429
+        # Draining: new requests get 503 and /health turns 503.
+        d.proc.send_signal(signal.SIGTERM)
+        wait_for(lambda: http_request(d, "GET", "/health")[0] == 503, 10, "health 503")
+        st, _, body = http_request(d, "GET", "/health")
+        assert json.loads(body) == {"status": "NOT_SERVING"}
+        expect_error(d, 503, "unavailable", ok, needle="shutting down")
+        long_call.cancel()
+        t.join(120)
+        assert waiting["r"][0] == 200, waiting  # accepted before the drain: served
+        rc = d.proc.wait(60)
+        assert rc == 0, rc
+    finally:
+        d.close()
+
+
+@case
+def auth_tls_cors():
+    """With --auth-token-file the API needs the bearer token (health and the
+    page do not); HTTPS and mutual TLS with the gRPC certificate flags; CORS
+    only for the origins given."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from test_daemon import make_certs
+    import httpx2 as httpx
+    with tempfile.TemporaryDirectory() as tmp:
+        pem = make_certs(tmp)
+        token = "s3cret-token-for-the-http-test"
+        with open(os.path.join(tmp, "token"), "w") as f:
+            f.write(token + "\n")
+        d = Daemon("--http-listen", "127.0.0.1:0", "--auth-token-file",
+                   os.path.join(tmp, "token"), "--http-cors-origins",
+                   "https://app.example,https://other.example")
+        try:
+            ok = {"prompt": PROMPT, "size": "64x64", "num_inference_steps": 2, "seed": 3}
+            for hdr in [None, "Bearer wrong-token-wrong-token", "Bearer " + token[:-1],
+                        "Basic " + token, token]:
+                st, hdrs, body = http_request(d, "POST", GEN, ok, {"Authorization": hdr})
+                assert st == 401 and hdrs.get("www-authenticate") == "Bearer", (hdr, st)
+                assert json.loads(body)["error"]["code"] == "invalid_api_key"
+            st, _, _ = http_request(d, "GET", "/v1/models")
+            assert st == 401
+            assert http_request(d, "GET", "/health")[0] == 200
+            assert http_request(d, "GET", "/")[0] == 200
+            try:
+                client(d, key="wrong-token").images.generate(prompt=PROMPT, size="64x64")
+                raise AssertionError("a wrong token was served")
+            except openai.AuthenticationError as e:
+                assert e.status_code == 401
+            auth = [("authorization", f"Bearer {token}")]
+            r = client(d, key=token).images.generate(prompt=PROMPT, size="64x64",
+                                                      extra_body={"seed": 3,
+                                                                  "num_inference_steps": 2})
+            assert base64.b64decode(r.data[0].b64_json) == grpc_png(d, 3, metadata=auth)
+            # CORS: an allowed origin is echoed, others get nothing.
+            pre = {"Origin": "https://app.example", "Access-Control-Request-Method": "POST",
+                   "Access-Control-Request-Headers": "authorization, content-type"}
+            st, hdrs, _ = http_request(d, "OPTIONS", GEN, None, pre)
+            assert st == 204 and hdrs["access-control-allow-origin"] == "https://app.example"
+            assert "authorization" in hdrs["access-control-allow-headers"]
+            assert "POST" in hdrs["access-control-allow-methods"]
+            st, hdrs, _ = http_request(d, "OPTIONS", GEN, None, dict(pre, Origin="https://evil.example"))
+            assert "access-control-allow-origin" not in hdrs, hdrs
+            st, hdrs, _ = http_request(d, "GET", "/v1/models", None,
+                                       {"Origin": "https://other.example",
+                                        "Authorization": f"Bearer {token}"})
+            assert st == 200 and hdrs["access-control-allow-origin"] == "https://other.example"
+            st, hdrs, _ = http_request(d, "GET", "/health", None, {"Origin": "https://app.example.evil"})
+            assert "access-control-allow-origin" not in hdrs
+            d.stop()
+        finally:
+            d.close()
+        # No --http-cors-origins: no CORS headers at all.
+        d = Daemon("--http-listen", "127.0.0.1:0")
+        try:
+            st, hdrs, _ = http_request(d, "OPTIONS", GEN, None, {"Origin": "https://app.example"})
+            assert "access-control-allow-origin" not in hdrs
+            d.stop()
+        finally:
+            d.close()
+        # HTTPS with the same certificate flags as gRPC.
+        d = Daemon("--http-listen", "127.0.0.1:0", "--tls-cert", os.path.join(tmp, "server.pem"),
+                   "--tls-key", os.path.join(tmp, "server.key"),
+                   creds=grpc.ssl_channel_credentials(pem["ca.pem"]))
+        try:
+            assert d.http_url.startswith("https://"), d.http_url
+            c = client(d, http_client=httpx.Client(verify=os.path.join(tmp, "ca.pem")))
+            r = c.images.generate(prompt=PROMPT, size="64x64",
+                                  extra_body={"seed": 3, "num_inference_steps": 2})
+            assert base64.b64decode(r.data[0].b64_json) == grpc_png(d, 3)
+            # Plain HTTP on the HTTPS port gets no answer.
+            try:
+                st = http_request(d, "GET", "/health", timeout=5)[0]
+            except (OSError, http.client.HTTPException):
+                st = None
+            assert st is None, st
+            d.stop()
+        finally:
+            d.close()
+        # Mutual TLS, as on gRPC: a client certificate from the CA is served;
+        # none, or one from another CA, gets 403.
+        import ssl
+        d = Daemon("--http-listen", "127.0.0.1:0", "--tls-cert", os.path.join(tmp, "server.pem"),
+                   "--tls-key", os.path.join(tmp, "server.key"), "--tls-client-ca",
+                   os.path.join(tmp, "ca.pem"),
+                   creds=grpc.ssl_channel_credentials(pem["ca.pem"], pem["client.key"],
+                                                      pem["client.pem"]))
+        try:
+            def ctx_with(name):
+                ctx = ssl.create_default_context(cafile=os.path.join(tmp, "ca.pem"))
+                if name:
+                    ctx.load_cert_chain(os.path.join(tmp, f"{name}.pem"),
+                                        os.path.join(tmp, f"{name}.key"))
+                return ctx
+            c = client(d, http_client=httpx.Client(verify=ctx_with("client")))
+            r = c.images.generate(prompt=PROMPT, size="64x64",
+                                  extra_body={"seed": 3, "num_inference_steps": 2})
+            assert base64.b64decode(r.data[0].b64_json) == grpc_png(d, 3)
+            for name in (None, "other"):
+                for method, path in (("GET", "/health"), ("POST", GEN)):
+                    try:
+                        st, _, body = http_request(d, method, path, {"prompt": "x"},
+                                                   ctx=ctx_with(name))
+                    except (OSError, http.client.HTTPException) as e:
+                        st, body = None, repr(e).encode()
+                    assert st == 403, (name, path, st, body)
+                    err = json.loads(body)["error"]
+                    assert err["code"] == "client_certificate_required", err
+            assert http_request(d, "GET", "/health", ctx=ctx_with("client"))[0] == 200
+            d.stop()
+        finally:
+            d.close()
+
+
+def raw_post(d, body):
+    """A socket with a generation request sent on it (the answer unread)."""
+    u = urllib.parse.urlsplit(d.http_url)
+    s = socket.create_connection((u.hostname, u.port), timeout=30)
+    data = json.dumps(body).encode()
+    s.sendall(b"POST " + GEN.encode() + b" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+              b"\r\nContent-Length: " + str(len(data)).encode() + b"\r\n\r\n" + data)
+    return s
+
+
+@case
+def disconnect():
+    """A client that goes away cancels its request: running (plain and
+    streamed) at the next step, waiting in the queue at once; the daemon
+    then serves the next request."""
+    d = Daemon("--http-listen", "127.0.0.1:0")
+    try:
+        for stream in (False, True):
+            s = raw_post(d, dict(LONG, stream=stream))
+            if stream:
+                got = b""
+                while b"ditserve.progress" not in got:
+                    got += s.recv(4096)
+            wait_for(lambda: running(d) == 1, 30, "running job")
+            time.sleep(0.3)
+            s.close()
+            t0 = time.monotonic()
+            wait_for(lambda: running(d) == 0, 10, "cancel of the running job")
+            print(f"stream={stream}: stopped {time.monotonic() - t0:.2f} s after the client left")
+        assert d.log().count("the HTTP client disconnected") == 2, d.log()
+        # Queued: waits behind a gRPC job, its client leaves, it leaves the queue.
+        long_call = d.api.generate(d.channel)(
+            d.api.request(prompt="long", width=512, height=512, num_inference_steps=1000),
+            timeout=300)
+        next(iter(long_call))
+        wait_for(lambda: running(d) == 1, 30, "running gRPC job")
+        s = raw_post(d, {"prompt": PROMPT, "size": "64x64", "num_inference_steps": 2})
+        wait_for(lambda: d.info().queue_depth == 1, 10, "queued HTTP request")
+        s.close()
+        wait_for(lambda: d.info().queue_depth == 0, 10, "the queued request leaving")
+        assert "cancelled while queued" in d.log()
+        long_call.cancel()
+        wait_for(lambda: running(d) == 0, 10, "cancel of the gRPC job")
+        r = client(d).images.generate(prompt=PROMPT, size="64x64",
+                                      extra_body={"seed": 1, "num_inference_steps": 2})
+        assert base64.b64decode(r.data[0].b64_json).startswith(PNG_MAGIC)
+        d.stop()
+    finally:
+        d.close()
+
+
+def closed_by_server(sock, timeout_s):
+    """True when the server closes this socket within timeout_s."""
+    sock.settimeout(timeout_s)
+    try:
+        while True:
+            if not sock.recv(4096):
+                return True
+    except ConnectionResetError:
+        return True
+    except socket.timeout:
+        return False
+
+
+@case
+def slow_clients():
+    """Idle and slow clients are bounded: past --http-max-connections new
+    connections are refused at once, silent ones close after
+    --http-idle-timeout, a body that trickles in is cut off at
+    --http-request-timeout, and then requests are served again."""
+    d = Daemon("--http-listen", "127.0.0.1:0", "--http-max-connections", "4",
+               "--http-idle-timeout", "2", "--http-request-timeout", "3")
+    u = urllib.parse.urlsplit(d.http_url)
+    socks = []
+    try:
+        socks = [socket.create_connection((u.hostname, u.port)) for _ in range(4)]
+        time.sleep(0.3)
+        extra = socket.create_connection((u.hostname, u.port))
+        extra.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert closed_by_server(extra, 5), "a connection past the limit was served"
+        extra.close()
+        t0 = time.monotonic()
+        for s in socks:
+            assert closed_by_server(s, 10), "an idle connection stayed open"
+        idle = time.monotonic() - t0
+        assert idle < 6, idle
+        assert http_request(d, "GET", "/health")[0] == 200
+        # A body that trickles in, a byte a second (never idle for 2 s).
+        s = socket.create_connection((u.hostname, u.port))
+        s.sendall(b"POST " + GEN.encode() + b" HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                  b"application/json\r\nContent-Length: 100\r\n\r\n")
+        t0 = time.monotonic()
+        cut = False
+        for _ in range(20):
+            try:
+                s.sendall(b" ")
+            except OSError:
+                cut = True
+                break
+            if closed_by_server(s, 1.0):
+                cut = True
+                break
+        took = time.monotonic() - t0
+        s.close()
+        assert cut and took < 8, f"the slow body was not cut off ({took:.1f} s)"
+        print(f"idle connections closed after {idle:.1f} s, a trickling body after {took:.1f} s")
+        r = client(d).images.generate(prompt=PROMPT, size="64x64",
+                                      extra_body={"seed": 1, "num_inference_steps": 2})
+        assert base64.b64decode(r.data[0].b64_json).startswith(PNG_MAGIC)
+        d.stop()
+    finally:
+        for s in socks:
+            s.close()
+        d.close()
+
+
+@case
+def load():
+    """200 requests from 50 clients, half over HTTP (the openai client) and
+    half over gRPC, all served, the same seed giving the same image on both;
+    then the HTTP path's overhead per request against gRPC's, measured
+    alternately in the same run."""
+    d = Daemon("--http-listen", "127.0.0.1:0", "--max-queue", "200")
+    try:
+        results, errors = {}, []
+        lock = threading.Lock()
+
+        def http_worker(i):
+            c = client(d, timeout=600)
+            for k in range(4):
+                seed = (i * 4 + k) % 8
+                try:
+                    r = c.images.generate(prompt=PROMPT, size="64x64",
+                                          extra_body={"seed": seed, "num_inference_steps": 1,
+                                                      "priority": k})
+                    with lock:
+                        results.setdefault(seed, set()).add(r.data[0].b64_json)
+                except Exception as e:  # noqa: BLE001
+                    errors.append(f"http {i}/{k}: {e!r}")
+
+        def grpc_worker(i):
+            ch = d.connect()
+            for k in range(4):
+                seed = (i * 4 + k) % 8
+                try:
+                    call = d.api.generate(ch)(d.api.request(
+                        prompt=PROMPT, width=64, height=64, num_inference_steps=1, seed=seed,
+                        priority=k), timeout=600)
+                    _, png, _ = ditapi.collect(call)
+                    with lock:
+                        results.setdefault(seed, set()).add(base64.b64encode(png).decode())
+                except Exception as e:  # noqa: BLE001
+                    errors.append(f"grpc {i}/{k}: {e!r}")
+            ch.close()
+
+        threads = [threading.Thread(target=http_worker if i % 2 else grpc_worker, args=(i,))
+                   for i in range(50)]
+        t0 = time.monotonic()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(900)
+        wall = time.monotonic() - t0
+        assert not errors, errors[:5]
+        assert sorted(results) == list(range(8)), sorted(results)
+        assert all(len(v) == 1 for v in results.values()), "a seed gave two different images"
+        print(f"200 requests (100 HTTP, 100 gRPC) from 50 clients in {wall:.1f} s")
+        # Overhead: the same request, one after the other, alternating.
+        c = client(d)
+        g, h = [], []
+        for k in range(30):
+            t0 = time.monotonic()
+            grpc_png(d, 5, steps=1)
+            g.append(time.monotonic() - t0)
+            t0 = time.monotonic()
+            r = c.images.generate(prompt=PROMPT, size="64x64",
+                                  extra_body={"seed": 5, "num_inference_steps": 1})
+            assert r.data[0].b64_json
+            h.append(time.monotonic() - t0)
+        gm, hm = statistics.median(g) * 1e3, statistics.median(h) * 1e3
+        print(f"median per request, demo 64x64, 1 step, 30 each: gRPC {gm:.1f} ms, "
+              f"HTTP {hm:.1f} ms, HTTP overhead {hm - gm:+.1f} ms")
+        assert "HTTP client disconnected" not in d.log()
+        d.stop()
+    finally:
+        d.close()
+
+
+@case
+def browser():
+    """Chromium (through Selenium) loads the playground, fills the form,
+    clicks Generate, sees the progress bar advance, and gets the image at
+    the size it asked for, with its seed and timings."""
+    import shutil
+    chromedriver = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+    if not os.path.exists(chromedriver):
+        print("SKIP: chromedriver is not installed (deploy/install-deps.sh installs it)")
+        return 77
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    d = Daemon("--http-listen", "127.0.0.1:0")
+    opts = webdriver.ChromeOptions()
+    for a in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"):
+        opts.add_argument(a)
+    for b in ("/usr/bin/chromium", "/usr/bin/chromium-browser"):
+        if os.path.exists(b):
+            opts.binary_location = b
+    drv = webdriver.Chrome(service=Service(chromedriver), options=opts)
+    try:
+        drv.set_page_load_timeout(60)
+        drv.get(d.http_url + "/")
+        assert "ditserve playground" in drv.title
+
+        def fill(id_, value):
+            el = drv.find_element(By.ID, id_)
+            el.clear()
+            el.send_keys(str(value))
+
+        fill("prompt", "a lighthouse at dusk")
+        fill("negative_prompt", "blurry")
+        fill("width", 96)
+        fill("height", 64)
+        fill("steps", 200)
+        fill("guidance", 4)
+        fill("seed", 1234)
+        drv.find_element(By.ID, "generate").click()
+        seen = []
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 120:
+            v = drv.execute_script(
+                "const p = document.getElementById('progress'); return [p.value, p.max];")
+            if not seen or seen[-1] != v:
+                seen.append(v)
+            if drv.execute_script("return document.getElementById('result').complete && "
+                                  "document.getElementById('result').naturalWidth > 0"):
+                break
+            time.sleep(0.02)
+        status = drv.find_element(By.ID, "status").text
+        assert status == "Done", (status, seen)
+        partial = [v for v, m in seen if 0 < v < m]
+        assert len(partial) >= 2 and partial == sorted(partial), f"progress did not advance: {seen}"
+        size = drv.execute_script("const i = document.getElementById('result');"
+                                  "return [i.naturalWidth, i.naturalHeight];")
+        assert size == [96, 64], size
+        details = drv.find_element(By.ID, "details").text
+        assert "seed 1234" in details and "total_ms" in details, details
+        # The page's image is the one gRPC makes for the same request.
+        src = drv.execute_script("return document.getElementById('result').src")
+        png = base64.b64decode(src.split(",", 1)[1])
+        call = d.api.generate(d.channel)(d.api.request(
+            prompt="a lighthouse at dusk", negative_prompt="blurry", width=96, height=64,
+            num_inference_steps=200, guidance_scale=4.0, seed=1234), timeout=120)
+        assert png == ditapi.collect(call)[1]
+        # An error reaches the page too (a size the form allows, the server
+        # not: past --max-pixels).
+        fill("width", 4096)
+        fill("height", 4096)
+        drv.find_element(By.ID, "generate").click()
+        wait_for(lambda: "max-pixels" in drv.find_element(By.ID, "status").text, 30,
+                 "the error on the page")
+        assert drv.find_element(By.ID, "status").text.startswith("HTTP 400")
+        print(f"progress values seen: {len(seen)}, {partial[:3]} ... {partial[-3:]}")
+        d.stop()
+    finally:
+        drv.quit()
+        d.close()
+
+
+def main():
+    if len(sys.argv) != 2 or sys.argv[1] not in CASES and sys.argv[1] != "--list":
+        print(__doc__)
+        print("cases:", " ".join(CASES))
+        return 2
+    if sys.argv[1] == "--list":
+        print("\n".join(CASES))
+        return 0
+    t0 = time.monotonic()
+    try:
+        rc = CASES[sys.argv[1]]()
+        # In the sanitizer build, UBSan and ASan report on ditd's stderr.
+        for name in Daemon.logs:
+            with open(name, errors="replace") as f:
+                log = f.read()
+            for needle in ("runtime error:", "AddressSanitizer", "LeakSanitizer", "ThreadSanitizer"):
+                assert needle not in log, f"sanitizer report in {name}:\n{log}"
+    except BaseException:
+        Daemon.dump_logs()
+        raise
+    finally:
+        Daemon.remove_logs()
+    if rc == 77:
+        return 77
+    print(f"{sys.argv[1]}: ok ({time.monotonic() - t0:.1f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
