@@ -16,7 +16,7 @@ typedef struct raw {
     const char *join_listen, *join_secret_file;
     long long local_ranks;
     long long world, ring, ulysses, tp, max_queue, threads, max_message, conn_age, chunk,
-        max_pixels;
+        max_pixels, max_video_pixels;
     long long max_unread, max_unread_total;
     long long metrics_port;
     const char *http_listen, *http_cors;
@@ -107,6 +107,9 @@ static const dit_option defs[] = {
           "DITD_MAX_UNREAD_TOTAL", max_unread_total, 1024, (double)(1ll << 40)),
     INT("max-pixels", "4194304", "N", "largest width x height a request may ask for (2048x2048)",
         "DITD_MAX_PIXELS", max_pixels, 256, 268435456),
+    INT("max-video-pixels", "74649600", "N",
+        "largest width x height x frames a video request may ask for (81 frames of 1280x720)",
+        "DITD_MAX_VIDEO_PIXELS", max_video_pixels, 256, 68719476736.0),
     STR("warmup", NULL, "WxH[xF]:STEPS",
         "run one generation of this shape (F: video frames) before serving", "DITD_WARMUP", warmup),
     STR("tls-cert", NULL, "FILE", "serve TLS with this PEM certificate chain (needs --tls-key)",
@@ -303,6 +306,7 @@ int dit_daemon_config_parse(dit_daemon_config *cfg, int argc, char **argv)
     cfg->max_unread_total = r.max_unread_total;
     cfg->warmup = r.warmup;
     cfg->max_pixels = r.max_pixels;
+    cfg->max_video_pixels = r.max_video_pixels;
     cfg->tls_cert = r.tls_cert;
     cfg->tls_key = r.tls_key;
     cfg->tls_client_ca = r.tls_client_ca;

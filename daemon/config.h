@@ -34,8 +34,9 @@ typedef struct dit_daemon_config {
     /* Result bytes queued for clients that have not read them yet, per
      * connection and in all; past them new calls are refused. */
     int64_t max_unread_bytes, max_unread_total;
-    const char *warmup; /* WIDTHxHEIGHT:STEPS run before serving, or NULL */
-    int64_t max_pixels; /* largest width x height accepted */
+    const char *warmup;       /* WIDTHxHEIGHT:STEPS run before serving, or NULL */
+    int64_t max_pixels;       /* largest width x height accepted */
+    int64_t max_video_pixels; /* largest width x height x frames accepted */
     const char *tls_cert, *tls_key, *tls_client_ca; /* PEM files; NULL: plaintext */
     const char *auth_token_file;                    /* bearer token for every method but health */
     int metrics_port;        /* Prometheus HTTP port; -1: off, 0: a free one */

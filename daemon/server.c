@@ -8,6 +8,7 @@
 #include <sys/random.h>
 
 #include "grpc_health_v1_health.pb-c.h"
+#include "ipc_wire.h"
 #include "serve/request.h"
 #include "status_map.h"
 
@@ -356,15 +357,34 @@ static bool model_ok(dit_server *s, const char *model, reply *rp)
 }
 
 /* The server's own limit on image size, beyond what the model allows. */
-static bool size_ok(dit_server *s, int width, int height, reply *rp)
+static bool size_ok(dit_server *s, const Ditserve__V1__GenerateRequest *r, reply *rp)
 {
-    const int64_t w = width ? width : s->info.default_width;
-    const int64_t h = height ? height : s->info.default_height;
-    if (w * h <= s->cfg->max_pixels)
-        return true;
-    return refuse(rp, GRPC_STATUS_INVALID_ARGUMENT,
-                  "%lldx%lld is %lld pixels; this server accepts at most %lld (its --max-pixels)",
-                  (long long)w, (long long)h, (long long)(w * h), (long long)s->cfg->max_pixels);
+    const int64_t w = r->width ? r->width : s->info.default_width;
+    const int64_t h = r->height ? r->height : s->info.default_height;
+    const int64_t f = r->num_frames ? r->num_frames : s->info.default_frames;
+    if (w * h > s->cfg->max_pixels)
+        return refuse(rp, GRPC_STATUS_INVALID_ARGUMENT,
+                      "%lldx%lld is %lld pixels; this server accepts at most %lld (its "
+                      "--max-pixels)",
+                      (long long)w, (long long)h, (long long)(w * h),
+                      (long long)s->cfg->max_pixels);
+    /* Sides and frames are validated (each bounded) before this. */
+    if (f > 1 && w * h * f > s->cfg->max_video_pixels)
+        return refuse(rp, GRPC_STATUS_INVALID_ARGUMENT,
+                      "%lld frames of %lldx%lld are %lld pixels; this server accepts at most %lld "
+                      "per video (its --max-video-pixels)",
+                      (long long)f, (long long)w, (long long)h, (long long)(w * h * f),
+                      (long long)s->cfg->max_video_pixels);
+    /* A raw result travels from the worker in one message. */
+    const int64_t raw = 12 * w * h * f;
+    if (dit_request_output_format(r, &s->info) ==
+            DITSERVE__V1__OUTPUT_FORMAT__OUTPUT_FORMAT_RAW_TENSOR &&
+        raw > (int64_t)DIT_IPC_MAX_RESULT)
+        return refuse(rp, GRPC_STATUS_INVALID_ARGUMENT,
+                      "the raw tensor of this request would be %lld bytes; raw results are at "
+                      "most %lld: ask for fewer frames or pixels, or for MP4",
+                      (long long)raw, (long long)DIT_IPC_MAX_RESULT);
+    return true;
 }
 
 /* The mesh's split rules. The client hears what it can change (the nearest
@@ -395,7 +415,7 @@ static bool generate_ok(dit_server *s, dit_rpc_call *call, const Ditserve__V1__G
     if (dit_model_info_check_frames(&s->model, r->num_frames, r->fps, &diag) != DIT_OK ||
         dit_request_validate(r, &s->info, &diag) != DIT_OK)
         return refuse(rp, GRPC_STATUS_INVALID_ARGUMENT, "%s", dit_diag_msg(&diag));
-    return mesh_ok(s, r, rp) && size_ok(s, r->width, r->height, rp) && admit(s, call, n, rp);
+    return mesh_ok(s, r, rp) && size_ok(s, r, rp) && admit(s, call, n, rp);
 }
 
 static job *new_job(dit_server *s, job_kind kind, Ditserve__V1__GenerateRequest *r,
@@ -611,7 +631,7 @@ static void on_warmup(void *ctx, dit_rpc_call *call, const uint8_t *req, size_t 
         refuse(&rp, GRPC_STATUS_INVALID_ARGUMENT, "%s", dit_diag_msg(&diag));
         goto done;
     }
-    if (!mesh_ok(s, r, &rp) || !size_ok(s, r->width, r->height, &rp) || !admit(s, call, 1, &rp))
+    if (!mesh_ok(s, r, &rp) || !size_ok(s, r, &rp) || !admit(s, call, 1, &rp))
         goto done;
     job *j = new_job(s, JOB_WARMUP, r, call);
     if (!j) {

@@ -14,6 +14,9 @@
 
 /* Frames above this are refused (a corrupt length, not a real message). */
 #define DIT_IPC_MAX_FRAME ((size_t)512 << 20)
+/* The largest result (JobDone.image) a worker sends: the frame less room for
+ * the rest of the message. */
+#define DIT_IPC_MAX_RESULT (DIT_IPC_MAX_FRAME - ((size_t)1 << 20))
 
 /* Packs `env` into a malloc'ed frame (length prefix included). */
 int dit_ipc_encode(const Ditserve__Ipc__Envelope *env, uint8_t **frame, size_t *len);

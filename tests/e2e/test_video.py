@@ -149,7 +149,7 @@ def generate():
 def bad_requests():
     """Requests a WanPipeline cannot make are refused with a message naming
     what would work, and the daemon keeps serving."""
-    d = Daemon(model=WAN_DEMO)
+    d = Daemon("--max-video-pixels", "20000", model=WAN_DEMO)
     small = dict(prompt="x", width=32, height=32, num_frames=1, num_inference_steps=1)
     try:
         gen = lambda **kw: d.generate(**{**small, **kw})  # noqa: E731
@@ -163,6 +163,19 @@ def bad_requests():
         expect_error(lambda: gen(true_cfg_scale=3.0), "INVALID_ARGUMENT",
                      "WanPipeline guides with guidance_scale")
         expect_error(lambda: gen(prompt_2="y"), "INVALID_ARGUMENT", "one text encoder")
+        # The server's own limits: pixels per video, and raw results that
+        # would not fit one worker message (13 frames of 2048x2048 in f32).
+        expect_error(lambda: gen(width=64, height=64, num_frames=9), "INVALID_ARGUMENT",
+                     "9 frames of 64x64 are 36864 pixels", "--max-video-pixels")
+        d2 = Daemon(model=WAN_DEMO)
+        try:
+            expect_error(lambda: d2.generate(prompt="x", width=2048, height=2048, num_frames=13,
+                                             output_format="OUTPUT_FORMAT_RAW_TENSOR"),
+                         "INVALID_ARGUMENT", "the raw tensor of this request would be 654311424 "
+                         "bytes", "or for MP4")
+            d2.stop()
+        finally:
+            d2.close()
         one = struct.pack("<f", 0.5)
         expect_error(lambda: gen(pooled_prompt_embeds=("DTYPE_F32", [1, 1], one)),
                      "INVALID_ARGUMENT", "no pooled text embeddings")

@@ -224,6 +224,12 @@ static dit_status encode_result(const dit_gen_result *res, const dit_request *rq
     const size_t n = (size_t)3 * (size_t)res->frames * (size_t)res->width * (size_t)res->height;
     switch (rq->output_format) {
     case DITSERVE__V1__OUTPUT_FORMAT__OUTPUT_FORMAT_RAW_TENSOR:
+        /* The daemon refuses such requests; a result that would not fit
+         * the message must not end the worker either. */
+        if (sizeof(float) * n > DIT_IPC_MAX_RESULT)
+            return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
+                                "the raw result would be %zu bytes, past the %zu a worker sends",
+                                sizeof(float) * n, (size_t)DIT_IPC_MAX_RESULT);
         *nbytes = sizeof(float) * n;
         *bytes = malloc(*nbytes);
         if (!*bytes)
