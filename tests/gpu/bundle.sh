@@ -137,9 +137,12 @@ grep -q '^libcuda\.so' "$out/gpu-libs.txt" || echo "libcuda.so.1" >> "$out/gpu-l
 chmod 0644 "$out"/lib/* "$out"/lib-gz/* "$out"/lib-fallback/*
 
 # The fixtures the tests read, under the same relative paths as in the tree.
-for d in golden demo pipeline_golden; do
+for d in golden demo pipeline_golden wan_golden wan_vae umt5; do
   cp -r "$src/tests/data/$d" "$out/tests/data/"
 done
+# umt5's cases name the T5 tokenizer fixture.
+mkdir -p "$out/tests/data/tokenizers"
+cp -r "$src/tests/data/tokenizers/t5" "$out/tests/data/tokenizers/"
 cp "$src/tests/gpu/bundle_run.sh" "$out/run.sh"
 cp "$src/tests/gpu/ditd_smoke.sh" "$out/ditd_smoke.sh"
 chmod 0755 "$out/run.sh" "$out/ditd_smoke.sh"

@@ -11,7 +11,9 @@
 #   cpu:  the golden forward cases and the whole-pipeline cases against
 #         diffusers, and a 64x64 demo generation, on the cpu backend;
 #   gpu:  the gpu test binaries (cuda vs cpu op by op, random models, diffusers
-#         golden cases, NCCL), where a GPU that fails to initialise fails;
+#         golden cases, NCCL, Wan 2.1's transformer, VAE decoder and UMT5
+#         encoder against their references), where a GPU that fails to
+#         initialise fails;
 #         a 512x512 demo generation on cuda, timed (both kernel paths); ditd --backend cuda serving
 #         one generation to ditctl; the FLUX.1-dev-sized forward benchmark,
 #         eager and with CUDA graphs, legacy and fast kernel paths
@@ -22,7 +24,7 @@
 # 1 when any stage failed, 2 on bad usage.
 set -uo pipefail
 if [ $# -ne 1 ] || [ "$1" = "-h" ] || [ "$1" = "--help" ]; then
-  sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 fi
 mkdir -p "$1" || exit 2
