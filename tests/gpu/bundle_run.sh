@@ -239,6 +239,12 @@ DIT_CUDA_PATH=legacy stage generate_cuda_legacy 180 "$B/bin/ditrun" generate \
   --output "$out/demo_cuda_legacy.png"
 note generate_cuda_legacy_timing "$(grep -m 1 'time:' "$out/generate_cuda_legacy.log")"
 
+# A clip from the tiny Wan pipeline on cuda (its parity is test_cuda_wan's).
+stage generate_wan_cuda 180 "$B/bin/ditrun" generate --model "$B/tests/data/wan_demo" \
+  --prompt "a paper boat drifting down a rainy street" --width 128 --height 96 --frames 17 \
+  --steps 8 --seed 42 --backend cuda --output "$out/wan_cuda.safetensors"
+note generate_wan_cuda_timing "$(grep -m 1 'time:' "$out/generate_wan_cuda.log")"
+
 # ditd on the cuda backend, one worker, serving one generation to ditctl.
 stage ditd_cuda 240 "$B/ditd_smoke.sh" "$B/bin" "$B/tests/data/demo" "$out" cuda
 note ditd_cuda_latency "$(grep -m 1 '^latency:' "$out/ditd_cuda.log")"

@@ -32,6 +32,8 @@
 #include "encoders/umt5_encoder.h"
 #include "loader/json_util.h"
 #include "loader/safetensors.h"
+#include "pipelines/pipeline.h"
+#include "runtime/runner.h"
 #include "vae/autoencoder_kl_wan.h"
 #include "../test_proc.h"
 #include "gpu_util.h"
@@ -280,9 +282,9 @@ START_TEST(umt5_prompt_embeds_on_cuda)
     ck_assert_int_eq(dit_arena_tensor(g.arena, DIT_F32, 3, shp, &out), DIT_OK);
     dit_diag diag;
     dit_diag_clear(&diag);
-    ck_assert_msg(
-        dit_umt5_prompt_embeds(g.enc, g.tok, g.arena, prompts, P, L, &out, n_tok, &diag) == DIT_OK,
-        "%s", dit_diag_msg(&diag));
+    ck_assert_msg(dit_umt5_prompt_embeds(g.enc, g.tok, g.arena, prompts, P, L, &out, n_tok, NULL,
+                                         &diag) == DIT_OK,
+                  "%s", dit_diag_msg(&diag));
     dit_tensor host = dit_tensor_3d(got, DIT_F32, P, L, D);
     GPU_OK(g_gpu, g_gpu->ops->download(g_gpu, &host, &out));
     dit_arena_reset(g.arena);
@@ -300,6 +302,68 @@ START_TEST(umt5_prompt_embeds_on_cuda)
     free(n_tok);
     free(prompts);
     umt5_close(&g);
+}
+END_TEST
+
+/* ---- WanPipeline end to end ----------------------------------------------- */
+
+/* The whole pipeline on cuda (UMT5, the transformer through the runner,
+ * UniPC, the VAE) against diffusers' references of tests/data/wan_demo. */
+START_TEST(wan_pipeline_on_cuda)
+{
+    char path[1200];
+    snprintf(path, sizeof path, "%s/wan_demo/reference.json", data_dir);
+    cJSON *j = NULL;
+    ck_assert_int_eq(dit_json_load_file(path, &j, NULL), DIT_OK);
+    const cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "cases"), _i);
+    ck_assert_ptr_nonnull(c);
+    const char *name = cJSON_GetStringValue(cJSON_GetObjectItem(c, "name"));
+    const cJSON *neg = cJSON_GetObjectItem(c, "negative_prompt");
+    dit_gen_params gp;
+    memset(&gp, 0, sizeof gp);
+    gp.prompt = cJSON_GetStringValue(cJSON_GetObjectItem(c, "prompt"));
+    gp.negative_prompt = cJSON_IsString(neg) ? cJSON_GetStringValue(neg) : NULL;
+    gp.width = (int)cJSON_GetNumberValue(cJSON_GetObjectItem(c, "width"));
+    gp.height = (int)cJSON_GetNumberValue(cJSON_GetObjectItem(c, "height"));
+    gp.frames = (int)cJSON_GetNumberValue(cJSON_GetObjectItem(c, "num_frames"));
+    gp.steps = (int)cJSON_GetNumberValue(cJSON_GetObjectItem(c, "num_inference_steps"));
+    gp.guidance_scale = (float)cJSON_GetNumberValue(cJSON_GetObjectItem(c, "guidance_scale"));
+    gp.true_cfg_scale = 1.0f;
+    gp.seed = (uint64_t)cJSON_GetNumberValue(cJSON_GetObjectItem(c, "seed"));
+    gp.max_sequence_length =
+        (int)cJSON_GetNumberValue(cJSON_GetObjectItem(c, "max_sequence_length"));
+    dit_diag diag;
+    dit_diag_clear(&diag);
+    snprintf(path, sizeof path, "%s/wan_demo", data_dir);
+    dit_pipeline *p = NULL;
+    ck_assert_msg(dit_pipeline_load(g_gpu, path, NULL, true, &p, &diag) == DIT_OK, "%s",
+                  dit_diag_msg(&diag));
+    dit_runner *runner = NULL;
+    ck_assert_int_eq(dit_runner_create(g_gpu, dit_pipeline_transformer(p), NULL, &runner, NULL),
+                     DIT_OK);
+    const dit_denoiser den = dit_runner_denoiser(runner);
+    dit_gen_result res;
+    ck_assert_msg(dit_pipeline_generate(p, &den, &gp, true, NULL, NULL, &res, &diag) == DIT_OK,
+                  "%s: %s", name, dit_diag_msg(&diag));
+    snprintf(path, sizeof path, "%s/wan_demo/reference.safetensors", data_dir);
+    dit_st_file *ref = NULL;
+    ck_assert_int_eq(dit_st_file_open(path, &ref, NULL), DIT_OK);
+    const char *what[2] = {"latents", "video"};
+    const float *got[2] = {res.latents, res.image};
+    for (int k = 0; k < 2; k++) {
+        char key[96], label[128];
+        snprintf(key, sizeof key, "%s.%s", name, what[k]);
+        const dit_st_entry *e = dit_st_file_find(ref, key);
+        ck_assert_msg(e != NULL, "no %s", key);
+        const dit_tensor g = dit_tensor_make((void *)got[k], DIT_F32, e->view.ndim, e->view.ne);
+        snprintf(label, sizeof label, "pipeline %s", key);
+        report(label, test_compare_views(&g, &e->view));
+    }
+    dit_st_file_close(ref);
+    dit_gen_result_free(&res);
+    dit_runner_destroy(runner);
+    dit_pipeline_free(p);
+    cJSON_Delete(j);
 }
 END_TEST
 
@@ -350,6 +414,7 @@ int main(void)
     tcase_add_loop_test(tc, wan_vae_decode_on_cuda, 0, 3);
     tcase_add_test(tc, umt5_masked_forward_on_cuda);
     tcase_add_test(tc, umt5_prompt_embeds_on_cuda);
+    tcase_add_loop_test(tc, wan_pipeline_on_cuda, 0, 4);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     /* The probe above initialised CUDA in this process: no fork. */
