@@ -1430,10 +1430,11 @@ static enum MHD_Result answer_static(dit_http *h, struct MHD_Connection *conn, c
         struct MHD_Response *resp = MHD_create_response_from_buffer(
             dit_playground_html_len, (void *)dit_playground_html, MHD_RESPMEM_PERSISTENT);
         if (resp) {
-            MHD_add_response_header(resp, "Content-Security-Policy",
-                                    "default-src 'self'; img-src 'self' data:; "
-                                    "style-src 'self' 'unsafe-inline'; "
-                                    "script-src 'self' 'unsafe-inline'");
+            MHD_add_response_header(
+                resp, "Content-Security-Policy",
+                "default-src 'self'; img-src 'self' data:; media-src 'self' blob:; "
+                "style-src 'self' 'unsafe-inline'; "
+                "script-src 'self' 'unsafe-inline'");
             MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
         }
         return queue(h, conn, MHD_HTTP_OK, resp, "text/html; charset=utf-8");
