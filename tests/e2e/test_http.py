@@ -928,6 +928,16 @@ def video_errors():
                            f"\r\n{p}\r\n" for p in ("a", "b")) + f"--{boundary}--\r\n"
             expect_error(d, 400, "duplicate_parameter", form, path=VIDEOS, headers=dict(
                 auth, **{"Content-Type": f"multipart/form-data; boundary={boundary}"}))
+            # Forms that do not parse: no boundary; a NUL byte; a value not UTF-8.
+            expect_error(d, 400, "invalid_form", form, path=VIDEOS,
+                         headers=dict(auth, **{"Content-Type": "multipart/form-data"}))
+            for value in (b"a\x00b", b"\xff\xfe"):
+                raw = (f'--{boundary}\r\nContent-Disposition: form-data; name="prompt"\r\n\r\n'
+                       .encode() + value + f"\r\n--{boundary}--\r\n".encode())
+                expect_error(d, 400, "invalid_form", raw, path=VIDEOS, headers=dict(
+                    auth, **{"Content-Type": f"multipart/form-data; boundary={boundary}"}))
+            expect_error(d, 400, "invalid_type", "prompt=x&seed=abc", path=VIDEOS, headers=dict(
+                auth, **{"Content-Type": "application/x-www-form-urlencoded"}))
             # The bearer token, on every endpoint.
             vid = c.videos.create(prompt=PROMPT, size="32x32",
                                   extra_body={"num_inference_steps": 1, "num_frames": 5}).id
