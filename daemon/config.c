@@ -20,8 +20,8 @@ typedef struct raw {
     long long max_unread, max_unread_total;
     long long metrics_port;
     const char *http_listen, *http_cors;
-    long long http_max_body, http_max_conns;
-    double http_idle, http_request_timeout;
+    long long http_max_body, http_max_conns, http_video_jobs, http_video_bytes;
+    double http_idle, http_request_timeout, http_video_retention;
     double drain, comm_timeout, job_timeout, startup_timeout;
     bool uany, rany, unany, nofp32, log_json;
 } raw;
@@ -139,6 +139,15 @@ static const dit_option defs[] = {
          "DITD_HTTP_IDLE_TIMEOUT", http_idle),
     SECS("http-request-timeout", "30", "an HTTP request's body must arrive within this",
          "DITD_HTTP_REQUEST_TIMEOUT", http_request_timeout),
+    INT("http-video-jobs", "64", "N",
+        "/v1/videos jobs held at most (queued, running and finished); more get 429",
+        "DITD_HTTP_VIDEO_JOBS", http_video_jobs, 1, 10000),
+    BYTES("http-video-bytes", "1073741824",
+          "finished /v1/videos MP4s held at most, in all; past it new jobs get 429",
+          "DITD_HTTP_VIDEO_BYTES", http_video_bytes, 1048576, 1099511627776LL),
+    SECS("http-video-retention", "3600",
+         "a finished /v1/videos job and its MP4 are forgotten this long after it ends",
+         "DITD_HTTP_VIDEO_RETENTION", http_video_retention),
     STR("log-level", "info", "LEVEL", "debug, info, warn or error", "DITD_LOG_LEVEL", log_level),
     FLAG("log-json", "log lines as JSON objects", "DITD_LOG_JSON", log_json),
 };
@@ -250,6 +259,9 @@ int dit_daemon_config_parse(dit_daemon_config *cfg, int argc, char **argv)
     cfg->http_max_connections = (int)r.http_max_conns;
     cfg->http_idle_timeout_s = r.http_idle;
     cfg->http_request_timeout_s = r.http_request_timeout;
+    cfg->http_video_jobs = (int)r.http_video_jobs;
+    cfg->http_video_bytes = r.http_video_bytes;
+    cfg->http_video_retention_s = r.http_video_retention;
     cfg->backend_name = r.backend;
     if (dit_backend_kind_parse(cfg->backend_name, &cfg->backend) != DIT_OK) {
         fprintf(stderr, "ditd: unknown backend '%s' (cpu or cuda)\n", cfg->backend_name);

@@ -49,6 +49,10 @@ typedef struct dit_daemon_config {
     int64_t http_max_body_bytes;
     int http_max_connections;
     double http_idle_timeout_s, http_request_timeout_s;
+    /* /v1/videos: jobs held, their MP4 bytes in all, how long finished ones stay. */
+    int http_video_jobs;
+    int64_t http_video_bytes;
+    double http_video_retention_s;
     dit_log log;
     char listen_buf[300];      /* storage for listen when it was rewritten */
     char http_listen_buf[300]; /* the same for http_listen */

@@ -420,6 +420,14 @@ int main(int argc, char **argv)
             .request_timeout_s = d->cfg.http_request_timeout_s,
             .default_width = s->model.default_width,
             .default_height = s->model.default_height,
+            .task = dit_task_name(s->model.task),
+            .video = s->model.task == DIT_TASK_TEXT_TO_VIDEO,
+            .default_num_frames = s->model.default_num_frames,
+            .default_fps = s->model.default_fps,
+            .frame_step = s->model.frame_step,
+            .video_jobs = d->cfg.http_video_jobs,
+            .video_bytes = d->cfg.http_video_bytes,
+            .video_retention_s = d->cfg.http_video_retention_s,
             .log = lg,
         };
         if (dit_http_create(&d->loop, s, &hc, &d->http, &http_port, &diag) != DIT_OK) {

@@ -85,12 +85,20 @@ struct gen {
     struct MHD_Connection *conn; /* the connection thread's, for the SSE reader */
 };
 
-typedef enum op_kind { OP_SUBMIT, OP_CANCEL } op_kind;
+typedef struct vjob vjob;
+
+typedef enum op_kind {
+    OP_SUBMIT,  /* an images request's jobs */
+    OP_CANCEL,  /* their client left */
+    OP_VSUBMIT, /* a /v1/videos job */
+    OP_VCANCEL, /* it was deleted */
+} op_kind;
 
 typedef struct op {
     struct op *next;
     op_kind kind;
-    gen *g;
+    gen *g;  /* OP_SUBMIT, OP_CANCEL */
+    vjob *v; /* OP_VSUBMIT, OP_VCANCEL */
 } op;
 
 struct dit_http {
@@ -109,6 +117,13 @@ struct dit_http {
     int active; /* requests whose connection has not completed */
     atomic_bool serving;
     atomic_bool stopping;
+    /* /v1/videos' store. Lock order: a request's mu is never held with it. */
+    uv_mutex_t vmu;
+    uv_cond_t vcv;       /* admission decided */
+    vjob *vhead, *vtail; /* oldest first */
+    int vcount;          /* in the list */
+    int vreserved;       /* created, admission not decided yet */
+    int64_t vbytes;      /* finished MP4 bytes held */
 };
 
 static void gen_unref(gen *g)
@@ -495,6 +510,259 @@ static void submit(dit_http *h, gen *g)
     uv_cond_broadcast(&g->cv);
 }
 
+/* ------------------------------------------------------------------------ */
+/* /v1/videos: asynchronous jobs kept in a store                             */
+
+/* "video_" and 32 hex digits from getrandom: the id alone fetches the MP4. */
+#define VIDEO_ID_LEN 38
+/* Fields a form body (multipart or urlencoded) may carry. */
+#define FORM_MAX_FIELDS 32
+/* Longest clip `seconds` may ask for (the server's limits apply too). */
+#define VIDEO_MAX_SECONDS 600
+/* What a polling client is told to wait between status requests. */
+#define VIDEO_POLL_AFTER_MS "500"
+
+typedef enum vstate { V_QUEUED, V_RUNNING, V_COMPLETED, V_FAILED } vstate;
+
+/* One /v1/videos job. Everything but `job` (the loop's) is under h->vmu.
+ * It lives while it is referenced: by the store (from admission until it
+ * is deleted or expires), by the loop (until its job finishes or is
+ * cancelled), by the connection creating it (until admission is decided)
+ * and by a cancel op in flight. */
+typedef struct vjob {
+    struct vjob *next; /* the store's list, oldest first */
+    dit_http *h;
+    dit_server_job *job;                /* loop thread only; NULL once finished */
+    Ditserve__V1__GenerateRequest *req; /* the creator's until admitted */
+    int refs;
+    bool in_store;
+    bool decided, refused; /* admission */
+    vstate state;
+    char id[VIDEO_ID_LEN + 1];
+    char *model, *prompt;
+    int width, height, num_frames, fps;
+    uint64_t seed;
+    int progress;                                 /* 0-100 */
+    int64_t created_at, completed_at, expires_at; /* unix seconds; 0: not yet */
+    grpc_status_code code;
+    char msg[DIT_DIAG_MAX];
+    uint8_t *data; /* the MP4 as its chunks arrive */
+    size_t len, cap;
+    bool whole, too_big;
+    size_t counted; /* bytes of it in h->vbytes */
+    Ditserve__V1__Timings timings;
+} vjob;
+
+static const char *vstate_name(vstate s)
+{
+    switch (s) {
+    case V_QUEUED:
+        return "queued";
+    case V_RUNNING:
+        return "in_progress";
+    case V_COMPLETED:
+        return "completed";
+    case V_FAILED:
+        return "failed";
+    }
+    return "failed";
+}
+
+static int64_t wall_s(void)
+{
+    return (int64_t)time(NULL);
+}
+
+/* Drops one reference (vmu held); the last frees the job. */
+static void vdrop_locked(dit_http *h, vjob *v)
+{
+    if (--v->refs > 0)
+        return;
+    h->vbytes -= (int64_t)v->counted;
+    if (v->req)
+        ditserve__v1__generate_request__free_unpacked(v->req, NULL);
+    free(v->data);
+    free(v->model);
+    free(v->prompt);
+    free(v);
+}
+
+static void vunref(dit_http *h, vjob *v)
+{
+    uv_mutex_lock(&h->vmu);
+    vdrop_locked(h, v);
+    uv_mutex_unlock(&h->vmu);
+}
+
+/* Forgets finished jobs past their retention (vmu held). */
+static void vexpire_locked(dit_http *h, int64_t now)
+{
+    vjob **pp = &h->vhead;
+    h->vtail = NULL;
+    while (*pp) {
+        vjob *v = *pp;
+        if ((v->state == V_COMPLETED || v->state == V_FAILED) && v->expires_at <= now) {
+            *pp = v->next;
+            v->in_store = false;
+            h->vcount--;
+            vdrop_locked(h, v);
+            continue;
+        }
+        h->vtail = v;
+        pp = &v->next;
+    }
+}
+
+/* Marks a job ended (vmu held). */
+static void vend_locked(dit_http *h, vjob *v, vstate state, grpc_status_code code, const char *msg)
+{
+    v->state = state;
+    v->code = code;
+    snprintf(v->msg, sizeof v->msg, "%s", msg && *msg ? msg : "failed");
+    v->completed_at = wall_s();
+    v->expires_at = v->completed_at + (int64_t)h->cfg.video_retention_s;
+    if (state == V_COMPLETED) {
+        v->progress = 100;
+        return;
+    }
+    free(v->data); /* a failed job keeps no bytes */
+    v->data = NULL;
+    v->len = v->cap = 0;
+}
+
+/* Loop thread: what a video's job reports. */
+static void on_video_event(void *ctx, const Ditserve__V1__GenerateEvent *ev)
+{
+    vjob *v = ctx;
+    dit_http *h = v->h;
+    uv_mutex_lock(&h->vmu);
+    switch (ev->event_case) {
+    case DITSERVE__V1__GENERATE_EVENT__EVENT_STARTED:
+        v->state = V_RUNNING;
+        break;
+    case DITSERVE__V1__GENERATE_EVENT__EVENT_PROGRESS: {
+        /* Denoising steps make 0-99; 100 is for the finished MP4. */
+        const int total = ev->progress->total_steps;
+        if (total > 0) {
+            const int p = (int)((int64_t)ev->progress->step * 100 / total);
+            v->progress = p < 0 ? 0 : p > 99 ? 99 : p;
+        }
+        v->state = V_RUNNING;
+        break;
+    }
+    case DITSERVE__V1__GENERATE_EVENT__EVENT_CHUNK: {
+        const size_t n = ev->chunk->data.len;
+        if (v->too_big)
+            break;
+        if ((int64_t)(v->len + n) > h->cfg.video_bytes) {
+            v->too_big = true; /* finish refuses it */
+            break;
+        }
+        if (v->len + n > v->cap) {
+            size_t cap = v->cap ? v->cap : 65536;
+            while (cap < v->len + n)
+                cap *= 2;
+            uint8_t *p = realloc(v->data, cap);
+            if (!p)
+                break; /* the result check below notices the short video */
+            v->data = p;
+            v->cap = cap;
+        }
+        memcpy(v->data + v->len, ev->chunk->data.data, n);
+        v->len += n;
+        break;
+    }
+    case DITSERVE__V1__GENERATE_EVENT__EVENT_RESULT: {
+        const Ditserve__V1__Result *r = ev->result;
+        v->seed = r->seed;
+        v->width = r->width;
+        v->height = r->height;
+        if (r->num_frames > 0)
+            v->num_frames = r->num_frames;
+        if (r->fps > 0)
+            v->fps = r->fps;
+        if (r->timings)
+            v->timings = *r->timings;
+        v->whole = !v->too_big && (int64_t)v->len == r->total_bytes;
+        break;
+    }
+    default:
+        break;
+    }
+    uv_mutex_unlock(&h->vmu);
+}
+
+static void on_video_finish(void *ctx, grpc_status_code code, const char *msg)
+{
+    vjob *v = ctx;
+    dit_http *h = v->h;
+    v->job = NULL;
+    uv_mutex_lock(&h->vmu);
+    if (code == GRPC_STATUS_OK && v->too_big) {
+        code = GRPC_STATUS_RESOURCE_EXHAUSTED;
+        msg = "the video is larger than the store holds (--http-video-bytes)";
+    } else if (code == GRPC_STATUS_OK && !v->whole) {
+        code = GRPC_STATUS_INTERNAL;
+        msg = "the video did not arrive whole";
+    }
+    if (code == GRPC_STATUS_OK) {
+        vexpire_locked(h, wall_s());
+        if (h->vbytes + (int64_t)v->len > h->cfg.video_bytes) {
+            code = GRPC_STATUS_RESOURCE_EXHAUSTED;
+            msg = "the finished videos held fill the store (--http-video-bytes); delete some or "
+                  "wait for them to expire";
+        }
+    }
+    if (code == GRPC_STATUS_OK) {
+        vend_locked(h, v, V_COMPLETED, code, "");
+        v->counted = v->len;
+        h->vbytes += (int64_t)v->len;
+    } else {
+        vend_locked(h, v, V_FAILED, code, msg);
+    }
+    vdrop_locked(h, v); /* the loop's */
+    uv_mutex_unlock(&h->vmu);
+    uv_cond_broadcast(&h->vcv);
+}
+
+/* Loop thread: admission, all or nothing. */
+static void video_submit(dit_http *h, vjob *v)
+{
+    dit_job_client client = {on_video_event, on_video_finish, v};
+    dit_server_job *job = NULL;
+    grpc_status_code code = GRPC_STATUS_OK;
+    char msg[DIT_DIAG_MAX];
+    const bool ok =
+        dit_server_submit(h->srv, &v->req, 1, &client, &job, &code, msg, sizeof msg) == DIT_OK;
+    if (ok)
+        v->job = job;
+    uv_mutex_lock(&h->vmu);
+    v->decided = true;
+    if (ok) {
+        v->req = NULL; /* the job's now */
+    } else {
+        v->refused = true;
+        v->code = code;
+        snprintf(v->msg, sizeof v->msg, "%s", msg);
+        vdrop_locked(h, v); /* the loop's: no job will report */
+    }
+    uv_mutex_unlock(&h->vmu);
+    uv_cond_broadcast(&h->vcv);
+}
+
+/* Loop thread: a deleted job stops (queued: leaves the queue; running: at
+ * its next step). Drops the op's reference. */
+static void video_cancel(dit_http *h, vjob *v)
+{
+    if (v->job) {
+        dit_server_job *j = v->job;
+        v->job = NULL;
+        dit_server_cancel(h->srv, j, "its /v1/videos job was deleted");
+        vunref(h, v); /* the loop's: its client hears nothing more */
+    }
+    vunref(h, v);
+}
+
 static void on_async(uv_async_t *a)
 {
     dit_http *h = a->data;
@@ -505,24 +773,35 @@ static void on_async(uv_async_t *a)
     while (list) {
         op *o = list;
         list = o->next;
-        if (o->kind == OP_SUBMIT)
+        switch (o->kind) {
+        case OP_SUBMIT:
             submit(h, o->g);
-        else {
+            break;
+        case OP_CANCEL:
             cancel_rest(o->g, "the HTTP client disconnected");
             gen_unref(o->g);
+            break;
+        case OP_VSUBMIT:
+            video_submit(h, o->v);
+            break;
+        case OP_VCANCEL:
+            video_cancel(h, o->v);
+            break;
         }
         free(o);
     }
 }
 
-/* Hands an op to the loop. False once the front end is closed. */
-static bool push_op(dit_http *h, op_kind kind, gen *g)
+/* Hands an op to the loop. False once the front end is closed. A video
+ * op's reference is the caller's to take (and to drop on false). */
+static bool push_op(dit_http *h, op_kind kind, gen *g, vjob *v)
 {
     op *o = calloc(1, sizeof *o);
     if (!o)
         return false;
     o->kind = kind;
     o->g = g;
+    o->v = v;
     if (kind == OP_CANCEL) { /* the op's own reference: the jobs may end first */
         uv_mutex_lock(&g->mu);
         g->refs++;
@@ -551,7 +830,9 @@ static bool push_op(dit_http *h, op_kind kind, gen *g)
 /* Connection threads: parsing and checking                                  */
 
 typedef struct req_ctx {
-    bool is_gen; /* POST /v1/images/generations */
+    bool is_gen;   /* POST /v1/images/generations */
+    bool is_video; /* POST /v1/videos */
+    bool form;     /* its body is a form (multipart/form-data or urlencoded) */
     bool answered;
     char *body;
     size_t len, cap;
@@ -1104,7 +1385,7 @@ static enum MHD_Result answer_generation(dit_http *h, struct MHD_Connection *con
     if (!parse_generation(h, rc->body, rc->len, g, &b))
         return send_error(h, conn, &b);
     g->refs = 2; /* the loop's, until its jobs end */
-    if (!push_op(h, OP_SUBMIT, g)) {
+    if (!push_op(h, OP_SUBMIT, g, NULL)) {
         g->refs = 1;
         return send_simple_error(h, conn, 503, "unavailable",
                                  "the server is shutting down; send the request to another "
@@ -1149,10 +1430,11 @@ static enum MHD_Result answer_static(dit_http *h, struct MHD_Connection *conn, c
         struct MHD_Response *resp = MHD_create_response_from_buffer(
             dit_playground_html_len, (void *)dit_playground_html, MHD_RESPMEM_PERSISTENT);
         if (resp) {
-            MHD_add_response_header(resp, "Content-Security-Policy",
-                                    "default-src 'self'; img-src 'self' data:; "
-                                    "style-src 'self' 'unsafe-inline'; "
-                                    "script-src 'self' 'unsafe-inline'");
+            MHD_add_response_header(
+                resp, "Content-Security-Policy",
+                "default-src 'self'; img-src 'self' data:; media-src 'self' blob:; "
+                "style-src 'self' 'unsafe-inline'; "
+                "script-src 'self' 'unsafe-inline'");
             MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
         }
         return queue(h, conn, MHD_HTTP_OK, resp, "text/html; charset=utf-8");
@@ -1169,10 +1451,660 @@ static enum MHD_Result answer_static(dit_http *h, struct MHD_Connection *conn, c
         cJSON_AddStringToObject(m, "object", "model");
         add_u64(m, "created", (uint64_t)h->started);
         cJSON_AddStringToObject(m, "owned_by", "ditserve");
+        /* ditserve's: what the model makes, and what a request defaults to. */
+        char size[40];
+        snprintf(size, sizeof size, "%dx%d", h->cfg.default_width, h->cfg.default_height);
+        cJSON_AddStringToObject(m, "task", h->cfg.task ? h->cfg.task : "text-to-image");
+        cJSON_AddStringToObject(m, "default_size", size);
+        if (h->cfg.video) {
+            cJSON_AddNumberToObject(m, "default_num_frames", h->cfg.default_num_frames);
+            cJSON_AddNumberToObject(m, "default_fps", h->cfg.default_fps);
+            cJSON_AddNumberToObject(m, "frame_step", h->cfg.frame_step);
+        }
         cJSON_AddItemToArray(data, m);
         return send_json(h, conn, MHD_HTTP_OK, o);
     }
     return send_simple_error(h, conn, 404, "not_found", "no such endpoint");
+}
+
+/* ------------------------------------------------------------------------ */
+/* /v1/videos: connection threads                                            */
+
+/* A form body's fields, each a string, as a JSON object (the shape
+ * parse_video reads). multipart/form-data is what OpenAI's client sends
+ * for videos.create. */
+typedef struct form {
+    cJSON *obj;
+    cJSON *last; /* the field whose value is arriving */
+    size_t last_len;
+    bad *b;
+    bool failed;
+    int n;
+} form;
+
+static enum MHD_Result form_field(void *cls, enum MHD_ValueKind kind, const char *key,
+                                  const char *filename, const char *content_type,
+                                  const char *transfer_encoding, const char *data, uint64_t off,
+                                  size_t size)
+{
+    (void)kind;
+    (void)content_type;
+    (void)transfer_encoding;
+    form *f = cls;
+    if (f->failed)
+        return MHD_NO;
+    if (!key || !*key) {
+        f->failed = !fail(f->b, 400, NULL, "invalid_form", "a form field has no name");
+        return MHD_NO;
+    }
+    if (filename) {
+        if (strcmp(key, "input_reference") == 0)
+            fail(f->b, 400, "input_reference", "unsupported_parameter",
+                 "input_reference is not served: the model makes video from text alone");
+        else
+            fail(f->b, 400, NULL, "unknown_parameter", "unknown file field '%s'", echo_name(key));
+        f->failed = true;
+        return MHD_NO;
+    }
+    if (off == 0) {
+        if (cJSON_GetObjectItemCaseSensitive(f->obj, key)) {
+            f->failed = !fail(f->b, 400, NULL, "duplicate_parameter", "'%s' is given twice",
+                              echo_name(key));
+            return MHD_NO;
+        }
+        if (++f->n > FORM_MAX_FIELDS) {
+            f->failed =
+                !fail(f->b, 400, NULL, "invalid_form", "more than %d form fields", FORM_MAX_FIELDS);
+            return MHD_NO;
+        }
+        f->last = cJSON_AddStringToObject(f->obj, key, "");
+        f->last_len = 0;
+        if (!f->last) {
+            f->failed = !fail(f->b, 500, NULL, "internal_error", "out of memory");
+            return MHD_NO;
+        }
+    }
+    if (!f->last || off != f->last_len || strcmp(f->last->string, key) != 0) {
+        f->failed = !fail(f->b, 400, NULL, "invalid_form", "the form body is malformed");
+        return MHD_NO;
+    }
+    if (size == 0)
+        return MHD_YES;
+    if (memchr(data, 0, size)) {
+        f->failed = !fail(f->b, 400, NULL, "invalid_form", "a form value holds a NUL byte");
+        return MHD_NO;
+    }
+    char *p = realloc(f->last->valuestring, f->last_len + size + 1);
+    if (!p) {
+        f->failed = !fail(f->b, 500, NULL, "internal_error", "out of memory");
+        return MHD_NO;
+    }
+    memcpy(p + f->last_len, data, size);
+    f->last_len += size;
+    p[f->last_len] = '\0';
+    f->last->valuestring = p;
+    return MHD_YES;
+}
+
+/* The form body as a JSON object of strings; NULL with b filled. Values
+ * must be UTF-8 without NUL bytes. */
+static cJSON *parse_form(struct MHD_Connection *conn, const char *body, size_t len, bad *b)
+{
+    form f = {.obj = cJSON_CreateObject(), .b = b};
+    if (!f.obj) {
+        fail(b, 500, NULL, "internal_error", "out of memory");
+        return NULL;
+    }
+    struct MHD_PostProcessor *pp = MHD_create_post_processor(conn, 4096, form_field, &f);
+    if (!pp) {
+        fail(b, 400, NULL, "invalid_form", "the form body cannot be read (no boundary?)");
+        cJSON_Delete(f.obj);
+        return NULL;
+    }
+    const enum MHD_Result r = len ? MHD_post_process(pp, body, len) : MHD_YES;
+    const enum MHD_Result end = MHD_destroy_post_processor(pp);
+    if (!f.failed && (r != MHD_YES || end != MHD_YES))
+        f.failed = !fail(b, 400, NULL, "invalid_form", "the form body is malformed");
+    for (const cJSON *v = f.obj->child; v && !f.failed; v = v->next) {
+        const char *s = v->valuestring;
+        const size_t n = strlen(s);
+        for (size_t i = 0; i < n && !f.failed;) {
+            const size_t l = utf8_len((const unsigned char *)s + i, n - i);
+            if (!l)
+                f.failed = !fail(b, 400, NULL, "invalid_form", "a form value is not UTF-8");
+            i += l ? l : 1;
+        }
+    }
+    if (f.failed) {
+        cJSON_Delete(f.obj);
+        return NULL;
+    }
+    return f.obj;
+}
+
+/* A number from a form field's text (strictly: what strtod reads whole,
+ * finite) into *tmp; JSON numbers pass through. */
+static const cJSON *form_number(const cJSON *v, bool form, cJSON *tmp)
+{
+    if (!form || !cJSON_IsString(v))
+        return v;
+    const char *s = v->valuestring;
+    char *end = NULL;
+    errno = 0;
+    const double d = strtod(s, &end);
+    if (!*s || isspace((unsigned char)*s) || *end || errno || !isfinite(d))
+        return v; /* get_int / get_number say it is no number */
+    memset(tmp, 0, sizeof *tmp);
+    tmp->type = cJSON_Number;
+    tmp->valuedouble = d;
+    tmp->valueint = 0;
+    return tmp;
+}
+
+/* OpenAI's `seconds` ("4"; a JSON number is taken too): a plain positive
+ * decimal. */
+static bool parse_seconds(const cJSON *v, double *out, bad *b)
+{
+    double d = NAN;
+    if (cJSON_IsNumber(v)) {
+        d = v->valuedouble;
+    } else if (cJSON_IsString(v) && strlen(v->valuestring) <= 16) {
+        const char *s = v->valuestring;
+        size_t digits = 0, dots = 0;
+        for (const char *p = s; *p; p++) {
+            if (*p >= '0' && *p <= '9')
+                digits++;
+            else if (*p == '.')
+                dots++;
+            else
+                digits = 0, dots = 2; /* anything else: not a plain decimal */
+        }
+        if (digits > 0 && dots <= 1)
+            d = strtod(s, NULL);
+    }
+    if (!isfinite(d) || !(d > 0) || d > VIDEO_MAX_SECONDS)
+        return fail(b, 400, "seconds", "invalid_value",
+                    "'seconds' must be a decimal number of seconds above 0 and at most %d "
+                    "(e.g. \"4\")",
+                    VIDEO_MAX_SECONDS);
+    *out = d;
+    return true;
+}
+
+/* A POST /v1/videos body (JSON, or a form's strings) as the job's
+ * request and description. */
+static bool parse_video(dit_http *h, const cJSON *root, bool form, vjob *v, bad *b)
+{
+    if (!cJSON_IsObject(root))
+        return fail(b, 400, NULL, "invalid_json", "the body must be a JSON object");
+    const char *model = NULL, *prompt = NULL, *neg = NULL;
+    int width = h->cfg.default_width, height = h->cfg.default_height;
+    double seconds = NAN, seed = -1, steps = 0, guidance = NAN, priority = 0, fps = 0, frames = 0;
+    static const char *const known[] = {
+        "model",    "prompt", "negative_prompt",     "seconds",
+        "size",     "seed",   "num_inference_steps", "guidance_scale",
+        "priority", "fps",    "num_frames",          "user"};
+    unsigned seen = 0;
+    for (const cJSON *f = root->child; f; f = f->next) {
+        const char *k = f->string;
+        cJSON tmp;
+        const cJSON *num = form_number(f, form, &tmp);
+        unsigned i = 0;
+        for (; i < sizeof known / sizeof *known; i++)
+            if (strcmp(k, known[i]) == 0)
+                break;
+        if (i == sizeof known / sizeof *known) {
+            if (strcmp(k, "input_reference") == 0)
+                return fail(b, 400, "input_reference", "unsupported_parameter",
+                            "input_reference is not served: the model makes video from text "
+                            "alone");
+            return fail(b, 400, NULL, "unknown_parameter", "unknown field '%s'", echo_name(k));
+        }
+        if (seen & (1u << i))
+            return fail(b, 400, known[i], "duplicate_parameter", "'%s' is given twice", known[i]);
+        seen |= 1u << i;
+        if (strcmp(k, "model") == 0) {
+            if (!get_string(f, "model", 256, &model, b))
+                return false;
+        } else if (strcmp(k, "prompt") == 0) {
+            if (!get_string(f, "prompt", DIT_REQUEST_MAX_PROMPT_BYTES, &prompt, b))
+                return false;
+        } else if (strcmp(k, "negative_prompt") == 0) {
+            if (!get_string(f, "negative_prompt", DIT_REQUEST_MAX_PROMPT_BYTES, &neg, b))
+                return false;
+        } else if (strcmp(k, "seconds") == 0) {
+            if (!parse_seconds(f, &seconds, b))
+                return false;
+        } else if (strcmp(k, "size") == 0) {
+            const char *sz = NULL;
+            if (!get_string(f, "size", 32, &sz, b))
+                return false;
+            if (strcmp(sz, "auto") != 0 && !parse_size(sz, &width, &height))
+                return fail(b, 400, "size", "invalid_value",
+                            "'size' must be \"WIDTHxHEIGHT\" (e.g. \"832x480\") or \"auto\"");
+        } else if (strcmp(k, "seed") == 0) {
+            if (!get_int(num, "seed", 0, (double)HTTP_MAX_SEED, &seed, b))
+                return false;
+        } else if (strcmp(k, "num_inference_steps") == 0) {
+            if (!get_int(num, "num_inference_steps", 1, 1000, &steps, b))
+                return false;
+        } else if (strcmp(k, "guidance_scale") == 0) {
+            if (!get_number(num, "guidance_scale", 0, 100, &guidance, b))
+                return false;
+        } else if (strcmp(k, "priority") == 0) {
+            if (!get_int(num, "priority", -1000000, 1000000, &priority, b))
+                return false;
+        } else if (strcmp(k, "fps") == 0) {
+            if (!get_int(num, "fps", 1, 240, &fps, b))
+                return false;
+        } else if (strcmp(k, "num_frames") == 0) {
+            if (!get_int(num, "num_frames", 1, 100000, &frames, b))
+                return false;
+        } else { /* user: accepted, unused */
+            const char *u = NULL;
+            if (!get_string(f, "user", 256, &u, b))
+                return false;
+        }
+    }
+    if (!prompt)
+        return fail(b, 400, "prompt", "missing_required_parameter", "'prompt' is required");
+    if (!isnan(seconds) && frames > 0)
+        return fail(b, 400, "seconds", "invalid_value", "give 'seconds' or 'num_frames', not both");
+    const int rate = fps > 0 ? (int)fps : h->cfg.default_fps;
+    int n_frames = frames > 0 ? (int)frames : h->cfg.default_num_frames;
+    if (!isnan(seconds)) {
+        /* The frame count the model allows (step * k + 1, k >= 1) nearest
+         * to seconds * fps. */
+        const int step = h->cfg.frame_step > 0 ? h->cfg.frame_step : 1;
+        long k = lround((seconds * rate - 1) / step);
+        n_frames = (int)((k < 1 ? 1 : k) * step + 1);
+    }
+    if (seed < 0) {
+        uint64_t r = 0;
+        if (getrandom(&r, sizeof r, 0) != (ssize_t)sizeof r)
+            r = mono_ms() * 0x9e3779b97f4a7c15ull;
+        seed = (double)(r % HTTP_MAX_SEED);
+    }
+    v->width = width;
+    v->height = height;
+    v->num_frames = n_frames;
+    v->fps = rate;
+    v->seed = (uint64_t)seed;
+    v->model = strdup(model && *model ? model : h->cfg.model_name);
+    v->prompt = strdup(prompt);
+    Ditserve__V1__GenerateRequest *r = calloc(1, sizeof *r);
+    if (!r || !v->model || !v->prompt) {
+        free(r);
+        return fail(b, 500, NULL, "internal_error", "out of memory");
+    }
+    ditserve__v1__generate_request__init(r);
+    v->req = r;
+    r->model = dup_or_null(model ? model : "");
+    r->prompt = dup_or_null(prompt);
+    r->negative_prompt = dup_or_null(neg ? neg : "");
+    r->width = width;
+    r->height = height;
+    r->num_inference_steps = (int32_t)steps;
+    r->priority = (int32_t)priority;
+    r->output_format = DITSERVE__V1__OUTPUT_FORMAT__OUTPUT_FORMAT_MP4;
+    r->num_frames = n_frames;
+    r->fps = rate;
+    r->seed = malloc(sizeof *r->seed);
+    if (r->seed) {
+        google__protobuf__uint64_value__init(r->seed);
+        r->seed->value = (uint64_t)seed;
+    }
+    if (!isnan(guidance) && (r->guidance_scale = malloc(sizeof *r->guidance_scale))) {
+        google__protobuf__float_value__init(r->guidance_scale);
+        r->guidance_scale->value = (float)guidance;
+    }
+    if (!r->model || !r->prompt || !r->negative_prompt || !r->seed ||
+        (!isnan(guidance) && !r->guidance_scale))
+        return fail(b, 500, NULL, "internal_error", "out of memory");
+    return true;
+}
+
+/* OpenAI's Video object, with ditserve's num_frames, fps, seed and
+ * timings (vmu held). */
+static cJSON *video_json(const vjob *v)
+{
+    cJSON *o = cJSON_CreateObject();
+    char buf[64];
+    cJSON_AddStringToObject(o, "id", v->id);
+    cJSON_AddStringToObject(o, "object", "video");
+    add_u64(o, "created_at", (uint64_t)v->created_at);
+    cJSON_AddStringToObject(o, "status", vstate_name(v->state));
+    cJSON_AddStringToObject(o, "model", v->model);
+    cJSON_AddNumberToObject(o, "progress", v->progress);
+    cJSON_AddStringToObject(o, "prompt", v->prompt);
+    snprintf(buf, sizeof buf, "%g", v->fps > 0 ? (double)v->num_frames / v->fps : 0.0);
+    cJSON_AddStringToObject(o, "seconds", buf);
+    snprintf(buf, sizeof buf, "%dx%d", v->width, v->height);
+    cJSON_AddStringToObject(o, "size", buf);
+    if (v->state == V_FAILED) {
+        cJSON *e = cJSON_AddObjectToObject(o, "error");
+        cJSON_AddStringToObject(e, "code", grpc_code_name(v->code));
+        cJSON_AddStringToObject(e, "message", v->msg);
+    } else {
+        cJSON_AddNullToObject(o, "error");
+    }
+    if (v->completed_at)
+        add_u64(o, "completed_at", (uint64_t)v->completed_at);
+    else
+        cJSON_AddNullToObject(o, "completed_at");
+    if (v->expires_at)
+        add_u64(o, "expires_at", (uint64_t)v->expires_at);
+    else
+        cJSON_AddNullToObject(o, "expires_at");
+    cJSON_AddNullToObject(o, "remixed_from_video_id");
+    cJSON_AddNumberToObject(o, "num_frames", v->num_frames);
+    cJSON_AddNumberToObject(o, "fps", v->fps);
+    add_u64(o, "seed", v->seed);
+    if (v->state == V_COMPLETED)
+        cJSON_AddItemToObject(o, "timings", timings_json(&v->timings));
+    return o;
+}
+
+/* The stored job with this id (vmu held), or NULL. Ids are compared in
+ * time independent of where they differ. */
+static vjob *vfind_locked(dit_http *h, const char *id, size_t n)
+{
+    if (n != VIDEO_ID_LEN)
+        return NULL;
+    for (vjob *v = h->vhead; v; v = v->next) {
+        unsigned char diff = 0;
+        for (size_t i = 0; i < VIDEO_ID_LEN; i++)
+            diff |= (unsigned char)(v->id[i] ^ id[i]);
+        if (!diff)
+            return v;
+    }
+    return NULL;
+}
+
+static enum MHD_Result send_video(dit_http *h, struct MHD_Connection *conn, unsigned status,
+                                  cJSON *o, bool poll_hint)
+{
+    char *text = o ? cJSON_PrintUnformatted(o) : NULL;
+    cJSON_Delete(o);
+    if (!text)
+        return MHD_NO;
+    struct MHD_Response *resp =
+        MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_FREE);
+    if (!resp) {
+        free(text);
+        return MHD_NO;
+    }
+    if (poll_hint) /* read by OpenAI's client's poll() */
+        MHD_add_response_header(resp, "openai-poll-after-ms", VIDEO_POLL_AFTER_MS);
+    return queue(h, conn, status, resp, "application/json");
+}
+
+static enum MHD_Result answer_video_create(dit_http *h, struct MHD_Connection *conn, req_ctx *rc)
+{
+    bad b = {0};
+    if (!h->cfg.video)
+        return send_simple_error(
+            h, conn, 400, "model_makes_images",
+            "the served model makes images, not video: use /v1/images/generations");
+    vjob *v = calloc(1, sizeof *v);
+    if (!v)
+        return send_simple_error(h, conn, 500, "internal_error", "out of memory");
+    v->h = h;
+    v->refs = 2; /* this connection's until admission is decided, and the loop's */
+    v->created_at = wall_s();
+    cJSON *root = NULL;
+    if (rc->form) {
+        root = parse_form(conn, rc->body, rc->len, &b);
+    } else {
+        const char *problem = body_problem(rc->body, rc->len);
+        if (problem)
+            fail(&b, 400, NULL, "invalid_json", "%s", problem);
+        else if (!(root = cJSON_ParseWithLength(rc->body, rc->len)))
+            fail(&b, 400, NULL, "invalid_json", "the body is not valid JSON");
+    }
+    const bool parsed = root && parse_video(h, root, rc->form, v, &b);
+    cJSON_Delete(root);
+    uint8_t rnd[16];
+    if (parsed && getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd)
+        fail(&b, 500, NULL, "internal_error", "no random bytes for the video's id");
+    if (!parsed || b.status) {
+        v->refs = 1;
+        vunref(h, v);
+        return send_error(h, conn, &b);
+    }
+    memcpy(v->id, "video_", 6);
+    for (int i = 0; i < 16; i++)
+        snprintf(v->id + 6 + 2 * i, 3, "%02x", rnd[i]);
+    uv_mutex_lock(&h->vmu);
+    vexpire_locked(h, wall_s());
+    if (h->vcount + h->vreserved >= h->cfg.video_jobs)
+        fail(&b, 429, NULL, "video_store_full",
+             "%d video jobs are held (--http-video-jobs); delete finished ones or wait for "
+             "them to expire",
+             h->vcount + h->vreserved);
+    else if (h->vbytes >= h->cfg.video_bytes)
+        fail(&b, 429, NULL, "video_store_full",
+             "the finished videos held fill the store (--http-video-bytes); delete some or "
+             "wait for them to expire");
+    else
+        h->vreserved++;
+    uv_mutex_unlock(&h->vmu);
+    if (b.status) {
+        v->refs = 1;
+        vunref(h, v);
+        return send_error(h, conn, &b);
+    }
+    if (!push_op(h, OP_VSUBMIT, NULL, v)) {
+        uv_mutex_lock(&h->vmu);
+        h->vreserved--;
+        v->refs = 1;
+        vdrop_locked(h, v);
+        uv_mutex_unlock(&h->vmu);
+        return send_simple_error(h, conn, 503, "unavailable",
+                                 "the server is shutting down; send the request to another "
+                                 "replica");
+    }
+    uv_mutex_lock(&h->vmu);
+    while (!v->decided && !atomic_load(&h->stopping))
+        uv_cond_timedwait(&h->vcv, &h->vmu, (uint64_t)HTTP_POLL_MS * 1000000);
+    h->vreserved--;
+    enum MHD_Result r;
+    if (!v->decided) { /* stopping: nobody to answer */
+        vdrop_locked(h, v);
+        uv_mutex_unlock(&h->vmu);
+        return MHD_NO;
+    }
+    if (v->refused) {
+        fail(&b, http_status_of(v->code), NULL, grpc_code_name(v->code), "%s", v->msg);
+        vdrop_locked(h, v);
+        uv_mutex_unlock(&h->vmu);
+        return send_error(h, conn, &b);
+    }
+    /* This connection's reference becomes the store's. */
+    v->in_store = true;
+    if (h->vtail)
+        h->vtail->next = v;
+    else
+        h->vhead = v;
+    h->vtail = v;
+    h->vcount++;
+    cJSON *o = video_json(v);
+    uv_mutex_unlock(&h->vmu);
+    DIT_LOG(h->cfg.log, DIT_LOG_DEBUG, "http", "video job %.14s... created", v->id);
+    r = send_video(h, conn, MHD_HTTP_OK, o, true);
+    return r;
+}
+
+/* A query argument (NULL: absent). */
+static const char *query_arg(struct MHD_Connection *conn, const char *name)
+{
+    return MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, name);
+}
+
+static enum MHD_Result answer_video_list(dit_http *h, struct MHD_Connection *conn)
+{
+    const char *limit_s = query_arg(conn, "limit"), *order = query_arg(conn, "order"),
+               *after = query_arg(conn, "after");
+    long limit = 20;
+    if (limit_s) {
+        char *end;
+        limit = strtol(limit_s, &end, 10);
+        if (!*limit_s || *end || limit < 1 || limit > 100)
+            return send_simple_error(h, conn, 400, "invalid_value",
+                                     "'limit' must be an integer from 1 to 100");
+    }
+    if (order && strcmp(order, "asc") != 0 && strcmp(order, "desc") != 0)
+        return send_simple_error(h, conn, 400, "invalid_value",
+                                 "'order' must be \"asc\" or \"desc\"");
+    const bool desc = !order || strcmp(order, "desc") == 0;
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "object", "list");
+    cJSON *data = cJSON_AddArrayToObject(o, "data");
+    uv_mutex_lock(&h->vmu);
+    vexpire_locked(h, wall_s());
+    const int n = h->vcount;
+    vjob **all = n ? malloc((size_t)n * sizeof *all) : NULL;
+    if (n && !all) {
+        uv_mutex_unlock(&h->vmu);
+        cJSON_Delete(o);
+        return send_simple_error(h, conn, 500, "internal_error", "out of memory");
+    }
+    int k = 0;
+    for (vjob *v = h->vhead; v && k < n; v = v->next)
+        all[k++] = v;
+    int start = 0;
+    if (after) {
+        start = -1;
+        for (int i = 0; i < k; i++)
+            if (strcmp(all[desc ? k - 1 - i : i]->id, after) == 0)
+                start = i + 1;
+        if (start < 0) {
+            uv_mutex_unlock(&h->vmu);
+            free(all);
+            cJSON_Delete(o);
+            return send_simple_error(h, conn, 404, "video_not_found",
+                                     "'after' names no video held here");
+        }
+    }
+    const char *first = NULL, *last = NULL;
+    int i = start;
+    for (; i < k && i - start < limit; i++) {
+        const vjob *v = all[desc ? k - 1 - i : i];
+        cJSON_AddItemToArray(data, video_json(v));
+        if (!first)
+            first = v->id;
+        last = v->id;
+    }
+    if (first)
+        cJSON_AddStringToObject(o, "first_id", first);
+    else
+        cJSON_AddNullToObject(o, "first_id");
+    if (last)
+        cJSON_AddStringToObject(o, "last_id", last);
+    else
+        cJSON_AddNullToObject(o, "last_id");
+    cJSON_AddBoolToObject(o, "has_more", i < k);
+    uv_mutex_unlock(&h->vmu);
+    free(all);
+    return send_json(h, conn, MHD_HTTP_OK, o);
+}
+
+/* GET and DELETE under /v1/videos (POST, which has a body, is
+ * answer_video_create). */
+static enum MHD_Result answer_videos(dit_http *h, struct MHD_Connection *conn, const char *url,
+                                     const char *method)
+{
+    const bool get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
+    const bool del = strcmp(method, "DELETE") == 0;
+    if (!authorized(h, conn))
+        return send_simple_error(h, conn, 401, "invalid_api_key",
+                                 "missing or wrong bearer token (Authorization: Bearer ...)");
+    const char *rest = url + strlen("/v1/videos");
+    if (!*rest) {
+        if (!get)
+            return send_simple_error(h, conn, 405, "method_not_allowed",
+                                     "/v1/videos takes GET (the list) or POST (a new video)");
+        return answer_video_list(h, conn);
+    }
+    const char *id = rest + 1; /* after the '/' */
+    const char *slash = strchr(id, '/');
+    const size_t id_len = slash ? (size_t)(slash - id) : strlen(id);
+    const char *tail = slash ? slash : "";
+    const bool content = strcmp(tail, "/content") == 0;
+    if (*tail && !content)
+        return send_simple_error(h, conn, 404, "not_found", "no such endpoint");
+    if (!(get || (del && !content)))
+        return send_simple_error(h, conn, 405, "method_not_allowed",
+                                 content ? "/v1/videos/{id}/content takes GET"
+                                         : "/v1/videos/{id} takes GET or DELETE");
+    if (content) {
+        const char *variant = query_arg(conn, "variant");
+        if (variant && strcmp(variant, "video") != 0) {
+            if (strcmp(variant, "thumbnail") == 0 || strcmp(variant, "spritesheet") == 0)
+                return send_simple_error(h, conn, 404, "variant_not_available",
+                                         "only variant \"video\" (the MP4) is served");
+            return send_simple_error(h, conn, 400, "invalid_value",
+                                     "'variant' must be \"video\", \"thumbnail\" or "
+                                     "\"spritesheet\"");
+        }
+    }
+    uv_mutex_lock(&h->vmu);
+    vexpire_locked(h, wall_s());
+    vjob *v = vfind_locked(h, id, id_len);
+    if (!v) {
+        uv_mutex_unlock(&h->vmu);
+        return send_simple_error(h, conn, 404, "video_not_found",
+                                 "no video with this id (finished videos expire)");
+    }
+    if (del) {
+        /* Forgotten now; a job still queued or running is cancelled on the
+         * loop, which holds a reference for the op. */
+        for (vjob **pp = &h->vhead; *pp; pp = &(*pp)->next)
+            if (*pp == v) {
+                *pp = v->next;
+                break;
+            }
+        h->vtail = NULL;
+        for (vjob *p = h->vhead; p; p = p->next)
+            h->vtail = p;
+        v->in_store = false;
+        h->vcount--;
+        const bool live = v->state == V_QUEUED || v->state == V_RUNNING;
+        if (live)
+            v->refs++; /* the cancel op's */
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "id", v->id);
+        cJSON_AddStringToObject(o, "object", "video.deleted");
+        cJSON_AddBoolToObject(o, "deleted", true);
+        vdrop_locked(h, v); /* the store's */
+        uv_mutex_unlock(&h->vmu);
+        if (live && !push_op(h, OP_VCANCEL, NULL, v))
+            vunref(h, v); /* closed: the drain ends the job */
+        return send_json(h, conn, MHD_HTTP_OK, o);
+    }
+    if (!content) {
+        const bool busy = v->state == V_QUEUED || v->state == V_RUNNING;
+        cJSON *o = video_json(v);
+        uv_mutex_unlock(&h->vmu);
+        return send_video(h, conn, MHD_HTTP_OK, o, busy);
+    }
+    if (v->state != V_COMPLETED) {
+        bad b;
+        if (v->state == V_FAILED)
+            fail(&b, 409, NULL, "video_failed", "the video failed: %s", v->msg);
+        else
+            fail(&b, 409, NULL, "video_not_ready", "the video is %s (progress %d%%)",
+                 vstate_name(v->state), v->progress);
+        uv_mutex_unlock(&h->vmu);
+        return send_error(h, conn, &b);
+    }
+    /* A copy: the job may be deleted or expire while it is written. */
+    struct MHD_Response *resp =
+        MHD_create_response_from_buffer(v->len, v->data, MHD_RESPMEM_MUST_COPY);
+    uv_mutex_unlock(&h->vmu);
+    if (resp)
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "private, max-age=3600");
+    return queue(h, conn, MHD_HTTP_OK, resp, "video/mp4");
 }
 
 /* With --tls-client-ca: the connection presented a certificate that
@@ -1202,6 +2134,15 @@ static bool json_content_type(struct MHD_Connection *conn)
     return strncasecmp(ct, "application/json", n) == 0 && (ct[n] == '\0' || ct[n] == ';');
 }
 
+static bool form_content_type(struct MHD_Connection *conn)
+{
+    const char *ct = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Type");
+    return ct && (strncasecmp(ct, MHD_HTTP_POST_ENCODING_MULTIPART_FORMDATA,
+                              strlen(MHD_HTTP_POST_ENCODING_MULTIPART_FORMDATA)) == 0 ||
+                  strncasecmp(ct, MHD_HTTP_POST_ENCODING_FORM_URLENCODED,
+                              strlen(MHD_HTTP_POST_ENCODING_FORM_URLENCODED)) == 0);
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
                                   const char *method, const char *version, const char *upload,
                                   size_t *upload_size, void **con_cls)
@@ -1229,7 +2170,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
             rc->answered = true;
             struct MHD_Response *resp = MHD_create_response_from_buffer(0, "", 0);
             if (resp && allowed_origin(h, conn)) {
-                MHD_add_response_header(resp, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+                MHD_add_response_header(resp, "Access-Control-Allow-Methods",
+                                        "GET, POST, DELETE, OPTIONS");
                 MHD_add_response_header(resp, "Access-Control-Allow-Headers",
                                         "authorization, content-type");
                 MHD_add_response_header(resp, "Access-Control-Max-Age", "600");
@@ -1237,8 +2179,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
             return queue(h, conn, MHD_HTTP_NO_CONTENT, resp, NULL);
         }
         rc->is_gen = strcmp(url, "/v1/images/generations") == 0;
-        if (!rc->is_gen) {
+        rc->is_video = strcmp(url, "/v1/videos") == 0 && strcmp(method, "POST") == 0;
+        if (!rc->is_gen && !rc->is_video) {
             rc->answered = true;
+            if (strncmp(url, "/v1/videos", 10) == 0 && (url[10] == '\0' || url[10] == '/'))
+                return answer_videos(h, conn, url, method);
             if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0) {
                 const bool known = strcmp(url, "/v1/models") == 0 || strcmp(url, "/health") == 0 ||
                                    strcmp(url, "/") == 0;
@@ -1259,9 +2204,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         if (!authorized(h, conn))
             fail(&b, 401, NULL, "invalid_api_key",
                  "missing or wrong bearer token (Authorization: Bearer ...)");
+        else if (rc->is_video && (rc->form = form_content_type(conn)))
+            ; /* OpenAI's client sends videos.create as multipart/form-data */
         else if (!json_content_type(conn))
             fail(&b, 400, NULL, "invalid_content_type",
-                 "the body must be JSON (Content-Type: application/json)");
+                 rc->is_video ? "the body must be JSON (Content-Type: application/json) or a "
+                                "form (multipart/form-data)"
+                              : "the body must be JSON (Content-Type: application/json)");
         else if (cl && strtoll(cl, NULL, 10) > h->cfg.max_body_bytes)
             fail(&b, 413, NULL, "body_too_large", "the body is larger than %lld bytes",
                  (long long)h->cfg.max_body_bytes);
@@ -1314,7 +2263,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
                                  "the body did not arrive in time");
     }
     rc->answered = true;
-    return answer_generation(h, conn, rc);
+    return rc->is_video ? answer_video_create(h, conn, rc) : answer_generation(h, conn, rc);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
@@ -1333,7 +2282,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
         g->gone = true;
         uv_mutex_unlock(&g->mu);
         if (cancel)
-            push_op(h, OP_CANCEL, g);
+            push_op(h, OP_CANCEL, g, NULL);
         gen_unref(g);
     }
     free(rc->body);
@@ -1425,6 +2374,14 @@ static void free_http(dit_http *h)
     free(h->cert_pem);
     free(h->key_pem);
     free(h->ca_pem);
+    while (h->vhead) { /* every job has ended or was freed with the server's */
+        vjob *v = h->vhead;
+        h->vhead = v->next;
+        v->refs = 1;
+        vdrop_locked(h, v);
+    }
+    uv_cond_destroy(&h->vcv);
+    uv_mutex_destroy(&h->vmu);
     uv_mutex_destroy(&h->mu);
     free(h);
 }
@@ -1449,6 +2406,8 @@ dit_status dit_http_create(uv_loop_t *loop, struct dit_server *srv, const dit_ht
     h->cfg = *cfg;
     h->started = (int64_t)time(NULL);
     uv_mutex_init(&h->mu);
+    uv_mutex_init(&h->vmu);
+    uv_cond_init(&h->vcv);
     atomic_init(&h->serving, false);
     atomic_init(&h->stopping, false);
     if ((st = resolve(cfg->listen, &ss, &sl, &port, diag)) != DIT_OK)
@@ -1561,7 +2520,18 @@ void dit_http_destroy(dit_http *h)
     op *o = h->ops_head;
     while (o) {
         op *next = o->next;
-        gen_unref(o->g);
+        if (o->g)
+            gen_unref(o->g);
+        if (o->v && o->kind == OP_VSUBMIT) {
+            uv_mutex_lock(&h->vmu); /* no job: its creator is told it was refused */
+            o->v->decided = o->v->refused = true;
+            o->v->code = GRPC_STATUS_UNAVAILABLE;
+            snprintf(o->v->msg, sizeof o->v->msg, "the server is shutting down");
+            vdrop_locked(h, o->v);
+            uv_mutex_unlock(&h->vmu);
+        } else if (o->v) {
+            vunref(h, o->v);
+        }
         free(o);
         o = next;
     }

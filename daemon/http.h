@@ -43,6 +43,17 @@ typedef struct dit_http_config {
     double idle_timeout_s;             /* a connection silent this long is closed */
     double request_timeout_s;          /* headers and body must arrive within this */
     int default_width, default_height; /* what "size": "auto" means */
+    /* The served model: its task's name for /v1/models, and for a video
+     * model (/v1/videos) its default frames and rate and the step
+     * num_frames - 1 is a multiple of. */
+    const char *task;
+    bool video;
+    int default_num_frames, default_fps, frame_step;
+    /* /v1/videos' job store: jobs held at most (any state), finished MP4
+     * bytes held at most, and how long a finished job stays. */
+    int video_jobs;
+    int64_t video_bytes;
+    double video_retention_s;
     const dit_log *log;
 } dit_http_config;
 

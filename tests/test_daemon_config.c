@@ -90,6 +90,9 @@ START_TEST(defaults_come_from_the_table)
     ck_assert_int_eq(cfg.http_max_connections, 256);
     ck_assert_double_eq(cfg.http_idle_timeout_s, 30);
     ck_assert_double_eq(cfg.http_request_timeout_s, 30);
+    ck_assert_int_eq(cfg.http_video_jobs, 64);
+    ck_assert_int_eq(cfg.http_video_bytes, (int64_t)1 << 30);
+    ck_assert_double_eq(cfg.http_video_retention_s, 3600);
     ck_assert_int_eq(cfg.max_connection_age_s, 0);
     ck_assert_int_eq(cfg.threads, 0);
     ck_assert_ptr_null(cfg.warmup);
@@ -242,6 +245,14 @@ START_TEST(http_listen_forms_and_limits)
     ck_assert_msg(strstr(err, "--http-listen"), "%s", err);
     ck_assert_int_eq(PARSE(&cfg, "--model", "x", "--http-max-body-bytes", "128"), 2);
     ck_assert_int_eq(PARSE(&cfg, "--model", "x", "--http-max-connections", "0"), 2);
+    ck_assert_int_eq(PARSE(&cfg, "--model", "x", "--http-video-jobs", "8", "--http-video-bytes",
+                           "4194304", "--http-video-retention", "2.5"),
+                     0);
+    ck_assert_int_eq(cfg.http_video_jobs, 8);
+    ck_assert_int_eq(cfg.http_video_bytes, 4 << 20);
+    ck_assert_double_eq(cfg.http_video_retention_s, 2.5);
+    ck_assert_int_eq(PARSE(&cfg, "--model", "x", "--http-video-jobs", "0"), 2);
+    ck_assert_int_eq(PARSE(&cfg, "--model", "x", "--http-video-retention", "0"), 2);
     /* The TLS flags are gRPC's and HTTP's alike. */
     ck_assert_int_eq(PARSE(&cfg, "--model", "x", "--http-listen", ":8080", "--tls-cert", "c",
                            "--tls-key", "k", "--tls-client-ca", "ca"),

@@ -11,6 +11,7 @@ import base64
 import http.client
 import json
 import os
+import re
 import signal
 import socket
 import statistics
@@ -25,13 +26,20 @@ import openai
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ditapi  # noqa: E402
-from daemon import Daemon  # noqa: E402
+from daemon import WAN_DEMO, Daemon  # noqa: E402
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 PROMPT = "a red fox in the snow"
 # Long enough that only a cancel ends it early (seconds per step on CI).
 LONG = {"prompt": "a very long job", "size": "512x512", "num_inference_steps": 1000}
 GEN = "/v1/images/generations"
+VIDEOS = "/v1/videos"
+# A small, quick clip of the Wan demo: 5 frames at 8 fps, 2 steps.
+CLIP = {"size": "64x48", "seconds": "0.5", "extra_body": {"num_inference_steps": 2, "fps": 8,
+                                                            "seed": 7}}
+# A clip only a cancel ends early.
+LONG_CLIP = {"prompt": "a very long clip", "size": "128x128", "num_frames": 33,
+             "num_inference_steps": 1000}
 
 CASES = {}
 
@@ -712,6 +720,380 @@ def browser():
                  "the error on the page")
         assert drv.find_element(By.ID, "status").text.startswith("HTTP 400")
         print(f"progress values seen: {len(seen)}, {partial[:3]} ... {partial[-3:]}")
+        d.stop()
+    finally:
+        drv.quit()
+        d.close()
+
+
+# --------------------------------------------------------------------------
+# /v1/videos on the Wan demo
+
+
+def mp4_info(data):
+    """(width, height, frames) of an MP4's first video track, read from its
+    boxes: tkhd's 16.16 sizes and stsz's sample count."""
+    info = {}
+
+    def walk(buf):
+        off = 0
+        while off + 8 <= len(buf):
+            size, kind = int.from_bytes(buf[off:off + 4], "big"), buf[off + 4:off + 8]
+            assert size >= 8 and off + size <= len(buf), (kind, size, off, len(buf))
+            body = buf[off + 8:off + size]
+            if kind in (b"moov", b"trak", b"mdia", b"minf", b"stbl"):
+                walk(body)
+            elif kind == b"tkhd" and "width" not in info:
+                at = 76 if body[0] == 0 else 88
+                info["width"] = int.from_bytes(body[at:at + 4], "big") >> 16
+                info["height"] = int.from_bytes(body[at + 4:at + 8], "big") >> 16
+            elif kind == b"stsz" and "frames" not in info:
+                info["frames"] = int.from_bytes(body[8:12], "big")
+            off += size
+
+    assert data[4:8] == b"ftyp", data[:16]
+    walk(data)
+    return info["width"], info["height"], info["frames"]
+
+
+def wait_video(c, vid, timeout_s=120):
+    """Polls a video until it ends; returns it and the progress values seen."""
+    seen, t0 = [], time.monotonic()
+    while time.monotonic() - t0 < timeout_s:
+        v = c.videos.retrieve(vid)
+        seen.append(v.progress)
+        if v.status in ("completed", "failed"):
+            return v, seen
+        time.sleep(0.05)
+    raise AssertionError(f"video {vid} did not end within {timeout_s} s")
+
+
+def video_error(err_cls, fn):
+    try:
+        fn()
+    except err_cls as e:
+        return e.body
+    raise AssertionError(f"no {err_cls.__name__}")
+
+
+@case
+def videos():
+    """The openai client creates a video (a multipart form), polls it to
+    completed and downloads an H.264 MP4 with the frames and size asked for,
+    the gRPC path's for the same request; JSON bodies, num_frames and the
+    seconds rule; list, variants, delete; images from the video model stay
+    one-frame PNGs."""
+    import warnings
+    warnings.simplefilter("ignore", DeprecationWarning)  # the client marks Sora's API so
+    d = Daemon("--http-listen", "127.0.0.1:0", model=WAN_DEMO)
+    try:
+        c = client(d)
+        m = c.models.list().data[0].model_extra
+        assert m["task"] == "text-to-video" and m["default_num_frames"] == 81, m
+        assert m["default_fps"] == 16 and m["frame_step"] == 4 and m["default_size"] == "832x480"
+        v = c.videos.create(prompt=PROMPT, **CLIP)
+        assert re.fullmatch(r"video_[0-9a-f]{32}", v.id), v.id
+        assert v.object == "video" and v.status in ("queued", "in_progress", "completed"), v
+        assert v.model == "wan_demo" and v.size == "64x48" and v.prompt == PROMPT, v
+        # 0.5 s at 8 fps: 4 frames, and the nearest count Wan takes is 5.
+        assert v.model_extra["num_frames"] == 5 and v.model_extra["fps"] == 8, v
+        assert v.seconds == "0.625" and v.error is None and v.created_at > 1_600_000_000, v
+        done, seen = wait_video(c, v.id)
+        assert done.status == "completed" and done.progress == 100, done
+        assert seen == sorted(seen), seen
+        assert done.completed_at >= done.created_at, done
+        assert done.expires_at == done.completed_at + 3600, done
+        assert done.model_extra["seed"] == 7 and done.model_extra["timings"]["total_ms"] > 0
+        mp4 = c.videos.download_content(v.id).read()
+        assert mp4_info(mp4) == (64, 48, 5), mp4_info(mp4)
+        # openai's poll() helper ends on the same object.
+        assert c.videos.poll(v.id).status == "completed"
+        # gRPC's MP4 for the same request: the same video (libx264 need not
+        # repeat its bytes on every CPU, so the stream's shape is compared
+        # and byte equality only reported).
+        call = d.api.generate(d.channel)(d.api.request(
+            prompt=PROMPT, width=64, height=48, num_frames=5, fps=8, num_inference_steps=2,
+            seed=7, output_format="OUTPUT_FORMAT_MP4"), timeout=120)
+        _, g_mp4, res = ditapi.collect(call)
+        assert (res.width, res.height, res.num_frames, res.fps) == (64, 48, 5, 8), res
+        assert mp4_info(g_mp4) == mp4_info(mp4)
+        print(f"HTTP MP4 {len(mp4)} bytes, gRPC MP4 {len(g_mp4)} bytes, "
+              f"{'identical' if g_mp4 == mp4 else 'different bytes'}")
+        # The raw HTTP response: video/mp4, the same bytes.
+        st, hdrs, body = http_request(d, "GET", f"{VIDEOS}/{v.id}/content?variant=video")
+        assert st == 200 and hdrs["content-type"] == "video/mp4" and body == mp4, (st, hdrs)
+        # A JSON body with num_frames; seconds "1" at 16 fps makes 17 frames.
+        st, hdrs, body = http_request(d, "POST", VIDEOS, {
+            "prompt": "a boat", "size": "32x32", "num_frames": 9, "num_inference_steps": 2,
+            "seed": 3, "guidance_scale": 4.0, "negative_prompt": "fog", "priority": 2})
+        assert st == 200 and hdrs["openai-poll-after-ms"], (st, body)
+        v9 = json.loads(body)
+        assert v9["num_frames"] == 9 and v9["fps"] == 16 and v9["seconds"] == "0.5625", v9
+        v17 = c.videos.create(prompt="a boat", size="32x32", seconds="1",
+                              extra_body={"num_inference_steps": 1})
+        assert v17.model_extra["num_frames"] == 17 and v17.seconds == "1.0625", v17
+        for vid, frames in ((v9["id"], 9), (v17.id, 17)):
+            assert wait_video(c, vid)[0].status == "completed"
+            assert mp4_info(c.videos.download_content(vid).read()) == (32, 32, frames)
+        # The list, newest first, in pages.
+        page = c.videos.list()
+        assert [x.id for x in page.data] == [v17.id, v9["id"], v.id], page
+        first = c.videos.list(limit=1, order="asc")
+        assert [x.id for x in first.data] == [v.id] and first.has_more
+        rest = c.videos.list(after=v.id, order="asc")
+        assert [x.id for x in rest.data] == [v9["id"], v17.id] and not rest.has_more
+        # Variants: only the MP4 exists.
+        expect_error(d, 404, "variant_not_available", None, method="GET",
+                     path=f"{VIDEOS}/{v.id}/content?variant=thumbnail")
+        expect_error(d, 400, "invalid_value", None, method="GET",
+                     path=f"{VIDEOS}/{v.id}/content?variant=gif")
+        # Unknown ids: 404 in OpenAI's shape; the client raises NotFoundError.
+        body = video_error(openai.NotFoundError, lambda: c.videos.retrieve("video_" + "0" * 32))
+        assert body["code"] == "video_not_found", body
+        for path in (f"{VIDEOS}/nope", f"{VIDEOS}/{v.id}x", f"{VIDEOS}/{v.id}/content/x",
+                     f"{VIDEOS}/{'video_' + 'f' * 32}/content"):
+            expect_error(d, 404, "video_not_found" if "content/x" not in path else "not_found",
+                         None, method="GET", path=path)
+        expect_error(d, 405, "method_not_allowed", None, method="DELETE", path=VIDEOS)
+        expect_error(d, 405, "method_not_allowed", None, method="POST", path=f"{VIDEOS}/{v.id}")
+        # Delete: gone from status, content and the list.
+        r = c.videos.delete(v.id)
+        assert r.id == v.id and r.deleted and r.object == "video.deleted", r
+        video_error(openai.NotFoundError, lambda: c.videos.retrieve(v.id))
+        video_error(openai.NotFoundError, lambda: c.videos.download_content(v.id))
+        video_error(openai.NotFoundError, lambda: c.videos.delete(v.id))
+        assert v.id not in [x.id for x in c.videos.list().data]
+        # /v1/images/generations on the video model: one frame, as a PNG.
+        img = c.images.generate(prompt=PROMPT, size="32x32", extra_body={"num_inference_steps": 1})
+        assert base64.b64decode(img.data[0].b64_json).startswith(PNG_MAGIC)
+        d.stop()
+    finally:
+        d.close()
+
+
+@case
+def video_errors():
+    """Bad fields in forms and JSON get 400 in OpenAI's shape (the client
+    raises BadRequestError); an image model refuses /v1/videos; the bearer
+    token guards every video endpoint."""
+    import warnings
+    warnings.simplefilter("ignore", DeprecationWarning)
+    with tempfile.TemporaryDirectory() as tmp:
+        token = "s3cret-token-for-the-video-test"
+        with open(os.path.join(tmp, "token"), "w") as f:
+            f.write(token + "\n")
+        d = Daemon("--http-listen", "127.0.0.1:0", "--auth-token-file",
+                   os.path.join(tmp, "token"), model=WAN_DEMO)
+        try:
+            c = client(d, key=token)
+            bad = [  # (create's arguments, code, words in the message)
+                (dict(size="64x"), "invalid_value", "WIDTHxHEIGHT"),
+                (dict(size="40x40"), "invalid_value", "multiple of 16"),
+                (dict(seconds="abc"), "invalid_value", "seconds"),
+                (dict(seconds="0"), "invalid_value", "seconds"),
+                (dict(seconds="-4"), "invalid_value", "seconds"),
+                (dict(seconds="1e3"), "invalid_value", "seconds"),
+                (dict(seconds="4", extra_body={"num_frames": 9}), "invalid_value", "not both"),
+                (dict(extra_body={"num_frames": 4}), "invalid_value", "num_frames 4"),
+                (dict(extra_body={"num_frames": "nine"}), "invalid_type", "integer"),
+                (dict(extra_body={"fps": 0}), "invalid_value", "fps"),
+                (dict(extra_body={"seed": -1}), "invalid_value", "seed"),
+                (dict(extra_body={"num_inference_steps": "2.5"}), "invalid_type", "integer"),
+                (dict(extra_body={"guidance_scale": "nan"}), "invalid_type", "number"),
+                (dict(extra_body={"style": "noir"}), "unknown_parameter", "'style'"),
+                (dict(input_reference=("ref.png", PNG_MAGIC, "image/png")),
+                 "unsupported_parameter", "input_reference"),
+            ]
+            for kw, code, needle in bad:
+                kw = dict(kw)
+                kw.setdefault("size", "32x32")
+                extra = dict({"num_inference_steps": 1}, **kw.pop("extra_body", {}))
+                body = video_error(openai.BadRequestError, lambda: c.videos.create(
+                    prompt=PROMPT, extra_body=extra, **kw))
+                assert body["code"] == code, (kw, body)
+                assert needle.lower() in body["message"].lower(), (kw, body)
+            # The same checks for JSON bodies, and what only JSON can get wrong.
+            auth = {"Authorization": "Bearer " + token}
+            for body, code in [({"size": "32x32"}, "missing_required_parameter"),
+                               ({"prompt": 5}, "invalid_type"),
+                               ({"prompt": "x", "seconds": [4]}, "invalid_value"),
+                               ('{"prompt": "x", "prompt": "y"}', "duplicate_parameter"),
+                               ("[1]", "invalid_json"), ("{", "invalid_json")]:
+                expect_error(d, 400, code, body, headers=auth, path=VIDEOS)
+            expect_error(d, 400, "invalid_content_type", "prompt=x", path=VIDEOS,
+                         headers=dict(auth, **{"Content-Type": "text/plain"}))
+            # A form given a field twice.
+            boundary = "b0undary"
+            form = "".join(f'--{boundary}\r\nContent-Disposition: form-data; name="prompt"\r\n'
+                           f"\r\n{p}\r\n" for p in ("a", "b")) + f"--{boundary}--\r\n"
+            expect_error(d, 400, "duplicate_parameter", form, path=VIDEOS, headers=dict(
+                auth, **{"Content-Type": f"multipart/form-data; boundary={boundary}"}))
+            # Forms that do not parse: no boundary; a NUL byte; a value not UTF-8.
+            expect_error(d, 400, "invalid_form", form, path=VIDEOS,
+                         headers=dict(auth, **{"Content-Type": "multipart/form-data"}))
+            for value in (b"a\x00b", b"\xff\xfe"):
+                raw = (f'--{boundary}\r\nContent-Disposition: form-data; name="prompt"\r\n\r\n'
+                       .encode() + value + f"\r\n--{boundary}--\r\n".encode())
+                expect_error(d, 400, "invalid_form", raw, path=VIDEOS, headers=dict(
+                    auth, **{"Content-Type": f"multipart/form-data; boundary={boundary}"}))
+            expect_error(d, 400, "invalid_type", "prompt=x&seed=abc", path=VIDEOS, headers=dict(
+                auth, **{"Content-Type": "application/x-www-form-urlencoded"}))
+            # The bearer token, on every endpoint.
+            vid = c.videos.create(prompt=PROMPT, size="32x32",
+                                  extra_body={"num_inference_steps": 1, "num_frames": 5}).id
+            for method, path in [("POST", VIDEOS), ("GET", VIDEOS), ("GET", f"{VIDEOS}/{vid}"),
+                                 ("GET", f"{VIDEOS}/{vid}/content"),
+                                 ("DELETE", f"{VIDEOS}/{vid}")]:
+                for hdr in (None, "Bearer wrong-token"):
+                    st, hdrs, _ = http_request(d, method, path, {"prompt": "x"},
+                                               {"Authorization": hdr})
+                    assert st == 401 and hdrs.get("www-authenticate") == "Bearer", (path, st)
+            video_error(openai.AuthenticationError,
+                        lambda: client(d, key="wrong").videos.retrieve(vid))
+            assert wait_video(c, vid)[0].status == "completed"
+            assert c.videos.download_content(vid).read()[4:8] == b"ftyp"
+            d.stop()
+        finally:
+            d.close()
+    # An image model: /v1/videos says it makes images.
+    d = Daemon("--http-listen", "127.0.0.1:0")
+    try:
+        c = client(d)
+        assert c.models.list().data[0].model_extra["task"] == "text-to-image"
+        body = video_error(openai.BadRequestError,
+                           lambda: c.videos.create(prompt=PROMPT, size="64x64"))
+        assert body["code"] == "model_makes_images" and "/v1/images" in body["message"], body
+        d.stop()
+    finally:
+        d.close()
+
+
+@case
+def video_store():
+    """The store holds --http-video-jobs jobs (more: 429, until one is
+    deleted); DELETE cancels a running job and a queued one, and the queue
+    goes on; finished jobs expire after --http-video-retention."""
+    import warnings
+    warnings.simplefilter("ignore", DeprecationWarning)
+    d = Daemon("--http-listen", "127.0.0.1:0", "--http-video-jobs", "3",
+               "--http-video-retention", "2", model=WAN_DEMO)
+    try:
+        c = client(d)
+        long_id = json.loads(http_request(d, "POST", VIDEOS, LONG_CLIP)[2])["id"]
+        wait_for(lambda: c.videos.retrieve(long_id).status == "in_progress", 30, "a running job")
+        wait_for(lambda: c.videos.retrieve(long_id).progress > 0, 60, "progress")  # step 10 of 1000
+        queued = c.videos.create(prompt=PROMPT, **CLIP)
+        assert c.videos.retrieve(queued.id).status == "queued"
+        small = c.videos.create(prompt=PROMPT, **CLIP)
+        # Three held: the fourth is refused, in OpenAI's shape (RateLimitError).
+        body = video_error(openai.RateLimitError, lambda: c.videos.create(prompt=PROMPT, **CLIP))
+        assert body["code"] == "video_store_full" and "--http-video-jobs" in body["message"], body
+        # Deleting the queued job takes it out of the queue.
+        assert d.info().queue_depth == 2
+        c.videos.delete(queued.id)
+        wait_for(lambda: d.info().queue_depth == 1, 10, "the queued job to leave")
+        # Deleting the running job stops it at its next step; the next runs.
+        t0 = time.monotonic()
+        assert c.videos.retrieve(long_id).status == "in_progress"
+        c.videos.delete(long_id)
+        done, _ = wait_video(c, small.id)
+        assert done.status == "completed", done
+        print(f"the deleted running job made way in {time.monotonic() - t0:.2f} s")
+        assert "deleted" in d.log(), "the cancel's reason is logged"
+        # Finished jobs expire after the retention: gone from status, content and list.
+        assert done.expires_at == done.completed_at + 2
+        assert [x.id for x in c.videos.list().data] == [small.id]
+        time.sleep(max(0.0, done.expires_at - time.time()) + 1.1)
+        video_error(openai.NotFoundError, lambda: c.videos.retrieve(small.id))
+        video_error(openai.NotFoundError, lambda: c.videos.download_content(small.id))
+        assert c.videos.list().data == []
+        # Room again: three more are taken.
+        ids = [c.videos.create(prompt=PROMPT, **CLIP).id for _ in range(3)]
+        video_error(openai.RateLimitError, lambda: c.videos.create(prompt=PROMPT, **CLIP))
+        for vid in ids:
+            assert wait_video(c, vid)[0].status == "completed"
+        d.stop()
+    finally:
+        d.close()
+
+
+@case
+def browser_video():
+    """On a video model the playground shows frames and fps, creates the
+    clip through /v1/videos, drives its progress bar from the polled status
+    and plays the MP4 in a <video> element at the size and length asked for."""
+    import shutil
+    chromedriver = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+    if not os.path.exists(chromedriver):
+        print("SKIP: chromedriver is not installed (deploy/install-deps.sh installs it)")
+        return 77
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    d = Daemon("--http-listen", "127.0.0.1:0", model=WAN_DEMO)
+    opts = webdriver.ChromeOptions()
+    for a in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+              "--autoplay-policy=no-user-gesture-required"):
+        opts.add_argument(a)
+    for b in ("/usr/bin/chromium", "/usr/bin/chromium-browser"):
+        if os.path.exists(b):
+            opts.binary_location = b
+    drv = webdriver.Chrome(service=Service(chromedriver), options=opts)
+    try:
+        drv.set_page_load_timeout(60)
+        drv.get(d.http_url + "/")
+        wait_for(lambda: drv.find_element(By.ID, "video_opts").is_displayed(), 10,
+                 "the frames and fps inputs")
+        assert drv.find_element(By.ID, "generate").text == "Generate video"
+        assert drv.find_element(By.ID, "fps").get_attribute("value") == "16"
+
+        def fill(id_, value):
+            el = drv.find_element(By.ID, id_)
+            el.clear()
+            el.send_keys(str(value))
+
+        fill("prompt", "a lighthouse at dusk")
+        fill("width", 96)
+        fill("height", 64)
+        fill("frames", 17)
+        fill("fps", 8)
+        fill("steps", 60)
+        fill("seed", 1234)
+        drv.find_element(By.ID, "generate").click()
+        seen = []
+        t0 = time.monotonic()
+        state = None
+        while time.monotonic() - t0 < 120:
+            p = drv.execute_script("return document.getElementById('progress').value;")
+            if not seen or seen[-1] != p:
+                seen.append(p)
+            state = drv.execute_script(
+                "const v = document.getElementById('video');"
+                "return [v.readyState, v.duration, v.videoWidth, v.videoHeight, v.error && "
+                "v.error.message, document.getElementById('status').textContent];")
+            if state[0] >= 1 or state[4] or "HTTP" in state[5]:
+                break
+            time.sleep(0.02)
+        assert state and state[0] >= 1 and not state[4], (state, seen)
+        assert state[1] > 0 and state[2:4] == [96, 64], state
+        # 17 frames at 8 fps.
+        assert abs(state[1] - 17 / 8) < 0.2, state
+        assert drv.find_element(By.ID, "status").text == "Done"
+        assert seen == sorted(seen) and seen[-1] == 100, f"progress: {seen}"
+        details = drv.find_element(By.ID, "details").text
+        assert "seed 1234" in details and "frames 17 at 8 fps" in details, details
+        # The clip the page plays is the one the API holds.
+        vid = drv.execute_script("return document.getElementById('video').dataset.id")
+        st, hdrs, body = http_request(d, "GET", f"{VIDEOS}/{vid}/content")
+        assert st == 200 and mp4_info(body) == (96, 64, 17)
+        # An error reaches the page (a size the form allows, the server not).
+        fill("width", 4096)
+        fill("height", 4096)
+        drv.find_element(By.ID, "generate").click()
+        wait_for(lambda: "max-pixels" in drv.find_element(By.ID, "status").text, 30,
+                 "the error on the page")
+        assert drv.find_element(By.ID, "status").text.startswith("HTTP 400")
+        print(f"progress values seen: {seen}; duration {state[1]:.3f} s")
         d.stop()
     finally:
         drv.quit()
