@@ -121,7 +121,7 @@ static void expect_reference(fixture *f, const char *name)
     ck_assert(dit_tensor_same_shape(&want->view, &f->out));
     const test_err e = test_compare_views(&f->out, &want->view);
     const test_err from_base = test_compare_views(&base->view, &want->view);
-    printf("%-8s vs diffusers %.3g (the adapter moves the output by %.3g)\n", name, e.rel,
+    printf("%-13s vs diffusers %.3g (the adapter moves the output by %.3g)\n", name, e.rel,
            from_base.rel);
     fflush(stdout);
     ck_assert_msg(from_base.rel > 100 * FORWARD_TOL, "%s: reference too close to the base (%.3g)",
@@ -144,6 +144,7 @@ static const ref_case ref_cases[] = {
      {0.7f, -0.4f},
      "golden/parallel_even"},
     {"subset", {"lora/subset.safetensors"}, {1.5f}, "golden/parallel_even"},
+    {"kohya_linear1", {"lora/kohya_linear1.safetensors"}, {1.0f}, "golden/parallel_even"},
     {"wan", {"lora/wan_peft.safetensors"}, {0.9f}, "wan_golden/parallel_even"},
 };
 

@@ -34,6 +34,9 @@ Writes tests/data/lora/:
                              then drops put back: see add_adapter)
     two                      peft at 0.7 and kohya at -0.4 (set_adapters)
     subset                   subset.safetensors at weight 1.5
+    kohya_linear1            kohya_linear1.safetensors (single blocks' fused
+                             linear1 with alpha 3, rank 4), through its PEFT
+                             equivalent split by this model's widths
     wan                      wan_peft.safetensors at weight 0.9 on the Wan case
                              wan_golden/parallel_even
   wan_peft.safetensors       PEFT keys with ".alpha" (rank 3, alpha 6) on every
@@ -183,6 +186,23 @@ def main():
     save_file(peft_adapter(model, subset, 2, g, alpha=3.0, dtype=torch.bfloat16),
               str(OUT / "subset.safetensors"))
 
+    # kohya's single-block linear1 (q, k, v, proj_mlp fused), which diffusers
+    # splits by FLUX.1's widths only: the reference splits `up` by this
+    # model's widths and loads the PEFT equivalent.
+    k1, k1_peft = {}, {}
+    for i in range(model.config.num_single_layers):
+        p = f"single_transformer_blocks.{i}."
+        parts = ["attn.to_q", "attn.to_k", "attn.to_v", "proj_mlp"]
+        widths = [lin(model, p + m)[0] for m in parts]
+        a, b = rand_pair(g, sum(widths), lin(model, p + "attn.to_q")[1], 4)
+        k1[f"lora_unet_single_blocks_{i}_linear1.lora_down.weight"] = a
+        k1[f"lora_unet_single_blocks_{i}_linear1.lora_up.weight"] = b
+        k1[f"lora_unet_single_blocks_{i}_linear1.alpha"] = torch.tensor(3.0)
+        for m, bm in zip(parts, torch.split(b, widths, dim=0)):
+            k1_peft[f"transformer.{p}{m}.lora_A.weight"] = a.clone()
+            k1_peft[f"transformer.{p}{m}.lora_B.weight"] = (bm * (3.0 / 4)).contiguous()
+    save_file(k1, str(OUT / "kohya_linear1.safetensors"))
+
     # Refusals.
     bad = peft_adapter(model, ["transformer_blocks.0.attn.to_k"], 2, g)
     bad["transformer.transformer_blocks.0.attn.to_k.lora_magnitude_vector"] = torch.ones(4)
@@ -207,6 +227,9 @@ def main():
         rel = float((expected[name] - base).abs().max() / base.abs().max())
         print(f"{name:8s} max|sample| {float(expected[name].abs().max()):.3f}, "
               f"change from the base {rel:.3g} of max|base|")
+    m = load_transformer()
+    m.load_lora_adapter(k1_peft, prefix="transformer", adapter_name="k1")
+    expected["kohya_linear1"] = forward(m, inputs)
     # Scale 0 is the base model exactly.
     m = load_transformer()
     add_adapter(m, OUT / "peft.safetensors", "peft")
