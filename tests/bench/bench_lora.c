@@ -8,7 +8,8 @@
  *    mid-size config of bench_flux_forward by default; head dim 128) with a
  *    rank-r adapter on every attention and feed-forward linear, timed in the
  *    same run without the adapter, with it attached, and without it again
- *    (forwards alternate; medians).
+ *    (forwards alternate; medians of wall and of process CPU time: with
+ *    --threads 1 the latter holds still on a shared machine).
  * 2. Load time for FLUX.1-dev dimensions (19 + 38 blocks, hidden 3072, FFN
  *    12288): a rank-r diffusers/PEFT file (bf16, as trainers save them) on
  *    the same linears, written to a temporary file, then dit_lora_load
@@ -36,6 +37,15 @@ static double now_ms(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+/* CPU time of the whole process: with one thread, the work of a pass even
+ * when other programs share the cores (wall time then wanders). */
+static double cpu_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
@@ -185,7 +195,7 @@ static dit_status bench_forward(const opts *o, dit_backend *be, dit_diag *diag)
     const size_t n_all = n_hs + n_ehs + n_pool + n_out;
     host = malloc(n_all * sizeof *host);
     ids = calloc((size_t)(img + txt) * (size_t)cfg.n_axes, sizeof *ids);
-    times = malloc(3 * (size_t)o->iters * sizeof *times);
+    times = malloc(6 * (size_t)o->iters * sizeof *times);
     if (!host || !ids || !times) {
         st = dit_diag_set(diag, DIT_ERR_NOMEM, "out of memory");
         goto cleanup;
@@ -230,16 +240,20 @@ static dit_status bench_forward(const opts *o, dit_backend *be, dit_diag *diag)
         for (int v = 0; v < 3; v++) {
             if (v == 1)
                 DIT_CHECK(dit_lora_attach(sites, &use, 1, diag));
-            const double t0 = now_ms();
+            const double t0 = now_ms(), c0 = cpu_ms();
             DIT_CHECK(dit_flux_forward(m, arena, &in, &out, diag));
             DIT_CHECK(be->ops->sync(be));
             times[(size_t)v * (size_t)o->iters + (size_t)i] = now_ms() - t0;
+            times[(size_t)(3 + v) * (size_t)o->iters + (size_t)i] = cpu_ms() - c0;
             dit_arena_reset(arena);
             dit_lora_detach(sites);
         }
     const double base = median(times, (int)o->iters);
     const double with = median(times + o->iters, (int)o->iters);
     const double again = median(times + 2 * o->iters, (int)o->iters);
+    const double cbase = median(times + 3 * o->iters, (int)o->iters);
+    const double cwith = median(times + 4 * o->iters, (int)o->iters);
+    const double cagain = median(times + 5 * o->iters, (int)o->iters);
     const dit_lora_info li = dit_lora_get_info(lora);
     const double fl = dit_flux_forward_flops(&cfg, 1, txt, img);
     double lfl = 0.0;
@@ -259,8 +273,13 @@ static dit_status bench_forward(const opts *o, dit_backend *be, dit_diag *diag)
            li.n_modules, (double)li.bytes / 1048576.0);
     printf("forward_base_ms: %.2f\nforward_lora_ms: %.2f\nforward_base_again_ms: %.2f\n", base,
            with, again);
-    printf("lora_overhead: %.1f %% (adapter GEMMs are %.2f %% of the forward's FLOPs)\n",
-           100.0 * (with - 0.5 * (base + again)) / (0.5 * (base + again)), 100.0 * lfl / fl);
+    printf("forward_base_cpu_ms: %.2f\nforward_lora_cpu_ms: %.2f\nforward_base_again_cpu_ms: "
+           "%.2f\n",
+           cbase, cwith, cagain);
+    printf("lora_overhead: %.1f %% wall, %.1f %% cpu time (adapter GEMMs are %.2f %% of the "
+           "forward's FLOPs)\n",
+           100.0 * (with - 0.5 * (base + again)) / (0.5 * (base + again)),
+           100.0 * (cwith - 0.5 * (cbase + cagain)) / (0.5 * (cbase + cagain)), 100.0 * lfl / fl);
 cleanup:
     unlink(path);
     dit_lora_destroy(lora);

@@ -23,12 +23,28 @@ typedef struct lora_site {
     int64_t row0, n0, nl, k0, kl;
 } lora_site;
 
+/* One module's output side within a group: y[:, row0 : row0 + nl] +=
+ * t[:, col0 : col0 + r] B^T. */
+typedef struct lora_out {
+    dit_tensor B; /* (nl, r), weight dtype, the file's scaling folded in */
+    int64_t row0; /* first output row of the linear it adds to */
+    int64_t col0; /* its rank columns in the group's t */
+} lora_out;
+
+/* The modules of one adapter that land in one linear (FLUX's fused q, k, v
+ * and proj_mlp: one input), their A's stacked so that x is read once. */
+typedef struct lora_group {
+    size_t site;  /* any of its sites: they share the destination */
+    dit_tensor A; /* (R, kl): the modules' A's, R their ranks summed */
+    size_t out0, n_outs;
+} lora_group;
+
 struct dit_lora_op {
     const dit_lora_op *next;
-    dit_tensor A;     /* (r, kl), weight dtype */
-    dit_tensor B;     /* (nl, r), weight dtype, file scaling folded in */
-    dit_tensor scale; /* (1, r) f32, every element the use's scale */
-    int64_t row0;     /* first output row of the linear it adds to */
+    dit_tensor A;     /* (R, kl), weight dtype */
+    dit_tensor scale; /* (1, R) f32, every element the use's scale */
+    const lora_out *outs;
+    size_t n_outs;
 };
 
 struct dit_lora_sites {
@@ -43,20 +59,17 @@ struct dit_lora_sites {
     bool active;
 };
 
-/* One piece of an adapter: the slices for one site. */
-typedef struct lora_piece {
-    size_t site;
-    dit_tensor A, B;
-} lora_piece;
-
 struct dit_lora {
     dit_backend *be;
     const dit_lora_sites *sites;
     void *buf;
     size_t bytes;
-    lora_piece *pieces;
-    size_t n_pieces;
+    lora_group *groups;
+    size_t n_groups;
+    lora_out *outs;
+    size_t n_outs;
     int n_modules, max_rank;
+    int64_t max_group_rank;
 };
 
 dit_status dit_lora_sites_create(dit_lora_kohya_fn kohya, dit_lora_sites **out, dit_diag *diag)
@@ -351,6 +364,23 @@ static dit_status check_mod(const lora_mod *m, const lora_site *s, const char *p
     return DIT_OK;
 }
 
+/* A piece (module i at site j) and the linear it lands in, for grouping. */
+typedef struct lora_pref {
+    size_t mod, site;
+    const dit_linear *dst;
+} lora_pref;
+
+/* By destination (any order keeps a group together), then in file order. */
+static int pref_cmp(const void *pa, const void *pb)
+{
+    const lora_pref *a = pa, *b = pb;
+    if (a->dst != b->dst)
+        return (uintptr_t)a->dst < (uintptr_t)b->dst ? -1 : 1;
+    if (a->mod != b->mod)
+        return a->mod < b->mod ? -1 : 1;
+    return a->site < b->site ? -1 : a->site > b->site;
+}
+
 dit_status dit_lora_load(dit_backend *be, const dit_lora_sites *sites, const char *path,
                          dit_lora **out, dit_diag *diag)
 {
@@ -358,6 +388,7 @@ dit_status dit_lora_load(dit_backend *be, const dit_lora_sites *sites, const cha
     dit_st_file *f = NULL;
     mod_list mods = {0};
     float *hA = NULL, *hB = NULL, *stage = NULL;
+    lora_pref *pieces = NULL;
     dit_lora *l = NULL;
     if (sites->oom) {
         st = dit_diag_set(diag, DIT_ERR_NOMEM, "lora: out of memory recording the model's linears");
@@ -402,67 +433,86 @@ dit_status dit_lora_load(dit_backend *be, const dit_lora_sites *sites, const cha
             }
     }
 
+    /* Every (module, site) piece, grouped by the linear it lands in. */
+    pieces = calloc(n_pieces ? n_pieces : 1, sizeof *pieces);
     l = calloc(1, sizeof *l);
-    if (!l || !(l->pieces = calloc(n_pieces, sizeof *l->pieces)) ||
+    if (!pieces || !l || !(l->groups = calloc(n_pieces ? n_pieces : 1, sizeof *l->groups)) ||
+        !(l->outs = calloc(n_pieces ? n_pieces : 1, sizeof *l->outs)) ||
         !(stage = malloc((stage_n ? stage_n : 1) * sizeof *stage))) {
         st = dit_diag_set(diag, DIT_ERR_NOMEM, "lora: out of memory");
         goto cleanup;
     }
+    size_t np = 0;
+    for (size_t i = 0; i < mods.n; i++)
+        for (size_t j = 0; j < sites->n; j++)
+            if (strcmp(sites->items[j].module, mods.items[i].module) == 0)
+                pieces[np++] = (lora_pref){.mod = i, .site = j, .dst = sites->items[j].dst};
+    qsort(pieces, np, sizeof *pieces, pref_cmp);
+
     l->be = be;
     l->sites = sites;
     const dit_dtype wdt = be->ops->weight_dtype;
     const size_t esz = dit_dtype_size(wdt);
-    /* Each tensor 64-byte aligned. */
+    /* Each group's A and each B 64-byte aligned. */
     size_t bytes = 0;
-    for (size_t i = 0; i < mods.n; i++) {
-        const lora_mod *m = &mods.items[i];
-        for (size_t j = 0; j < sites->n; j++) {
-            const lora_site *p = &sites->items[j];
-            if (strcmp(p->module, m->module) != 0)
-                continue;
-            const int64_t r = m->A->view.ne[0];
-            bytes += ((size_t)(r * p->kl) * esz + 63) / 64 * 64;
+    for (size_t g0 = 0, g1; g0 < np; g0 = g1) {
+        size_t rows = 0;
+        for (g1 = g0; g1 < np && pieces[g1].dst == pieces[g0].dst; g1++) {
+            const lora_site *p = &sites->items[pieces[g1].site];
+            const int64_t r = mods.items[pieces[g1].mod].A->view.ne[0];
+            rows += (size_t)r;
             bytes += ((size_t)(r * p->nl) * esz + 63) / 64 * 64;
         }
+        bytes += (rows * (size_t)sites->items[pieces[g0].site].kl * esz + 63) / 64 * 64;
     }
     DIT_CHECK(dit_backend_alloc(be, bytes ? bytes : 64, &l->buf));
     l->bytes = bytes;
-
-    size_t off = 0;
     for (size_t i = 0; i < mods.n; i++) {
-        const lora_mod *m = &mods.items[i];
-        const dit_tensor *A = &m->A->view, *B = &m->B->view;
-        const int64_t r = A->ne[0], K = A->ne[1], NB = B->ne[0];
-        free(hA);
-        free(hB);
-        hA = malloc((size_t)(r * K) * sizeof *hA);
-        hB = malloc((size_t)(NB * r) * sizeof *hB);
-        if (!hA || !hB) {
-            st = dit_diag_set(diag, DIT_ERR_NOMEM, "lora: out of memory");
-            goto cleanup;
-        }
-        DIT_CHECK(
-            dit_st_entry_convert(m->A, NULL, DIT_F32, hA, (size_t)(r * K) * sizeof *hA, diag));
-        DIT_CHECK(
-            dit_st_entry_convert(m->B, NULL, DIT_F32, hB, (size_t)(NB * r) * sizeof *hB, diag));
+        const int64_t r = mods.items[i].A->view.ne[0];
         if (r > l->max_rank)
             l->max_rank = (int)r;
-        l->n_modules++;
-        long si = site_find(sites, m->module);
-        const int64_t N = sites->items[si].N;
-        for (size_t j = (size_t)si; j < sites->n; j++) {
-            const lora_site *p = &sites->items[j];
-            if (strcmp(p->module, m->module) != 0)
-                continue;
-            lora_piece *pc = &l->pieces[l->n_pieces++];
-            pc->site = j;
-            /* A's columns [k0, k0 + kl). */
+    }
+    l->n_modules = (int)mods.n;
+
+    size_t off = 0;
+    for (size_t g0 = 0, g1; g0 < np; g0 = g1) {
+        lora_group *grp = &l->groups[l->n_groups++];
+        const lora_site *first = &sites->items[pieces[g0].site];
+        int64_t R = 0;
+        for (g1 = g0; g1 < np && pieces[g1].dst == pieces[g0].dst; g1++)
+            R += mods.items[pieces[g1].mod].A->view.ne[0];
+        grp->site = pieces[g0].site;
+        grp->A = dit_tensor_2d((char *)l->buf + off, wdt, R, first->kl);
+        grp->out0 = l->n_outs;
+        off += ((size_t)(R * first->kl) * esz + 63) / 64 * 64;
+        if (R > l->max_group_rank)
+            l->max_group_rank = R;
+        int64_t col0 = 0;
+        for (size_t q = g0; q < g1; q++) {
+            const lora_mod *m = &mods.items[pieces[q].mod];
+            const lora_site *p = &sites->items[pieces[q].site];
+            const dit_tensor *A = &m->A->view, *B = &m->B->view;
+            const int64_t r = A->ne[0], K = A->ne[1], NB = B->ne[0];
+            const int64_t N = p->N;
+            free(hA);
+            free(hB);
+            hA = malloc((size_t)(r * K) * sizeof *hA);
+            hB = malloc((size_t)(NB * r) * sizeof *hB);
+            if (!hA || !hB) {
+                st = dit_diag_set(diag, DIT_ERR_NOMEM, "lora: out of memory");
+                goto cleanup;
+            }
+            DIT_CHECK(
+                dit_st_entry_convert(m->A, NULL, DIT_F32, hA, (size_t)(r * K) * sizeof *hA, diag));
+            DIT_CHECK(
+                dit_st_entry_convert(m->B, NULL, DIT_F32, hB, (size_t)(NB * r) * sizeof *hB, diag));
+            /* A's columns [k0, k0 + kl) into rows [col0, col0 + r) of the
+             * group's A. */
             for (int64_t a = 0; a < r; a++)
                 memcpy(stage + a * p->kl, hA + a * K + p->k0, (size_t)p->kl * sizeof *stage);
-            pc->A = dit_tensor_2d((char *)l->buf + off, wdt, r, p->kl);
-            off += ((size_t)(r * p->kl) * esz + 63) / 64 * 64;
+            dit_tensor dA = dit_tensor_narrow(&grp->A, 0, col0, r);
             dit_tensor hv = dit_tensor_2d(stage, DIT_F32, r, p->kl);
-            DIT_CHECK(be->ops->upload(be, &pc->A, &hv));
+            DIT_CHECK(be->ops->upload(be, &dA, &hv));
             /* B's rows [n0, n0 + nl) of this module (after the swap of
              * halves), times the file's scaling. */
             for (int64_t n = 0; n < p->nl; n++) {
@@ -473,11 +523,16 @@ dit_status dit_lora_load(dit_backend *be, const dit_lora_sites *sites, const cha
                 for (int64_t a = 0; a < r; a++)
                     stage[n * r + a] = src[a] * m->mult;
             }
-            pc->B = dit_tensor_2d((char *)l->buf + off, wdt, p->nl, r);
+            lora_out *o = &l->outs[l->n_outs++];
+            o->B = dit_tensor_2d((char *)l->buf + off, wdt, p->nl, r);
+            o->row0 = p->row0;
+            o->col0 = col0;
             off += ((size_t)(r * p->nl) * esz + 63) / 64 * 64;
             hv = dit_tensor_2d(stage, DIT_F32, p->nl, r);
-            DIT_CHECK(be->ops->upload(be, &pc->B, &hv));
+            DIT_CHECK(be->ops->upload(be, &o->B, &hv));
+            col0 += r;
         }
+        grp->n_outs = l->n_outs - grp->out0;
     }
     DIT_CHECK(be->ops->sync(be));
     *out = l;
@@ -487,6 +542,7 @@ cleanup:
     free(hA);
     free(hB);
     free(stage);
+    free(pieces);
     free(mods.items);
     dit_st_file_close(f);
     return st;
@@ -498,7 +554,8 @@ void dit_lora_destroy(dit_lora *l)
         return;
     if (l->buf)
         dit_backend_free(l->be, l->buf);
-    free(l->pieces);
+    free(l->groups);
+    free(l->outs);
     free(l);
 }
 
@@ -530,7 +587,7 @@ dit_status dit_lora_attach(dit_lora_sites *s, const dit_lora_use *uses, int n_us
     dit_status st = DIT_OK;
     dit_lora_detach(s);
     size_t n_ops = 0;
-    int max_rank = 0;
+    int64_t max_rank = 0;
     dit_backend *be = NULL;
     for (int u = 0; u < n_uses; u++) {
         const dit_lora *l = uses[u].lora;
@@ -542,9 +599,9 @@ dit_status dit_lora_attach(dit_lora_sites *s, const dit_lora_use *uses, int n_us
         be = l->be;
         if (uses[u].scale == 0.0f)
             continue;
-        n_ops += l->n_pieces;
-        if (l->max_rank > max_rank)
-            max_rank = l->max_rank;
+        n_ops += l->n_groups;
+        if (l->max_group_rank > max_rank)
+            max_rank = l->max_group_rank;
     }
     if (n_ops == 0)
         return DIT_OK;
@@ -558,19 +615,20 @@ dit_status dit_lora_attach(dit_lora_sites *s, const dit_lora_use *uses, int n_us
         const dit_lora *l = uses[u].lora;
         if (uses[u].scale == 0.0f)
             continue;
-        dit_tensor sc =
-            dit_tensor_2d((float *)s->scales + (size_t)u * (size_t)max_rank, DIT_F32, 1, max_rank);
-        DIT_CHECK(be->ops->fill(be, &sc, uses[u].scale));
-        for (size_t i = 0; i < l->n_pieces; i++) {
-            const lora_piece *pc = &l->pieces[i];
-            lora_site *site = &s->items[pc->site];
+        float *sc = (float *)s->scales + (size_t)u * (size_t)max_rank;
+        dit_tensor all = dit_tensor_2d(sc, DIT_F32, 1, max_rank);
+        DIT_CHECK(be->ops->fill(be, &all, uses[u].scale));
+        for (size_t i = 0; i < l->n_groups; i++) {
+            const lora_group *g = &l->groups[i];
+            dit_linear *dst = s->items[g->site].dst;
             dit_lora_op *op = &s->ops[k++];
-            op->A = pc->A;
-            op->B = pc->B;
-            op->scale = dit_tensor_narrow(&sc, 1, 0, pc->A.ne[0]);
-            op->row0 = site->row0;
-            op->next = site->dst->lora;
-            site->dst->lora = op;
+            op->A = g->A;
+            /* Every element holds the scale: a dense (1, R) view. */
+            op->scale = dit_tensor_2d(sc, DIT_F32, 1, g->A.ne[0]);
+            op->outs = l->outs + g->out0;
+            op->n_outs = g->n_outs;
+            op->next = dst->lora;
+            dst->lora = op;
         }
     }
     DIT_CHECK(be->ops->sync(be));
@@ -596,35 +654,36 @@ dit_status dit_lora_linear(dit_backend *be, dit_arena *arena, const dit_tensor *
     if (st != DIT_OK)
         return st;
     const dit_arena_mark mark = dit_arena_get_mark(arena);
-    for (const dit_lora_op *op = L->lora; op; op = op->next) {
-        const int64_t r = op->A.ne[0];
+    for (const dit_lora_op *op = L->lora; op && st == DIT_OK; op = op->next) {
+        const int64_t R = op->A.ne[0];
         int64_t shape[3];
-        int nd = x->ndim;
+        const int nd = x->ndim;
         for (int d = 0; d < nd - 1; d++)
             shape[d] = x->ne[d];
-        shape[nd - 1] = r;
+        shape[nd - 1] = R;
         dit_tensor t0, t1;
         st = dit_arena_tensor(arena, DIT_F32, nd, shape, &t0);
         if (st == DIT_OK)
             st = dit_arena_tensor(arena, DIT_F32, nd, shape, &t1);
-        /* t0 = x A^T; t1 = scale t0 (as (1, rows, r) against the (1, r)
-         * scale); y[:, row0 : row0 + nl] += t1 B^T. */
+        /* t0 = x A^T for the stacked A's; t1 = scale t0 (as (1, rows, R)
+         * against the (1, R) scale); then each module's
+         * y[:, row0 : row0 + nl] += t1[:, col0 : col0 + r] B^T. */
         if (st == DIT_OK)
             st = be->ops->linear(be, &t0, x, &op->A, NULL, DIT_ACT_NONE, 0.0f);
         if (st == DIT_OK)
             st = be->ops->fill(be, &t1, 0.0f);
         if (st == DIT_OK) {
-            const int64_t rows = dit_tensor_numel(&t0) / r;
-            dit_tensor f0 = dit_tensor_3d(t0.data, DIT_F32, 1, rows, r);
-            dit_tensor f1 = dit_tensor_3d(t1.data, DIT_F32, 1, rows, r);
+            const int64_t rows = dit_tensor_numel(&t0) / R;
+            dit_tensor f0 = dit_tensor_3d(t0.data, DIT_F32, 1, rows, R);
+            dit_tensor f1 = dit_tensor_3d(t1.data, DIT_F32, 1, rows, R);
             st = be->ops->gated_add(be, &f1, &f0, &op->scale);
         }
-        if (st == DIT_OK) {
-            dit_tensor ys = dit_tensor_narrow(y, y->ndim - 1, op->row0, op->B.ne[0]);
-            st = be->ops->linear(be, &ys, &t1, &op->B, NULL, DIT_ACT_NONE, 1.0f);
+        for (size_t i = 0; i < op->n_outs && st == DIT_OK; i++) {
+            const lora_out *o = &op->outs[i];
+            dit_tensor ys = dit_tensor_narrow(y, y->ndim - 1, o->row0, o->B.ne[0]);
+            dit_tensor ts = dit_tensor_narrow(&t1, nd - 1, o->col0, o->B.ne[1]);
+            st = be->ops->linear(be, &ys, &ts, &o->B, NULL, DIT_ACT_NONE, 1.0f);
         }
-        if (st != DIT_OK)
-            break;
     }
     dit_arena_release(arena, mark);
     if (st == DIT_OK && act != DIT_ACT_NONE)
