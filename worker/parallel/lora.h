@@ -19,8 +19,10 @@
  *                   products), a packed one each block's columns of A.
  *   dit_lora        one adapter file loaded for one model on this rank:
  *                   its A and B slices in backend memory, the file's own
- *                   scaling (alpha / rank) folded into B. Load it once,
- *                   attach it to many generations.
+ *                   scaling (alpha / rank) folded into B, the A's of the
+ *                   modules that land in one linear stacked (one GEMM reads
+ *                   the input for all of them). Load it once, attach it to
+ *                   many generations.
  *   attachment      dit_lora_attach(sites, {adapter, scale}...) points the
  *                   model's linears at the adapters until dit_lora_detach.
  *
