@@ -1,9 +1,9 @@
 /* LoRA adapters (parallel/lora.h) against diffusers: the fixtures of
  * tests/golden/gen_lora_golden.py through the model interface in process
  * (one adapter per format, two at once, a subset, scale 0, Wan), through
- * `ditrun forward` on meshes (tp 2, ring 2, tp 2 x ulysses 2) and through
- * `ditrun generate` on the demo pipeline; the refusals and their messages;
- * switching adapters between forwards of one model.
+ * `ditrun forward` on meshes (tp 2, ring 2, tp 2 x ulysses 2; Wan on tp 2 x
+ * ring 2) and through `ditrun generate` on the demo pipeline; the refusals
+ * and their messages; switching adapters between forwards of one model.
  *
  * Every reference is checked to be far (> 100 x the tolerance) from the
  * base model's output, so a run that ignored the adapter would fail. */
@@ -312,6 +312,45 @@ START_TEST(ditrun_forward_on_meshes_matches_diffusers)
 }
 END_TEST
 
+/* Wan through the same generic path on a mesh that splits its weights and
+ * its video tokens. */
+START_TEST(ditrun_forward_wan_on_tp_and_ring_matches_diffusers)
+{
+    char model[1024], inputs[1024], lora[1100], out[128], exp[1024], log[16384];
+    data_path(model, sizeof model, "wan_golden/parallel_even/transformer");
+    data_path(inputs, sizeof inputs, "wan_golden/parallel_even/inputs.safetensors");
+    data_path(exp, sizeof exp, "lora/expected.safetensors");
+    data_path(lora, sizeof lora, "lora/wan_peft.safetensors");
+    strcat(lora, ":0.9");
+    snprintf(out, sizeof out, "/tmp/dit_lora_wan_%d.safetensors", (int)getpid());
+    char *argv[] = {(char *)test_env("DITRUN"),
+                    "forward",
+                    "--model",
+                    model,
+                    "--inputs",
+                    inputs,
+                    "--output",
+                    out,
+                    "--lora",
+                    lora,
+                    "--world-size",
+                    "4",
+                    "--tp",
+                    "2",
+                    "--ring",
+                    "2",
+                    "--quiet",
+                    NULL};
+    const int rc = test_run(argv, NULL, log, sizeof log, NULL);
+    ck_assert_msg(rc == 0, "ditrun exited %d:\n%s", rc, log);
+    const test_err e = test_compare_files(out, "sample", exp, "wan");
+    printf("forward, wan tp 2 x ring 2  vs diffusers %.3g\n", e.rel);
+    fflush(stdout);
+    ck_assert_msg(e.rel <= FORWARD_TOL, "%.3g from diffusers", e.rel);
+    unlink(out);
+}
+END_TEST
+
 START_TEST(ditrun_generate_matches_diffusers)
 {
     const mesh_case *m = &meshes[_i];
@@ -407,6 +446,7 @@ static Suite *suite(void)
     tcase_set_timeout(tr, 900);
     tcase_add_loop_test(tr, ditrun_forward_on_meshes_matches_diffusers, 0,
                         (int)(sizeof meshes / sizeof meshes[0]));
+    tcase_add_test(tr, ditrun_forward_wan_on_tp_and_ring_matches_diffusers);
     tcase_add_loop_test(tr, ditrun_generate_matches_diffusers, 0, 3);
     tcase_add_test(tr, ditrun_reports_a_refused_adapter);
     suite_add_tcase(s, tr);
