@@ -258,6 +258,33 @@ START_TEST(bad_files_are_refused_naming_the_key)
 }
 END_TEST
 
+/* Fusing merges the adapters into the weights: the same output, and no
+ * fusing while adapters are attached. */
+START_TEST(fused_adapters_match_diffusers)
+{
+    fixture f;
+    fixture_open(&f, "golden/parallel_even");
+    dit_lora *peft = load(&f, "lora/peft.safetensors");
+    dit_lora *kohya = load(&f, "lora/kohya.safetensors");
+    dit_lora_sites *sites = dit_model_lora_sites(f.model);
+    dit_diag diag;
+    dit_diag_clear(&diag);
+    attach(&f, &(dit_lora_use){peft, 1.0f}, 1);
+    ck_assert_int_ne(dit_lora_fuse(sites, peft, 0.7f, &diag), DIT_OK);
+    ck_assert_msg(strstr(dit_diag_msg(&diag), "detach"), "%s", dit_diag_msg(&diag));
+    dit_lora_detach(sites);
+    dit_diag_clear(&diag);
+    ck_assert_msg(dit_lora_fuse(sites, peft, 0.7f, &diag) == DIT_OK, "%s", dit_diag_msg(&diag));
+    ck_assert_msg(dit_lora_fuse(sites, kohya, -0.4f, &diag) == DIT_OK, "%s", dit_diag_msg(&diag));
+    dit_lora_destroy(peft);
+    dit_lora_destroy(kohya);
+    ck_assert(!dit_lora_sites_active(sites));
+    forward(&f);
+    expect_reference(&f, "two");
+    fixture_close(&f);
+}
+END_TEST
+
 /* ------------------------------------------------------------------------ */
 /* Through ditrun, on meshes                                                 */
 
@@ -271,6 +298,9 @@ static const mesh_case meshes[] = {
     {"tp 2", {"--world-size", "2", "--tp", "2"}},
     {"ring 2", {"--world-size", "2", "--ring", "2"}},
     {"tp 2 x ulysses 2", {"--world-size", "4", "--tp", "2", "--ulysses", "2"}},
+    /* Merged into the weights at load instead (forward only). */
+    {"one rank, fused", {"--fuse-lora"}},
+    {"tp 2, fused", {"--world-size", "2", "--tp", "2", "--fuse-lora"}},
 };
 
 START_TEST(ditrun_forward_on_meshes_matches_diffusers)
@@ -439,6 +469,7 @@ static Suite *suite(void)
     tcase_add_loop_test(tc, adapter_matches_diffusers, 0,
                         (int)(sizeof ref_cases / sizeof ref_cases[0]));
     tcase_add_test(tc, forwards_switch_adapters_without_touching_the_base);
+    tcase_add_test(tc, fused_adapters_match_diffusers);
     tcase_add_loop_test(tc, bad_files_are_refused_naming_the_key, 0,
                         (int)(sizeof refusals / sizeof refusals[0]));
     suite_add_tcase(s, tc);

@@ -10,6 +10,8 @@
  *    same run without the adapter, with it attached, and without it again
  *    (forwards alternate; medians of wall and of process CPU time: with
  *    --threads 1 the latter holds still on a shared machine).
+ *    Then the adapter merged into the weights (dit_lora_fuse): its time, and
+ *    a forward after it.
  * 2. Load time for FLUX.1-dev dimensions (19 + 38 blocks, hidden 3072, FFN
  *    12288): a rank-r diffusers/PEFT file (bf16, as trainers save them) on
  *    the same linears, written to a temporary file, then dit_lora_load
@@ -276,6 +278,20 @@ static dit_status bench_forward(const opts *o, dit_backend *be, dit_diag *diag)
     printf("forward_base_cpu_ms: %.2f\nforward_lora_cpu_ms: %.2f\nforward_base_again_cpu_ms: "
            "%.2f\n",
            cbase, cwith, cagain);
+    /* Merged into the weights instead: the time to fuse, and a forward. */
+    double t0 = now_ms();
+    DIT_CHECK(dit_lora_fuse(sites, lora, 1.0f, diag));
+    const double t_fuse = now_ms() - t0;
+    double fused[16];
+    const int nf = o->iters < 16 ? (int)o->iters : 16;
+    for (int i = 0; i < nf; i++) {
+        t0 = now_ms();
+        DIT_CHECK(dit_flux_forward(m, arena, &in, &out, diag));
+        DIT_CHECK(be->ops->sync(be));
+        fused[i] = now_ms() - t0;
+        dit_arena_reset(arena);
+    }
+    printf("fuse_ms: %.1f\nforward_fused_ms: %.2f\n", t_fuse, median(fused, nf));
     printf("lora_overhead: %.1f %% wall, %.1f %% cpu time (adapter GEMMs are %.2f %% of the "
            "forward's FLOPs)\n",
            100.0 * (with - 0.5 * (base + again)) / (0.5 * (base + again)),

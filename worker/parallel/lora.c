@@ -640,6 +640,67 @@ cleanup:
 }
 
 /* ------------------------------------------------------------------------ */
+/* Fusing                                                                    */
+
+dit_status dit_lora_fuse(dit_lora_sites *s, const dit_lora *l, float scale, dit_diag *diag)
+{
+    dit_status st = DIT_OK;
+    float *hA = NULL, *hB = NULL, *hW = NULL;
+    if (l->sites != s)
+        return dit_diag_set(diag, DIT_ERR_INVALID_ARG, "lora fuse: not loaded for this model");
+    if (s->active)
+        return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
+                            "lora fuse: detach the attached adapters first");
+    dit_backend *be = l->be;
+    for (size_t g = 0; g < l->n_groups; g++) {
+        const lora_group *grp = &l->groups[g];
+        const dit_linear *dst = s->items[grp->site].dst;
+        const int64_t kl = grp->A.ne[1];
+        for (size_t i = 0; i < grp->n_outs; i++) {
+            const lora_out *o = &l->outs[grp->out0 + i];
+            const int64_t nl = o->B.ne[0], r = o->B.ne[1];
+            free(hA);
+            free(hB);
+            free(hW);
+            hA = malloc((size_t)(r * kl) * sizeof *hA);
+            hB = malloc((size_t)(nl * r) * sizeof *hB);
+            hW = malloc((size_t)(nl * kl) * sizeof *hW);
+            if (!hA || !hB || !hW) {
+                st = dit_diag_set(diag, DIT_ERR_NOMEM, "lora fuse: out of memory");
+                goto cleanup;
+            }
+            const dit_tensor A = dit_tensor_narrow(&grp->A, 0, o->col0, r);
+            const dit_tensor W = dit_tensor_narrow(&dst->w, 0, o->row0, nl);
+            dit_tensor ha = dit_tensor_2d(hA, DIT_F32, r, kl);
+            dit_tensor hb = dit_tensor_2d(hB, DIT_F32, nl, r);
+            dit_tensor hw = dit_tensor_2d(hW, DIT_F32, nl, kl);
+            DIT_CHECK(be->ops->download(be, &ha, &A));
+            DIT_CHECK(be->ops->download(be, &hb, &o->B));
+            DIT_CHECK(be->ops->download(be, &hw, &W));
+            /* W (nl, kl) += scale B (nl, r) A (r, kl), row by row. */
+            for (int64_t n = 0; n < nl; n++) {
+                float *w = hW + n * kl;
+                for (int64_t a = 0; a < r; a++) {
+                    const float c = scale * hB[n * r + a];
+                    const float *ar = hA + a * kl;
+                    for (int64_t k = 0; k < kl; k++)
+                        w[k] += c * ar[k];
+                }
+            }
+            DIT_CHECK(be->ops->upload(be, &W, &hw));
+        }
+    }
+    st = be->ops->sync(be);
+cleanup:
+    if (st != DIT_OK)
+        dit_diag_set(diag, st, "lora fuse: %s", dit_status_str(st));
+    free(hA);
+    free(hB);
+    free(hW);
+    return st;
+}
+
+/* ------------------------------------------------------------------------ */
 /* The product                                                               */
 
 dit_status dit_lora_linear(dit_backend *be, dit_arena *arena, const dit_tensor *y,

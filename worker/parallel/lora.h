@@ -123,6 +123,15 @@ dit_status dit_lora_attach(dit_lora_sites *sites, const dit_lora_use *uses, int 
 /* Back to the base model. NULL-safe. */
 void dit_lora_detach(dit_lora_sites *sites);
 
+/* Merges scale times adapter `l` into the model's weights for good:
+ * W += scale B A for each of its modules (on the host in f32, then stored
+ * back in the backend's weight dtype), so later forwards run at the base
+ * model's speed with no adapter attached. This is the one call that
+ * rewrites base weights: reload the model to undo it (subtracting would not
+ * give the bf16 weights back). Nothing may be attached while fusing; `l`
+ * may be destroyed afterwards. */
+dit_status dit_lora_fuse(dit_lora_sites *sites, const dit_lora *l, float scale, dit_diag *diag);
+
 /* y = act(x W^T + b + sum scale (x A^T) B^T) + beta y for L and the
  * adapters attached to it, with the backend linear's shapes: x (B, M, K) or
  * (M, K), y (B, M, N) or (M, N). With none attached this is exactly

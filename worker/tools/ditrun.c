@@ -30,8 +30,8 @@ static const char *const exit_help =
 static const char *const forward_usage =
     "usage: ditrun forward --model DIR --inputs IN.safetensors --output OUT.safetensors\n"
     "                      [--backend cpu|cuda] [--threads N] [--repeat N]\n"
-    "                      [--compare FILE] [--lora PATH[:SCALE]]... [--quiet]\n"
-    "                      [parallel options]\n"
+    "                      [--compare FILE] [--lora PATH[:SCALE]]... [--fuse-lora]\n"
+    "                      [--quiet] [parallel options]\n"
     "\n"
     "Runs one transformer forward pass (FluxTransformer2DModel or WanTransformer3DModel,\n"
     "by config.json's _class_name), as diffusers' model(...) would. --inputs holds the\n"
@@ -51,7 +51,7 @@ static const char *const generate_usage =
     "                       [--true-cfg S] [--seed N] [--max-sequence-length N]\n"
     "                       [--latents FILE] [--output-latents FILE]\n"
     "                       [--backend cpu|cuda] [--threads N] [--quiet]\n"
-    "                       [--lora PATH[:SCALE]]...\n"
+    "                       [--lora PATH[:SCALE]]... [--fuse-lora]\n"
     "                       [parallel options]\n"
     "\n"
     "Text to image (FluxPipeline) or text to video (WanPipeline) with a diffusers\n"
@@ -91,7 +91,7 @@ typedef struct raw_args {
     long long width, height, frames, fps, steps, max_seq;
     double guidance, true_cfg;
     uint64_t seed;
-    bool quiet, uany, rany, unany, nofp32;
+    bool quiet, uany, rany, unany, nofp32, fuse_lora;
     const char *lora[DITRUN_MAX_LORA];
     int n_lora;
     bool lora_overflow;
@@ -227,12 +227,23 @@ static int set_true_cfg(void *target, const char *val, char *err, size_t cap)
     }
 
 #define LORA_OPT                                                                                   \
-    {                                                                                              \
-        "lora", 0, DIT_OPT_CUSTOM, NULL, "PATH[:SCALE]",                                           \
-            "a LoRA adapter (diffusers/PEFT or kohya safetensors) for the transformer, times "     \
-            "SCALE (default 1); repeat for several",                                               \
-            NULL, 0, 0, 0, set_lora, false                                                         \
-    }
+    {"lora",                                                                                       \
+     0,                                                                                            \
+     DIT_OPT_CUSTOM,                                                                               \
+     NULL,                                                                                         \
+     "PATH[:SCALE]",                                                                               \
+     "a LoRA adapter (diffusers/PEFT or kohya safetensors) for the transformer, times "            \
+     "SCALE (default 1); repeat for several",                                                      \
+     NULL,                                                                                         \
+     0,                                                                                            \
+     0,                                                                                            \
+     0,                                                                                            \
+     set_lora,                                                                                     \
+     false},                                                                                       \
+        R_FLAG("fuse-lora", 0,                                                                     \
+               "merge the --lora adapters into the weights at load (full speed; the base weights " \
+               "are rewritten for this run)",                                                      \
+               fuse_lora)
 
 #define FORWARD_OPTS                                                                               \
     R_STR("inputs", 'i', "FILE", "safetensors with the forward arguments (see above)", inputs),    \
@@ -372,6 +383,9 @@ static int parse(ditrun_args *a, int argc, char **argv)
     for (int i = 0; i < r.n_lora; i++)
         split_lora(r.lora[i], a->lora_path[i], sizeof a->lora_path[i], &a->lora_scale[i]);
     a->n_lora = r.n_lora;
+    a->fuse_lora = r.fuse_lora;
+    if (a->fuse_lora && a->n_lora == 0)
+        return usage_error(usage, "%s", "--fuse-lora needs at least one --lora");
     a->gen.prompt = r.prompt;
     a->gen.prompt_2 = r.prompt_2;
     a->gen.negative_prompt = r.neg;

@@ -41,6 +41,7 @@ typedef struct ditrun_args {
     char lora_path[DITRUN_MAX_LORA][1024];
     float lora_scale[DITRUN_MAX_LORA];
     int n_lora;
+    bool fuse_lora; /* merge them into the weights at load instead */
     double comm_timeout;
     int mesh_rank;        /* >= 0 in a rank process started by the launcher */
     const char *mesh_shm; /* the mesh's shared-memory name, in rank processes */
@@ -82,7 +83,8 @@ dit_status ditrun_fault_block(void *ctx, int block, dit_diag *diag);
 double ditrun_now_ms(void);
 
 /* Loads a->lora_path[] against the model's LoRA sites and attaches them
- * with their scales; *loras receives the adapters (a->n_lora of them) to
+ * with their scales (or, with a->fuse_lora, merges them into the weights
+ * instead); *loras receives the adapters (a->n_lora of them) to
  * destroy after the model's last forward (after dit_lora_detach). */
 dit_status ditrun_attach_loras(const ditrun_args *a, dit_backend *be, dit_lora_sites *sites,
                                dit_lora **loras, dit_diag *diag);

@@ -19,6 +19,12 @@ dit_status ditrun_attach_loras(const ditrun_args *a, dit_backend *be, dit_lora_s
         uses[i].lora = loras[i];
         uses[i].scale = a->lora_scale[i];
     }
+    if (a->fuse_lora) {
+        /* Merged for good; the adapters stay loaded for the report. */
+        for (int i = 0; i < a->n_lora; i++)
+            DIT_CHECK(dit_lora_fuse(sites, loras[i], a->lora_scale[i], diag));
+        return DIT_OK;
+    }
     DIT_CHECK(dit_lora_attach(sites, uses, a->n_lora, diag));
 cleanup:
     return st;
