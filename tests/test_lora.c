@@ -1,6 +1,7 @@
 /* LoRA adapters (parallel/lora.h) against diffusers: the fixtures of
  * tests/golden/gen_lora_golden.py through the model interface in process
- * (one adapter per format, two at once, a subset, scale 0, Wan), through
+ * (one adapter per format, two at once, a subset, scale 0, diffusers'
+ * adapter metadata, Wan), through
  * `ditrun forward` on meshes (tp 2, ring 2, tp 2 x ulysses 2; Wan on tp 2 x
  * ring 2) and through `ditrun generate` on the demo pipeline; the refusals
  * and their messages; switching adapters between forwards of one model.
@@ -145,6 +146,7 @@ static const ref_case ref_cases[] = {
      "golden/parallel_even"},
     {"subset", {"lora/subset.safetensors"}, {1.5f}, "golden/parallel_even"},
     {"kohya_linear1", {"lora/kohya_linear1.safetensors"}, {1.0f}, "golden/parallel_even"},
+    {"meta", {"lora/meta.safetensors"}, {1.0f}, "golden/parallel_even"},
     {"wan", {"lora/wan_peft.safetensors"}, {0.9f}, "wan_golden/parallel_even"},
 };
 

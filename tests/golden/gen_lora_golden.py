@@ -37,6 +37,9 @@ Writes tests/data/lora/:
     kohya_linear1            kohya_linear1.safetensors (single blocks' fused
                              linear1 with alpha 3, rank 4), through its PEFT
                              equivalent split by this model's widths
+    meta                     meta.safetensors (PEFT keys without prefix and
+                             diffusers' lora_adapter_metadata: r 4,
+                             lora_alpha 8) on to_q, ff.net.2 and proj_mlp
     wan                      wan_peft.safetensors at weight 0.9 on the Wan case
                              wan_golden/parallel_even
   wan_peft.safetensors       PEFT keys with ".alpha" (rank 3, alpha 6) on every
@@ -54,9 +57,11 @@ Everything is seeded; torch runs single-threaded.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import torch
+from peft import LoraConfig
 from safetensors.torch import load_file, save_file
 
 from diffusers import FluxPipeline, FluxTransformer2DModel, WanTransformer3DModel
@@ -265,6 +270,22 @@ def main():
     rel = float((expected["wan"] - wan_base).abs().max() / wan_base.abs().max())
     print(f"wan      max|sample| {float(expected['wan'].abs().max()):.3f}, change from the base "
           f"{rel:.3g} of max|base|")
+    # A file with diffusers' "lora_adapter_metadata" (PEFT's LoraConfig, as
+    # save_lora_adapter writes it): scaling lora_alpha / r = 8 / 4, no
+    # .alpha keys, module names without the "transformer." prefix.
+    torch.manual_seed(5151)
+    m = load_transformer()
+    m.add_adapter(LoraConfig(r=4, lora_alpha=8, target_modules=["to_q", "ff.net.2", "proj_mlp"],
+                             init_lora_weights=False), adapter_name="meta")
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if "lora_" in name:
+                p.mul_(0.3)
+    m.save_lora_adapter(str(OUT / "meta_tmp"), adapter_name="meta")
+    shutil.move(str(OUT / "meta_tmp" / "pytorch_lora_weights.safetensors"),
+                str(OUT / "meta.safetensors"))
+    shutil.rmtree(OUT / "meta_tmp")
+    expected["meta"] = forward(m, inputs)
     save_file(expected, str(OUT / "expected.safetensors"))
 
     # The pipeline case.

@@ -3,9 +3,12 @@
  * product inside the linear. See lora.h. */
 #include "parallel/lora.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <cjson/cJSON.h>
 
 #include "loader/safetensors.h"
 
@@ -228,10 +231,78 @@ static dit_status alpha_of(const dit_st_file *f, const char *name, int64_t rank,
     return DIT_OK;
 }
 
+/* diffusers' "lora_adapter_metadata" (PEFT's LoraConfig as JSON, its keys
+ * prefixed "transformer." when a pipeline saved it): *mult = lora_alpha / r
+ * (/ sqrt(r) with use_rslora) for every diffusers-format module, and the r
+ * every module must have; *has false without metadata. What would change
+ * the scaling per module, or is not a plain LoRA, is refused. */
+typedef struct lora_meta {
+    bool has;
+    double mult;
+    int64_t r;
+} lora_meta;
+
+static const cJSON *meta_get(const cJSON *j, const char *key)
+{
+    char buf[64];
+    snprintf(buf, sizeof buf, "transformer.%s", key);
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, buf);
+    return v ? v : cJSON_GetObjectItemCaseSensitive(j, key);
+}
+
+static dit_status parse_meta(const dit_st_file *f, const char *path, lora_meta *out, dit_diag *diag)
+{
+    memset(out, 0, sizeof *out);
+    const char *raw = dit_st_file_metadata(f, "lora_adapter_metadata");
+    if (!raw)
+        return DIT_OK;
+    cJSON *j = cJSON_Parse(raw);
+    dit_status st = DIT_OK;
+    if (!j || !cJSON_IsObject(j)) {
+        st = dit_diag_set(diag, DIT_ERR_FORMAT, "%s: lora_adapter_metadata is not a JSON object",
+                          path);
+        goto cleanup;
+    }
+    const cJSON *alpha = meta_get(j, "lora_alpha"), *r = meta_get(j, "r");
+    if (!cJSON_IsNumber(alpha) || !cJSON_IsNumber(r) || r->valuedouble < 1) {
+        st = dit_diag_set(diag, DIT_ERR_FORMAT,
+                          "%s: lora_adapter_metadata has no numeric 'lora_alpha' and 'r'", path);
+        goto cleanup;
+    }
+    static const char *const patterns[] = {"alpha_pattern", "rank_pattern"};
+    for (int i = 0; i < 2; i++) {
+        const cJSON *p = meta_get(j, patterns[i]);
+        if (p && !cJSON_IsNull(p) && !(cJSON_IsObject(p) && !p->child)) {
+            st = dit_diag_set(diag, DIT_ERR_UNSUPPORTED,
+                              "%s: lora_adapter_metadata's '%s' (per-module scalings) is not "
+                              "supported",
+                              path, patterns[i]);
+            goto cleanup;
+        }
+    }
+    static const char *const flags[] = {"use_dora", "lora_bias"};
+    for (int i = 0; i < 2; i++)
+        if (cJSON_IsTrue(meta_get(j, flags[i]))) {
+            st = dit_diag_set(diag, DIT_ERR_UNSUPPORTED,
+                              "%s: lora_adapter_metadata has %s: only plain LoRA is supported",
+                              path, flags[i]);
+            goto cleanup;
+        }
+    out->has = true;
+    out->r = (int64_t)r->valuedouble;
+    out->mult = alpha->valuedouble /
+                (cJSON_IsTrue(meta_get(j, "use_rslora")) ? sqrt(r->valuedouble) : r->valuedouble);
+cleanup:
+    cJSON_Delete(j);
+    return st;
+}
+
 /* Fills `mods` from the file, checking every key is understood and paired. */
 static dit_status parse(const dit_st_file *f, const dit_lora_sites *sites, const char *path,
                         mod_list *mods, dit_diag *diag)
 {
+    lora_meta meta;
+    RET(parse_meta(f, path, &meta, diag));
     const size_t n = dit_st_file_count(f);
     for (size_t i = 0; i < n; i++) {
         const dit_st_entry *e = dit_st_file_at(f, i);
@@ -267,6 +338,20 @@ static dit_status parse(const dit_st_file *f, const dit_lora_sites *sites, const
             if (e->view.ndim == 2) {
                 snprintf(other, sizeof other, "%s%s.alpha", pre, mod);
                 RET(alpha_of(f, other, e->view.ne[0], &m->mult, diag));
+            }
+            if (meta.has) {
+                /* As diffusers: metadata and .alpha keys do not go together. */
+                if (dit_st_file_find(f, other))
+                    return dit_diag_set(diag, DIT_ERR_FORMAT,
+                                        "%s: key '%s' and lora_adapter_metadata both give the "
+                                        "scaling",
+                                        path, other);
+                if (e->view.ndim == 2 && e->view.ne[0] != meta.r)
+                    return dit_diag_set(diag, DIT_ERR_FORMAT,
+                                        "%s: key '%s' has rank %lld, lora_adapter_metadata says "
+                                        "r = %lld",
+                                        path, e->name, (long long)e->view.ne[0], (long long)meta.r);
+                m->mult = (float)meta.mult;
             }
             continue;
         }
