@@ -29,6 +29,7 @@
 #include "core/status.h"
 #include "core/tensor.h"
 #include "parallel/cp_plan.h"
+#include "parallel/lora.h"
 #include "parallel/mesh.h"
 #include "parallel/tp_plan.h"
 
@@ -126,6 +127,10 @@ struct dit_model_class {
     /* CUDA-graph replay of the forward (backend/graph_cache.h); optional. */
     void (*set_graphs)(void *m, bool on);
     bool (*graph_captured)(const void *m);
+    /* The linears LoRA adapters may target (parallel/lora.h): load adapters
+     * against them, attach a set before a forward, detach after. NULL: the
+     * class takes no adapters. */
+    dit_lora_sites *(*lora_sites)(void *m);
 };
 
 /* The class whose diffusers name is `diffusers_class`, or NULL. */
@@ -149,5 +154,9 @@ dit_status dit_model_wrap(const dit_model_class *cls, void *impl, dit_model **ou
 void dit_model_destroy(dit_model *m);
 
 const void *dit_model_config(const dit_model *m);
+
+/* m's LoRA sites (parallel/lora.h), or NULL when its class takes no
+ * adapters. */
+dit_lora_sites *dit_model_lora_sites(dit_model *m);
 
 #endif

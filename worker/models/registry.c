@@ -107,3 +107,8 @@ const void *dit_model_config(const dit_model *m)
 {
     return m->cls->config_of(m->impl);
 }
+
+dit_lora_sites *dit_model_lora_sites(dit_model *m)
+{
+    return m && m->cls->lora_sites ? m->cls->lora_sites(m->impl) : NULL;
+}

@@ -3,6 +3,15 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "parallel/lora.h"
+
+static void site(const dit_tp_plan *tp, const char *module, int64_t N, int64_t K, dit_linear *L,
+                 int64_t row0, int64_t n0, int64_t nl, int64_t k0, int64_t kl)
+{
+    if (tp->sites)
+        dit_lora_sites_add(tp->sites, module, N, K, L, row0, n0, nl, k0, kl);
+}
+
 bool dit_tp_pattern_match(const char *pat, const char *s)
 {
     while (*pat && *s) {
@@ -111,15 +120,18 @@ void dit_tp_add_linear(dit_weight_plan *wp, const dit_tp_plan *tp, const char *m
         w = dit_weight_plan_piece(wp, buf, 1, N, 0);
         if (w)
             w->dst = &L->b;
+        site(tp, module, N, K, L, 0, 0, N, 0, K);
         return;
     }
     case DIT_TP_COLWISE:
     case DIT_TP_COLWISE_GATHER:
         reserve(wp, L, N / T, K);
         rows_into(wp, L, module, N, K, r * (N / T), N / T, 0);
+        site(tp, module, N, K, L, 0, r * (N / T), N / T, 0, K);
         return;
     case DIT_TP_ROWWISE:
         cols(wp, L, module, N, K, r * (K / T), K / T, r == 0);
+        site(tp, module, N, K, L, 0, 0, N, r * (K / T), K / T);
         return;
     case DIT_TP_PACKED_ROWS:
         mark_bad(wp, module, "is PACKED_ROWS; its model must load it with dit_tp_add_packed");
@@ -141,6 +153,7 @@ void dit_tp_add_fused(dit_weight_plan *wp, const dit_tp_plan *tp, const char *co
         if (st != DIT_TP_COLWISE && !(st == DIT_TP_REPLICATE && T == 1))
             mark_bad(wp, modules[i], "is fused into a column-split projection but not COLWISE");
         rows_into(wp, L, modules[i], N[i], K, r * (N[i] / T), N[i] / T, row0);
+        site(tp, modules[i], N[i], K, L, row0, r * (N[i] / T), N[i] / T, 0, K);
         row0 += N[i] / T;
     }
 }
@@ -158,6 +171,7 @@ void dit_tp_add_packed(dit_weight_plan *wp, const dit_tp_plan *tp, const char *m
     for (int i = 0; i < n_blocks; i++) {
         const int64_t local = widths[i] / T;
         cols(wp, L[i], module, N, K, start + r * local, local, i == 0 ? r == 0 : -1);
+        site(tp, module, N, K, L[i], 0, 0, N, start + r * local, local);
         start += widths[i];
     }
 }

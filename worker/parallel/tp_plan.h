@@ -47,11 +47,17 @@ typedef struct dit_tp_rule {
     dit_tp_style style;
 } dit_tp_rule;
 
-/* A plan and this rank's place in the tp group. */
+struct dit_lora_sites;
+struct dit_lora_op;
+
+/* A plan and this rank's place in the tp group. With `sites` set, every
+ * linear added through it is also recorded there as a LoRA target
+ * (parallel/lora.h), with the same slicing. */
 typedef struct dit_tp_plan {
     const dit_tp_rule *rules;
     int n_rules;
     int tp_degree, tp_rank;
+    struct dit_lora_sites *sites; /* NULL: record nothing */
 } dit_tp_plan;
 
 /* A linear as this rank holds it. */
@@ -59,6 +65,9 @@ typedef struct dit_linear {
     dit_tensor w; /* (N_local, K_local) */
     dit_tensor b; /* (N_local), valid when has_b */
     bool has_b;
+    /* Adapter products added to its output (parallel/lora.h); NULL when
+     * none is attached. */
+    const struct dit_lora_op *lora;
 } dit_linear;
 
 bool dit_tp_pattern_match(const char *pattern, const char *module);

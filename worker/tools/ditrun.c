@@ -30,7 +30,8 @@ static const char *const exit_help =
 static const char *const forward_usage =
     "usage: ditrun forward --model DIR --inputs IN.safetensors --output OUT.safetensors\n"
     "                      [--backend cpu|cuda] [--threads N] [--repeat N]\n"
-    "                      [--compare FILE] [--quiet] [parallel options]\n"
+    "                      [--compare FILE] [--lora PATH[:SCALE]]... [--fuse-lora]\n"
+    "                      [--quiet] [parallel options]\n"
     "\n"
     "Runs one transformer forward pass (FluxTransformer2DModel or WanTransformer3DModel,\n"
     "by config.json's _class_name), as diffusers' model(...) would. --inputs holds the\n"
@@ -50,6 +51,7 @@ static const char *const generate_usage =
     "                       [--true-cfg S] [--seed N] [--max-sequence-length N]\n"
     "                       [--latents FILE] [--output-latents FILE]\n"
     "                       [--backend cpu|cuda] [--threads N] [--quiet]\n"
+    "                       [--lora PATH[:SCALE]]... [--fuse-lora]\n"
     "                       [parallel options]\n"
     "\n"
     "Text to image (FluxPipeline) or text to video (WanPipeline) with a diffusers\n"
@@ -89,8 +91,43 @@ typedef struct raw_args {
     long long width, height, frames, fps, steps, max_seq;
     double guidance, true_cfg;
     uint64_t seed;
-    bool quiet, uany, rany, unany, nofp32;
+    bool quiet, uany, rany, unany, nofp32, fuse_lora;
+    const char *lora[DITRUN_MAX_LORA];
+    int n_lora;
+    bool lora_overflow;
 } raw_args;
+
+static int set_lora(void *target, const char *val, char *err, size_t cap)
+{
+    raw_args *r = target;
+    if (r->n_lora == DITRUN_MAX_LORA) {
+        snprintf(err, cap, "takes at most %d adapters", DITRUN_MAX_LORA);
+        return -1;
+    }
+    if (*val == '\0') {
+        snprintf(err, cap, "wants PATH[:SCALE], not ''");
+        return -1;
+    }
+    r->lora[r->n_lora++] = val;
+    return 0;
+}
+
+/* PATH[:SCALE]: a suffix after the last ':' that reads as a finite number
+ * is the scale (1 without one). */
+static void split_lora(const char *spec, char *path, size_t cap, float *scale)
+{
+    snprintf(path, cap, "%s", spec);
+    *scale = 1.0f;
+    char *colon = strrchr(path, ':');
+    if (!colon || colon == path)
+        return;
+    char *end;
+    const double v = strtod(colon + 1, &end);
+    if (colon[1] != '\0' && *end == '\0' && isfinite(v)) {
+        *scale = (float)v;
+        *colon = '\0';
+    }
+}
 
 static int set_seed(void *target, const char *val, char *err, size_t cap)
 {
@@ -189,6 +226,25 @@ static int set_true_cfg(void *target, const char *val, char *err, size_t cap)
             0, 0, NULL, true                                                                       \
     }
 
+#define LORA_OPT                                                                                   \
+    {"lora",                                                                                       \
+     0,                                                                                            \
+     DIT_OPT_CUSTOM,                                                                               \
+     NULL,                                                                                         \
+     "PATH[:SCALE]",                                                                               \
+     "a LoRA adapter (diffusers/PEFT or kohya safetensors) for the transformer, times "            \
+     "SCALE (default 1); repeat for several",                                                      \
+     NULL,                                                                                         \
+     0,                                                                                            \
+     0,                                                                                            \
+     0,                                                                                            \
+     set_lora,                                                                                     \
+     false},                                                                                       \
+        R_FLAG("fuse-lora", 0,                                                                     \
+               "merge the --lora adapters into the weights at load (full speed; the base weights " \
+               "are rewritten for this run)",                                                      \
+               fuse_lora)
+
 #define FORWARD_OPTS                                                                               \
     R_STR("inputs", 'i', "FILE", "safetensors with the forward arguments (see above)", inputs),    \
         R_INT("repeat", 'r', "1", "N", "run the forward N times and report the fastest", repeat,   \
@@ -263,6 +319,7 @@ static const dit_option forward_opts[] = {
                 "diffusion_pytorch_model.safetensors (or a sharded index)",
                 "safetensors to write; it holds 'sample'"),
     FORWARD_OPTS,
+    LORA_OPT,
     PARALLEL_OPTS,
 };
 static const dit_option forward_only[] = {FORWARD_OPTS};
@@ -272,6 +329,7 @@ static const dit_option generate_opts[] = {
                 "text_encoder_2/, tokenizer/, tokenizer_2/, scheduler/",
                 "the file to write: .png, .mp4 or .safetensors"),
     GENERATE_OPTS,
+    LORA_OPT,
     PARALLEL_OPTS,
 };
 static const dit_option generate_only[] = {GENERATE_OPTS};
@@ -322,6 +380,12 @@ static int parse(ditrun_args *a, int argc, char **argv)
     a->comm_timeout = (double)r.comm_timeout;
     a->mesh_rank = (int)r.mesh_rank;
     a->mesh_shm = r.mesh_shm;
+    for (int i = 0; i < r.n_lora; i++)
+        split_lora(r.lora[i], a->lora_path[i], sizeof a->lora_path[i], &a->lora_scale[i]);
+    a->n_lora = r.n_lora;
+    a->fuse_lora = r.fuse_lora;
+    if (a->fuse_lora && a->n_lora == 0)
+        return usage_error(usage, "%s", "--fuse-lora needs at least one --lora");
     a->gen.prompt = r.prompt;
     a->gen.prompt_2 = r.prompt_2;
     a->gen.negative_prompt = r.neg;

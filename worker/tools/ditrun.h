@@ -9,10 +9,12 @@
 
 #include "backend/backend.h"
 #include "comm/comm.h"
+#include "parallel/lora.h"
 #include "parallel/mesh.h"
 #include "pipelines/probe.h"
 
 #define DITRUN_EXIT_USAGE 2
+#define DITRUN_MAX_LORA 8
 
 typedef enum ditrun_cmd {
     DITRUN_FORWARD,
@@ -35,6 +37,11 @@ typedef struct ditrun_args {
     int threads, repeat;
     bool quiet;
     dit_parallel_config pc;
+    /* LoRA adapters (--lora PATH[:SCALE]) attached to the transformer. */
+    char lora_path[DITRUN_MAX_LORA][1024];
+    float lora_scale[DITRUN_MAX_LORA];
+    int n_lora;
+    bool fuse_lora; /* merge them into the weights at load instead */
     double comm_timeout;
     int mesh_rank;        /* >= 0 in a rank process started by the launcher */
     const char *mesh_shm; /* the mesh's shared-memory name, in rank processes */
@@ -74,5 +81,12 @@ bool ditrun_fault_for_rank(int rank, ditrun_fault *out);
 dit_status ditrun_fault_block(void *ctx, int block, dit_diag *diag);
 
 double ditrun_now_ms(void);
+
+/* Loads a->lora_path[] against the model's LoRA sites and attaches them
+ * with their scales (or, with a->fuse_lora, merges them into the weights
+ * instead); *loras receives the adapters (a->n_lora of them) to
+ * destroy after the model's last forward (after dit_lora_detach). */
+dit_status ditrun_attach_loras(const ditrun_args *a, dit_backend *be, dit_lora_sites *sites,
+                               dit_lora **loras, dit_diag *diag);
 
 #endif

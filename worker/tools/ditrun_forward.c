@@ -72,6 +72,7 @@ int ditrun_forward_rank(const ditrun_args *a, int rank)
     dit_model *model = NULL;
     dit_runner *runner = NULL;
     dit_input_file *inputs = NULL;
+    dit_lora *loras[DITRUN_MAX_LORA] = {0};
     float *out = NULL;
     const bool multi = a->pc.world_size > 1;
     const bool speak = rank == 0 && !a->quiet;
@@ -84,6 +85,9 @@ int ditrun_forward_rank(const ditrun_args *a, int rank)
     double t0 = ditrun_now_ms();
     DIT_CHECK(dit_model_load(be, a->model, &shard, &model, &diag));
     double t_load = ditrun_now_ms() - t0;
+    t0 = ditrun_now_ms();
+    DIT_CHECK(ditrun_attach_loras(a, be, dit_model_lora_sites(model), loras, &diag));
+    const double t_lora = ditrun_now_ms() - t0;
     const dit_model_class *cls = model->cls;
     const void *cfg = dit_model_config(model);
     DIT_CHECK(dit_input_file_load(a->inputs, cls, cfg, &inputs, &diag));
@@ -124,6 +128,13 @@ int ditrun_forward_rank(const ditrun_args *a, int rank)
                a->model, sum.blocks, sum.num_heads, sum.head_dim,
                (double)cls->weight_bytes(model->impl) / 1048576.0, multi ? " on rank 0" : "",
                t_load);
+        for (int i = 0; i < a->n_lora; i++) {
+            const dit_lora_info li = dit_lora_get_info(loras[i]);
+            printf("lora: %s x %g (%d modules, rank up to %d, %.3f MiB%s; all loaded in %.0f "
+                   "ms)\n",
+                   a->lora_path[i], (double)a->lora_scale[i], li.n_modules, li.max_rank,
+                   (double)li.bytes / 1048576.0, multi ? " on rank 0" : "", t_lora);
+        }
         if (multi)
             printf("mesh: %d ranks = ring %d x ulysses %d x tp %d%s; rank 0 sent %.3f MiB "
                    "(attention) + %.3f MiB (output gather), all-reduced %.3f MiB per forward\n",
@@ -170,6 +181,8 @@ cleanup:
     dit_input_file_free(inputs);
     dit_runner_destroy(runner);
     dit_model_destroy(model);
+    for (int i = 0; i < DITRUN_MAX_LORA; i++)
+        dit_lora_destroy(loras[i]);
     dit_backend_destroy(be);
     dit_mesh_destroy(mesh);
     dit_comm_destroy(world);

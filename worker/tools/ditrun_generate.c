@@ -188,6 +188,7 @@ int ditrun_generate_rank(const ditrun_args *a, int rank)
     dit_pipeline *pipe = NULL;
     dit_runner *runner = NULL;
     float *latents = NULL;
+    dit_lora *loras[DITRUN_MAX_LORA] = {0};
     size_t out_len = 0;
     dit_gen_result res;
     memset(&res, 0, sizeof res);
@@ -203,6 +204,8 @@ int ditrun_generate_rank(const ditrun_args *a, int rank)
     DIT_CHECK(dit_pipeline_load(be, a->model, &shard, lead, &pipe, &diag));
     const double t_load = ditrun_now_ms() - t0;
     const dit_pipeline_info *info = dit_pipeline_get_info(pipe);
+    DIT_CHECK(ditrun_attach_loras(a, be, dit_model_lora_sites(dit_pipeline_transformer(pipe)),
+                                  loras, &diag));
 
     dit_gen_params gp = a->gen;
     dit_gen_apply_defaults(info, &gp);
@@ -238,6 +241,9 @@ int ditrun_generate_rank(const ditrun_args *a, int rank)
         const dit_model_summary sum = tm->cls->summary(dit_model_config(tm));
         printf("pipeline: %s (transformer %s, hidden %d; loaded in %.0f ms)\n", a->model,
                sum.blocks, info->transformer.inner_dim, t_load);
+        for (int i = 0; i < a->n_lora; i++)
+            printf("lora: %s x %g (%d modules)\n", a->lora_path[i], (double)a->lora_scale[i],
+                   dit_lora_get_info(loras[i]).n_modules);
         if (multi)
             printf("mesh: %d ranks = ring %d x ulysses %d x tp %d\n", a->pc.world_size,
                    a->pc.ring_degree, a->pc.ulysses_degree, a->pc.tp_degree);
@@ -268,6 +274,8 @@ cleanup:
     dit_gen_result_free(&res);
     dit_runner_destroy(runner);
     dit_pipeline_free(pipe);
+    for (int i = 0; i < DITRUN_MAX_LORA; i++)
+        dit_lora_destroy(loras[i]);
     dit_backend_destroy(be);
     dit_mesh_destroy(mesh);
     dit_comm_destroy(world);

@@ -12,6 +12,7 @@
 #include "backend/graph_cache.h"
 #include "loader/safetensors.h"
 #include "loader/weights.h"
+#include "parallel/lora.h"
 #include "parallel/tp_plan.h"
 
 /* ------------------------------------------------------------------------ */
@@ -65,6 +66,8 @@ struct dit_flux {
     flux_linear norm_out, proj_out;
     flux_double *dbl;
     flux_single *sgl;
+    /* The linears LoRA adapters may target (parallel/lora.h). */
+    dit_lora_sites *lora;
 };
 
 /* diffusers' FluxTransformer2DModel tensor-parallel plan, plus the AdaLN
@@ -109,6 +112,7 @@ static dit_status plan_build(dit_weight_plan *p, dit_flux *m)
         .n_rules = dit_flux_tp_plan_len,
         .tp_degree = m->shard.tp_degree,
         .tp_rank = m->shard.tp_rank,
+        .sites = m->lora,
     };
     char pre[96], buf[128], n0[128], n1[128], n2[128], n3[128];
 
@@ -200,7 +204,10 @@ static dit_status flux_alloc(dit_backend *be, const dit_flux_config *cfg,
     m->dbl = calloc((size_t)cfg->num_layers + 1, sizeof *m->dbl);
     m->sgl = calloc((size_t)cfg->num_single_layers + 1, sizeof *m->sgl);
     dit_weight_plan_init(plan, be->ops->weight_dtype);
-    dit_status st = (m->dbl && m->sgl) ? plan_build(plan, m) : DIT_ERR_NOMEM;
+    dit_status st = (m->dbl && m->sgl) ? dit_lora_sites_create(dit_flux_lora_kohya, &m->lora, diag)
+                                       : DIT_ERR_NOMEM;
+    if (st == DIT_OK)
+        st = plan_build(plan, m);
     if (st == DIT_OK)
         st = dit_backend_alloc(be, plan->bytes, &m->weights);
     if (st != DIT_OK) {
@@ -265,6 +272,7 @@ void dit_flux_destroy(dit_flux *m)
 {
     if (!m)
         return;
+    dit_lora_sites_destroy(m->lora);
     dit_graph_cache_destroy(m->graphs);
     free(m->rope_ids);
     free(m->rope_cos);
@@ -283,6 +291,83 @@ const dit_flux_config *dit_flux_config_of(const dit_flux *m)
 size_t dit_flux_weight_bytes(const dit_flux *m)
 {
     return m->weight_bytes;
+}
+
+dit_lora_sites *dit_flux_lora_sites(dit_flux *m)
+{
+    return m->lora;
+}
+
+/* kohya (BFL) names of FLUX's linears: "double_blocks_<i>_<part>",
+ * "single_blocks_<i>_<part>" and the embedders, as diffusers'
+ * _convert_kohya_flux_lora_to_diffusers maps them. */
+int dit_flux_lora_kohya(const char *name, dit_lora_kohya_target *out, int max)
+{
+    static const struct {
+        const char *part;
+        const char *modules[4];
+    } dbl[] =
+        {
+            {"img_attn_proj", {"attn.to_out.0"}},
+            {"img_attn_qkv", {"attn.to_q", "attn.to_k", "attn.to_v"}},
+            {"img_mlp_0", {"ff.net.0.proj"}},
+            {"img_mlp_2", {"ff.net.2"}},
+            {"img_mod_lin", {"norm1.linear"}},
+            {"txt_attn_proj", {"attn.to_add_out"}},
+            {"txt_attn_qkv", {"attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj"}},
+            {"txt_mlp_0", {"ff_context.net.0.proj"}},
+            {"txt_mlp_2", {"ff_context.net.2"}},
+            {"txt_mod_lin", {"norm1_context.linear"}},
+        },
+      sgl[] =
+          {
+              {"linear1", {"attn.to_q", "attn.to_k", "attn.to_v", "proj_mlp"}},
+              {"linear2", {"proj_out"}},
+              {"modulation_lin", {"norm.linear"}},
+          },
+      top[] = {
+          {"img_in", {"x_embedder"}},
+          {"txt_in", {"context_embedder"}},
+          {"time_in_in_layer", {"time_text_embed.timestep_embedder.linear_1"}},
+          {"time_in_out_layer", {"time_text_embed.timestep_embedder.linear_2"}},
+          {"vector_in_in_layer", {"time_text_embed.text_embedder.linear_1"}},
+          {"vector_in_out_layer", {"time_text_embed.text_embedder.linear_2"}},
+          {"guidance_in_in_layer", {"time_text_embed.guidance_embedder.linear_1"}},
+          {"guidance_in_out_layer", {"time_text_embed.guidance_embedder.linear_2"}},
+          {"final_layer_linear", {"proj_out"}},
+          {"final_layer_adaLN_modulation_1", {"norm_out.linear"}},
+      };
+    int idx = -1, used = 0, n = 0;
+    const char *pre = NULL;
+    if (sscanf(name, "double_blocks_%d_%n", &idx, &used) == 1 && used > 0)
+        pre = "transformer_blocks";
+    else if (sscanf(name, "single_blocks_%d_%n", &idx, &used) == 1 && used > 0)
+        pre = "single_transformer_blocks";
+    const char *part = pre ? name + used : name;
+    const size_t nd = sizeof dbl / sizeof dbl[0], ns = sizeof sgl / sizeof sgl[0];
+    const size_t nt = sizeof top / sizeof top[0];
+    const size_t cnt = !pre ? nt : pre[0] == 't' ? nd : ns;
+    for (size_t i = 0; i < cnt; i++) {
+        const char *p = !pre ? top[i].part : pre[0] == 't' ? dbl[i].part : sgl[i].part;
+        const char *const *mods = !pre            ? top[i].modules
+                                  : pre[0] == 't' ? dbl[i].modules
+                                                  : sgl[i].modules;
+        if (strcmp(p, part) != 0)
+            continue;
+        for (int k = 0; k < 4 && mods[k] && n < max; k++, n++) {
+            memset(&out[n], 0, sizeof out[n]);
+            if (pre)
+                snprintf(out[n].module, sizeof out[n].module, "%s.%d.%s", pre, idx, mods[k]);
+            else
+                snprintf(out[n].module, sizeof out[n].module, "%s", mods[k]);
+            /* diffusers converts the final layer without its alpha and swaps
+             * BFL's (shift, scale) into (scale, shift). */
+            out[n].no_alpha = !pre && strncmp(p, "final_layer", 11) == 0;
+            out[n].swap_halves = !pre && strcmp(p, "final_layer_adaLN_modulation_1") == 0;
+        }
+        return n;
+    }
+    return 0;
 }
 
 void dit_flux_set_hooks(dit_flux *m, const dit_flux_hooks *hooks)
@@ -440,7 +525,7 @@ typedef struct fwd {
 static dit_status linear(fwd *f, const dit_tensor *y, const dit_tensor *x, const flux_linear *L,
                          dit_act act, float beta)
 {
-    return f->be->ops->linear(f->be, y, x, &L->w, L->has_b ? &L->b : NULL, act, beta);
+    return dit_lora_linear(f->be, f->arena, y, x, L, act, beta);
 }
 
 static dit_status tp_reduce(fwd *f, const dit_tensor *t)
@@ -837,7 +922,8 @@ static dit_status forward_run(fwd *f)
     k.arena_first = f->tp.data;
     k.arena_x = f->x.data;
     k.arena_last = f->emb_local.data;
-    return dit_graph_cache_run(m->graphs, &k, flux_has_hooks(m), forward_body, f, f->diag);
+    const bool eager = flux_has_hooks(m) || dit_lora_sites_active(m->lora);
+    return dit_graph_cache_run(m->graphs, &k, eager, forward_body, f, f->diag);
 }
 
 void dit_flux_set_graphs(dit_flux *m, bool on)
@@ -924,7 +1010,7 @@ dit_status dit_flux_forward(dit_flux *m, dit_arena *arena, const dit_flux_inputs
     /* The fast path needs the backend's bf16 operands and the out-of-place
      * RMSNorm + RoPE; a context-parallel attention hook takes f32 q/k/v. */
     f->fast = be->ops->operand_dtype && be->ops->operand_dtype(be) == DIT_BF16 &&
-              be->ops->rms_norm_rope_to && !m->hooks.attention;
+              be->ops->rms_norm_rope_to && !m->hooks.attention && !dit_lora_sites_active(m->lora);
 
 #define ALLOC_T(t, dt, nd, ...)                                                                    \
     do {                                                                                           \

@@ -25,6 +25,7 @@
 #include "core/tensor.h"
 #include "models/flux/flux_config.h"
 #include "models/model.h"
+#include "parallel/lora.h"
 #include "parallel/tp_plan.h"
 
 typedef struct dit_flux dit_flux;
@@ -62,6 +63,14 @@ const dit_flux_config *dit_flux_config_of(const dit_flux *m);
 size_t dit_flux_weight_bytes(const dit_flux *m);
 
 void dit_flux_set_hooks(dit_flux *m, const dit_flux_hooks *hooks);
+
+/* The linears LoRA adapters may target, as this rank holds them
+ * (parallel/lora.h); attached adapters take the plain f32 path without
+ * CUDA graphs. */
+dit_lora_sites *dit_flux_lora_sites(dit_flux *m);
+
+/* FLUX's kohya names (dit_lora_kohya_fn). */
+int dit_flux_lora_kohya(const char *name, dit_lora_kohya_target *out, int max);
 
 typedef struct dit_flux_inputs {
     /* Backend tensors, f32. Token counts are this rank's. */

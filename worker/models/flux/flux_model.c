@@ -66,6 +66,11 @@ static dit_status flux_cls_load(dit_backend *be, const char *dir, const dit_shar
     return st;
 }
 
+static dit_lora_sites *flux_cls_lora_sites(void *m)
+{
+    return dit_flux_lora_sites(m);
+}
+
 static void flux_cls_destroy(void *m)
 {
     dit_flux_destroy(m);
@@ -289,4 +294,5 @@ const dit_model_class dit_flux_model_class = {
     .set_hooks = flux_cls_set_hooks,
     .set_graphs = flux_cls_set_graphs,
     .graph_captured = flux_cls_graph_captured,
+    .lora_sites = flux_cls_lora_sites,
 };

@@ -42,6 +42,8 @@ struct dit_wan {
     /* Host copies of the across-heads norm weights (4 per block, C each),
      * for the tensor-parallel path that normalises on the host. */
     float *norm_host;
+    /* The linears LoRA adapters may target (parallel/lora.h). */
+    dit_lora_sites *lora;
 };
 
 /* Heads (attention) and FFN columns split over the tp group; everything
@@ -66,6 +68,7 @@ static dit_status plan_build(dit_weight_plan *p, dit_wan *m)
         .n_rules = dit_wan_tp_plan_len,
         .tp_degree = m->shard.tp_degree,
         .tp_rank = m->shard.tp_rank,
+        .sites = m->lora,
     };
     char pre[64], buf[128], n0[128], n1[128], n2[128];
 
@@ -148,6 +151,7 @@ dit_status dit_wan_load(dit_backend *be, const char *dir, const dit_shard *shard
         goto cleanup;
     }
     dit_weight_plan_init(&plan, be->ops->weight_dtype);
+    DIT_CHECK(dit_lora_sites_create(NULL, &m->lora, diag));
     DIT_CHECK(plan_build(&plan, m));
     st = dit_backend_alloc(be, plan.bytes, &m->weights);
     if (st != DIT_OK) {
@@ -180,6 +184,7 @@ void dit_wan_destroy(dit_wan *m)
 {
     if (!m)
         return;
+    dit_lora_sites_destroy(m->lora);
     dit_backend_free(m->be, m->weights);
     free(m->blocks);
     free(m->norm_host);
@@ -194,6 +199,11 @@ const dit_wan_config *dit_wan_config_of(const dit_wan *m)
 size_t dit_wan_weight_bytes(const dit_wan *m)
 {
     return m->weight_bytes;
+}
+
+dit_lora_sites *dit_wan_lora_sites(dit_wan *m)
+{
+    return m->lora;
 }
 
 void dit_wan_set_hooks(dit_wan *m, const dit_model_hooks *hooks)
@@ -290,7 +300,7 @@ typedef struct fwd {
 static dit_status linear(fwd *f, const dit_tensor *y, const dit_tensor *x, const dit_linear *L,
                          dit_act act)
 {
-    return f->be->ops->linear(f->be, y, x, &L->w, L->has_b ? &L->b : NULL, act, 0.0f);
+    return dit_lora_linear(f->be, f->arena, y, x, L, act, 0.0f);
 }
 
 static dit_tensor feat(const dit_tensor *t, int64_t start, int64_t len)

@@ -22,6 +22,7 @@
 #include "core/tensor.h"
 #include "models/model.h"
 #include "models/wan/wan_config.h"
+#include "parallel/lora.h"
 #include "parallel/tp_plan.h"
 
 typedef struct dit_wan dit_wan;
@@ -39,6 +40,8 @@ void dit_wan_destroy(dit_wan *m);
 const dit_wan_config *dit_wan_config_of(const dit_wan *m);
 size_t dit_wan_weight_bytes(const dit_wan *m);
 void dit_wan_set_hooks(dit_wan *m, const dit_model_hooks *hooks);
+/* The linears LoRA adapters may target (parallel/lora.h). */
+dit_lora_sites *dit_wan_lora_sites(dit_wan *m);
 
 typedef struct dit_wan_inputs {
     /* Host, f32, contiguous: the latent video (B, in_channels, F, H, W)

@@ -226,6 +226,11 @@ static void wan_cls_set_hooks(void *m, const dit_model_hooks *hooks)
     dit_wan_set_hooks(m, hooks);
 }
 
+static dit_lora_sites *wan_cls_lora_sites(void *m)
+{
+    return dit_wan_lora_sites(m);
+}
+
 const dit_model_class dit_wan_model_class = {
     .diffusers_class = "WanTransformer3DModel",
     .config_size = sizeof(dit_wan_config),
@@ -248,5 +253,6 @@ const dit_model_class dit_wan_model_class = {
     .forward_flops = wan_cls_flops,
     .weight_bytes = wan_cls_weight_bytes,
     .set_hooks = wan_cls_set_hooks,
+    .lora_sites = wan_cls_lora_sites,
     /* No CUDA graphs: the forward runs host steps between backend ops. */
 };
