@@ -202,14 +202,14 @@ static dit_status wan_check(const dit_pipeline_info *info, const dit_gen_params 
         return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
                             "this pipeline has no text encoder: send prompt_embeds (and, with "
                             "guidance_scale above 1, negative_prompt_embeds)");
+    if (gp->negative_prompt_embeds && !own)
+        return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
+                            "negative_prompt_embeds come with prompt_embeds");
     if (gp->negative_prompt_embeds && gp->negative_prompt_embeds_len != gp->prompt_embeds_len)
         return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
                             "negative_prompt_embeds (%lld tokens) must match prompt_embeds (%lld)",
                             (long long)gp->negative_prompt_embeds_len,
                             (long long)gp->prompt_embeds_len);
-    if (gp->negative_prompt_embeds && !own)
-        return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
-                            "negative_prompt_embeds come with prompt_embeds");
     return DIT_OK;
 }
 
