@@ -460,17 +460,34 @@ static bool ensure_seed(Ditserve__V1__GenerateRequest *r)
     return true;
 }
 
+/* The request's adapters for the request log: "name:scale,..." (the log
+ * escapes and caps it; names may still be unchecked here). */
+static const char *loras_text(const Ditserve__V1__GenerateRequest *r, char *buf, size_t cap)
+{
+    size_t n = 0;
+    buf[0] = '\0';
+    for (size_t i = 0; r && i < r->n_loras && i < DIT_REQUEST_MAX_LORAS && n < cap; i++) {
+        int w = snprintf(buf + n, cap - n, "%s%.128s:%g", i ? "," : "",
+                         r->loras[i]->name ? r->loras[i]->name : "", (double)r->loras[i]->scale);
+        if (w < 0)
+            break;
+        n += (size_t)w;
+    }
+    return buf;
+}
+
 /* The request-log line and metric of a refused request. */
 static void log_refused(dit_server *s, const Ditserve__V1__GenerateRequest *r,
                         grpc_status_code code, const char *why)
 {
+    char lor[1200];
     s->requests_failed++;
     dit_log_request(s->log, r->request_id && *r->request_id ? r->request_id : "-",
                     r->model && *r->model ? r->model : s->cfg->model_name,
                     r->width ? r->width : DIT_REQUEST_DEFAULT_SIZE,
                     r->height ? r->height : DIT_REQUEST_DEFAULT_SIZE,
-                    r->num_inference_steps ? r->num_inference_steps : DIT_REQUEST_DEFAULT_STEPS, 0,
-                    0, dit_rpc_status_name(code), why);
+                    r->num_inference_steps ? r->num_inference_steps : DIT_REQUEST_DEFAULT_STEPS,
+                    loras_text(r, lor, sizeof lor), 0, 0, dit_rpc_status_name(code), why);
     dit_metrics_request(s->metrics, dit_rpc_status_name(code), -1, -1);
 }
 
@@ -520,8 +537,10 @@ static void cancel_job(dit_server *s, job *j, const char *reason)
         dit_supervisor_cancel(s->sup, j->id);
     } else {
         DIT_LOG(s->log, DIT_LOG_INFO, "queue", "request %s cancelled while queued", j->request_id);
+        char lor[1200];
         dit_log_request(s->log, j->request_id, s->cfg->model_name, j->width, j->height, j->steps,
-                        now_ms() - j->arrived_ms, 0, "CANCELLED", "left the queue");
+                        loras_text(j->req, lor, sizeof lor), now_ms() - j->arrived_ms, 0,
+                        "CANCELLED", "left the queue");
         dit_metrics_request(s->metrics, "CANCELLED", (now_ms() - j->arrived_ms) / 1e3, -1);
         dit_queue_remove(&s->queue, &j->qi);
         job_free(j);
@@ -841,9 +860,10 @@ static void on_done(void *ctx, uint64_t job_id, dit_status st, const char *messa
             s->requests_failed++;
             fail_job(j, code, detail);
         }
+        char lor[1200];
         dit_log_request(s->log, j->request_id, s->cfg->model_name, j->width, j->height, j->steps,
-                        j->started_ms - j->arrived_ms, compute_ms, dit_rpc_status_name(code),
-                        detail);
+                        loras_text(j->req, lor, sizeof lor), j->started_ms - j->arrived_ms,
+                        compute_ms, dit_rpc_status_name(code), detail);
         dit_metrics_request(s->metrics, dit_rpc_status_name(code),
                             (j->started_ms - j->arrived_ms) / 1e3,
                             (now_ms() - j->arrived_ms) / 1e3);
