@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/stat.h>
 
 #include "grpc_health_v1_health.pb-c.h"
 #include "ipc_wire.h"
@@ -240,6 +241,36 @@ static void fail_job(job *j, grpc_status_code code, const char *msg)
     }
 }
 
+#define LORA_PATH_MAX 4400
+
+/* The file of adapter `name` (checked by dit_request_validate): the
+ * preloaded one (--lora NAME=PATH) or DIR/NAME.safetensors under
+ * --lora-dir, which must be a regular file now. Anything else is refused,
+ * with the reason in why. */
+static grpc_status_code lora_path(const dit_server *s, const char *name, char *buf, size_t cap,
+                                  char *why, size_t whycap)
+{
+    const dit_daemon_config *c = s->cfg;
+    buf[0] = '\0';
+    for (int i = 0; i < c->n_preload_loras; i++)
+        if (strcmp(c->preload_loras[i].name, name) == 0) {
+            snprintf(buf, cap, "%s", c->preload_loras[i].path);
+            return GRPC_STATUS_OK;
+        }
+    if (!c->lora_dir && c->n_preload_loras == 0) {
+        snprintf(why, whycap,
+                 "this server has no LoRA adapters (its operator starts ditd with --lora-dir DIR "
+                 "or --lora NAME=PATH for that)");
+        return GRPC_STATUS_FAILED_PRECONDITION;
+    }
+    struct stat sb;
+    if (c->lora_dir && (size_t)snprintf(buf, cap, "%s/%s.safetensors", c->lora_dir, name) < cap &&
+        stat(buf, &sb) == 0 && S_ISREG(sb.st_mode))
+        return GRPC_STATUS_OK;
+    snprintf(why, whycap, "no LoRA adapter named '%s' (ListLoras lists them)", name);
+    return GRPC_STATUS_NOT_FOUND;
+}
+
 static void try_dispatch(dit_server *s)
 {
     while (!s->running && dit_queue_peek(&s->queue) && dit_supervisor_idle(s->sup)) {
@@ -261,7 +292,24 @@ static void try_dispatch(dit_server *s)
         dit_diag_clear(&diag);
         DIT_LOG(s->log, DIT_LOG_DEBUG, "queue", "job %llu (%s) starts after %.1f ms in the queue",
                 (unsigned long long)j->id, j->request_id, st.queue_ms);
-        if (dit_supervisor_run(s->sup, j->id, j->req, j->kind != JOB_GENERATE, &diag) != DIT_OK) {
+        /* The adapters as admitted: the preloaded file of that name, or
+         * the one in --lora-dir (a file gone since fails when loaded). */
+        Ditserve__Ipc__JobLora jl[DIT_REQUEST_MAX_LORAS], *jlp[DIT_REQUEST_MAX_LORAS];
+        char paths[DIT_REQUEST_MAX_LORAS][LORA_PATH_MAX];
+        size_t nl = 0;
+        for (size_t i = 0;
+             j->kind == JOB_GENERATE && i < j->req->n_loras && i < DIT_REQUEST_MAX_LORAS; i++) {
+            char why[DIT_DIAG_MAX];
+            lora_path(s, j->req->loras[i]->name, paths[nl], sizeof paths[nl], why, sizeof why);
+            ditserve__ipc__job_lora__init(&jl[nl]);
+            jl[nl].name = j->req->loras[i]->name;
+            jl[nl].path = paths[nl];
+            jl[nl].scale = j->req->loras[i]->scale;
+            jlp[nl] = &jl[nl];
+            nl++;
+        }
+        if (dit_supervisor_run(s->sup, j->id, j->req, jlp, nl, j->kind != JOB_GENERATE, &diag) !=
+            DIT_OK) {
             s->running = NULL;
             fail_job(j, GRPC_STATUS_INTERNAL, dit_diag_msg(&diag));
             job_free(j);
@@ -415,6 +463,13 @@ static bool generate_ok(dit_server *s, dit_rpc_call *call, const Ditserve__V1__G
     if (dit_model_info_check_frames(&s->model, r->num_frames, r->fps, &diag) != DIT_OK ||
         dit_request_validate(r, &s->info, &diag) != DIT_OK)
         return refuse(rp, GRPC_STATUS_INVALID_ARGUMENT, "%s", dit_diag_msg(&diag));
+    for (size_t i = 0; i < r->n_loras; i++) {
+        char path[LORA_PATH_MAX], why[DIT_DIAG_MAX];
+        const grpc_status_code code =
+            lora_path(s, r->loras[i]->name, path, sizeof path, why, sizeof why);
+        if (code != GRPC_STATUS_OK)
+            return refuse(rp, code, "loras[%zu]: %s", i, why);
+    }
     return mesh_ok(s, r, rp) && size_ok(s, r, rp) && admit(s, call, n, rp);
 }
 

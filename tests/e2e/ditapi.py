@@ -89,6 +89,11 @@ class Api:
                 t.dtype = self.enum("ditserve.v1.DType", dtype)
                 t.shape.extend(shape)
                 t.data = data
+            elif k == "loras":
+                for name, scale in v:
+                    u = r.loras.add()
+                    u.name = name
+                    u.scale = scale
             elif k == "output_format":
                 r.output_format = self.enum("ditserve.v1.OutputFormat", v)
             else:

@@ -1,0 +1,211 @@
+"""End-to-end tests of LoRA adapters through ditd: the demo FLUX pipeline of
+tests/data/demo served by a real ditd and ditworker, adapters from
+tests/data/lora named in GenerateRequest.loras.
+
+    test_lora.py CASE      runs one case (meson registers each as a test)
+    test_lora.py --list    lists the cases
+"""
+
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+
+import grpc
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from daemon import DEMO, Daemon, env_path  # noqa: E402
+
+CASES = {}
+LORA = os.path.join(env_path("DIT_SOURCE_ROOT"), "tests", "data", "lora")
+SMALL = dict(prompt="a red fox in the snow", width=64, height=64, num_inference_steps=2, seed=7,
+             output_format="OUTPUT_FORMAT_RAW_TENSOR")
+TOL = 1e-5
+
+
+def case(fn):
+    CASES[fn.__name__] = fn
+    return fn
+
+
+def floats(data):
+    return list(struct.unpack(f"<{len(data) // 4}f", data))
+
+
+def read_safetensors(path, name):
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        meta = header[name]
+        assert meta["dtype"] == "F32", meta
+        a, b = meta["data_offsets"]
+        f.seek(8 + n + a)
+        return floats(f.read(b - a))
+
+
+def rel_error(got, want):
+    assert len(got) == len(want), (len(got), len(want))
+    worst = max(abs(g - w) for g, w in zip(got, want))
+    return worst / max(abs(w) for w in want)
+
+
+def expect_error(fn, code, *needles):
+    try:
+        fn()
+    except grpc.RpcError as e:
+        details = e.details() or ""
+        assert e.code().name == code, f"got {e.code().name} ({details!r}), expected {code}"
+        for n in needles:
+            assert n in details, f"{code} details {details!r} lack {n!r}"
+        return details
+    raise AssertionError(f"expected {code}, the call succeeded")
+
+
+def ditrun_raw(tmp, lora=None):
+    out = os.path.join(tmp, "ditrun.safetensors")
+    cmd = [env_path("DITRUN"), "generate", "--model", DEMO, "--prompt", SMALL["prompt"],
+           "--width", str(SMALL["width"]), "--height", str(SMALL["height"]),
+           "--steps", str(SMALL["num_inference_steps"]), "--seed", str(SMALL["seed"]),
+           "--output", out]
+    if lora:
+        cmd += ["--lora", lora]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    return read_safetensors(out, "image")
+
+
+def lora_dir(tmp):
+    """A --lora-dir with the demo adapter and two files that cannot load."""
+    d = os.path.join(tmp, "loras")
+    os.mkdir(d)
+    shutil.copy(os.path.join(LORA, "demo_peft.safetensors"), d)
+    shutil.copy(os.path.join(LORA, "bad_unknown_key.safetensors"),
+                os.path.join(d, "broken.safetensors"))
+    with open(os.path.join(d, "garbage.safetensors"), "wb") as f:
+        f.write(b"\x10\x00\x00\x00\x00\x00\x00\x00not json at all!")
+    return d
+
+
+# --------------------------------------------------------------------------
+
+
+@case
+def generate():
+    """demo_peft at 0.8 through ditd equals ditrun --lora; the base output
+    before and after it is bit-identical to a daemon without adapters."""
+    with tempfile.TemporaryDirectory() as tmp:
+        want_lora = ditrun_raw(tmp, os.path.join(LORA, "demo_peft.safetensors") + ":0.8")
+        base_ref = Daemon()
+        try:
+            _, base, _ = base_ref.generate(**SMALL)
+            base_ref.stop()
+        finally:
+            base_ref.close()
+        d = Daemon("--lora-dir", lora_dir(tmp))
+        try:
+            _, before, _ = d.generate(**SMALL)
+            assert before == base, "the base output changed with --lora-dir"
+            _, got, res = d.generate(loras=[("demo_peft", 0.8)], **SMALL)
+            assert list(res.shape) == [3, 64, 64], res.shape
+            assert got != base, "the adapter changed nothing"
+            err = rel_error(floats(got), want_lora)
+            print(f"ditd demo_peft x 0.8 vs ditrun --lora: rel {err:.2g}")
+            assert err <= TOL, err
+            _, after, _ = d.generate(**SMALL)
+            assert after == base, "the base output changed after an adapter"
+            # The cached adapter gives the same again; scale 0 is the base.
+            _, again, _ = d.generate(loras=[("demo_peft", 0.8)], **SMALL)
+            assert again == got
+            _, zero, _ = d.generate(loras=[("demo_peft", 0.0)], **SMALL)
+            assert zero == base
+            log = d.log()
+            assert "loras=demo_peft:0.8" in log or '"loras":"demo_peft:0.8"' in log, log
+            d.stop()
+        finally:
+            d.close()
+
+
+@case
+def refusals():
+    """Unknown names, paths, bad scales, a daemon without adapters and files
+    that cannot load are refused with a message; the daemon keeps serving."""
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Daemon("--lora-dir", lora_dir(tmp))
+        try:
+            gen = lambda loras: d.generate(loras=loras, **SMALL)  # noqa: E731
+            expect_error(lambda: gen([("nope", 1.0)]), "NOT_FOUND", "no LoRA adapter named 'nope'")
+            expect_error(lambda: gen([("../x", 1.0)]), "INVALID_ARGUMENT", "loras[0].name")
+            expect_error(lambda: gen([("a/b", 1.0)]), "INVALID_ARGUMENT", "loras[0].name")
+            expect_error(lambda: gen([("", 1.0)]), "INVALID_ARGUMENT", "loras[0].name")
+            expect_error(lambda: gen([("x" * 129, 1.0)]), "INVALID_ARGUMENT", "loras[0].name")
+            expect_error(lambda: gen([("demo_peft", float("nan"))]), "INVALID_ARGUMENT",
+                         "loras[0].scale")
+            expect_error(lambda: gen([("demo_peft", 101.0)]), "INVALID_ARGUMENT",
+                         "loras[0].scale")
+            expect_error(lambda: gen([("demo_peft", 1.0)] * 9), "INVALID_ARGUMENT",
+                         "at most 8")
+            expect_error(lambda: gen([("demo_peft", 1.0), ("demo_peft", 0.5)]),
+                         "INVALID_ARGUMENT", "same adapter")
+            expect_error(lambda: gen([("broken", 1.0)]), "INVALID_ARGUMENT",
+                         "broken.safetensors", "transformer_blocks.0.attn.to_k")
+            expect_error(lambda: gen([("garbage", 1.0)]), "INVALID_ARGUMENT",
+                         "garbage.safetensors")
+            # Still serving, adapters included.
+            _, got, _ = gen([("demo_peft", 0.8)])
+            assert len(got) == 3 * 64 * 64 * 4
+            d.stop()
+        finally:
+            d.close()
+        d = Daemon()
+        try:
+            expect_error(lambda: d.generate(loras=[("demo_peft", 1.0)], **SMALL),
+                         "FAILED_PRECONDITION", "no LoRA adapters", "--lora-dir")
+            d.stop()
+        finally:
+            d.close()
+
+
+@case
+def preload():
+    """--lora NAME=PATH: loaded at start, usable by name, next to --lora-dir."""
+    with tempfile.TemporaryDirectory() as tmp:
+        want = ditrun_raw(tmp, os.path.join(LORA, "demo_peft.safetensors") + ":0.5")
+        d = Daemon("--lora", "fox=" + os.path.join(LORA, "demo_peft.safetensors"))
+        try:
+            _, got, _ = d.generate(loras=[("fox", 0.5)], **SMALL)
+            err = rel_error(floats(got), want)
+            assert err <= TOL, err
+            expect_error(lambda: d.generate(loras=[("demo_peft", 1.0)], **SMALL), "NOT_FOUND",
+                         "demo_peft")
+            d.stop()
+        finally:
+            d.close()
+        bad = subprocess.run([env_path("DITD"), "--model", DEMO, "--lora", "x=/nonexistent.st"],
+                             capture_output=True, text=True, timeout=30)
+        assert bad.returncode == 2 and "/nonexistent.st" in bad.stderr, bad.stderr
+        bad = subprocess.run([env_path("DITD"), "--model", DEMO, "--lora", "../x=/a"],
+                             capture_output=True, text=True, timeout=30)
+        assert bad.returncode == 2 and "../x" in bad.stderr, bad.stderr
+
+
+def main():
+    if len(sys.argv) == 2 and sys.argv[1] == "--list":
+        print("\n".join(CASES))
+        return 0
+    if len(sys.argv) != 2 or sys.argv[1] not in CASES:
+        print(f"usage: {sys.argv[0]} CASE|--list", file=sys.stderr)
+        return 2
+    try:
+        CASES[sys.argv[1]]()
+    except BaseException:
+        Daemon.dump_logs()
+        raise
+    Daemon.remove_logs()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
