@@ -1100,18 +1100,13 @@ bool dit_supervisor_idle(const dit_supervisor *s)
     return s->phase == PH_READY && !s->stopping;
 }
 
-dit_status dit_supervisor_run(dit_supervisor *s, uint64_t job_id,
-                              Ditserve__V1__GenerateRequest *req, Ditserve__Ipc__JobLora **loras,
-                              size_t n_loras, bool warmup, dit_diag *diag)
+dit_status dit_supervisor_run(dit_supervisor *s, uint64_t job_id, const Ditserve__Ipc__Job *tmpl,
+                              dit_diag *diag)
 {
     if (!dit_supervisor_idle(s))
         return dit_diag_set(diag, DIT_ERR_INTERNAL, "the mesh is not idle");
-    Ditserve__Ipc__Job job = DITSERVE__IPC__JOB__INIT;
+    Ditserve__Ipc__Job job = *tmpl;
     job.job_id = job_id;
-    job.request = req;
-    job.warmup = warmup;
-    job.loras = loras;
-    job.n_loras = n_loras;
     Ditserve__Ipc__Envelope env = DITSERVE__IPC__ENVELOPE__INIT;
     env.msg_case = DITSERVE__IPC__ENVELOPE__MSG_JOB;
     env.job = &job;

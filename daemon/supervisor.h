@@ -93,10 +93,10 @@ dit_mesh_state dit_supervisor_state(const dit_supervisor *s);
 /* Ready and not running a job. */
 bool dit_supervisor_idle(const dit_supervisor *s);
 
-/* Sends the job to every rank; the supervisor must be idle. */
-dit_status dit_supervisor_run(dit_supervisor *s, uint64_t job_id,
-                              Ditserve__V1__GenerateRequest *req, Ditserve__Ipc__JobLora **loras,
-                              size_t n_loras, bool warmup, dit_diag *diag);
+/* Sends the job (tmpl, with job_id set) to every rank; the supervisor must
+ * be idle. */
+dit_status dit_supervisor_run(dit_supervisor *s, uint64_t job_id, const Ditserve__Ipc__Job *tmpl,
+                              dit_diag *diag);
 
 /* Asks the running job to stop at the next step boundary. */
 void dit_supervisor_cancel(dit_supervisor *s, uint64_t job_id);

@@ -191,6 +191,50 @@ def preload():
         assert bad.returncode == 2 and "../x" in bad.stderr, bad.stderr
 
 
+@case
+def rpcs():
+    """ListLoras lists --lora and --lora-dir adapters with what is loaded;
+    LoadLora and UnloadLora change that on every worker; all three want the
+    bearer token like the rest."""
+    with tempfile.TemporaryDirectory() as tmp:
+        tok = os.path.join(tmp, "token")
+        with open(tok, "w") as f:
+            f.write("s3cret-token-for-tests")
+        d = Daemon("--lora-dir", lora_dir(tmp), "--lora-cache-bytes", "1048576", "--lora",
+                   "fox=" + os.path.join(LORA, "demo_peft.safetensors"), "--auth-token-file",
+                   tok)
+        md = (("authorization", "Bearer s3cret-token-for-tests"),)
+        try:
+            api = d.api
+            call = lambda m, **kw: api.lora_rpc(d.channel, m)(  # noqa: E731
+                api.msg(f"ditserve.v1.{m}Request")(**kw), timeout=60, metadata=md)
+            expect_error(lambda: api.lora_rpc(d.channel, "ListLoras")(
+                api.msg("ditserve.v1.ListLorasRequest")(), timeout=10), "UNAUTHENTICATED")
+            r = call("ListLoras")
+            got = {li.name: li for li in r.loras}
+            assert list(got) == ["broken", "demo_peft", "fox", "garbage"], list(got)
+            assert got["fox"].preloaded and got["fox"].loaded and got["fox"].bytes > 0, got["fox"]
+            assert not got["demo_peft"].loaded and not got["demo_peft"].preloaded
+            assert r.cache_limit_bytes == 1 << 20, r
+            lr = call("LoadLora", name="demo_peft")
+            assert lr.lora.loaded and lr.lora.bytes == got["fox"].bytes, lr
+            got = {li.name: li for li in call("ListLoras").loras}
+            assert got["demo_peft"].loaded
+            expect_error(lambda: call("LoadLora", name="broken"), "INVALID_ARGUMENT",
+                         "broken.safetensors")
+            expect_error(lambda: call("LoadLora", name="nope"), "NOT_FOUND", "nope")
+            expect_error(lambda: call("LoadLora", name="../fox"), "INVALID_ARGUMENT", "name")
+            expect_error(lambda: call("UnloadLora", name="fox"), "FAILED_PRECONDITION",
+                         "preloaded")
+            assert call("UnloadLora", name="demo_peft").was_loaded
+            assert not call("UnloadLora", name="demo_peft").was_loaded
+            got = {li.name: li for li in call("ListLoras").loras}
+            assert not got["demo_peft"].loaded and got["fox"].loaded
+            d.stop()
+        finally:
+            d.close()
+
+
 def main():
     if len(sys.argv) == 2 and sys.argv[1] == "--list":
         print("\n".join(CASES))

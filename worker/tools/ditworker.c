@@ -90,6 +90,8 @@ typedef struct lora_entry {
 typedef struct lora_cache {
     lora_entry *e;
     size_t n, cap;
+    /* What the last memory report listed (rebuilt for each). */
+    Ditserve__Ipc__JobLora *report, **report_ptrs;
     size_t bytes, limit;
     uint64_t clock;
 } lora_cache;
@@ -147,6 +149,21 @@ static void read_memory(worker *w, Ditserve__Ipc__WorkerMemory *m)
 #else
     (void)w;
 #endif
+    lora_cache *c = &w->loras;
+    free(c->report);
+    free(c->report_ptrs);
+    c->report = c->n ? calloc(c->n, sizeof *c->report) : NULL;
+    c->report_ptrs = c->n ? calloc(c->n, sizeof *c->report_ptrs) : NULL;
+    if (c->report && c->report_ptrs) {
+        for (size_t i = 0; i < c->n; i++) {
+            ditserve__ipc__job_lora__init(&c->report[i]);
+            c->report[i].path = c->e[i].path;
+            c->report[i].bytes = (int64_t)c->e[i].bytes;
+            c->report_ptrs[i] = &c->report[i];
+        }
+        m->loras = c->report_ptrs;
+        m->n_loras = c->n;
+    }
 }
 
 /* Reports a failure the daemon can relay, then lets the caller exit. */
@@ -274,6 +291,8 @@ static void lora_cache_free(lora_cache *c)
         free(c->e[i].path);
     }
     free(c->e);
+    free(c->report);
+    free(c->report_ptrs);
     *c = (lora_cache){0};
 }
 
@@ -394,6 +413,32 @@ static dit_status lora_attach_job(worker *w, const Ditserve__Ipc__Job *job, bool
     return DIT_OK;
 }
 
+/* LoadLora / UnloadLora: drops the adapters of lora_evict, loads loras. */
+static dit_status lora_only_job(worker *w, const Ditserve__Ipc__Job *job, dit_diag *diag)
+{
+    lora_cache *c = &w->loras;
+    for (size_t k = 0; k < job->n_lora_evict; k++)
+        for (size_t i = 0; i < c->n; i++)
+            if (strcmp(c->e[i].path, job->lora_evict[k]) == 0) {
+                dit_lora_destroy(c->e[i].lora);
+                free(c->e[i].path);
+                c->bytes -= c->e[i].bytes;
+                c->e[i] = c->e[--c->n];
+                break;
+            }
+    const dit_lora *keep[DIT_REQUEST_MAX_LORAS];
+    int n = 0;
+    for (size_t i = 0; i < job->n_loras && n < DIT_REQUEST_MAX_LORAS; i++) {
+        dit_status st =
+            lora_get(w, job->loras[i]->name, job->loras[i]->path, false, &keep[n], diag);
+        if (st != DIT_OK)
+            return st;
+        n++;
+    }
+    lora_cache_trim(c, keep, n);
+    return DIT_OK;
+}
+
 static int run_job(worker *w, const Ditserve__Ipc__Job *job)
 {
     dit_diag diag;
@@ -408,7 +453,11 @@ static int run_job(worker *w, const Ditserve__Ipc__Job *job)
     w->cancel_seen = false;
     double t_encode = 0;
     bool attached = false;
-    dit_status st = dit_request_resolve(job->request, info, 0, &rq, &diag);
+    memset(&rq, 0, sizeof rq);
+    dit_status st = job->lora_only ? lora_only_job(w, job, &diag)
+                                   : dit_request_resolve(job->request, info, 0, &rq, &diag);
+    if (job->lora_only)
+        goto report;
     const dit_denoiser den = dit_runner_denoiser(w->runner);
     if (st == DIT_OK)
         st = lora_attach_job(w, job, &attached, &diag);
@@ -421,6 +470,7 @@ static int run_job(worker *w, const Ditserve__Ipc__Job *job)
         st = encode_result(&res, &rq, &bytes, &nbytes, &diag);
         t_encode = now_ms() - t0;
     }
+report:;
     Ditserve__Ipc__JobDone done = DITSERVE__IPC__JOB_DONE__INIT;
     Ditserve__V1__Timings tm = DITSERVE__V1__TIMINGS__INIT;
     Ditserve__Ipc__WorkerMemory mem = DITSERVE__IPC__WORKER_MEMORY__INIT;
