@@ -6,6 +6,8 @@ tests/data/lora named in GenerateRequest.loras.
     test_lora.py --list    lists the cases
 """
 
+import base64
+import http.client
 import json
 import os
 import shutil
@@ -13,6 +15,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import urllib.parse
 
 import grpc
 
@@ -230,6 +233,51 @@ def rpcs():
             assert not call("UnloadLora", name="demo_peft").was_loaded
             got = {li.name: li for li in call("ListLoras").loras}
             assert not got["demo_peft"].loaded and got["fox"].loaded
+            d.stop()
+        finally:
+            d.close()
+
+
+def http_post(d, path, body):
+    u = urllib.parse.urlsplit(d.http_url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=120)
+    try:
+        conn.request("POST", path, body=json.dumps(body),
+                     headers={"Content-Type": "application/json"})
+        r = conn.getresponse()
+        return r.status, json.loads(r.read() or b"null")
+    finally:
+        conn.close()
+
+
+@case
+def http_loras():
+    """POST /v1/images/generations takes 'loras' as [{"name", "scale"}] with
+    the gRPC rules, and makes the image gRPC makes."""
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Daemon("--lora-dir", lora_dir(tmp), "--http-listen", "127.0.0.1:0")
+        try:
+            gen = "/v1/images/generations"
+            body = dict(prompt=SMALL["prompt"], size="64x64", seed=7, num_inference_steps=2,
+                        response_format="b64_json")
+            st, r = http_post(d, gen, {**body, "loras": [{"name": "demo_peft", "scale": 0.8}]})
+            assert st == 200, (st, r)
+            png = base64.b64decode(r["data"][0]["b64_json"])
+            req = {k: v for k, v in SMALL.items() if k != "output_format"}
+            _, want, _ = d.generate(loras=[("demo_peft", 0.8)], **req)
+            _, base, _ = d.generate(**req)
+            assert png == want and png != base
+            st, r = http_post(d, gen, {**body, "loras": [{"name": "nope"}]})
+            assert st == 404 and "nope" in r["error"]["message"], (st, r)
+            for bad in ([{"name": "../x"}], [{"name": "a/b"}], {"name": "x"},
+                        [{"name": "demo_peft", "scale": 1e9}], [{"name": "demo_peft", "s": 1}],
+                        [{"name": "demo_peft"}] * 9, ["demo_peft"]):
+                st, r = http_post(d, gen, {**body, "loras": bad})
+                assert st == 400 and r["error"]["param"].startswith("loras"), (bad, st, r)
+            st, r = http_post(d, gen, {**body, "loras": [{"name": "broken"}]})
+            assert st == 400 and "broken.safetensors" in r["error"]["message"], (st, r)
+            st, r = http_post(d, gen, {**body, "loras": []})
+            assert st == 200 and base64.b64decode(r["data"][0]["b64_json"]) == base
             d.stop()
         finally:
             d.close()
