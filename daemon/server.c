@@ -1185,6 +1185,17 @@ static void on_worker_memory(void *ctx, int rank, const Ditserve__Ipc__WorkerMem
             s->loras_loaded[s->n_loras_loaded].path = p;
             s->loras_loaded[s->n_loras_loaded++].bytes = mem->loras[i]->bytes;
         }
+        /* Counters since the worker's mesh came up: a smaller one means a
+         * new mesh, counted from zero. */
+        const int64_t now[3] = {mem->lora_loads, mem->lora_hits, mem->lora_evictions};
+        int64_t d[3], bytes = 0;
+        for (int k = 0; k < 3; k++) {
+            d[k] = now[k] >= s->lora_counts[k] ? now[k] - s->lora_counts[k] : now[k];
+            s->lora_counts[k] = now[k];
+        }
+        for (int i = 0; i < s->n_loras_loaded; i++)
+            bytes += s->loras_loaded[i].bytes;
+        dit_metrics_lora(s->metrics, d[0], d[1], d[2], s->n_loras_loaded, bytes);
     }
     dit_metrics_worker_memory(s->metrics, rank, mem->host_rss_bytes, mem->device_used_bytes,
                               mem->device_total_bytes, mem->device_peak_bytes);

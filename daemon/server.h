@@ -77,6 +77,8 @@ typedef struct dit_server {
         int64_t bytes;
     } * loras_loaded;
     int n_loras_loaded;
+    /* Rank 0's last LoRA counters (loads, hits, evictions), for deltas. */
+    int64_t lora_counts[3];
     dit_rpc_method methods[11]; /* filled by dit_server_methods */
 } dit_server;
 

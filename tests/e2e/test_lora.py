@@ -20,6 +20,7 @@ import urllib.parse
 import grpc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import ditapi  # noqa: E402
 from daemon import DEMO, Daemon, env_path  # noqa: E402
 
 CASES = {}
@@ -197,32 +198,52 @@ def preload():
 @case
 def rpcs():
     """ListLoras lists --lora and --lora-dir adapters with what is loaded;
-    LoadLora and UnloadLora change that on every worker; all three want the
-    bearer token like the rest."""
+    LoadLora and UnloadLora change that on every worker; a cache bound of one
+    byte keeps only the running job's adapters (and the preloaded one); the
+    metrics count loads, hits and evictions; all three RPCs want the bearer
+    token like the rest."""
+    import urllib.request
     with tempfile.TemporaryDirectory() as tmp:
         tok = os.path.join(tmp, "token")
         with open(tok, "w") as f:
             f.write("s3cret-token-for-tests")
-        d = Daemon("--lora-dir", lora_dir(tmp), "--lora-cache-bytes", "1048576", "--lora",
+        ldir = lora_dir(tmp)
+        shutil.copy(os.path.join(LORA, "demo_peft.safetensors"),
+                    os.path.join(ldir, "demo_copy.safetensors"))
+        d = Daemon("--lora-dir", ldir, "--lora-cache-bytes", "1", "--lora",
                    "fox=" + os.path.join(LORA, "demo_peft.safetensors"), "--auth-token-file",
-                   tok)
+                   tok, "--metrics-port", "0")
         md = (("authorization", "Bearer s3cret-token-for-tests"),)
         try:
+            line = d.proc.stdout.readline().decode()
+            assert line.startswith("ditd: metrics on http://"), line
+            url = line.split()[-1].replace("0.0.0.0", "127.0.0.1")
             api = d.api
             call = lambda m, **kw: api.lora_rpc(d.channel, m)(  # noqa: E731
                 api.msg(f"ditserve.v1.{m}Request")(**kw), timeout=60, metadata=md)
+            listed = lambda: {li.name: li for li in call("ListLoras").loras}  # noqa: E731
+            gen = lambda name: ditapi.collect(api.generate(d.channel)(  # noqa: E731
+                api.request(loras=[(name, 1.0)], **SMALL), timeout=120, metadata=md))
             expect_error(lambda: api.lora_rpc(d.channel, "ListLoras")(
                 api.msg("ditserve.v1.ListLorasRequest")(), timeout=10), "UNAUTHENTICATED")
+            expect_error(lambda: api.lora_rpc(d.channel, "LoadLora")(
+                api.msg("ditserve.v1.LoadLoraRequest")(name="demo_peft"), timeout=10),
+                "UNAUTHENTICATED")
             r = call("ListLoras")
             got = {li.name: li for li in r.loras}
-            assert list(got) == ["broken", "demo_peft", "fox", "garbage"], list(got)
+            assert list(got) == ["broken", "demo_copy", "demo_peft", "fox", "garbage"], list(got)
             assert got["fox"].preloaded and got["fox"].loaded and got["fox"].bytes > 0, got["fox"]
             assert not got["demo_peft"].loaded and not got["demo_peft"].preloaded
-            assert r.cache_limit_bytes == 1 << 20, r
+            assert r.cache_limit_bytes == 1, r
             lr = call("LoadLora", name="demo_peft")
             assert lr.lora.loaded and lr.lora.bytes == got["fox"].bytes, lr
-            got = {li.name: li for li in call("ListLoras").loras}
-            assert got["demo_peft"].loaded
+            assert listed()["demo_peft"].loaded
+            # Over the bound: the next job's adapter pushes demo_peft out.
+            gen("demo_copy")
+            got = listed()
+            assert got["demo_copy"].loaded and not got["demo_peft"].loaded and got["fox"].loaded
+            assert call("LoadLora", name="demo_peft").lora.loaded
+            assert not listed()["demo_copy"].loaded
             expect_error(lambda: call("LoadLora", name="broken"), "INVALID_ARGUMENT",
                          "broken.safetensors")
             expect_error(lambda: call("LoadLora", name="nope"), "NOT_FOUND", "nope")
@@ -231,8 +252,19 @@ def rpcs():
                          "preloaded")
             assert call("UnloadLora", name="demo_peft").was_loaded
             assert not call("UnloadLora", name="demo_peft").was_loaded
-            got = {li.name: li for li in call("ListLoras").loras}
+            got = listed()
             assert not got["demo_peft"].loaded and got["fox"].loaded
+            gen("fox")
+            with urllib.request.urlopen(url, timeout=10) as resp:
+                text = resp.read().decode()
+            m = {l.split("{")[0]: float(l.split()[-1]) for l in text.splitlines()
+                 if l.startswith("ditserve_lora")}
+            # fox at start, demo_peft, demo_copy, demo_peft again; fox from the cache.
+            assert m["ditserve_lora_loads_total"] == 4, m
+            assert m["ditserve_lora_cache_hits_total"] == 1, m
+            assert m["ditserve_lora_evictions_total"] == 2, m
+            assert m["ditserve_lora_cached_adapters"] == 1, m
+            assert m["ditserve_lora_cached_bytes"] == got["fox"].bytes, m
             d.stop()
         finally:
             d.close()

@@ -94,6 +94,7 @@ typedef struct lora_cache {
     Ditserve__Ipc__JobLora *report, **report_ptrs;
     size_t bytes, limit;
     uint64_t clock;
+    int64_t loads, hits, evictions; /* reported with the memory */
 } lora_cache;
 
 typedef struct worker {
@@ -164,6 +165,9 @@ static void read_memory(worker *w, Ditserve__Ipc__WorkerMemory *m)
         m->loras = c->report_ptrs;
         m->n_loras = c->n;
     }
+    m->lora_loads = c->loads;
+    m->lora_hits = c->hits;
+    m->lora_evictions = c->evictions;
 }
 
 /* Reports a failure the daemon can relay, then lets the caller exit. */
@@ -322,6 +326,7 @@ static void lora_cache_trim(lora_cache *c, const dit_lora *const *keep, int nkee
         free(c->e[victim].path);
         c->bytes -= c->e[victim].bytes;
         c->e[victim] = c->e[--c->n];
+        c->evictions++;
     }
 }
 
@@ -337,6 +342,7 @@ static dit_status lora_get(worker *w, const char *name, const char *path, bool p
         if (strcmp(c->e[i].path, path) == 0) {
             c->e[i].last_use = ++c->clock;
             c->e[i].pinned |= pin;
+            c->hits++;
             *out = c->e[i].lora;
             return DIT_OK;
         }
@@ -376,6 +382,7 @@ static dit_status lora_get(worker *w, const char *name, const char *path, bool p
     c->e[c->n++] = (lora_entry){
         .path = dup, .lora = l, .bytes = info.bytes, .last_use = ++c->clock, .pinned = pin};
     c->bytes += info.bytes;
+    c->loads++;
     fprintf(stderr, "ditworker rank %d: LoRA adapter %s loaded (%d modules, %zu bytes)\n", w->rank,
             name, info.n_modules, info.bytes);
     *out = l;
