@@ -133,6 +133,31 @@ def generate():
 
 
 @case
+def mesh():
+    """Every rank loads the adapter, sliced like its base weights: tp 2 x ring
+    2 through ditd against ditrun --lora on one rank."""
+    with tempfile.TemporaryDirectory() as tmp:
+        want = ditrun_raw(tmp, os.path.join(LORA, "demo_peft.safetensors") + ":0.8")
+        d = Daemon("--tp", "2", "--ring", "2", "--lora-dir", lora_dir(tmp), world=4)
+        try:
+            _, base, _ = d.generate(**SMALL)
+            _, got, _ = d.generate(loras=[("demo_peft", 0.8)], **SMALL)
+            err = rel_error(floats(got), want)
+            print(f"ditd tp 2 x ring 2, demo_peft x 0.8 vs ditrun --lora on one rank: rel {err:.2g}")
+            assert err <= TOL, err
+            _, again, _ = d.generate(**SMALL)
+            assert again == base
+            # A file that cannot load fails on every rank alike; the mesh serves on.
+            expect_error(lambda: d.generate(loras=[("broken", 1.0)], **SMALL),
+                         "INVALID_ARGUMENT", "broken.safetensors")
+            _, again, _ = d.generate(loras=[("demo_peft", 0.8)], **SMALL)
+            assert again == got
+            d.stop()
+        finally:
+            d.close()
+
+
+@case
 def refusals():
     """Unknown names, paths, bad scales, a daemon without adapters and files
     that cannot load are refused with a message; the daemon keeps serving."""
