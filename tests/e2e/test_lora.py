@@ -199,14 +199,21 @@ def refusals():
 
 @case
 def preload():
-    """--lora NAME=PATH: loaded at start, usable by name, next to --lora-dir."""
+    """--lora NAME=PATH: loaded at start and usable by name; only the names
+    given; a file that cannot load is left out, the rest served."""
     with tempfile.TemporaryDirectory() as tmp:
         want = ditrun_raw(tmp, os.path.join(LORA, "demo_peft.safetensors") + ":0.5")
-        d = Daemon("--lora", "fox=" + os.path.join(LORA, "demo_peft.safetensors"))
+        d = Daemon("--lora", "fox=" + os.path.join(LORA, "demo_peft.safetensors") + ",bad=" +
+                   os.path.join(LORA, "bad_unknown_key.safetensors"))
         try:
             _, got, _ = d.generate(loras=[("fox", 0.5)], **SMALL)
             err = rel_error(floats(got), want)
             assert err <= TOL, err
+            # A preloaded file that cannot load is left out with a warning;
+            # requests naming it get the reason.
+            assert "--lora bad not preloaded" in d.log() and "lora_magnitude_vector" in d.log()
+            expect_error(lambda: d.generate(loras=[("bad", 1.0)], **SMALL), "INVALID_ARGUMENT",
+                         "bad_unknown_key.safetensors", "lora_magnitude_vector")
             expect_error(lambda: d.generate(loras=[("demo_peft", 1.0)], **SMALL), "NOT_FOUND",
                          "demo_peft")
             d.stop()

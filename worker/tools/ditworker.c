@@ -619,11 +619,19 @@ static dit_status setup(worker *w, const Ditserve__Ipc__Setup *s, dit_diag *diag
                                 diag)) != DIT_OK)
         return st;
     w->loras.limit = s->lora_cache_bytes > 0 ? (size_t)s->lora_cache_bytes : 0;
+    /* A preloaded adapter whose file cannot load is left out, loudly: the
+     * mesh serves the base model and the other adapters, and requests that
+     * name it get the loader's reason. Memory and device errors stop it. */
     for (size_t i = 0; i < s->n_preload_loras; i++) {
         const dit_lora *l;
-        if ((st = lora_get(w, s->preload_loras[i]->name, s->preload_loras[i]->path, true, &l,
-                           diag)) != DIT_OK)
-            return st;
+        dit_diag d;
+        dit_diag_clear(&d);
+        st = lora_get(w, s->preload_loras[i]->name, s->preload_loras[i]->path, true, &l, &d);
+        if (st == DIT_ERR_NOMEM || st == DIT_ERR_DEVICE)
+            return dit_diag_set(diag, st, "%s", dit_diag_msg(&d));
+        if (st != DIT_OK)
+            fprintf(stderr, "ditworker rank %d: warning: --lora %s not preloaded: %s\n", w->rank,
+                    s->preload_loras[i]->name, dit_diag_msg(&d));
     }
     return DIT_OK;
 }
