@@ -127,6 +127,18 @@ def generate():
             assert zero == base
             log = d.log()
             assert "loras=demo_peft:0.8" in log or '"loras":"demo_peft:0.8"' in log, log
+            # ditctl generate --lora NAME:SCALE makes the same image.
+            raw = os.path.join(tmp, "ctl.safetensors")
+            p = subprocess.run([env_path("DITCTL"), "--target", d.target, "generate", "--prompt",
+                                SMALL["prompt"], "--width", "64", "--height", "64", "--steps",
+                                "2", "--seed", "7", "--lora", "demo_peft:0.8", "--raw", "-o",
+                                raw], capture_output=True, text=True, timeout=120)
+            assert p.returncode == 0, p.stdout + p.stderr
+            assert read_safetensors(raw, "image") == floats(got)
+            p = subprocess.run([env_path("DITCTL"), "--target", d.target, "generate", "--prompt",
+                                "x", "--lora", "nope", "-o", raw],
+                               capture_output=True, text=True, timeout=120)
+            assert p.returncode != 0 and "NOT_FOUND" in p.stderr, p.stderr
             d.stop()
         finally:
             d.close()
@@ -214,6 +226,20 @@ def preload():
             assert "--lora bad not preloaded" in d.log() and "lora_magnitude_vector" in d.log()
             expect_error(lambda: d.generate(loras=[("bad", 1.0)], **SMALL), "INVALID_ARGUMENT",
                          "bad_unknown_key.safetensors", "lora_magnitude_vector")
+            # ditctl loras lists them; --unload of a preloaded one is refused.
+            ctl = lambda *a: subprocess.run(  # noqa: E731
+                [env_path("DITCTL"), "--target", d.target, "loras", *a], capture_output=True,
+                text=True, timeout=60)
+            p = ctl()
+            assert p.returncode == 0, p.stderr
+            lines = p.stdout.splitlines()
+            assert lines[0] == "bad: not loaded, preloaded", lines
+            assert lines[1].startswith("fox: loaded, ") and lines[1].endswith(" preloaded"), lines
+            assert lines[2] == "cache limit per worker: 2147483648 bytes", lines
+            p = ctl("--unload", "fox")
+            assert p.returncode == 1 and "FAILED_PRECONDITION" in p.stderr, p.stderr
+            p = ctl("--load", "fox")
+            assert p.returncode == 0 and p.stdout.startswith("loaded fox ("), p.stdout
             expect_error(lambda: d.generate(loras=[("demo_peft", 1.0)], **SMALL), "NOT_FOUND",
                          "demo_peft")
             d.stop()
