@@ -286,8 +286,6 @@ static dit_status encode_result(const dit_gen_result *res, const dit_request *rq
     }
 }
 
-/* Runs one job; returns non-zero when the mesh is broken and the worker
- * must exit. */
 static void lora_cache_free(lora_cache *c)
 {
     for (size_t i = 0; i < c->n; i++) {
@@ -446,6 +444,8 @@ static dit_status lora_only_job(worker *w, const Ditserve__Ipc__Job *job, dit_di
     return DIT_OK;
 }
 
+/* Runs one job; returns non-zero when the mesh is broken and the worker
+ * must exit. */
 static int run_job(worker *w, const Ditserve__Ipc__Job *job)
 {
     dit_diag diag;
