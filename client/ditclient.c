@@ -624,6 +624,43 @@ dit_rpc_code dit_client_list_models(dit_client *c, const dit_call_opts *co,
                  &ditserve__v1__list_models_response__descriptor, co, (ProtobufCMessage **)out, st);
 }
 
+dit_rpc_code dit_client_list_loras(dit_client *c, const dit_call_opts *co,
+                                   Ditserve__V1__ListLorasResponse **out, dit_rpc_status *st)
+{
+    Ditserve__V1__ListLorasRequest req = DITSERVE__V1__LIST_LORAS_REQUEST__INIT;
+    return unary(c, "/ditserve.v1.Generation/ListLoras", true, &req.base,
+                 &ditserve__v1__list_loras_response__descriptor, co, (ProtobufCMessage **)out, st);
+}
+
+dit_rpc_code dit_client_lora_op(dit_client *c, bool load, const char *name, const dit_call_opts *co,
+                                char *text, size_t cap, dit_rpc_status *st)
+{
+    ProtobufCMessage *resp = NULL;
+    dit_rpc_code code;
+    text[0] = '\0';
+    if (load) {
+        Ditserve__V1__LoadLoraRequest req = DITSERVE__V1__LOAD_LORA_REQUEST__INIT;
+        req.name = (char *)name;
+        code = unary(c, "/ditserve.v1.Generation/LoadLora", true, &req.base,
+                     &ditserve__v1__load_lora_response__descriptor, co, &resp, st);
+        const Ditserve__V1__LoadLoraResponse *r = (const void *)resp;
+        if (r && r->lora)
+            snprintf(text, cap, "loaded %s (%lld bytes) in %.1f ms", name,
+                     (long long)r->lora->bytes, r->elapsed_ms);
+    } else {
+        Ditserve__V1__UnloadLoraRequest req = DITSERVE__V1__UNLOAD_LORA_REQUEST__INIT;
+        req.name = (char *)name;
+        code = unary(c, "/ditserve.v1.Generation/UnloadLora", true, &req.base,
+                     &ditserve__v1__unload_lora_response__descriptor, co, &resp, st);
+        const Ditserve__V1__UnloadLoraResponse *r = (const void *)resp;
+        if (r)
+            snprintf(text, cap, "%s %s", r->was_loaded ? "unloaded" : "was not loaded:", name);
+    }
+    if (resp)
+        protobuf_c_message_free_unpacked(resp, NULL);
+    return code;
+}
+
 dit_rpc_code dit_client_warmup(dit_client *c, const char *model, int width, int height, int frames,
                                int steps, const dit_call_opts *co,
                                Ditserve__V1__WarmupResponse **out, dit_rpc_status *st)

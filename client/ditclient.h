@@ -140,6 +140,15 @@ dit_rpc_code dit_client_server_info(dit_client *c, const dit_call_opts *co,
 dit_rpc_code dit_client_list_models(dit_client *c, const dit_call_opts *co,
                                     Ditserve__V1__ListModelsResponse **out, dit_rpc_status *st);
 
+/* ListLoras; *out is the caller's (ditserve__v1__list_loras_response__free_unpacked). */
+dit_rpc_code dit_client_list_loras(dit_client *c, const dit_call_opts *co,
+                                   Ditserve__V1__ListLorasResponse **out, dit_rpc_status *st);
+
+/* LoadLora (load true) or UnloadLora of adapter `name`; *text (cap bytes)
+ * says what the daemon answered. */
+dit_rpc_code dit_client_lora_op(dit_client *c, bool load, const char *name, const dit_call_opts *co,
+                                char *text, size_t cap, dit_rpc_status *st);
+
 /* Warmup with the given shape (0s: the server's defaults; frames for video
  * models; model NULL or "": the only model). *out (may be NULL to discard)
  * is the caller's (ditserve__v1__warmup_response__free_unpacked). */

@@ -44,6 +44,7 @@ static const char main_usage[] =
     "  health     asks grpc.health.v1 whether the server is SERVING\n"
     "  info       version, parallel layout, backend, devices, queue state\n"
     "  models     the models the daemon serves\n"
+    "  loras      the LoRA adapters the daemon serves; --load / --unload NAME\n"
     "  warmup     runs one generation of a shape so that later ones start at full speed\n"
     "  bench      N generations, C at a time: latency percentiles, throughput, and\n"
     "             the daemon's overhead over the worker's compute\n"
@@ -72,6 +73,14 @@ static const ctl_help models_help = {
     "Calls ListModels and prints each model: its pipeline, task, transformer and text\n"
     "encoders, then the defaults a request's zeros stand for, the sizes the server\n"
     "allows, and the config values a client needs to build tensors.\n",
+    EXIT_HELP};
+
+static const ctl_help loras_help = {
+    "usage: ditctl loras [--load NAME | --unload NAME] [connection options]\n"
+    "\n"
+    "Calls ListLoras and prints each adapter requests may name (generate --lora NAME):\n"
+    "whether the workers hold it loaded, its bytes on rank 0, whether it is preloaded.\n"
+    "--load and --unload call LoadLora and UnloadLora first.\n",
     EXIT_HELP};
 
 static const ctl_help warmup_help = {
@@ -428,6 +437,44 @@ static int set_model(void *t, const char *v, char *err, size_t cap)
     return 0;
 }
 
+/* --lora NAME[:SCALE] (scale 1 without one); the daemon checks the name. */
+static int set_lora(void *t, const char *v, char *err, size_t cap)
+{
+    ctl_request *r = REQ(t);
+    if (r->req.n_loras >= CTL_MAX_LORAS) {
+        snprintf(err, cap, "takes at most %d adapters", CTL_MAX_LORAS);
+        return -1;
+    }
+    Ditserve__V1__LoraUse *u = &r->lora[r->req.n_loras];
+    ditserve__v1__lora_use__init(u);
+    u->scale = 1.0f;
+    const char *colon = strrchr(v, ':');
+    const size_t n = colon ? (size_t)(colon - v) : strlen(v);
+    if (colon) {
+        char *end;
+        errno = 0;
+        const float f = strtof(colon + 1, &end);
+        if (errno || end == colon + 1 || *end || !isfinite(f)) {
+            snprintf(err, cap, "wants NAME[:SCALE], not '%s'", v);
+            return -1;
+        }
+        u->scale = f;
+    }
+    char *name = r->lora_names[r->req.n_loras];
+    if (n == 0 || n >= sizeof r->lora_names[0]) {
+        snprintf(err, cap, "wants NAME[:SCALE] with a name of 1 to %zu bytes",
+                 sizeof r->lora_names[0] - 1);
+        return -1;
+    }
+    memcpy(name, v, n);
+    name[n] = '\0';
+    u->name = name;
+    r->lora_ptrs[r->req.n_loras] = u;
+    r->req.loras = r->lora_ptrs;
+    r->req.n_loras++;
+    return 0;
+}
+
 static int set_raw(void *t, const char *v, char *err, size_t cap)
 {
     UNUSED_ERR;
@@ -474,6 +521,10 @@ static const dit_option request_opts[] = {
     CUSTOM("request-id", 0, "ID", "echoed in every event (default: the daemon makes one up)", NULL,
            set_request_id),
     CUSTOM("model", 0, "NAME", "the model (default: the daemon's only model)", NULL, set_model),
+    CUSTOM("lora", 0, "NAME[:SCALE]",
+           "a LoRA adapter the daemon serves (ditd --lora-dir or --lora), times SCALE (default "
+           "1); repeat for several, up to 8",
+           NULL, set_lora),
     CFLAG("raw",
           "ask for the decoded values as an f32 tensor, (3, H, W) for an image or (3, F, H, W) "
           "for a video, instead of a PNG or MP4",
@@ -723,6 +774,81 @@ cleanup:
 }
 
 /* ------------------------------------------------------------------------ */
+/* loras */
+
+typedef struct loras_args {
+    const char *load, *unload;
+} loras_args;
+
+#define LARG(t) ((loras_args *)CTL(t)->cmd)
+
+static int set_l_load(void *t, const char *v, char *err, size_t cap)
+{
+    UNUSED_ERR;
+    LARG(t)->load = v;
+    return 0;
+}
+
+static int set_l_unload(void *t, const char *v, char *err, size_t cap)
+{
+    UNUSED_ERR;
+    LARG(t)->unload = v;
+    return 0;
+}
+
+static const dit_option loras_opts[] = {
+    CUSTOM("load", 0, "NAME", "load this adapter on every worker first", NULL, set_l_load),
+    CUSTOM("unload", 0, "NAME", "free this adapter on every worker first", NULL, set_l_unload),
+};
+
+static int cmd_loras(int argc, char **argv, ctl_common *common)
+{
+    loras_args a = {0};
+    int rc = ctl_parse(argc, argv, "loras", &loras_help, loras_opts,
+                       sizeof loras_opts / sizeof *loras_opts, &a, common, NULL);
+    if (rc)
+        return rc == CTL_HELP_SHOWN ? 0 : rc;
+    dit_client *c;
+    /* A load or unload waits in the daemon's queue: no default deadline. */
+    if ((rc = ctl_open(common, a.load || a.unload ? 0 : QUICK_TIMEOUT_S, &c)))
+        return rc;
+    dit_call_opts co = {.cancel = &ctl_interrupted};
+    dit_rpc_status st;
+    Ditserve__V1__ListLorasResponse *ll = NULL;
+    char text[400];
+    for (int k = 0; k < 2; k++) {
+        const char *name = k == 0 ? a.unload : a.load;
+        if (!name)
+            continue;
+        if (dit_client_lora_op(c, k == 1, name, &co, text, sizeof text, &st) != DIT_RPC_OK) {
+            rc = ctl_rpc_error(&st);
+            goto cleanup;
+        }
+        printf("%s\n", text);
+    }
+    if (dit_client_list_loras(c, &co, &ll, &st) != DIT_RPC_OK) {
+        rc = ctl_rpc_error(&st);
+        goto cleanup;
+    }
+    if (ll->n_loras == 0)
+        printf("(no adapters)\n");
+    for (size_t i = 0; i < ll->n_loras; i++) {
+        const Ditserve__V1__LoraInfo *li = ll->loras[i];
+        if (li->loaded)
+            printf("%s: loaded, %lld bytes%s\n", li->name, (long long)li->bytes,
+                   li->preloaded ? ", preloaded" : "");
+        else
+            printf("%s: not loaded%s\n", li->name, li->preloaded ? ", preloaded" : "");
+    }
+    printf("cache limit per worker: %lld bytes\n", (long long)ll->cache_limit_bytes);
+cleanup:
+    if (ll)
+        ditserve__v1__list_loras_response__free_unpacked(ll, NULL);
+    dit_client_close(c);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------ */
 /* warmup */
 
 typedef struct warmup_args {
@@ -814,6 +940,7 @@ typedef struct command {
 static const command commands[] = {
     {"generate", ctl_generate}, {"health", cmd_health}, {"info", cmd_info},
     {"models", cmd_models},     {"warmup", cmd_warmup}, {"bench", ctl_bench},
+    {"loras", cmd_loras},
 };
 
 static void print_main_help(const dit_options *o, FILE *out)
@@ -827,8 +954,8 @@ static void print_main_help(const dit_options *o, FILE *out)
     fputs(EXIT_HELP, out);
 }
 
-static const char *const command_names[] = {"generate", "health", "info", "models",
-                                            "warmup",   "bench",  "help", NULL};
+static const char *const command_names[] = {"generate", "health", "info", "models", "warmup",
+                                            "bench",    "loras",  "help", NULL};
 
 static int unknown_command(const char *name)
 {

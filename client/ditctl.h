@@ -24,10 +24,15 @@ typedef struct ctl_common {
 } ctl_common;
 
 /* The GenerateRequest and the storage for its optional wrapper fields. */
+#define CTL_MAX_LORAS 8
+
 typedef struct ctl_request {
     Ditserve__V1__GenerateRequest req;
     Google__Protobuf__FloatValue guidance, true_cfg;
     Google__Protobuf__UInt64Value seed;
+    Ditserve__V1__LoraUse lora[CTL_MAX_LORAS];
+    char lora_names[CTL_MAX_LORAS][256];
+    Ditserve__V1__LoraUse *lora_ptrs[CTL_MAX_LORAS];
     bool have_prompt;
     bool raw;
 } ctl_request;

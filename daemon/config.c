@@ -4,9 +4,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "core/options.h"
+#include "serve/request.h"
 
 /* Raw values before interpretation; strings point into the table, argv or
  * environ. */
@@ -24,7 +26,57 @@ typedef struct raw {
     double http_idle, http_request_timeout, http_video_retention;
     double drain, comm_timeout, job_timeout, startup_timeout;
     bool uany, rany, unany, nofp32, log_json;
+    const char *lora_dir;
+    long long lora_cache;
+    int n_loras;
+    dit_daemon_lora loras[DIT_DAEMON_MAX_PRELOAD_LORAS];
 } raw;
+
+/* --lora NAME=PATH[,NAME=PATH...], repeatable. */
+static int set_lora(void *target, const char *val, char *err, size_t cap)
+{
+    raw *r = target;
+    const char *p = val;
+    for (;;) {
+        const char *end = strchr(p, ',');
+        const size_t n = end ? (size_t)(end - p) : strlen(p);
+        const char *eq = memchr(p, '=', n);
+        if (!eq || eq == p || eq + 1 == p + n) {
+            snprintf(err, cap, "wants NAME=PATH[,NAME=PATH...]");
+            return -1;
+        }
+        const size_t nn = (size_t)(eq - p), pn = n - nn - 1;
+        if (r->n_loras >= DIT_DAEMON_MAX_PRELOAD_LORAS) {
+            snprintf(err, cap, "takes at most %d adapters", DIT_DAEMON_MAX_PRELOAD_LORAS);
+            return -1;
+        }
+        dit_daemon_lora *l = &r->loras[r->n_loras];
+        if (nn >= sizeof l->name || pn >= sizeof l->path) {
+            snprintf(err, cap, "a name is at most %zu bytes and a path %zu", sizeof l->name - 1,
+                     sizeof l->path - 1);
+            return -1;
+        }
+        memcpy(l->name, p, nn);
+        l->name[nn] = '\0';
+        memcpy(l->path, eq + 1, pn);
+        l->path[pn] = '\0';
+        if (!dit_request_lora_name_ok(l->name)) {
+            snprintf(err, cap,
+                     "the name '%.40s' is not 1 to 128 bytes of [A-Za-z0-9._-] without '..'",
+                     l->name);
+            return -1;
+        }
+        for (int i = 0; i < r->n_loras; i++)
+            if (strcmp(r->loras[i].name, l->name) == 0) {
+                snprintf(err, cap, "names '%s' twice", l->name);
+                return -1;
+            }
+        r->n_loras++;
+        if (!end)
+            return 0;
+        p = end + 1;
+    }
+}
 
 #define OFF(f) offsetof(raw, f)
 #define STR(name, def, arg, help, env, f)                                                          \
@@ -110,6 +162,15 @@ static const dit_option defs[] = {
     INT("max-video-pixels", "74649600", "N",
         "largest width x height x frames a video request may ask for (81 frames of 1280x720)",
         "DITD_MAX_VIDEO_PIXELS", max_video_pixels, 256, 68719476736.0),
+    STR("lora-dir", NULL, "DIR",
+        "LoRA adapters requests may name: NAME stands for DIR/NAME.safetensors", "DITD_LORA_DIR",
+        lora_dir),
+    {"lora", 0, DIT_OPT_CUSTOM, NULL, "NAME=PATH",
+     "an adapter requests may name, loaded at start and kept (repeatable, or comma-separated)",
+     "DITD_LORA", 0, 0, 0, set_lora, false},
+    BYTES("lora-cache-bytes", "2147483648",
+          "memory each worker may keep loaded adapters in (least recently used evicted first)",
+          "DITD_LORA_CACHE_BYTES", lora_cache, 0, (double)(1ll << 50)),
     STR("warmup", NULL, "WxH[xF]:STEPS",
         "run one generation of this shape (F: video frames) before serving", "DITD_WARMUP", warmup),
     STR("tls-cert", NULL, "FILE", "serve TLS with this PEM certificate chain (needs --tls-key)",
@@ -337,5 +398,23 @@ int dit_daemon_config_parse(dit_daemon_config *cfg, int argc, char **argv)
         return 2;
     }
     cfg->log.json = r.log_json;
+    cfg->lora_dir = r.lora_dir;
+    cfg->lora_cache_bytes = r.lora_cache;
+    if (cfg->lora_dir) {
+        struct stat sb;
+        if (stat(cfg->lora_dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
+            fprintf(stderr, "ditd: --lora-dir %s is not a directory\n", cfg->lora_dir);
+            return 2;
+        }
+    }
+    cfg->n_preload_loras = r.n_loras;
+    for (int i = 0; i < r.n_loras; i++) {
+        cfg->preload_loras[i] = r.loras[i];
+        if (access(r.loras[i].path, R_OK) != 0) {
+            fprintf(stderr, "ditd: --lora %s=%s: the file cannot be read\n", r.loras[i].name,
+                    r.loras[i].path);
+            return 2;
+        }
+    }
     return 0;
 }

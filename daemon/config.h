@@ -13,6 +13,13 @@
 #include "log.h"
 #include "parallel/mesh.h"
 
+/* --lora NAME=PATH: an adapter loaded at start and never evicted. */
+#define DIT_DAEMON_MAX_PRELOAD_LORAS 16
+typedef struct dit_daemon_lora {
+    char name[129];
+    char path[4096];
+} dit_daemon_lora;
+
 typedef struct dit_daemon_config {
     const char *model;      /* pipeline folder */
     const char *model_name; /* name clients use; default: the folder's name */
@@ -53,6 +60,13 @@ typedef struct dit_daemon_config {
     int http_video_jobs;
     int64_t http_video_bytes;
     double http_video_retention_s;
+    /* LoRA adapters requests may name: DIR/NAME.safetensors under lora_dir
+     * (NULL: none) and the preloaded ones; the workers keep loaded ones
+     * within lora_cache_bytes each. */
+    const char *lora_dir;
+    int64_t lora_cache_bytes;
+    int n_preload_loras;
+    dit_daemon_lora preload_loras[DIT_DAEMON_MAX_PRELOAD_LORAS];
     dit_log log;
     char listen_buf[300];      /* storage for listen when it was rewritten */
     char http_listen_buf[300]; /* the same for http_listen */

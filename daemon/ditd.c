@@ -355,6 +355,9 @@ int main(int argc, char **argv)
         .local_ranks = d->cfg.local_ranks,
         .join_listen = d->cfg.join_listen,
         .join_secret = secret,
+        .lora_cache_bytes = d->cfg.lora_cache_bytes,
+        .preload_loras = d->cfg.preload_loras,
+        .n_preload_loras = d->cfg.n_preload_loras,
     };
     dit_supervisor_events ev = dit_server_mesh_events(s);
     if (dit_supervisor_create(&d->loop, &sc, &ev, &s->sup, &diag) != DIT_OK) {

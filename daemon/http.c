@@ -987,6 +987,82 @@ static char *dup_or_null(const char *s)
     return s ? strdup(s) : NULL;
 }
 
+/* "loras": [{"name": NAME, "scale": SCALE}, ...], GenerateRequest.loras'
+ * rules (scale defaults to 1). */
+typedef struct lora_specs {
+    struct {
+        char name[DIT_REQUEST_MAX_LORA_NAME_BYTES + 1];
+        float scale;
+    } s[DIT_REQUEST_MAX_LORAS];
+    int n;
+} lora_specs;
+
+static bool parse_loras(const cJSON *f, lora_specs *out, bad *b)
+{
+    out->n = 0;
+    if (!cJSON_IsArray(f))
+        return fail(b, 400, "loras", "invalid_type",
+                    "'loras' must be an array of {\"name\": NAME, \"scale\": SCALE}");
+    for (const cJSON *it = f->child; it; it = it->next) {
+        if (out->n == DIT_REQUEST_MAX_LORAS)
+            return fail(b, 400, "loras", "invalid_value", "'loras' takes at most %d adapters",
+                        DIT_REQUEST_MAX_LORAS);
+        if (!cJSON_IsObject(it))
+            return fail(b, 400, "loras", "invalid_type",
+                        "'loras' items must be {\"name\": NAME, \"scale\": SCALE}");
+        const char *name = NULL;
+        double scale = 1;
+        for (const cJSON *x = it->child; x; x = x->next) {
+            if (strcmp(x->string, "name") == 0) {
+                if (!get_string(x, "loras.name", DIT_REQUEST_MAX_LORA_NAME_BYTES, &name, b))
+                    return false;
+            } else if (strcmp(x->string, "scale") == 0) {
+                if (!get_number(x, "loras.scale", -DIT_REQUEST_MAX_LORA_SCALE,
+                                DIT_REQUEST_MAX_LORA_SCALE, &scale, b))
+                    return false;
+            } else {
+                return fail(b, 400, "loras", "unknown_parameter",
+                            "unknown field '%s' in a 'loras' item (name, scale)",
+                            echo_name(x->string));
+            }
+        }
+        if (!name || !dit_request_lora_name_ok(name))
+            return fail(b, 400, "loras.name", "invalid_value",
+                        "'loras' names must be 1 to %d bytes of [A-Za-z0-9._-] without \"..\"",
+                        DIT_REQUEST_MAX_LORA_NAME_BYTES);
+        for (int i = 0; i < out->n; i++)
+            if (strcmp(out->s[i].name, name) == 0)
+                return fail(b, 400, "loras", "invalid_value", "'loras' names '%s' twice", name);
+        snprintf(out->s[out->n].name, sizeof out->s[out->n].name, "%s", name);
+        out->s[out->n++].scale = (float)scale;
+    }
+    return true;
+}
+
+/* Copies the adapters into r; false when out of memory. */
+static bool set_loras(Ditserve__V1__GenerateRequest *r, const lora_specs *ls)
+{
+    if (ls->n == 0)
+        return true;
+    r->loras = calloc((size_t)ls->n, sizeof *r->loras);
+    if (!r->loras)
+        return false;
+    for (int i = 0; i < ls->n; i++) {
+        Ditserve__V1__LoraUse *u = malloc(sizeof *u);
+        char *name = strdup(ls->s[i].name);
+        if (!u || !name) {
+            free(u);
+            free(name);
+            return false;
+        }
+        ditserve__v1__lora_use__init(u);
+        u->name = name;
+        u->scale = ls->s[i].scale;
+        r->loras[r->n_loras++] = u;
+    }
+    return true;
+}
+
 /* The JSON body as n GenerateRequests (seeds seed, seed + 1, ...). */
 static bool parse_generation(dit_http *h, const char *body, size_t len, gen *g, bad *b)
 {
@@ -1005,6 +1081,7 @@ static bool parse_generation(dit_http *h, const char *body, size_t len, gen *g, 
     int width = 0, height = 0;
     double n = 1, seed = -1, steps = 0, guidance = NAN, true_cfg = NAN, priority = 0;
     bool stream = false;
+    lora_specs loras = {.n = 0};
     static const char *const known[] = {"model",
                                         "prompt",
                                         "negative_prompt",
@@ -1019,7 +1096,8 @@ static bool parse_generation(dit_http *h, const char *body, size_t len, gen *g, 
                                         "num_inference_steps",
                                         "guidance_scale",
                                         "true_cfg_scale",
-                                        "priority"};
+                                        "priority",
+                                        "loras"};
     unsigned seen = 0;
     for (const cJSON *f = root->child; f; f = f->next) {
         const char *k = f->string;
@@ -1105,6 +1183,9 @@ static bool parse_generation(dit_http *h, const char *body, size_t len, gen *g, 
         } else if (strcmp(k, "priority") == 0) {
             if (!get_int(f, "priority", -1000000, 1000000, &priority, b))
                 goto done;
+        } else if (strcmp(k, "loras") == 0) {
+            if (!parse_loras(f, &loras, b))
+                goto done;
         } else {
             fail(b, 400, NULL, "unknown_parameter", "unknown field '%s'", echo_name(k));
             goto done;
@@ -1154,7 +1235,8 @@ static bool parse_generation(dit_http *h, const char *body, size_t len, gen *g, 
             r->true_cfg_scale->value = (float)true_cfg;
         }
         if (!r->model || !r->prompt || !r->negative_prompt || !r->seed ||
-            (!isnan(guidance) && !r->guidance_scale) || (!isnan(true_cfg) && !r->true_cfg_scale)) {
+            (!isnan(guidance) && !r->guidance_scale) || (!isnan(true_cfg) && !r->true_cfg_scale) ||
+            !set_loras(r, &loras)) {
             fail(b, 500, NULL, "internal_error", "out of memory");
             goto done;
         }
@@ -1640,10 +1722,12 @@ static bool parse_video(dit_http *h, const cJSON *root, bool form, vjob *v, bad 
     const char *model = NULL, *prompt = NULL, *neg = NULL;
     int width = h->cfg.default_width, height = h->cfg.default_height;
     double seconds = NAN, seed = -1, steps = 0, guidance = NAN, priority = 0, fps = 0, frames = 0;
+    lora_specs loras = {.n = 0};
     static const char *const known[] = {
         "model",    "prompt", "negative_prompt",     "seconds",
         "size",     "seed",   "num_inference_steps", "guidance_scale",
-        "priority", "fps",    "num_frames",          "user"};
+        "priority", "fps",    "num_frames",          "user",
+        "loras"};
     unsigned seen = 0;
     for (const cJSON *f = root->child; f; f = f->next) {
         const char *k = f->string;
@@ -1699,6 +1783,15 @@ static bool parse_video(dit_http *h, const cJSON *root, bool form, vjob *v, bad 
                 return false;
         } else if (strcmp(k, "num_frames") == 0) {
             if (!get_int(num, "num_frames", 1, 100000, &frames, b))
+                return false;
+        } else if (strcmp(k, "loras") == 0) {
+            /* A form field holds the array as JSON text. */
+            cJSON *parsed = form && cJSON_IsString(f) && strlen(f->valuestring) <= 8192
+                                ? cJSON_Parse(f->valuestring)
+                                : NULL;
+            const bool ok = parse_loras(parsed ? parsed : f, &loras, b);
+            cJSON_Delete(parsed);
+            if (!ok)
                 return false;
         } else { /* user: accepted, unused */
             const char *u = NULL;
@@ -1759,7 +1852,7 @@ static bool parse_video(dit_http *h, const cJSON *root, bool form, vjob *v, bad 
         r->guidance_scale->value = (float)guidance;
     }
     if (!r->model || !r->prompt || !r->negative_prompt || !r->seed ||
-        (!isnan(guidance) && !r->guidance_scale))
+        (!isnan(guidance) && !r->guidance_scale) || !set_loras(r, &loras))
         return fail(b, 500, NULL, "internal_error", "out of memory");
     return true;
 }

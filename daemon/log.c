@@ -124,8 +124,8 @@ void dit_log_write(const dit_log *lg, dit_log_level lvl, const char *subsys, con
 }
 
 void dit_log_request(const dit_log *lg, const char *request_id, const char *model, int width,
-                     int height, int steps, double queue_ms, double compute_ms, const char *status,
-                     const char *detail)
+                     int height, int steps, const char *loras, double queue_ms, double compute_ms,
+                     const char *status, const char *detail)
 {
     if (!dit_log_enabled(lg, DIT_LOG_INFO))
         return;
@@ -133,22 +133,25 @@ void dit_log_request(const dit_log *lg, const char *request_id, const char *mode
     timestamp(ts, sizeof ts);
     /* Every field a client chose is escaped and capped (DIT_LOG_FIELD_MAX
      * and the detail's buffer), whatever it holds. */
-    char id[DIT_LOG_FIELD_MAX], mod[DIT_LOG_FIELD_MAX], det[1200];
+    char id[DIT_LOG_FIELD_MAX], mod[DIT_LOG_FIELD_MAX], det[1200], lor[1200] = "";
     escape(request_id, id, sizeof id, lg->json, !lg->json);
     escape(model, mod, sizeof mod, lg->json, !lg->json);
+    if (loras && *loras)
+        escape(loras, lor, sizeof lor, lg->json, !lg->json);
     escape(detail, det, sizeof det, lg->json, false);
     if (lg->json) {
-        fprintf(stderr,
-                "{\"time\":\"%s\",\"level\":\"info\",\"pid\":%d,\"subsystem\":\"request\","
-                "\"request_id\":\"%s\",\"model\":\"%s\",\"width\":%d,\"height\":%d,\"steps\":%d,"
-                "\"queue_ms\":%.1f,\"compute_ms\":%.1f,\"status\":\"%s\",\"detail\":\"%s\"}\n",
-                ts, (int)getpid(), id, mod, width, height, steps, queue_ms, compute_ms, status,
-                det);
+        fprintf(
+            stderr,
+            "{\"time\":\"%s\",\"level\":\"info\",\"pid\":%d,\"subsystem\":\"request\","
+            "\"request_id\":\"%s\",\"model\":\"%s\",\"width\":%d,\"height\":%d,\"steps\":%d,"
+            "%s%s%s\"queue_ms\":%.1f,\"compute_ms\":%.1f,\"status\":\"%s\",\"detail\":\"%s\"}\n",
+            ts, (int)getpid(), id, mod, width, height, steps, lor[0] ? "\"loras\":\"" : "", lor,
+            lor[0] ? "\"," : "", queue_ms, compute_ms, status, det);
     } else {
         fprintf(stderr,
-                "%s info  ditd[%d] request: id=%s model=%s shape=%dx%d steps=%d queue_ms=%.1f "
+                "%s info  ditd[%d] request: id=%s model=%s shape=%dx%d steps=%d%s%s queue_ms=%.1f "
                 "compute_ms=%.1f status=%s%s%s\n",
-                ts, (int)getpid(), id, mod, width, height, steps, queue_ms, compute_ms, status,
-                det[0] ? " detail=" : "", det);
+                ts, (int)getpid(), id, mod, width, height, steps, lor[0] ? " loras=" : "", lor,
+                queue_ms, compute_ms, status, det[0] ? " detail=" : "", det);
     }
 }

@@ -35,10 +35,11 @@ void dit_log_write(const dit_log *lg, dit_log_level lvl, const char *subsys, con
 
 /* One JSON object per request (or a text line): the request log. Every
  * string is escaped (control bytes, invalid UTF-8; spaces in request_id and
- * model in text) and capped, in both formats. */
+ * model in text) and capped, in both formats. loras: the adapters the
+ * request used ("name:scale,..."), NULL or "" for none (then left out). */
 void dit_log_request(const dit_log *lg, const char *request_id, const char *model, int width,
-                     int height, int steps, double queue_ms, double compute_ms, const char *status,
-                     const char *detail);
+                     int height, int steps, const char *loras, double queue_ms, double compute_ms,
+                     const char *status, const char *detail);
 
 #define DIT_LOG(lg, lvl, subsys, ...)                                                              \
     do {                                                                                           \

@@ -74,6 +74,7 @@ struct dit_metrics {
     /* Per rank, as the workers last reported; seen[r] once reported. */
     bool seen[N_RANKS];
     int64_t rss[N_RANKS], gpu_used[N_RANKS], gpu_total[N_RANKS], gpu_peak[N_RANKS];
+    int64_t lora_loads, lora_hits, lora_evictions, lora_cached, lora_cached_bytes;
     /* libmicrohttpd's thread only. */
     http_conn *oldest, *newest;
     int n_conns;
@@ -144,6 +145,20 @@ void dit_metrics_worker_memory(dit_metrics *m, int rank, int64_t rss, int64_t gp
     m->gpu_used[rank] = gpu_used;
     m->gpu_total[rank] = gpu_total;
     m->gpu_peak[rank] = gpu_peak;
+    uv_mutex_unlock(&m->mu);
+}
+
+void dit_metrics_lora(dit_metrics *m, int64_t loads, int64_t hits, int64_t evictions,
+                      int64_t cached, int64_t cached_bytes)
+{
+    if (!m)
+        return;
+    uv_mutex_lock(&m->mu);
+    m->lora_loads += loads > 0 ? loads : 0;
+    m->lora_hits += hits > 0 ? hits : 0;
+    m->lora_evictions += evictions > 0 ? evictions : 0;
+    m->lora_cached = cached;
+    m->lora_cached_bytes = cached_bytes;
     uv_mutex_unlock(&m->mu);
 }
 
@@ -248,6 +263,22 @@ char *dit_metrics_render(dit_metrics *m)
     for (size_t i = 0; i < sizeof states / sizeof *states; i++)
         put(&t, "ditserve_mesh_state{model=\"%s\",state=\"%s\"} %d\n", md, states[i],
             strcmp(states[i], m->mesh_state) == 0);
+    put(&t,
+        "# HELP ditserve_lora_loads_total LoRA adapter files the workers loaded.\n"
+        "# TYPE ditserve_lora_loads_total counter\nditserve_lora_loads_total{model=\"%s\"} %lld\n"
+        "# HELP ditserve_lora_cache_hits_total Adapter uses served by the workers' caches.\n"
+        "# TYPE ditserve_lora_cache_hits_total counter\n"
+        "ditserve_lora_cache_hits_total{model=\"%s\"} %lld\n"
+        "# HELP ditserve_lora_evictions_total Adapters dropped to stay within the cache bound.\n"
+        "# TYPE ditserve_lora_evictions_total counter\n"
+        "ditserve_lora_evictions_total{model=\"%s\"} %lld\n"
+        "# HELP ditserve_lora_cached_adapters Adapters rank 0 holds loaded.\n"
+        "# TYPE ditserve_lora_cached_adapters gauge\n"
+        "ditserve_lora_cached_adapters{model=\"%s\"} %lld\n"
+        "# HELP ditserve_lora_cached_bytes Memory rank 0 holds for loaded adapters.\n"
+        "# TYPE ditserve_lora_cached_bytes gauge\nditserve_lora_cached_bytes{model=\"%s\"} %lld\n",
+        md, (long long)m->lora_loads, md, (long long)m->lora_hits, md, (long long)m->lora_evictions,
+        md, (long long)m->lora_cached, md, (long long)m->lora_cached_bytes);
     put_per_rank(&t, m, "ditserve_worker_resident_bytes",
                  "Resident memory of each rank's worker process.", m->rss, false);
     put_per_rank(&t, m, "ditserve_gpu_memory_used_bytes",

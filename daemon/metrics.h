@@ -30,6 +30,12 @@ void dit_metrics_mesh(dit_metrics *m, const char *state, int64_t restarts);
 void dit_metrics_worker_memory(dit_metrics *m, int rank, int64_t rss, int64_t gpu_used,
                                int64_t gpu_total, int64_t gpu_peak);
 
+/* LoRA adapters on the mesh (rank 0's report): files loaded, uses served
+ * from the cache and evictions since the last call (added to counters),
+ * and what the cache holds now. */
+void dit_metrics_lora(dit_metrics *m, int64_t loads, int64_t hits, int64_t evictions,
+                      int64_t cached, int64_t cached_bytes);
+
 /* The text a scrape returns (malloc'ed); for tests and the HTTP handler. */
 char *dit_metrics_render(dit_metrics *m);
 

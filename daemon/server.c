@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <dirent.h>
+#include <sys/stat.h>
 
 #include "grpc_health_v1_health.pb-c.h"
 #include "ipc_wire.h"
@@ -27,6 +29,7 @@ struct job {
     double last_elapsed_ms;  /* at the previous progress event */
     char warning[300];       /* a request field without effect; Result.warnings */
     char cancel_reason[200]; /* why a running job was cancelled, for the request log */
+    bool was_loaded;         /* UnloadLora: the adapter was loaded when it ran */
 };
 
 #define JOB_OF(it) DIT_QUEUE_ENTRY(it, job, qi)
@@ -240,6 +243,46 @@ static void fail_job(job *j, grpc_status_code code, const char *msg)
     }
 }
 
+#define LORA_PATH_MAX 4400
+
+/* The file of adapter `name` (checked by dit_request_validate): the
+ * preloaded one (--lora NAME=PATH) or DIR/NAME.safetensors under
+ * --lora-dir, which must be a regular file now. Anything else is refused,
+ * with the reason in why. */
+static grpc_status_code lora_path(const dit_server *s, const char *name, char *buf, size_t cap,
+                                  char *why, size_t whycap)
+{
+    const dit_daemon_config *c = s->cfg;
+    buf[0] = '\0';
+    for (int i = 0; i < c->n_preload_loras; i++)
+        if (strcmp(c->preload_loras[i].name, name) == 0) {
+            snprintf(buf, cap, "%s", c->preload_loras[i].path);
+            return GRPC_STATUS_OK;
+        }
+    if (!c->lora_dir && c->n_preload_loras == 0) {
+        snprintf(why, whycap,
+                 "this server has no LoRA adapters (its operator starts ditd with --lora-dir DIR "
+                 "or --lora NAME=PATH for that)");
+        return GRPC_STATUS_FAILED_PRECONDITION;
+    }
+    struct stat sb;
+    if (c->lora_dir && (size_t)snprintf(buf, cap, "%s/%s.safetensors", c->lora_dir, name) < cap &&
+        stat(buf, &sb) == 0 && S_ISREG(sb.st_mode))
+        return GRPC_STATUS_OK;
+    snprintf(why, whycap, "no LoRA adapter named '%s' (ListLoras lists them)", name);
+    return GRPC_STATUS_NOT_FOUND;
+}
+
+/* The bytes rank 0 holds for the adapter of file `path`, or -1 when it is
+ * not loaded. */
+static int64_t lora_loaded_bytes(const dit_server *s, const char *path)
+{
+    for (int i = 0; i < s->n_loras_loaded; i++)
+        if (strcmp(s->loras_loaded[i].path, path) == 0)
+            return s->loras_loaded[i].bytes;
+    return -1;
+}
+
 static void try_dispatch(dit_server *s)
 {
     while (!s->running && dit_queue_peek(&s->queue) && dit_supervisor_idle(s->sup)) {
@@ -261,7 +304,38 @@ static void try_dispatch(dit_server *s)
         dit_diag_clear(&diag);
         DIT_LOG(s->log, DIT_LOG_DEBUG, "queue", "job %llu (%s) starts after %.1f ms in the queue",
                 (unsigned long long)j->id, j->request_id, st.queue_ms);
-        if (dit_supervisor_run(s->sup, j->id, j->req, j->kind != JOB_GENERATE, &diag) != DIT_OK) {
+        /* The adapters as admitted: the preloaded file of that name, or
+         * the one in --lora-dir (a file gone since fails when loaded). */
+        Ditserve__Ipc__JobLora jl[DIT_REQUEST_MAX_LORAS], *jlp[DIT_REQUEST_MAX_LORAS];
+        char paths[DIT_REQUEST_MAX_LORAS][LORA_PATH_MAX];
+        char *evict[1];
+        Ditserve__Ipc__Job ij = DITSERVE__IPC__JOB__INIT;
+        const bool with_loras =
+            j->kind == JOB_GENERATE || j->kind == JOB_LORA_LOAD || j->kind == JOB_LORA_UNLOAD;
+        size_t nl = 0;
+        for (size_t i = 0; with_loras && i < j->req->n_loras && i < DIT_REQUEST_MAX_LORAS; i++) {
+            char why[DIT_DIAG_MAX];
+            lora_path(s, j->req->loras[i]->name, paths[nl], sizeof paths[nl], why, sizeof why);
+            ditserve__ipc__job_lora__init(&jl[nl]);
+            jl[nl].name = j->req->loras[i]->name;
+            jl[nl].path = paths[nl];
+            jl[nl].scale = j->req->loras[i]->scale;
+            jlp[nl] = &jl[nl];
+            nl++;
+        }
+        ij.request = j->req;
+        ij.warmup = j->kind != JOB_GENERATE;
+        ij.lora_only = j->kind == JOB_LORA_LOAD || j->kind == JOB_LORA_UNLOAD;
+        if (j->kind == JOB_LORA_UNLOAD) {
+            evict[0] = nl ? paths[0] : (char *)"";
+            j->was_loaded = nl && lora_loaded_bytes(s, paths[0]) >= 0;
+            ij.lora_evict = evict;
+            ij.n_lora_evict = 1;
+        } else {
+            ij.loras = jlp;
+            ij.n_loras = nl;
+        }
+        if (dit_supervisor_run(s->sup, j->id, &ij, &diag) != DIT_OK) {
             s->running = NULL;
             fail_job(j, GRPC_STATUS_INTERNAL, dit_diag_msg(&diag));
             job_free(j);
@@ -415,6 +489,13 @@ static bool generate_ok(dit_server *s, dit_rpc_call *call, const Ditserve__V1__G
     if (dit_model_info_check_frames(&s->model, r->num_frames, r->fps, &diag) != DIT_OK ||
         dit_request_validate(r, &s->info, &diag) != DIT_OK)
         return refuse(rp, GRPC_STATUS_INVALID_ARGUMENT, "%s", dit_diag_msg(&diag));
+    for (size_t i = 0; i < r->n_loras; i++) {
+        char path[LORA_PATH_MAX], why[DIT_DIAG_MAX];
+        const grpc_status_code code =
+            lora_path(s, r->loras[i]->name, path, sizeof path, why, sizeof why);
+        if (code != GRPC_STATUS_OK)
+            return refuse(rp, code, "loras[%zu]: %s", i, why);
+    }
     return mesh_ok(s, r, rp) && size_ok(s, r, rp) && admit(s, call, n, rp);
 }
 
@@ -460,17 +541,34 @@ static bool ensure_seed(Ditserve__V1__GenerateRequest *r)
     return true;
 }
 
+/* The request's adapters for the request log: "name:scale,..." (the log
+ * escapes and caps it; names may still be unchecked here). */
+static const char *loras_text(const Ditserve__V1__GenerateRequest *r, char *buf, size_t cap)
+{
+    size_t n = 0;
+    buf[0] = '\0';
+    for (size_t i = 0; r && i < r->n_loras && i < DIT_REQUEST_MAX_LORAS && n < cap; i++) {
+        int w = snprintf(buf + n, cap - n, "%s%.128s:%g", i ? "," : "",
+                         r->loras[i]->name ? r->loras[i]->name : "", (double)r->loras[i]->scale);
+        if (w < 0)
+            break;
+        n += (size_t)w;
+    }
+    return buf;
+}
+
 /* The request-log line and metric of a refused request. */
 static void log_refused(dit_server *s, const Ditserve__V1__GenerateRequest *r,
                         grpc_status_code code, const char *why)
 {
+    char lor[1200];
     s->requests_failed++;
     dit_log_request(s->log, r->request_id && *r->request_id ? r->request_id : "-",
                     r->model && *r->model ? r->model : s->cfg->model_name,
                     r->width ? r->width : DIT_REQUEST_DEFAULT_SIZE,
                     r->height ? r->height : DIT_REQUEST_DEFAULT_SIZE,
-                    r->num_inference_steps ? r->num_inference_steps : DIT_REQUEST_DEFAULT_STEPS, 0,
-                    0, dit_rpc_status_name(code), why);
+                    r->num_inference_steps ? r->num_inference_steps : DIT_REQUEST_DEFAULT_STEPS,
+                    loras_text(r, lor, sizeof lor), 0, 0, dit_rpc_status_name(code), why);
     dit_metrics_request(s->metrics, dit_rpc_status_name(code), -1, -1);
 }
 
@@ -520,8 +618,10 @@ static void cancel_job(dit_server *s, job *j, const char *reason)
         dit_supervisor_cancel(s->sup, j->id);
     } else {
         DIT_LOG(s->log, DIT_LOG_INFO, "queue", "request %s cancelled while queued", j->request_id);
+        char lor[1200];
         dit_log_request(s->log, j->request_id, s->cfg->model_name, j->width, j->height, j->steps,
-                        now_ms() - j->arrived_ms, 0, "CANCELLED", "left the queue");
+                        loras_text(j->req, lor, sizeof lor), now_ms() - j->arrived_ms, 0,
+                        "CANCELLED", "left the queue");
         dit_metrics_request(s->metrics, "CANCELLED", (now_ms() - j->arrived_ms) / 1e3, -1);
         dit_queue_remove(&s->queue, &j->qi);
         job_free(j);
@@ -769,6 +869,205 @@ static void send_result(dit_server *s, job *j, const Ditserve__Ipc__JobDone *d)
     send_event(j, &ev);
 }
 
+/* ------------------------------------------------------------------------ */
+/* LoRA adapters                                                             */
+
+static bool lora_preloaded(const dit_server *s, const char *name)
+{
+    for (int i = 0; i < s->cfg->n_preload_loras; i++)
+        if (strcmp(s->cfg->preload_loras[i].name, name) == 0)
+            return true;
+    return false;
+}
+
+static void lora_info_of(const dit_server *s, const char *name, Ditserve__V1__LoraInfo *li)
+{
+    char path[LORA_PATH_MAX], why[DIT_DIAG_MAX];
+    ditserve__v1__lora_info__init(li);
+    li->name = (char *)name;
+    li->preloaded = lora_preloaded(s, name);
+    if (lora_path(s, name, path, sizeof path, why, sizeof why) == GRPC_STATUS_OK) {
+        const int64_t b = lora_loaded_bytes(s, path);
+        li->loaded = b >= 0;
+        li->bytes = b > 0 ? b : 0;
+    }
+}
+
+static int cmp_names(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* ListLoras: the preloaded adapters, then the --lora-dir files whose names
+ * requests may use (at most DIT_SERVER_MAX_LISTED_LORAS), by name. */
+#define DIT_SERVER_MAX_LISTED_LORAS 4096
+static void on_list_loras(void *ctx, dit_rpc_call *call, const uint8_t *req, size_t len)
+{
+    (void)req;
+    (void)len;
+    dit_server *s = ctx;
+    const dit_daemon_config *c = s->cfg;
+    char **names = calloc(DIT_SERVER_MAX_LISTED_LORAS, sizeof *names);
+    Ditserve__V1__LoraInfo *infos = NULL, **ptrs = NULL;
+    size_t n = 0;
+    if (!names)
+        goto oom;
+    for (int i = 0; i < c->n_preload_loras; i++)
+        if (!(names[n++] = strdup(c->preload_loras[i].name)))
+            goto oom;
+    DIR *d = c->lora_dir ? opendir(c->lora_dir) : NULL;
+    for (struct dirent *e; d && (e = readdir(d)) != NULL && n < DIT_SERVER_MAX_LISTED_LORAS;) {
+        const size_t el = strlen(e->d_name), sl = strlen(".safetensors");
+        if (el <= sl || strcmp(e->d_name + el - sl, ".safetensors") != 0)
+            continue;
+        char name[DIT_REQUEST_MAX_LORA_NAME_BYTES + 1];
+        if (el - sl > DIT_REQUEST_MAX_LORA_NAME_BYTES)
+            continue;
+        memcpy(name, e->d_name, el - sl);
+        name[el - sl] = '\0';
+        char path[LORA_PATH_MAX], why[DIT_DIAG_MAX];
+        if (!dit_request_lora_name_ok(name) || lora_preloaded(s, name) ||
+            lora_path(s, name, path, sizeof path, why, sizeof why) != GRPC_STATUS_OK)
+            continue;
+        if (!(names[n++] = strdup(name))) {
+            closedir(d);
+            goto oom;
+        }
+    }
+    if (d)
+        closedir(d);
+    qsort(names, n, sizeof *names, cmp_names);
+    infos = calloc(n ? n : 1, sizeof *infos);
+    ptrs = calloc(n ? n : 1, sizeof *ptrs);
+    if (!infos || !ptrs)
+        goto oom;
+    for (size_t i = 0; i < n; i++) {
+        lora_info_of(s, names[i], &infos[i]);
+        ptrs[i] = &infos[i];
+    }
+    Ditserve__V1__ListLorasResponse r = DITSERVE__V1__LIST_LORAS_RESPONSE__INIT;
+    r.loras = ptrs;
+    r.n_loras = n;
+    r.cache_limit_bytes = c->lora_cache_bytes;
+    send_packed(call, &r.base);
+    dit_rpc_call_finish(call, GRPC_STATUS_OK, NULL);
+    goto out;
+oom:
+    dit_rpc_call_finish(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+out:
+    for (size_t i = 0; names && i < n; i++)
+        free(names[i]);
+    free(names);
+    free(infos);
+    free(ptrs);
+}
+
+/* LoadLora and UnloadLora: a job on every worker, queued like the rest. */
+static void lora_op(dit_server *s, dit_rpc_call *call, const uint8_t *req, size_t len,
+                    job_kind kind)
+{
+    reply rp = {GRPC_STATUS_OK, ""};
+    Ditserve__V1__GenerateRequest *r = NULL;
+    /* Both requests are one string field, name = 1. */
+    Ditserve__V1__LoadLoraRequest *lr = ditserve__v1__load_lora_request__unpack(NULL, len, req);
+    dit_diag diag;
+    dit_diag_clear(&diag);
+    if (!lr || dit_request_check_strings(&ditserve__v1__load_lora_request__descriptor, req, len,
+                                         &diag) != DIT_OK) {
+        refuse(&rp, GRPC_STATUS_INVALID_ARGUMENT, "the request is not a valid %s",
+               kind == JOB_LORA_LOAD ? "LoadLoraRequest" : "UnloadLoraRequest");
+        goto done;
+    }
+    if (!dit_request_lora_name_ok(lr->name)) {
+        refuse(&rp, GRPC_STATUS_INVALID_ARGUMENT,
+               "name must be 1 to %d bytes of [A-Za-z0-9._-] without \"..\"",
+               DIT_REQUEST_MAX_LORA_NAME_BYTES);
+        goto done;
+    }
+    char path[LORA_PATH_MAX], why[DIT_DIAG_MAX];
+    const grpc_status_code code = lora_path(s, lr->name, path, sizeof path, why, sizeof why);
+    if (code != GRPC_STATUS_OK) {
+        refuse(&rp, code, "%s", why);
+        goto done;
+    }
+    if (kind == JOB_LORA_UNLOAD && lora_preloaded(s, lr->name)) {
+        refuse(&rp, GRPC_STATUS_FAILED_PRECONDITION,
+               "'%s' is preloaded (ditd --lora) and stays loaded", lr->name);
+        goto done;
+    }
+    if (!admit(s, call, 1, &rp))
+        goto done;
+    r = malloc(sizeof *r);
+    Ditserve__V1__LoraUse **uses = malloc(sizeof *uses);
+    Ditserve__V1__LoraUse *use = malloc(sizeof *use);
+    char *name = strdup(lr->name);
+    if (!r || !uses || !use || !name) {
+        free(r);
+        free(uses);
+        free(use);
+        free(name);
+        r = NULL;
+        refuse(&rp, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+        goto done;
+    }
+    ditserve__v1__generate_request__init(r);
+    ditserve__v1__lora_use__init(use);
+    use->name = name;
+    uses[0] = use;
+    r->loras = uses;
+    r->n_loras = 1;
+    job *j = new_job(s, kind, r, call);
+    if (!j) {
+        refuse(&rp, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+        goto done;
+    }
+    r = NULL;
+    enqueue(s, j);
+    try_dispatch(s);
+done:
+    if (rp.code != GRPC_STATUS_OK)
+        dit_rpc_call_finish(call, rp.code, rp.msg);
+    if (r)
+        ditserve__v1__generate_request__free_unpacked(r, NULL);
+    if (lr)
+        ditserve__v1__load_lora_request__free_unpacked(lr, NULL);
+}
+
+static void on_load_lora(void *ctx, dit_rpc_call *call, const uint8_t *req, size_t len)
+{
+    lora_op(ctx, call, req, len, JOB_LORA_LOAD);
+}
+
+static void on_unload_lora(void *ctx, dit_rpc_call *call, const uint8_t *req, size_t len)
+{
+    lora_op(ctx, call, req, len, JOB_LORA_UNLOAD);
+}
+
+static void lora_done(dit_server *s, job *j, dit_status st, grpc_status_code code,
+                      const char *detail, double compute_ms)
+{
+    const char *name = j->req->loras[0]->name;
+    DIT_LOG(s->log, st == DIT_OK ? DIT_LOG_INFO : DIT_LOG_WARN, "lora", "%s %s: %s",
+            j->kind == JOB_LORA_LOAD ? "load" : "unload", name, st == DIT_OK ? "done" : detail);
+    if (!j->call || st != DIT_OK) {
+        fail_job(j, code, detail);
+        return;
+    }
+    if (j->kind == JOB_LORA_LOAD) {
+        Ditserve__V1__LoraInfo li;
+        lora_info_of(s, name, &li);
+        Ditserve__V1__LoadLoraResponse r = DITSERVE__V1__LOAD_LORA_RESPONSE__INIT;
+        r.lora = &li;
+        r.elapsed_ms = compute_ms;
+        send_packed(j->call, &r.base);
+    } else {
+        Ditserve__V1__UnloadLoraResponse r = DITSERVE__V1__UNLOAD_LORA_RESPONSE__INIT;
+        r.was_loaded = j->was_loaded;
+        send_packed(j->call, &r.base);
+    }
+    fail_job(j, GRPC_STATUS_OK, NULL);
+}
+
 static void on_done(void *ctx, uint64_t job_id, dit_status st, const char *message,
                     Ditserve__Ipc__Envelope *env)
 {
@@ -822,6 +1121,10 @@ static void on_done(void *ctx, uint64_t job_id, dit_status st, const char *messa
             fail_job(j, code, detail);
         }
         break;
+    case JOB_LORA_LOAD:
+    case JOB_LORA_UNLOAD:
+        lora_done(s, j, st, code, detail, compute_ms);
+        break;
     case JOB_GENERATE: {
         reply rp;
         if (j->call)
@@ -841,9 +1144,10 @@ static void on_done(void *ctx, uint64_t job_id, dit_status st, const char *messa
             s->requests_failed++;
             fail_job(j, code, detail);
         }
+        char lor[1200];
         dit_log_request(s->log, j->request_id, s->cfg->model_name, j->width, j->height, j->steps,
-                        j->started_ms - j->arrived_ms, compute_ms, dit_rpc_status_name(code),
-                        detail);
+                        loras_text(j->req, lor, sizeof lor), j->started_ms - j->arrived_ms,
+                        compute_ms, dit_rpc_status_name(code), detail);
         dit_metrics_request(s->metrics, dit_rpc_status_name(code),
                             (j->started_ms - j->arrived_ms) / 1e3,
                             (now_ms() - j->arrived_ms) / 1e3);
@@ -857,9 +1161,42 @@ static void on_done(void *ctx, uint64_t job_id, dit_status st, const char *messa
     try_dispatch(s);
 }
 
+static void loras_loaded_clear(dit_server *s)
+{
+    for (int i = 0; i < s->n_loras_loaded; i++)
+        free(s->loras_loaded[i].path);
+    free(s->loras_loaded);
+    s->loras_loaded = NULL;
+    s->n_loras_loaded = 0;
+}
+
 static void on_worker_memory(void *ctx, int rank, const Ditserve__Ipc__WorkerMemory *mem)
 {
     dit_server *s = ctx;
+    if (rank == 0) {
+        /* Rank 0 speaks for the mesh: every rank loads the same adapters. */
+        loras_loaded_clear(s);
+        const size_t n = mem->n_loras < 4096 ? mem->n_loras : 4096;
+        s->loras_loaded = n ? calloc(n, sizeof *s->loras_loaded) : NULL;
+        for (size_t i = 0; s->loras_loaded && i < n; i++) {
+            char *p = strdup(mem->loras[i]->path ? mem->loras[i]->path : "");
+            if (!p)
+                break;
+            s->loras_loaded[s->n_loras_loaded].path = p;
+            s->loras_loaded[s->n_loras_loaded++].bytes = mem->loras[i]->bytes;
+        }
+        /* Counters since the worker's mesh came up: a smaller one means a
+         * new mesh, counted from zero. */
+        const int64_t now[3] = {mem->lora_loads, mem->lora_hits, mem->lora_evictions};
+        int64_t d[3], bytes = 0;
+        for (int k = 0; k < 3; k++) {
+            d[k] = now[k] >= s->lora_counts[k] ? now[k] - s->lora_counts[k] : now[k];
+            s->lora_counts[k] = now[k];
+        }
+        for (int i = 0; i < s->n_loras_loaded; i++)
+            bytes += s->loras_loaded[i].bytes;
+        dit_metrics_lora(s->metrics, d[0], d[1], d[2], s->n_loras_loaded, bytes);
+    }
     dit_metrics_worker_memory(s->metrics, rank, mem->host_rss_bytes, mem->device_used_bytes,
                               mem->device_total_bytes, mem->device_peak_bytes);
 }
@@ -1016,6 +1353,11 @@ int dit_server_methods(dit_server *s, const dit_rpc_method **out)
         {"/ditserve.v1.Generation/GetServerInfo", DIT_RPC_UNARY, false, on_server_info, NULL, NULL,
          s},
         {"/ditserve.v1.Generation/Warmup", DIT_RPC_UNARY, false, on_warmup, NULL, on_job_cancel, s},
+        {"/ditserve.v1.Generation/ListLoras", DIT_RPC_UNARY, false, on_list_loras, NULL, NULL, s},
+        {"/ditserve.v1.Generation/LoadLora", DIT_RPC_UNARY, false, on_load_lora, NULL,
+         on_job_cancel, s},
+        {"/ditserve.v1.Generation/UnloadLora", DIT_RPC_UNARY, false, on_unload_lora, NULL,
+         on_job_cancel, s},
         {"/grpc.health.v1.Health/Check", DIT_RPC_UNARY, true, on_health_check, NULL, NULL, s},
         {"/grpc.health.v1.Health/Watch", DIT_RPC_SERVER_STREAM, true, on_health_watch, NULL,
          on_health_watch_cancel, s},
@@ -1059,6 +1401,7 @@ void dit_server_abort_pending(dit_server *s, const char *why)
 
 void dit_server_free_jobs(dit_server *s)
 {
+    loras_loaded_clear(s);
     dit_queue_item *it;
     while ((it = dit_queue_pop(&s->queue)) != NULL)
         job_free(JOB_OF(it));

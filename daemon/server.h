@@ -24,6 +24,8 @@
 typedef enum job_kind {
     JOB_GENERATE,
     JOB_WARMUP,         /* the Warmup RPC */
+    JOB_LORA_LOAD,      /* LoadLora */
+    JOB_LORA_UNLOAD,    /* UnloadLora */
     JOB_STARTUP_WARMUP, /* --warmup, before serving */
 } job_kind;
 
@@ -69,7 +71,15 @@ typedef struct dit_server {
     int n_watchers, cap_watchers;
     /* counters */
     int64_t requests_ok, requests_failed;
-    dit_rpc_method methods[8]; /* filled by dit_server_methods */
+    /* The LoRA adapters rank 0 last reported loaded (its WorkerMemory). */
+    struct dit_server_lora {
+        char *path;
+        int64_t bytes;
+    } * loras_loaded;
+    int n_loras_loaded;
+    /* Rank 0's last LoRA counters (loads, hits, evictions), for deltas. */
+    int64_t lora_counts[3];
+    dit_rpc_method methods[11]; /* filled by dit_server_methods */
 } dit_server;
 
 /* The methods ditd serves, in registration order. */

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "serve/host.h"
+#include "config.h"
 #include "ipc_wire.h"
 #include "join.h"
 
@@ -388,6 +389,16 @@ static void send_setup_range(dit_supervisor *s, int from, int to)
     setup.model_dir = (char *)s->cfg.model_dir;
     setup.backend = (char *)s->cfg.backend;
     setup.comm_timeout_s = s->cfg.comm_timeout_s;
+    setup.lora_cache_bytes = s->cfg.lora_cache_bytes;
+    Ditserve__Ipc__JobLora pl[DIT_DAEMON_MAX_PRELOAD_LORAS], *plp[DIT_DAEMON_MAX_PRELOAD_LORAS];
+    for (int i = 0; i < s->cfg.n_preload_loras && i < DIT_DAEMON_MAX_PRELOAD_LORAS; i++) {
+        ditserve__ipc__job_lora__init(&pl[i]);
+        pl[i].name = (char *)s->cfg.preload_loras[i].name;
+        pl[i].path = (char *)s->cfg.preload_loras[i].path;
+        plp[i] = &pl[i];
+        setup.n_preload_loras++;
+    }
+    setup.preload_loras = plp;
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     const int here = s->L > 0 ? s->L : 1;
     const int local_threads =
@@ -1089,15 +1100,13 @@ bool dit_supervisor_idle(const dit_supervisor *s)
     return s->phase == PH_READY && !s->stopping;
 }
 
-dit_status dit_supervisor_run(dit_supervisor *s, uint64_t job_id,
-                              Ditserve__V1__GenerateRequest *req, bool warmup, dit_diag *diag)
+dit_status dit_supervisor_run(dit_supervisor *s, uint64_t job_id, const Ditserve__Ipc__Job *tmpl,
+                              dit_diag *diag)
 {
     if (!dit_supervisor_idle(s))
         return dit_diag_set(diag, DIT_ERR_INTERNAL, "the mesh is not idle");
-    Ditserve__Ipc__Job job = DITSERVE__IPC__JOB__INIT;
+    Ditserve__Ipc__Job job = *tmpl;
     job.job_id = job_id;
-    job.request = req;
-    job.warmup = warmup;
     Ditserve__Ipc__Envelope env = DITSERVE__IPC__ENVELOPE__INIT;
     env.msg_case = DITSERVE__IPC__ENVELOPE__MSG_JOB;
     env.job = &job;

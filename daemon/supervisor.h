@@ -59,6 +59,11 @@ typedef struct dit_supervisor_config {
     int local_ranks;
     const char *join_listen;
     const dit_join_secret *join_secret;
+    /* LoRA: each worker's cache bound and the adapters every worker loads
+     * at setup (kept by the caller for the supervisor's lifetime). */
+    int64_t lora_cache_bytes;
+    const struct dit_daemon_lora *preload_loras;
+    int n_preload_loras;
 } dit_supervisor_config;
 
 typedef struct dit_supervisor_events {
@@ -88,9 +93,10 @@ dit_mesh_state dit_supervisor_state(const dit_supervisor *s);
 /* Ready and not running a job. */
 bool dit_supervisor_idle(const dit_supervisor *s);
 
-/* Sends the job to every rank; the supervisor must be idle. */
-dit_status dit_supervisor_run(dit_supervisor *s, uint64_t job_id,
-                              Ditserve__V1__GenerateRequest *req, bool warmup, dit_diag *diag);
+/* Sends the job (tmpl, with job_id set) to every rank; the supervisor must
+ * be idle. */
+dit_status dit_supervisor_run(dit_supervisor *s, uint64_t job_id, const Ditserve__Ipc__Job *tmpl,
+                              dit_diag *diag);
 
 /* Asks the running job to stop at the next step boundary. */
 void dit_supervisor_cancel(dit_supervisor *s, uint64_t job_id);

@@ -293,6 +293,54 @@ START_TEST(warmup_shapes)
 }
 END_TEST
 
+START_TEST(lora_flags)
+{
+    clear_env();
+    static dit_daemon_config cfg;
+    /* Repeated and comma-separated NAME=PATH; PATHs must be readable. */
+    const char *ok[] = {"--model",
+                        "m",
+                        "--lora",
+                        "a=/dev/null,b.v2-x_y=/dev/null",
+                        "--lora",
+                        "c=/dev/null",
+                        "--lora-dir",
+                        "/tmp",
+                        "--lora-cache-bytes",
+                        "1000",
+                        NULL};
+    ck_assert_int_eq(parse(&cfg, out, sizeof out, err, sizeof err, ok), 0);
+    ck_assert_int_eq(cfg.n_preload_loras, 3);
+    ck_assert_str_eq(cfg.preload_loras[1].name, "b.v2-x_y");
+    ck_assert_str_eq(cfg.preload_loras[2].path, "/dev/null");
+    ck_assert_str_eq(cfg.lora_dir, "/tmp");
+    ck_assert_int_eq(cfg.lora_cache_bytes, 1000);
+    const char *none[] = {"--model", "m", NULL};
+    ck_assert_int_eq(parse(&cfg, out, sizeof out, err, sizeof err, none), 0);
+    ck_assert(cfg.n_preload_loras == 0 && !cfg.lora_dir);
+    ck_assert_int_eq(cfg.lora_cache_bytes, 2147483648ll);
+    struct {
+        const char *flag, *value, *needle;
+    } bad[] = {
+        {"--lora", "../x=/dev/null", "'../x'"},
+        {"--lora", "a/b=/dev/null", "'a/b'"},
+        {"--lora", "x..y=/dev/null", "'x..y'"},
+        {"--lora", "=/dev/null", "NAME=PATH"},
+        {"--lora", "a=", "NAME=PATH"},
+        {"--lora", "a", "NAME=PATH"},
+        {"--lora", "a=/dev/null,a=/dev/null", "names 'a' twice"},
+        {"--lora", "a=/nonexistent/x.safetensors", "/nonexistent/x.safetensors"},
+        {"--lora-dir", "/nonexistent", "not a directory"},
+        {"--lora-dir", "/dev/null", "not a directory"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        const char *args[] = {"--model", "m", bad[i].flag, bad[i].value, NULL};
+        ck_assert_int_eq(parse(&cfg, out, sizeof out, err, sizeof err, args), 2);
+        ck_assert_msg(strstr(err, bad[i].needle), "%s %s: %s", bad[i].flag, bad[i].value, err);
+    }
+}
+END_TEST
+
 START_TEST(help_lists_every_flag_with_its_variable_and_default)
 {
     clear_env();
@@ -333,6 +381,7 @@ int main(void)
     tcase_add_test(tc, http_listen_forms_and_limits);
     tcase_add_test(tc, parallel_layout_from_flags);
     tcase_add_test(tc, warmup_shapes);
+    tcase_add_test(tc, lora_flags);
     tcase_add_test(tc, help_lists_every_flag_with_its_variable_and_default);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);

@@ -61,6 +61,11 @@ class Api:
         return self._method(ch, "/ditserve.v1.Generation/Warmup", "ditserve.v1.WarmupRequest",
                             "ditserve.v1.WarmupResponse", "unary")
 
+    def lora_rpc(self, ch, name):
+        """ListLoras, LoadLora or UnloadLora."""
+        return self._method(ch, f"/ditserve.v1.Generation/{name}", f"ditserve.v1.{name}Request",
+                            f"ditserve.v1.{name}Response", "unary")
+
     def health_check(self, ch):
         return self._method(ch, "/grpc.health.v1.Health/Check", "grpc.health.v1.HealthCheckRequest",
                             "grpc.health.v1.HealthCheckResponse", "unary")
@@ -89,6 +94,11 @@ class Api:
                 t.dtype = self.enum("ditserve.v1.DType", dtype)
                 t.shape.extend(shape)
                 t.data = data
+            elif k == "loras":
+                for name, scale in v:
+                    u = r.loras.add()
+                    u.name = name
+                    u.scale = scale
             elif k == "output_format":
                 r.output_format = self.enum("ditserve.v1.OutputFormat", v)
             else:

@@ -1,5 +1,6 @@
 #include "serve/request.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,6 +58,49 @@ static dit_status check_text(const char *name, const char *s, dit_diag *diag)
                             name, n, DIT_REQUEST_MAX_PROMPT_BYTES);
     if (!valid_utf8(s, n))
         return dit_diag_set(diag, DIT_ERR_INVALID_ARG, "%s is not valid UTF-8", name);
+    return DIT_OK;
+}
+
+bool dit_request_lora_name_ok(const char *name)
+{
+    if (!name)
+        return false;
+    size_t n = strnlen(name, DIT_REQUEST_MAX_LORA_NAME_BYTES + 1);
+    if (n == 0 || n > DIT_REQUEST_MAX_LORA_NAME_BYTES || strstr(name, ".."))
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        const char c = name[i];
+        if (!((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+              c == '.' || c == '_' || c == '-'))
+            return false;
+    }
+    return true;
+}
+
+static dit_status check_loras(const Ditserve__V1__GenerateRequest *req, dit_diag *diag)
+{
+    if (req->n_loras > DIT_REQUEST_MAX_LORAS)
+        return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
+                            "loras has %zu adapters; at most %d are accepted", req->n_loras,
+                            DIT_REQUEST_MAX_LORAS);
+    for (size_t i = 0; i < req->n_loras; i++) {
+        const Ditserve__V1__LoraUse *u = req->loras[i];
+        if (!dit_request_lora_name_ok(u->name))
+            return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
+                                "loras[%zu].name must be 1 to %d bytes of [A-Za-z0-9._-] "
+                                "without \"..\"",
+                                i, DIT_REQUEST_MAX_LORA_NAME_BYTES);
+        if (!isfinite(u->scale) || u->scale < -DIT_REQUEST_MAX_LORA_SCALE ||
+            u->scale > DIT_REQUEST_MAX_LORA_SCALE)
+            return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
+                                "loras[%zu].scale must be finite, within [-100, 100]", i);
+        for (size_t j = 0; j < i; j++)
+            if (strcmp(req->loras[j]->name, u->name) == 0)
+                return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
+                                    "loras[%zu] names the same adapter as loras[%zu]; give it "
+                                    "once with the sum of the scales",
+                                    i, j);
+    }
     return DIT_OK;
 }
 
@@ -218,6 +262,8 @@ dit_status dit_request_validate(const Ditserve__V1__GenerateRequest *req,
                             strlen(req->request_id), DIT_REQUEST_MAX_ID_BYTES);
     if (req->request_id && !valid_utf8(req->request_id, strlen(req->request_id)))
         return dit_diag_set(diag, DIT_ERR_INVALID_ARG, "request_id is not valid UTF-8");
+    if ((st = check_loras(req, diag)) != DIT_OK)
+        return st;
     if (req->output_format != DITSERVE__V1__OUTPUT_FORMAT__OUTPUT_FORMAT_UNSPECIFIED &&
         req->output_format != DITSERVE__V1__OUTPUT_FORMAT__OUTPUT_FORMAT_PNG &&
         req->output_format != DITSERVE__V1__OUTPUT_FORMAT__OUTPUT_FORMAT_RAW_TENSOR &&

@@ -22,6 +22,9 @@
 #define DIT_REQUEST_DEFAULT_GUIDANCE 3.5f
 #define DIT_REQUEST_MAX_PROMPT_BYTES 65536
 #define DIT_REQUEST_MAX_ID_BYTES 128
+#define DIT_REQUEST_MAX_LORAS 8
+#define DIT_REQUEST_MAX_LORA_NAME_BYTES 128
+#define DIT_REQUEST_MAX_LORA_SCALE 100.0f
 
 typedef struct dit_request {
     dit_gen_params gp; /* points into this struct's own storage */
@@ -36,6 +39,10 @@ typedef struct dit_request {
  * for UNSPECIFIED the pipeline's: PNG for images, MP4 for video. */
 int dit_request_output_format(const Ditserve__V1__GenerateRequest *req,
                               const dit_pipeline_info *info);
+
+/* Whether `name` is an adapter name a request may use: 1 to
+ * DIT_REQUEST_MAX_LORA_NAME_BYTES bytes of [A-Za-z0-9._-], without "..". */
+bool dit_request_lora_name_ok(const char *name);
 
 /* Checks everything without allocating; the message says which field is
  * wrong and what would be right. */

@@ -37,6 +37,7 @@
 #include "media/mp4.h"
 #include "media/png.h"
 #include "ipc_wire.h"
+#include "parallel/lora.h"
 #include "parallel/mesh.h"
 #include "pipelines/pipeline.h"
 #include "core/options.h"
@@ -74,6 +75,28 @@ typedef struct join_opts {
     bool once;
 } join_opts;
 
+/* A loaded LoRA adapter, by file. */
+typedef struct lora_entry {
+    char *path;
+    dit_lora *lora;
+    size_t bytes;
+    uint64_t last_use;
+    bool pinned; /* preloaded: never evicted */
+} lora_entry;
+
+/* The adapters this rank keeps loaded. Every rank sees the same jobs in
+ * the same order, so every rank loads and evicts the same adapters at the
+ * same points. */
+typedef struct lora_cache {
+    lora_entry *e;
+    size_t n, cap;
+    /* What the last memory report listed (rebuilt for each). */
+    Ditserve__Ipc__JobLora *report, **report_ptrs;
+    size_t bytes, limit;
+    uint64_t clock;
+    int64_t loads, hits, evictions; /* reported with the memory */
+} lora_cache;
+
 typedef struct worker {
     int fd;
     int rank;
@@ -84,6 +107,7 @@ typedef struct worker {
     dit_backend *be;
     dit_pipeline *pipe;
     dit_runner *runner;
+    lora_cache loras;
     void *flag_buf; /* backend memory for the cancel flag broadcast */
     /* The job in progress. */
     uint64_t job_id;
@@ -126,6 +150,24 @@ static void read_memory(worker *w, Ditserve__Ipc__WorkerMemory *m)
 #else
     (void)w;
 #endif
+    lora_cache *c = &w->loras;
+    free(c->report);
+    free(c->report_ptrs);
+    c->report = c->n ? calloc(c->n, sizeof *c->report) : NULL;
+    c->report_ptrs = c->n ? calloc(c->n, sizeof *c->report_ptrs) : NULL;
+    if (c->report && c->report_ptrs) {
+        for (size_t i = 0; i < c->n; i++) {
+            ditserve__ipc__job_lora__init(&c->report[i]);
+            c->report[i].path = c->e[i].path;
+            c->report[i].bytes = (int64_t)c->e[i].bytes;
+            c->report_ptrs[i] = &c->report[i];
+        }
+        m->loras = c->report_ptrs;
+        m->n_loras = c->n;
+    }
+    m->lora_loads = c->loads;
+    m->lora_hits = c->hits;
+    m->lora_evictions = c->evictions;
 }
 
 /* Reports a failure the daemon can relay, then lets the caller exit. */
@@ -244,6 +286,164 @@ static dit_status encode_result(const dit_gen_result *res, const dit_request *rq
     }
 }
 
+static void lora_cache_free(lora_cache *c)
+{
+    for (size_t i = 0; i < c->n; i++) {
+        dit_lora_destroy(c->e[i].lora);
+        free(c->e[i].path);
+    }
+    free(c->e);
+    free(c->report);
+    free(c->report_ptrs);
+    *c = (lora_cache){0};
+}
+
+static dit_lora_sites *lora_sites(worker *w)
+{
+    return dit_model_lora_sites((dit_model *)dit_pipeline_transformer(w->pipe));
+}
+
+/* Drops the least recently used adapters (not pinned, not in keep[0..nkeep))
+ * while the cache holds more than its limit. */
+static void lora_cache_trim(lora_cache *c, const dit_lora *const *keep, int nkeep)
+{
+    while (c->bytes > c->limit) {
+        size_t victim = c->n;
+        for (size_t i = 0; i < c->n; i++) {
+            bool kept = c->e[i].pinned;
+            for (int k = 0; k < nkeep && !kept; k++)
+                kept = keep[k] == c->e[i].lora;
+            if (!kept && (victim == c->n || c->e[i].last_use < c->e[victim].last_use))
+                victim = i;
+        }
+        if (victim == c->n)
+            return;
+        fprintf(stderr, "ditworker: LoRA adapter %s evicted (%zu bytes)\n", c->e[victim].path,
+                c->e[victim].bytes);
+        dit_lora_destroy(c->e[victim].lora);
+        free(c->e[victim].path);
+        c->bytes -= c->e[victim].bytes;
+        c->e[victim] = c->e[--c->n];
+        c->evictions++;
+    }
+}
+
+/* The adapter of file `path`, loaded now unless the cache has it. A file
+ * that cannot be loaded is the request's fault (INVALID_ARGUMENT, naming
+ * the adapter and the loader's reason, which names the key); out of memory
+ * and device errors stay what they are. */
+static dit_status lora_get(worker *w, const char *name, const char *path, bool pin,
+                           const dit_lora **out, dit_diag *diag)
+{
+    lora_cache *c = &w->loras;
+    for (size_t i = 0; i < c->n; i++)
+        if (strcmp(c->e[i].path, path) == 0) {
+            c->e[i].last_use = ++c->clock;
+            c->e[i].pinned |= pin;
+            c->hits++;
+            *out = c->e[i].lora;
+            return DIT_OK;
+        }
+    dit_lora_sites *sites = lora_sites(w);
+    if (!sites)
+        return dit_diag_set(diag, DIT_ERR_INVALID_ARG, "%s takes no LoRA adapters",
+                            dit_pipeline_get_info(w->pipe)->class_name);
+    if (c->n == c->cap) {
+        const size_t cap = c->cap ? 2 * c->cap : 8;
+        lora_entry *e = realloc(c->e, cap * sizeof *e);
+        if (!e)
+            return dit_diag_set(diag, DIT_ERR_NOMEM, "out of memory");
+        c->e = e;
+        c->cap = cap;
+    }
+    char *dup = strdup(path);
+    if (!dup)
+        return dit_diag_set(diag, DIT_ERR_NOMEM, "out of memory");
+    dit_lora *l = NULL;
+    dit_diag d;
+    dit_diag_clear(&d);
+    dit_status st = dit_lora_load(w->be, sites, path, &l, &d);
+    if (st != DIT_OK) {
+        free(dup);
+        const char *slash = strrchr(path, '/');
+        if (st != DIT_ERR_NOMEM && st != DIT_ERR_DEVICE)
+            st = DIT_ERR_INVALID_ARG;
+        /* The client learns the file's name, not where the server keeps it. */
+        const char *why = dit_diag_msg(&d);
+        const size_t pn = strlen(path);
+        if (strncmp(why, path, pn) == 0 && strncmp(why + pn, ": ", 2) == 0)
+            why += pn + 2;
+        return dit_diag_set(diag, st, "LoRA adapter '%s' (file %s) cannot be loaded: %s", name,
+                            slash ? slash + 1 : path, why);
+    }
+    const dit_lora_info info = dit_lora_get_info(l);
+    c->e[c->n++] = (lora_entry){
+        .path = dup, .lora = l, .bytes = info.bytes, .last_use = ++c->clock, .pinned = pin};
+    c->bytes += info.bytes;
+    c->loads++;
+    fprintf(stderr, "ditworker rank %d: LoRA adapter %s loaded (%d modules, %zu bytes)\n", w->rank,
+            name, info.n_modules, info.bytes);
+    *out = l;
+    return DIT_OK;
+}
+
+/* Loads (or finds) the job's adapters and attaches them; *attached tells
+ * whether the caller must detach. */
+static dit_status lora_attach_job(worker *w, const Ditserve__Ipc__Job *job, bool *attached,
+                                  dit_diag *diag)
+{
+    dit_status st = DIT_OK;
+    dit_lora_use uses[DIT_REQUEST_MAX_LORAS];
+    const dit_lora *keep[DIT_REQUEST_MAX_LORAS];
+    int n = 0;
+    *attached = false;
+    if (job->n_loras == 0)
+        return DIT_OK;
+    if (job->n_loras > DIT_REQUEST_MAX_LORAS)
+        return dit_diag_set(diag, DIT_ERR_INVALID_ARG, "a job has at most %d LoRA adapters",
+                            DIT_REQUEST_MAX_LORAS);
+    for (size_t i = 0; i < job->n_loras; i++) {
+        const Ditserve__Ipc__JobLora *jl = job->loras[i];
+        const dit_lora *l = NULL;
+        if ((st = lora_get(w, jl->name, jl->path, false, &l, diag)) != DIT_OK)
+            return st;
+        uses[n].lora = l;
+        uses[n].scale = jl->scale;
+        keep[n++] = l;
+    }
+    lora_cache_trim(&w->loras, keep, n);
+    if ((st = dit_lora_attach(lora_sites(w), uses, n, diag)) != DIT_OK)
+        return st;
+    *attached = true;
+    return DIT_OK;
+}
+
+/* LoadLora / UnloadLora: drops the adapters of lora_evict, loads loras. */
+static dit_status lora_only_job(worker *w, const Ditserve__Ipc__Job *job, dit_diag *diag)
+{
+    lora_cache *c = &w->loras;
+    for (size_t k = 0; k < job->n_lora_evict; k++)
+        for (size_t i = 0; i < c->n; i++)
+            if (strcmp(c->e[i].path, job->lora_evict[k]) == 0) {
+                dit_lora_destroy(c->e[i].lora);
+                free(c->e[i].path);
+                c->bytes -= c->e[i].bytes;
+                c->e[i] = c->e[--c->n];
+                break;
+            }
+    const dit_lora *keep[DIT_REQUEST_MAX_LORAS];
+    int n = 0;
+    for (size_t i = 0; i < job->n_loras && n < DIT_REQUEST_MAX_LORAS; i++) {
+        dit_status st =
+            lora_get(w, job->loras[i]->name, job->loras[i]->path, false, &keep[n], diag);
+        if (st != DIT_OK)
+            return st;
+        n++;
+    }
+    lora_cache_trim(c, keep, n);
+    return DIT_OK;
+}
+
 /* Runs one job; returns non-zero when the mesh is broken and the worker
  * must exit. */
 static int run_job(worker *w, const Ditserve__Ipc__Job *job)
@@ -259,15 +459,25 @@ static int run_job(worker *w, const Ditserve__Ipc__Job *job)
     w->job_id = job->job_id;
     w->cancel_seen = false;
     double t_encode = 0;
-    dit_status st = dit_request_resolve(job->request, info, 0, &rq, &diag);
+    bool attached = false;
+    memset(&rq, 0, sizeof rq);
+    dit_status st = job->lora_only ? lora_only_job(w, job, &diag)
+                                   : dit_request_resolve(job->request, info, 0, &rq, &diag);
+    if (job->lora_only)
+        goto report;
     const dit_denoiser den = dit_runner_denoiser(w->runner);
     if (st == DIT_OK)
+        st = lora_attach_job(w, job, &attached, &diag);
+    if (st == DIT_OK)
         st = dit_pipeline_generate(w->pipe, &den, &rq.gp, w->rank == 0, on_step, w, &res, &diag);
+    if (attached)
+        dit_lora_detach(lora_sites(w));
     if (st == DIT_OK && w->rank == 0 && !job->warmup) {
         double t0 = now_ms();
         st = encode_result(&res, &rq, &bytes, &nbytes, &diag);
         t_encode = now_ms() - t0;
     }
+report:;
     Ditserve__Ipc__JobDone done = DITSERVE__IPC__JOB_DONE__INIT;
     Ditserve__V1__Timings tm = DITSERVE__V1__TIMINGS__INIT;
     Ditserve__Ipc__WorkerMemory mem = DITSERVE__IPC__WORKER_MEMORY__INIT;
@@ -405,7 +615,25 @@ static dit_status setup(worker *w, const Ditserve__Ipc__Setup *s, dit_diag *diag
                        .tp_rank = w->mesh ? dit_mesh_tp_rank(w->mesh) : 0};
     if ((st = dit_pipeline_load(w->be, model, &shard, w->rank == 0, &w->pipe, diag)) != DIT_OK)
         return st;
-    return dit_runner_create(w->be, dit_pipeline_transformer(w->pipe), w->mesh, &w->runner, diag);
+    if ((st = dit_runner_create(w->be, dit_pipeline_transformer(w->pipe), w->mesh, &w->runner,
+                                diag)) != DIT_OK)
+        return st;
+    w->loras.limit = s->lora_cache_bytes > 0 ? (size_t)s->lora_cache_bytes : 0;
+    /* A preloaded adapter whose file cannot load is left out, loudly: the
+     * mesh serves the base model and the other adapters, and requests that
+     * name it get the loader's reason. Memory and device errors stop it. */
+    for (size_t i = 0; i < s->n_preload_loras; i++) {
+        const dit_lora *l;
+        dit_diag d;
+        dit_diag_clear(&d);
+        st = lora_get(w, s->preload_loras[i]->name, s->preload_loras[i]->path, true, &l, &d);
+        if (st == DIT_ERR_NOMEM || st == DIT_ERR_DEVICE)
+            return dit_diag_set(diag, st, "%s", dit_diag_msg(&d));
+        if (st != DIT_OK)
+            fprintf(stderr, "ditworker rank %d: warning: --lora %s not preloaded: %s\n", w->rank,
+                    s->preload_loras[i]->name, dit_diag_msg(&d));
+    }
+    return DIT_OK;
 }
 
 static void teardown(worker *w)
@@ -425,6 +653,9 @@ static void teardown(worker *w)
     }
 #endif
     dit_runner_destroy(w->runner);
+    if (w->pipe)
+        dit_lora_detach(lora_sites(w));
+    lora_cache_free(&w->loras);
     dit_pipeline_free(w->pipe);
     if (w->be)
         dit_backend_free(w->be, w->flag_buf);

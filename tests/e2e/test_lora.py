@@ -1,0 +1,393 @@
+"""End-to-end tests of LoRA adapters through ditd: the demo FLUX pipeline of
+tests/data/demo served by a real ditd and ditworker, adapters from
+tests/data/lora named in GenerateRequest.loras.
+
+    test_lora.py CASE      runs one case (meson registers each as a test)
+    test_lora.py --list    lists the cases
+"""
+
+import base64
+import http.client
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import urllib.parse
+
+import grpc
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import ditapi  # noqa: E402
+from daemon import DEMO, Daemon, env_path  # noqa: E402
+
+CASES = {}
+LORA = os.path.join(env_path("DIT_SOURCE_ROOT"), "tests", "data", "lora")
+SMALL = dict(prompt="a red fox in the snow", width=64, height=64, num_inference_steps=2, seed=7,
+             output_format="OUTPUT_FORMAT_RAW_TENSOR")
+TOL = 1e-5
+
+
+def case(fn):
+    CASES[fn.__name__] = fn
+    return fn
+
+
+def floats(data):
+    return list(struct.unpack(f"<{len(data) // 4}f", data))
+
+
+def read_safetensors(path, name):
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        meta = header[name]
+        assert meta["dtype"] == "F32", meta
+        a, b = meta["data_offsets"]
+        f.seek(8 + n + a)
+        return floats(f.read(b - a))
+
+
+def rel_error(got, want):
+    assert len(got) == len(want), (len(got), len(want))
+    worst = max(abs(g - w) for g, w in zip(got, want))
+    return worst / max(abs(w) for w in want)
+
+
+def expect_error(fn, code, *needles):
+    try:
+        fn()
+    except grpc.RpcError as e:
+        details = e.details() or ""
+        assert e.code().name == code, f"got {e.code().name} ({details!r}), expected {code}"
+        for n in needles:
+            assert n in details, f"{code} details {details!r} lack {n!r}"
+        return details
+    raise AssertionError(f"expected {code}, the call succeeded")
+
+
+def ditrun_raw(tmp, lora=None):
+    out = os.path.join(tmp, "ditrun.safetensors")
+    cmd = [env_path("DITRUN"), "generate", "--model", DEMO, "--prompt", SMALL["prompt"],
+           "--width", str(SMALL["width"]), "--height", str(SMALL["height"]),
+           "--steps", str(SMALL["num_inference_steps"]), "--seed", str(SMALL["seed"]),
+           "--output", out]
+    if lora:
+        cmd += ["--lora", lora]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    return read_safetensors(out, "image")
+
+
+def lora_dir(tmp):
+    """A --lora-dir with the demo adapter and two files that cannot load."""
+    d = os.path.join(tmp, "loras")
+    os.mkdir(d)
+    shutil.copy(os.path.join(LORA, "demo_peft.safetensors"), d)
+    shutil.copy(os.path.join(LORA, "bad_unknown_key.safetensors"),
+                os.path.join(d, "broken.safetensors"))
+    with open(os.path.join(d, "garbage.safetensors"), "wb") as f:
+        f.write(b"\x10\x00\x00\x00\x00\x00\x00\x00not json at all!")
+    return d
+
+
+# --------------------------------------------------------------------------
+
+
+@case
+def generate():
+    """demo_peft at 0.8 through ditd equals ditrun --lora; the base output
+    before and after it is bit-identical to a daemon without adapters."""
+    with tempfile.TemporaryDirectory() as tmp:
+        want_lora = ditrun_raw(tmp, os.path.join(LORA, "demo_peft.safetensors") + ":0.8")
+        base_ref = Daemon()
+        try:
+            _, base, _ = base_ref.generate(**SMALL)
+            base_ref.stop()
+        finally:
+            base_ref.close()
+        d = Daemon("--lora-dir", lora_dir(tmp))
+        try:
+            _, before, _ = d.generate(**SMALL)
+            assert before == base, "the base output changed with --lora-dir"
+            _, got, res = d.generate(loras=[("demo_peft", 0.8)], **SMALL)
+            assert list(res.shape) == [3, 64, 64], res.shape
+            assert got != base, "the adapter changed nothing"
+            err = rel_error(floats(got), want_lora)
+            print(f"ditd demo_peft x 0.8 vs ditrun --lora: rel {err:.2g}")
+            assert err <= TOL, err
+            _, after, _ = d.generate(**SMALL)
+            assert after == base, "the base output changed after an adapter"
+            # The cached adapter gives the same again; scale 0 is the base.
+            _, again, _ = d.generate(loras=[("demo_peft", 0.8)], **SMALL)
+            assert again == got
+            _, zero, _ = d.generate(loras=[("demo_peft", 0.0)], **SMALL)
+            assert zero == base
+            log = d.log()
+            assert "loras=demo_peft:0.8" in log or '"loras":"demo_peft:0.8"' in log, log
+            # ditctl generate --lora NAME:SCALE makes the same image.
+            raw = os.path.join(tmp, "ctl.safetensors")
+            p = subprocess.run([env_path("DITCTL"), "--target", d.target, "generate", "--prompt",
+                                SMALL["prompt"], "--width", "64", "--height", "64", "--steps",
+                                "2", "--seed", "7", "--lora", "demo_peft:0.8", "--raw", "-o",
+                                raw], capture_output=True, text=True, timeout=120)
+            assert p.returncode == 0, p.stdout + p.stderr
+            assert read_safetensors(raw, "image") == floats(got)
+            p = subprocess.run([env_path("DITCTL"), "--target", d.target, "generate", "--prompt",
+                                "x", "--lora", "nope", "-o", raw],
+                               capture_output=True, text=True, timeout=120)
+            assert p.returncode != 0 and "NOT_FOUND" in p.stderr, p.stderr
+            d.stop()
+        finally:
+            d.close()
+
+
+@case
+def mesh():
+    """Every rank loads the adapter, sliced like its base weights: tp 2 x ring
+    2 through ditd against ditrun --lora on one rank."""
+    with tempfile.TemporaryDirectory() as tmp:
+        want = ditrun_raw(tmp, os.path.join(LORA, "demo_peft.safetensors") + ":0.8")
+        d = Daemon("--tp", "2", "--ring", "2", "--lora-dir", lora_dir(tmp), world=4)
+        try:
+            _, base, _ = d.generate(**SMALL)
+            _, got, _ = d.generate(loras=[("demo_peft", 0.8)], **SMALL)
+            err = rel_error(floats(got), want)
+            print(f"ditd tp 2 x ring 2, demo_peft x 0.8 vs ditrun --lora on one rank: rel {err:.2g}")
+            assert err <= TOL, err
+            _, again, _ = d.generate(**SMALL)
+            assert again == base
+            # A file that cannot load fails on every rank alike; the mesh serves on.
+            expect_error(lambda: d.generate(loras=[("broken", 1.0)], **SMALL),
+                         "INVALID_ARGUMENT", "broken.safetensors")
+            _, again, _ = d.generate(loras=[("demo_peft", 0.8)], **SMALL)
+            assert again == got
+            d.stop()
+        finally:
+            d.close()
+
+
+@case
+def refusals():
+    """Unknown names, paths, bad scales, a daemon without adapters and files
+    that cannot load are refused with a message; the daemon keeps serving."""
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Daemon("--lora-dir", lora_dir(tmp))
+        try:
+            gen = lambda loras: d.generate(loras=loras, **SMALL)  # noqa: E731
+            expect_error(lambda: gen([("nope", 1.0)]), "NOT_FOUND", "no LoRA adapter named 'nope'")
+            expect_error(lambda: gen([("../x", 1.0)]), "INVALID_ARGUMENT", "loras[0].name")
+            expect_error(lambda: gen([("a/b", 1.0)]), "INVALID_ARGUMENT", "loras[0].name")
+            expect_error(lambda: gen([("", 1.0)]), "INVALID_ARGUMENT", "loras[0].name")
+            expect_error(lambda: gen([("x" * 129, 1.0)]), "INVALID_ARGUMENT", "loras[0].name")
+            expect_error(lambda: gen([("demo_peft", float("nan"))]), "INVALID_ARGUMENT",
+                         "loras[0].scale")
+            expect_error(lambda: gen([("demo_peft", 101.0)]), "INVALID_ARGUMENT",
+                         "loras[0].scale")
+            expect_error(lambda: gen([("demo_peft", 1.0)] * 9), "INVALID_ARGUMENT",
+                         "at most 8")
+            expect_error(lambda: gen([("demo_peft", 1.0), ("demo_peft", 0.5)]),
+                         "INVALID_ARGUMENT", "same adapter")
+            expect_error(lambda: gen([("broken", 1.0)]), "INVALID_ARGUMENT",
+                         "broken.safetensors", "transformer_blocks.0.attn.to_k")
+            expect_error(lambda: gen([("garbage", 1.0)]), "INVALID_ARGUMENT",
+                         "garbage.safetensors")
+            # Still serving, adapters included.
+            _, got, _ = gen([("demo_peft", 0.8)])
+            assert len(got) == 3 * 64 * 64 * 4
+            d.stop()
+        finally:
+            d.close()
+        d = Daemon()
+        try:
+            expect_error(lambda: d.generate(loras=[("demo_peft", 1.0)], **SMALL),
+                         "FAILED_PRECONDITION", "no LoRA adapters", "--lora-dir")
+            d.stop()
+        finally:
+            d.close()
+
+
+@case
+def preload():
+    """--lora NAME=PATH: loaded at start and usable by name; only the names
+    given; a file that cannot load is left out, the rest served."""
+    with tempfile.TemporaryDirectory() as tmp:
+        want = ditrun_raw(tmp, os.path.join(LORA, "demo_peft.safetensors") + ":0.5")
+        d = Daemon("--lora", "fox=" + os.path.join(LORA, "demo_peft.safetensors") + ",bad=" +
+                   os.path.join(LORA, "bad_unknown_key.safetensors"))
+        try:
+            _, got, _ = d.generate(loras=[("fox", 0.5)], **SMALL)
+            err = rel_error(floats(got), want)
+            assert err <= TOL, err
+            # A preloaded file that cannot load is left out with a warning;
+            # requests naming it get the reason.
+            assert "--lora bad not preloaded" in d.log() and "lora_magnitude_vector" in d.log()
+            expect_error(lambda: d.generate(loras=[("bad", 1.0)], **SMALL), "INVALID_ARGUMENT",
+                         "bad_unknown_key.safetensors", "lora_magnitude_vector")
+            # ditctl loras lists them; --unload of a preloaded one is refused.
+            ctl = lambda *a: subprocess.run(  # noqa: E731
+                [env_path("DITCTL"), "--target", d.target, "loras", *a], capture_output=True,
+                text=True, timeout=60)
+            p = ctl()
+            assert p.returncode == 0, p.stderr
+            lines = p.stdout.splitlines()
+            assert lines[0] == "bad: not loaded, preloaded", lines
+            assert lines[1].startswith("fox: loaded, ") and lines[1].endswith(" preloaded"), lines
+            assert lines[2] == "cache limit per worker: 2147483648 bytes", lines
+            p = ctl("--unload", "fox")
+            assert p.returncode == 1 and "FAILED_PRECONDITION" in p.stderr, p.stderr
+            p = ctl("--load", "fox")
+            assert p.returncode == 0 and p.stdout.startswith("loaded fox ("), p.stdout
+            expect_error(lambda: d.generate(loras=[("demo_peft", 1.0)], **SMALL), "NOT_FOUND",
+                         "demo_peft")
+            d.stop()
+        finally:
+            d.close()
+        bad = subprocess.run([env_path("DITD"), "--model", DEMO, "--lora", "x=/nonexistent.st"],
+                             capture_output=True, text=True, timeout=30)
+        assert bad.returncode == 2 and "/nonexistent.st" in bad.stderr, bad.stderr
+        bad = subprocess.run([env_path("DITD"), "--model", DEMO, "--lora", "../x=/a"],
+                             capture_output=True, text=True, timeout=30)
+        assert bad.returncode == 2 and "../x" in bad.stderr, bad.stderr
+
+
+@case
+def rpcs():
+    """ListLoras lists --lora and --lora-dir adapters with what is loaded;
+    LoadLora and UnloadLora change that on every worker; a cache bound of one
+    byte keeps only the running job's adapters (and the preloaded one); the
+    metrics count loads, hits and evictions; all three RPCs want the bearer
+    token like the rest."""
+    import urllib.request
+    with tempfile.TemporaryDirectory() as tmp:
+        tok = os.path.join(tmp, "token")
+        with open(tok, "w") as f:
+            f.write("s3cret-token-for-tests")
+        ldir = lora_dir(tmp)
+        shutil.copy(os.path.join(LORA, "demo_peft.safetensors"),
+                    os.path.join(ldir, "demo_copy.safetensors"))
+        d = Daemon("--lora-dir", ldir, "--lora-cache-bytes", "1", "--lora",
+                   "fox=" + os.path.join(LORA, "demo_peft.safetensors"), "--auth-token-file",
+                   tok, "--metrics-port", "0")
+        md = (("authorization", "Bearer s3cret-token-for-tests"),)
+        try:
+            line = d.proc.stdout.readline().decode()
+            assert line.startswith("ditd: metrics on http://"), line
+            url = line.split()[-1].replace("0.0.0.0", "127.0.0.1")
+            api = d.api
+            call = lambda m, **kw: api.lora_rpc(d.channel, m)(  # noqa: E731
+                api.msg(f"ditserve.v1.{m}Request")(**kw), timeout=60, metadata=md)
+            listed = lambda: {li.name: li for li in call("ListLoras").loras}  # noqa: E731
+            gen = lambda name: ditapi.collect(api.generate(d.channel)(  # noqa: E731
+                api.request(loras=[(name, 1.0)], **SMALL), timeout=120, metadata=md))
+            expect_error(lambda: api.lora_rpc(d.channel, "ListLoras")(
+                api.msg("ditserve.v1.ListLorasRequest")(), timeout=10), "UNAUTHENTICATED")
+            expect_error(lambda: api.lora_rpc(d.channel, "LoadLora")(
+                api.msg("ditserve.v1.LoadLoraRequest")(name="demo_peft"), timeout=10),
+                "UNAUTHENTICATED")
+            r = call("ListLoras")
+            got = {li.name: li for li in r.loras}
+            assert list(got) == ["broken", "demo_copy", "demo_peft", "fox", "garbage"], list(got)
+            assert got["fox"].preloaded and got["fox"].loaded and got["fox"].bytes > 0, got["fox"]
+            assert not got["demo_peft"].loaded and not got["demo_peft"].preloaded
+            assert r.cache_limit_bytes == 1, r
+            lr = call("LoadLora", name="demo_peft")
+            assert lr.lora.loaded and lr.lora.bytes == got["fox"].bytes, lr
+            assert listed()["demo_peft"].loaded
+            # Over the bound: the next job's adapter pushes demo_peft out.
+            gen("demo_copy")
+            got = listed()
+            assert got["demo_copy"].loaded and not got["demo_peft"].loaded and got["fox"].loaded
+            assert call("LoadLora", name="demo_peft").lora.loaded
+            assert not listed()["demo_copy"].loaded
+            expect_error(lambda: call("LoadLora", name="broken"), "INVALID_ARGUMENT",
+                         "broken.safetensors")
+            expect_error(lambda: call("LoadLora", name="nope"), "NOT_FOUND", "nope")
+            expect_error(lambda: call("LoadLora", name="../fox"), "INVALID_ARGUMENT", "name")
+            expect_error(lambda: call("UnloadLora", name="fox"), "FAILED_PRECONDITION",
+                         "preloaded")
+            assert call("UnloadLora", name="demo_peft").was_loaded
+            assert not call("UnloadLora", name="demo_peft").was_loaded
+            got = listed()
+            assert not got["demo_peft"].loaded and got["fox"].loaded
+            gen("fox")
+            with urllib.request.urlopen(url, timeout=10) as resp:
+                text = resp.read().decode()
+            m = {l.split("{")[0]: float(l.split()[-1]) for l in text.splitlines()
+                 if l.startswith("ditserve_lora")}
+            # fox at start, demo_peft, demo_copy, demo_peft again; fox from the cache.
+            assert m["ditserve_lora_loads_total"] == 4, m
+            assert m["ditserve_lora_cache_hits_total"] == 1, m
+            assert m["ditserve_lora_evictions_total"] == 2, m
+            assert m["ditserve_lora_cached_adapters"] == 1, m
+            assert m["ditserve_lora_cached_bytes"] == got["fox"].bytes, m
+            d.stop()
+        finally:
+            d.close()
+
+
+def http_post(d, path, body):
+    u = urllib.parse.urlsplit(d.http_url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=120)
+    try:
+        conn.request("POST", path, body=json.dumps(body),
+                     headers={"Content-Type": "application/json"})
+        r = conn.getresponse()
+        return r.status, json.loads(r.read() or b"null")
+    finally:
+        conn.close()
+
+
+@case
+def http_loras():
+    """POST /v1/images/generations takes 'loras' as [{"name", "scale"}] with
+    the gRPC rules, and makes the image gRPC makes."""
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Daemon("--lora-dir", lora_dir(tmp), "--http-listen", "127.0.0.1:0")
+        try:
+            gen = "/v1/images/generations"
+            body = dict(prompt=SMALL["prompt"], size="64x64", seed=7, num_inference_steps=2,
+                        response_format="b64_json")
+            st, r = http_post(d, gen, {**body, "loras": [{"name": "demo_peft", "scale": 0.8}]})
+            assert st == 200, (st, r)
+            png = base64.b64decode(r["data"][0]["b64_json"])
+            req = {k: v for k, v in SMALL.items() if k != "output_format"}
+            _, want, _ = d.generate(loras=[("demo_peft", 0.8)], **req)
+            _, base, _ = d.generate(**req)
+            assert png == want and png != base
+            st, r = http_post(d, gen, {**body, "loras": [{"name": "nope"}]})
+            assert st == 404 and "nope" in r["error"]["message"], (st, r)
+            for bad in ([{"name": "../x"}], [{"name": "a/b"}], {"name": "x"},
+                        [{"name": "demo_peft", "scale": 1e9}], [{"name": "demo_peft", "s": 1}],
+                        [{"name": "demo_peft"}] * 9, ["demo_peft"]):
+                st, r = http_post(d, gen, {**body, "loras": bad})
+                assert st == 400 and r["error"]["param"].startswith("loras"), (bad, st, r)
+            st, r = http_post(d, gen, {**body, "loras": [{"name": "broken"}]})
+            assert st == 400 and "broken.safetensors" in r["error"]["message"], (st, r)
+            st, r = http_post(d, gen, {**body, "loras": []})
+            assert st == 200 and base64.b64decode(r["data"][0]["b64_json"]) == base
+            d.stop()
+        finally:
+            d.close()
+
+
+def main():
+    if len(sys.argv) == 2 and sys.argv[1] == "--list":
+        print("\n".join(CASES))
+        return 0
+    if len(sys.argv) != 2 or sys.argv[1] not in CASES:
+        print(f"usage: {sys.argv[0]} CASE|--list", file=sys.stderr)
+        return 2
+    try:
+        CASES[sys.argv[1]]()
+    except BaseException:
+        Daemon.dump_logs()
+        raise
+    Daemon.remove_logs()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
