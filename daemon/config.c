@@ -1,6 +1,7 @@
 #include "config.h"
 
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,11 +27,62 @@ typedef struct raw {
     double http_idle, http_request_timeout, http_video_retention;
     double drain, comm_timeout, job_timeout, startup_timeout;
     bool uany, rany, unany, nofp32, log_json;
-    const char *lora_dir;
+    const char *lora_dir, *lora_fuse;
     long long lora_cache;
     int n_loras;
     dit_daemon_lora loras[DIT_DAEMON_MAX_PRELOAD_LORAS];
 } raw;
+
+/* --lora-fuse NAME[:SCALE]: the adapter by the name --lora gives it, or
+ * DIR/NAME.safetensors under --lora-dir. 0, or -1 with a message printed. */
+static int resolve_fuse(const char *val, const raw *r, dit_daemon_config *cfg)
+{
+    char name[sizeof cfg->fuse_lora.name];
+    float scale = 1.0f;
+    const char *colon = strrchr(val, ':');
+    const size_t n = colon ? (size_t)(colon - val) : strlen(val);
+    if (n >= sizeof name) {
+        fprintf(stderr, "ditd: --lora-fuse: the name is at most %zu bytes\n", sizeof name - 1);
+        return -1;
+    }
+    memcpy(name, val, n);
+    name[n] = '\0';
+    if (colon) {
+        char *end;
+        const double v = strtod(colon + 1, &end);
+        if (colon[1] == '\0' || *end != '\0' || !isfinite(v) || v < -100 || v > 100) {
+            fprintf(stderr, "ditd: --lora-fuse %s: the scale must be a number from -100 to 100\n",
+                    val);
+            return -1;
+        }
+        scale = (float)v;
+    }
+    if (!dit_request_lora_name_ok(name)) {
+        fprintf(stderr,
+                "ditd: --lora-fuse %s: the name is not 1 to 128 bytes of [A-Za-z0-9._-] "
+                "without '..'\n",
+                val);
+        return -1;
+    }
+    snprintf(cfg->fuse_lora.name, sizeof cfg->fuse_lora.name, "%s", name);
+    cfg->fuse_lora_scale = scale;
+    for (int i = 0; i < r->n_loras; i++)
+        if (strcmp(r->loras[i].name, name) == 0) {
+            snprintf(cfg->fuse_lora.path, sizeof cfg->fuse_lora.path, "%s", r->loras[i].path);
+            return 0;
+        }
+    if (r->lora_dir) {
+        snprintf(cfg->fuse_lora.path, sizeof cfg->fuse_lora.path, "%s/%s.safetensors", r->lora_dir,
+                 name);
+        if (access(cfg->fuse_lora.path, R_OK) == 0)
+            return 0;
+    }
+    fprintf(stderr,
+            "ditd: --lora-fuse %s: no adapter of that name (give it with --lora NAME=PATH or put "
+            "NAME.safetensors in --lora-dir)\n",
+            val);
+    return -1;
+}
 
 /* --lora NAME=PATH[,NAME=PATH...], repeatable. */
 static int set_lora(void *target, const char *val, char *err, size_t cap)
@@ -168,6 +220,10 @@ static const dit_option defs[] = {
     {"lora", 0, DIT_OPT_CUSTOM, NULL, "NAME=PATH",
      "an adapter requests may name, loaded at start and kept (repeatable, or comma-separated)",
      "DITD_LORA", 0, 0, 0, set_lora, false},
+    STR("lora-fuse", NULL, "NAME[:SCALE]",
+        "merge this adapter (from --lora or --lora-dir) into the weights at start, scale 1 "
+        "unless given: full speed, and requests cannot detach it",
+        "DITD_LORA_FUSE", lora_fuse),
     BYTES("lora-cache-bytes", "2147483648",
           "memory each worker may keep loaded adapters in (least recently used evicted first)",
           "DITD_LORA_CACHE_BYTES", lora_cache, 0, (double)(1ll << 50)),
@@ -407,6 +463,8 @@ int dit_daemon_config_parse(dit_daemon_config *cfg, int argc, char **argv)
             return 2;
         }
     }
+    if (r.lora_fuse && resolve_fuse(r.lora_fuse, &r, cfg) != 0)
+        return 2;
     cfg->n_preload_loras = r.n_loras;
     for (int i = 0; i < r.n_loras; i++) {
         cfg->preload_loras[i] = r.loras[i];

@@ -67,6 +67,10 @@ typedef struct dit_daemon_config {
     int64_t lora_cache_bytes;
     int n_preload_loras;
     dit_daemon_lora preload_loras[DIT_DAEMON_MAX_PRELOAD_LORAS];
+    /* --lora-fuse NAME[:SCALE]: merged into the weights at start (name
+     * empty: none); path resolved from --lora or --lora-dir. */
+    dit_daemon_lora fuse_lora;
+    float fuse_lora_scale;
     dit_log log;
     char listen_buf[300];      /* storage for listen when it was rewritten */
     char http_listen_buf[300]; /* the same for http_listen */

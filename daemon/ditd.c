@@ -358,6 +358,8 @@ int main(int argc, char **argv)
         .lora_cache_bytes = d->cfg.lora_cache_bytes,
         .preload_loras = d->cfg.preload_loras,
         .n_preload_loras = d->cfg.n_preload_loras,
+        .fuse_lora = d->cfg.fuse_lora.name[0] ? &d->cfg.fuse_lora : NULL,
+        .fuse_lora_scale = d->cfg.fuse_lora_scale,
     };
     dit_supervisor_events ev = dit_server_mesh_events(s);
     if (dit_supervisor_create(&d->loop, &sc, &ev, &s->sup, &diag) != DIT_OK) {

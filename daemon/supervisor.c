@@ -399,6 +399,13 @@ static void send_setup_range(dit_supervisor *s, int from, int to)
         setup.n_preload_loras++;
     }
     setup.preload_loras = plp;
+    Ditserve__Ipc__JobLora fuse = DITSERVE__IPC__JOB_LORA__INIT;
+    if (s->cfg.fuse_lora) {
+        fuse.name = (char *)s->cfg.fuse_lora->name;
+        fuse.path = (char *)s->cfg.fuse_lora->path;
+        fuse.scale = s->cfg.fuse_lora_scale;
+        setup.fuse_lora = &fuse;
+    }
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     const int here = s->L > 0 ? s->L : 1;
     const int local_threads =

@@ -64,6 +64,8 @@ typedef struct dit_supervisor_config {
     int64_t lora_cache_bytes;
     const struct dit_daemon_lora *preload_loras;
     int n_preload_loras;
+    const struct dit_daemon_lora *fuse_lora; /* NULL: none */
+    float fuse_lora_scale;
 } dit_supervisor_config;
 
 typedef struct dit_supervisor_events {

@@ -328,6 +328,35 @@ def rpcs():
             d.close()
 
 
+@case
+def fuse():
+    """--lora-fuse merges an adapter at start: plain requests then equal
+    ditrun --lora (unfused) within the tolerance, and a fuse that cannot
+    happen stops ditd at start with a message."""
+    with tempfile.TemporaryDirectory() as tmp:
+        want = ditrun_raw(tmp, os.path.join(LORA, "demo_peft.safetensors") + ":0.8")
+        base = ditrun_raw(tmp)
+        d = Daemon("--lora-dir", lora_dir(tmp), "--lora-fuse", "demo_peft:0.8")
+        try:
+            _, got, _ = d.generate(**SMALL)
+            err = rel_error(floats(got), want)
+            moved = rel_error(floats(got), base)
+            print(f"ditd --lora-fuse demo_peft:0.8 vs ditrun --lora: rel {err:.2g} "
+                  f"(the base is {moved:.2g} away)")
+            assert err <= TOL and moved > 100 * TOL, (err, moved)
+            d.stop()
+        finally:
+            d.close()
+        p = subprocess.run([env_path("DITD"), "--model", DEMO, "--lora-fuse", "nope"],
+                           capture_output=True, text=True, timeout=60)
+        assert p.returncode == 2 and "--lora-fuse nope: no adapter of that name" in p.stderr, \
+            p.stderr
+        p = subprocess.run([env_path("DITD"), "--model", DEMO, "--lora-dir", LORA,
+                            "--lora-fuse", "demo_peft:abc"],
+                           capture_output=True, text=True, timeout=60)
+        assert p.returncode == 2 and "the scale must be a number" in p.stderr, p.stderr
+
+
 def http_post(d, path, body):
     u = urllib.parse.urlsplit(d.http_url)
     conn = http.client.HTTPConnection(u.hostname, u.port, timeout=120)

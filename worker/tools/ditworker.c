@@ -618,6 +618,25 @@ static dit_status setup(worker *w, const Ditserve__Ipc__Setup *s, dit_diag *diag
     if ((st = dit_runner_create(w->be, dit_pipeline_transformer(w->pipe), w->mesh, &w->runner,
                                 diag)) != DIT_OK)
         return st;
+    /* ditd --lora-fuse: merged into this rank's weights for good. Unlike a
+     * preload, a file that cannot be fused stops the worker: the operator
+     * asked for a different model. */
+    if (s->fuse_lora && s->fuse_lora->name && s->fuse_lora->name[0]) {
+        dit_lora_sites *sites = lora_sites(w);
+        dit_lora *l = NULL;
+        if (!sites)
+            return dit_diag_set(diag, DIT_ERR_UNSUPPORTED,
+                                "--lora-fuse %s: this model takes no adapters", s->fuse_lora->name);
+        st = dit_lora_load(w->be, sites, s->fuse_lora->path, &l, diag);
+        if (st == DIT_OK)
+            st = dit_lora_fuse(sites, l, s->fuse_lora->scale, diag);
+        dit_lora_destroy(l);
+        if (st != DIT_OK) {
+            char why[DIT_DIAG_MAX];
+            snprintf(why, sizeof why, "%s", dit_diag_msg(diag));
+            return dit_diag_set(diag, st, "--lora-fuse %s: %s", s->fuse_lora->name, why);
+        }
+    }
     w->loras.limit = s->lora_cache_bytes > 0 ? (size_t)s->lora_cache_bytes : 0;
     /* A preloaded adapter whose file cannot load is left out, loudly: the
      * mesh serves the base model and the other adapters, and requests that
