@@ -329,6 +329,52 @@ def rpcs():
 
 
 @case
+def hot():
+    """LoadLora and UnloadLora while generations run (a two-rank mesh): the
+    running one finishes unchanged, the next ones see the adapter come and
+    go, and nothing is restarted."""
+    import threading
+    long_req = dict(SMALL, num_inference_steps=600)
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Daemon("--lora-dir", lora_dir(tmp), "--ring", "2", world=2)
+        try:
+            _, alone, _ = d.generate(timeout=300, **long_req)
+            _, with_lora_before, _ = d.generate(loras=[("demo_peft", 0.8)], **SMALL)
+            workers = d.workers
+            out = {}
+            t = threading.Thread(target=lambda: out.update(r=d.generate(timeout=300, **long_req)))
+            t.start()
+            while d.info().running == 0 and t.is_alive():
+                pass
+            call = lambda m, **kw: d.api.lora_rpc(d.channel, m)(  # noqa: E731
+                d.api.msg(f"ditserve.v1.{m}Request")(**kw), timeout=300)
+            assert d.info().running == 1, "the long generation ended before LoadLora"
+            assert call("LoadLora", name="demo_peft").lora.loaded
+            t.join(300)
+            assert out["r"][1] == alone, "the generation running during LoadLora changed"
+            _, got, _ = d.generate(loras=[("demo_peft", 0.8)], **SMALL)
+            assert got == with_lora_before
+            t = threading.Thread(target=lambda: out.update(r=d.generate(timeout=300, **long_req)))
+            t.start()
+            while d.info().running == 0 and t.is_alive():
+                pass
+            assert d.info().running == 1, "the long generation ended before UnloadLora"
+            call("UnloadLora", name="demo_peft")
+            t.join(300)
+            assert out["r"][1] == alone, "the generation running during UnloadLora changed"
+            listed = {li.name: li for li in call("ListLoras").loras}
+            assert not listed["demo_peft"].loaded, listed
+            # Named again, it loads again, and gives the same image.
+            _, got, _ = d.generate(loras=[("demo_peft", 0.8)], **SMALL)
+            assert got == with_lora_before
+            from daemon import children_of
+            assert children_of(d.proc.pid) == workers, "workers were restarted"
+            d.stop()
+        finally:
+            d.close()
+
+
+@case
 def fuse():
     """--lora-fuse merges an adapter at start: plain requests then equal
     ditrun --lora (unfused) within the tolerance, and a fuse that cannot
