@@ -253,6 +253,112 @@ START_TEST(ditrun_generate_writes_png_and_latents)
 }
 END_TEST
 
+/* True CFG as one batch-2 forward per step (the default) against two
+ * forwards (cond, then uncond): the same latents to float rounding, not bit
+ * for bit (the batch-2 forward's GEMMs and attention have other shapes, and
+ * the kernels' blocking and thread split follow the shape). */
+#define CFG_BATCH_TOL 1e-5
+
+START_TEST(true_cfg_batch_matches_two_passes)
+{
+    char dir[1200];
+    snprintf(dir, sizeof dir, "%s/true_cfg", golden);
+    case_params cp;
+    load_params(dir, &cp);
+    dit_diag diag;
+    dit_diag_clear(&diag);
+    dit_backend *be;
+    dit_backend_config bc = {.kind = DIT_BACKEND_CPU, .n_threads = 2};
+    ck_assert_int_eq(dit_backend_create(&bc, &be, NULL), DIT_OK);
+    dit_pipeline *p = NULL;
+    ck_assert_msg(dit_pipeline_load(be, cp.pipeline, NULL, true, &p, &diag) == DIT_OK, "%s",
+                  diag.msg);
+    dit_runner *runner = NULL;
+    ck_assert_int_eq(dit_runner_create(be, dit_pipeline_transformer(p), NULL, &runner, NULL),
+                     DIT_OK);
+    const dit_denoiser den = dit_runner_denoiser(runner);
+    dit_gen_result two, one;
+    cp.gp.cfg_two_pass = true;
+    ck_assert_msg(dit_pipeline_generate(p, &den, &cp.gp, false, NULL, NULL, &two, &diag) == DIT_OK,
+                  "%s", diag.msg);
+    cp.gp.cfg_two_pass = false;
+    ck_assert_msg(dit_pipeline_generate(p, &den, &cp.gp, false, NULL, NULL, &one, &diag) == DIT_OK,
+                  "%s", diag.msg);
+    const dit_tensor a = dit_tensor_make(one.latents, DIT_F32, one.latents_ndim, one.latents_shape);
+    const dit_tensor b = dit_tensor_make(two.latents, DIT_F32, two.latents_ndim, two.latents_shape);
+    const test_err e = test_compare_views(&a, &b);
+    printf("true CFG, batch 2 vs two passes: final latents %s (max |diff| %.3g, rel %.2g)\n",
+           e.max_abs == 0 ? "bit-identical" : "differ", e.max_abs, e.rel);
+    fflush(stdout);
+    ck_assert_msg(e.rel <= CFG_BATCH_TOL, "rel %.3g", e.rel);
+    dit_gen_result_free(&one);
+    dit_gen_result_free(&two);
+    dit_runner_destroy(runner);
+    dit_pipeline_free(p);
+    dit_backend_destroy(be);
+    free(cp.prompt);
+    free(cp.negative);
+}
+END_TEST
+
+/* The batch-2 forward on meshes: each layout splits both entries' sequences
+ * the same way. Against diffusers' true_cfg reference. */
+START_TEST(ditrun_true_cfg_on_meshes)
+{
+    char out[16384], png[128], lat[128], demo[1100], ref[1200];
+    snprintf(png, sizeof png, "/tmp/dit_cfg_%d.png", (int)getpid());
+    snprintf(lat, sizeof lat, "/tmp/dit_cfg_%d.safetensors", (int)getpid());
+    snprintf(demo, sizeof demo, "%s/tests/data/demo", test_env("DIT_SOURCE_ROOT"));
+    snprintf(ref, sizeof ref, "%s/true_cfg/reference.safetensors", golden);
+    char *single[] = {NULL};
+    char *two_pass[] = {"--cfg-two-pass", NULL};
+    char *ring_uly[] = {"--world-size", "4", "--ring", "2", "--ulysses", "2", NULL};
+    char *ring_tp[] = {"--world-size", "4", "--ring", "2", "--tp", "2", NULL};
+    char *uly[] = {"--world-size", "2", "--ulysses", "2", NULL};
+    char *ring_any[] = {"--world-size", "3", "--ring", "3", "--ring-anything", NULL};
+    char *const *layouts[] = {single, two_pass, ring_uly, ring_tp, uly, ring_any};
+    const char *names[] = {"one rank",           "one rank, two passes",
+                           "ring 2 x ulysses 2", "ring 2 x tp 2",
+                           "ulysses 2",          "ring 3 (uneven)"};
+    for (size_t k = 0; k < sizeof layouts / sizeof *layouts; k++) {
+        char *argv[32] = {(char *)test_env("DITRUN"),
+                          "generate",
+                          "--model",
+                          demo,
+                          "--prompt",
+                          "a bowl of ramen",
+                          "--negative-prompt",
+                          "blurry",
+                          "--true-cfg",
+                          "3",
+                          "--width",
+                          "64",
+                          "--height",
+                          "96",
+                          "--steps",
+                          "3",
+                          "--seed",
+                          "7",
+                          "--output",
+                          png,
+                          "--output-latents",
+                          lat};
+        int n = 22;
+        for (int i = 0; layouts[k][i]; i++)
+            argv[n++] = layouts[k][i];
+        argv[n] = NULL;
+        const int rc = test_run(argv, NULL, out, sizeof out, NULL);
+        ck_assert_msg(rc == 0, "%s: exit %d:\n%s", names[k], rc, out);
+        const test_err e = test_compare_files(lat, "latents", ref, "final_latents");
+        printf("ditrun generate true CFG, %s: final latents rel %.2g\n", names[k], e.rel);
+        fflush(stdout);
+        ck_assert_msg(e.rel <= LATENT_TOL, "%s: rel %.3g", names[k], e.rel);
+    }
+    unlink(png);
+    unlink(lat);
+}
+END_TEST
+
 START_TEST(ditrun_generate_reports_bad_requests)
 {
     char out[16384], demo[1100];
@@ -337,11 +443,13 @@ int main(void)
     TCase *tc = tcase_create("golden");
     tcase_set_timeout(tc, 300);
     tcase_add_loop_test(tc, pipeline_matches_diffusers, 0, n_cases);
+    tcase_add_test(tc, true_cfg_batch_matches_two_passes);
     suite_add_tcase(s, tc);
     TCase *cli = tcase_create("cli");
     tcase_set_timeout(cli, 300);
     tcase_add_test(cli, ditrun_generate_writes_png_and_latents);
     tcase_add_test(cli, ditrun_generate_reports_bad_requests);
+    tcase_add_test(cli, ditrun_true_cfg_on_meshes);
     suite_add_tcase(s, cli);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -172,6 +172,57 @@ START_TEST(pipeline_matches_diffusers)
 }
 END_TEST
 
+/* Classic CFG as one batch-2 forward per step (the default) against two
+ * forwards (cond, then uncond), for every CFG case: the same latents to
+ * float rounding. */
+#define CFG_BATCH_TOL 1e-5
+
+START_TEST(cfg_batch_matches_two_passes)
+{
+    dit_diag diag;
+    dit_diag_clear(&diag);
+    dit_backend *be = NULL;
+    dit_backend_config bc = {.kind = DIT_BACKEND_CPU, .n_threads = 2};
+    ck_assert_int_eq(dit_backend_create(&bc, &be, NULL), DIT_OK);
+    dit_pipeline *p = NULL;
+    ck_assert_msg(dit_pipeline_load(be, data_dir, NULL, true, &p, &diag) == DIT_OK, "%s",
+                  dit_diag_msg(&diag));
+    dit_runner *runner = NULL;
+    ck_assert_int_eq(dit_runner_create(be, dit_pipeline_transformer(p), NULL, &runner, NULL),
+                     DIT_OK);
+    const dit_denoiser den = dit_runner_denoiser(runner);
+    int n_cfg = 0;
+    for (int i = 0; i < n_cases; i++) {
+        if (cases[i].guidance <= 1.0)
+            continue;
+        n_cfg++;
+        dit_gen_params gp = params_of(&cases[i]);
+        dit_gen_result two, one;
+        gp.cfg_two_pass = true;
+        ck_assert_msg(dit_pipeline_generate(p, &den, &gp, false, NULL, NULL, &two, &diag) == DIT_OK,
+                      "%s", dit_diag_msg(&diag));
+        gp.cfg_two_pass = false;
+        ck_assert_msg(dit_pipeline_generate(p, &den, &gp, false, NULL, NULL, &one, &diag) == DIT_OK,
+                      "%s", dit_diag_msg(&diag));
+        const dit_tensor a =
+            dit_tensor_make(one.latents, DIT_F32, one.latents_ndim, one.latents_shape);
+        const dit_tensor b =
+            dit_tensor_make(two.latents, DIT_F32, two.latents_ndim, two.latents_shape);
+        const test_err e = test_compare_views(&a, &b);
+        printf("%s: CFG batch 2 vs two passes: final latents %s (max |diff| %.3g, rel %.2g)\n",
+               cases[i].name, e.max_abs == 0 ? "bit-identical" : "differ", e.max_abs, e.rel);
+        fflush(stdout);
+        ck_assert_msg(e.rel <= CFG_BATCH_TOL, "%s: rel %.3g", cases[i].name, e.rel);
+        dit_gen_result_free(&one);
+        dit_gen_result_free(&two);
+    }
+    ck_assert_int_ge(n_cfg, 2);
+    dit_runner_destroy(runner);
+    dit_pipeline_free(p);
+    dit_backend_destroy(be);
+}
+END_TEST
+
 /* A host f32 copy of reference.safetensors' tensor `key`. */
 static float *read_tensor(dit_st_file *f, const char *key, dit_tensor *shape)
 {
@@ -462,6 +513,7 @@ static Suite *wan_pipeline_suite(void)
     tcase_set_timeout(tc, 600);
     tcase_add_loop_test(tc, pipeline_matches_diffusers, 0, n_cases);
     tcase_add_loop_test(tc, decode_of_final_latents_matches_diffusers, 0, n_cases);
+    tcase_add_test(tc, cfg_batch_matches_two_passes);
     tcase_add_test(tc, ditrun_generate_video_on_meshes);
     tcase_add_test(tc, ditrun_generate_takes_initial_latents);
     tcase_add_test(tc, ditrun_generate_refuses_what_wan_cannot_make);

@@ -216,26 +216,34 @@ static dit_status flux_pipe_generate(void *pv, const dit_pipeline_info *info,
     const int64_t tokens = (h / 2) * (w / 2), dim = 4 * C;
     const int max_len = gp->max_sequence_length ? gp->max_sequence_length : 512;
     const bool cfg = dit_gen_true_cfg(gp);
+    /* CFG as one forward of batch 2: [cond, uncond] stacked (see
+     * dit_gen_params.cfg_two_pass). */
+    const bool cfg_batch = cfg && !gp->cfg_two_pass;
+    const int64_t nb = cfg ? 2 : 1;
     const int64_t L = gp->prompt_embeds ? gp->prompt_embeds_len : max_len;
     const int64_t Cj = fc->joint_attention_dim, Cp = fc->pooled_projection_dim;
 
     float *embeds = NULL, *pooled = NULL, *neg_embeds = NULL, *neg_pooled = NULL;
-    float *ids = NULL, *noise = NULL, *v = NULL, *v_neg = NULL;
+    float *ids = NULL, *noise = NULL, *v = NULL, *v_neg = NULL, *lat_in = NULL;
     float *z = NULL;
-    embeds = malloc(sizeof(float) * (size_t)(L * Cj));
-    pooled = malloc(sizeof(float) * (size_t)Cp);
-    neg_embeds = cfg ? malloc(sizeof(float) * (size_t)(L * Cj)) : NULL;
-    neg_pooled = cfg ? malloc(sizeof(float) * (size_t)Cp) : NULL;
+    /* The negative side right after the positive one: batch entry 1. */
+    embeds = malloc(sizeof(float) * (size_t)(nb * L * Cj));
+    pooled = malloc(sizeof(float) * (size_t)(nb * Cp));
+    v = malloc(sizeof(float) * (size_t)(nb * tokens * dim));
+    lat_in = cfg_batch ? malloc(sizeof(float) * (size_t)(2 * tokens * dim)) : NULL;
     ids = calloc((size_t)((tokens + L) * 3), sizeof(float));
     res->initial_latents = malloc(sizeof(float) * (size_t)(tokens * dim));
     res->latents = malloc(sizeof(float) * (size_t)(tokens * dim));
-    v = malloc(sizeof(float) * (size_t)(tokens * dim));
-    v_neg = cfg ? malloc(sizeof(float) * (size_t)(tokens * dim)) : NULL;
-    if (!embeds || !pooled || (cfg && (!neg_embeds || !neg_pooled)) || !ids ||
-        !res->initial_latents || !res->latents || !v || (cfg && !v_neg)) {
+    if (!embeds || !pooled || !ids || !res->initial_latents || !res->latents || !v ||
+        (cfg_batch && !lat_in)) {
         st = dit_diag_set(diag, DIT_ERR_NOMEM, "out of memory for a %dx%d generation", gp->width,
                           gp->height);
         goto cleanup;
+    }
+    if (cfg) {
+        neg_embeds = embeds + L * Cj;
+        neg_pooled = pooled + Cp;
+        v_neg = v + tokens * dim;
     }
     res->width = gp->width;
     res->height = gp->height;
@@ -293,18 +301,20 @@ static dit_status flux_pipe_generate(void *pv, const dit_pipeline_info *info,
         }
 
     DIT_CHECK(dit_scheduler_set_timesteps(p->sched, gp->steps, tokens, diag));
-    float guidance = gp->guidance_scale, t = 0.0f;
+    float guidance[2] = {gp->guidance_scale, gp->guidance_scale}, t[2] = {0.0f, 0.0f};
     /* FluxTransformer2DModel.forward's arguments, whole. */
     dit_named_tensors in = {0};
     const int64_t sh_lat[3] = {1, tokens, dim}, sh_emb[3] = {1, L, Cj}, sh_pool[2] = {1, Cp};
     const int64_t sh_one[1] = {1}, sh_img[2] = {tokens, 3}, sh_txt[2] = {L, 3};
+    const int64_t sh_lat2[3] = {2, tokens, dim}, sh_emb2[3] = {2, L, Cj}, sh_pool2[2] = {2, Cp};
+    const int64_t sh_two[1] = {2};
     const dit_tensor t_lat = dit_tensor_make(res->latents, DIT_F32, 3, sh_lat);
     const dit_tensor t_emb = dit_tensor_make(embeds, DIT_F32, 3, sh_emb);
     const dit_tensor t_pool = dit_tensor_make(pooled, DIT_F32, 2, sh_pool);
     const dit_tensor t_nemb = dit_tensor_make(neg_embeds, DIT_F32, 3, sh_emb);
     const dit_tensor t_npool = dit_tensor_make(neg_pooled, DIT_F32, 2, sh_pool);
-    const dit_tensor t_t = dit_tensor_make(&t, DIT_F32, 1, sh_one);
-    const dit_tensor t_g = dit_tensor_make(&guidance, DIT_F32, 1, sh_one);
+    const dit_tensor t_t = dit_tensor_make(t, DIT_F32, 1, sh_one);
+    const dit_tensor t_g = dit_tensor_make(guidance, DIT_F32, 1, sh_one);
     const dit_tensor t_img = dit_tensor_make(img_ids, DIT_F32, 2, sh_img);
     const dit_tensor t_txt = dit_tensor_make(txt_ids, DIT_F32, 2, sh_txt);
     const dit_tensor t_v = dit_tensor_make(v, DIT_F32, 3, sh_lat);
@@ -317,19 +327,41 @@ static dit_status flux_pipe_generate(void *pv, const dit_pipeline_info *info,
         DIT_CHECK(dit_named_tensors_set(&in, "guidance", &t_g));
     DIT_CHECK(dit_named_tensors_set(&in, "img_ids", &t_img));
     DIT_CHECK(dit_named_tensors_set(&in, "txt_ids", &t_txt));
+    const dit_tensor t_lat2 = dit_tensor_make(lat_in, DIT_F32, 3, sh_lat2);
+    const dit_tensor t_emb2 = dit_tensor_make(embeds, DIT_F32, 3, sh_emb2);
+    const dit_tensor t_pool2 = dit_tensor_make(pooled, DIT_F32, 2, sh_pool2);
+    const dit_tensor t_t2 = dit_tensor_make(t, DIT_F32, 1, sh_two);
+    const dit_tensor t_g2 = dit_tensor_make(guidance, DIT_F32, 1, sh_two);
+    const dit_tensor t_v2 = dit_tensor_make(v, DIT_F32, 3, sh_lat2);
+    if (cfg_batch) {
+        DIT_CHECK(dit_named_tensors_set(&in, "hidden_states", &t_lat2));
+        DIT_CHECK(dit_named_tensors_set(&in, "encoder_hidden_states", &t_emb2));
+        DIT_CHECK(dit_named_tensors_set(&in, "pooled_projections", &t_pool2));
+        DIT_CHECK(dit_named_tensors_set(&in, "timestep", &t_t2));
+        if (fc->guidance_embeds)
+            DIT_CHECK(dit_named_tensors_set(&in, "guidance", &t_g2));
+    }
     const double t_loop = now_ms();
     res->step_ms_min = INFINITY;
     for (int i = 0; i < gp->steps; i++) {
         const double t0 = now_ms();
         /* diffusers passes timestep / 1000 (f32); the model multiplies back. */
-        t = dit_scheduler_timestep(p->sched, i) / 1000.0f;
-        DIT_CHECK(dit_named_tensors_set(&in, "encoder_hidden_states", &t_emb));
-        DIT_CHECK(dit_named_tensors_set(&in, "pooled_projections", &t_pool));
-        DIT_CHECK(den->forward(den->ctx, &in, &t_v, diag));
-        if (cfg) {
+        t[0] = t[1] = dit_scheduler_timestep(p->sched, i) / 1000.0f;
+        if (cfg_batch) {
+            memcpy(lat_in, res->latents, sizeof(float) * (size_t)(tokens * dim));
+            memcpy(lat_in + tokens * dim, res->latents, sizeof(float) * (size_t)(tokens * dim));
+            DIT_CHECK(den->forward(den->ctx, &in, &t_v2, diag));
+        } else {
+            DIT_CHECK(dit_named_tensors_set(&in, "encoder_hidden_states", &t_emb));
+            DIT_CHECK(dit_named_tensors_set(&in, "pooled_projections", &t_pool));
+            DIT_CHECK(den->forward(den->ctx, &in, &t_v, diag));
+        }
+        if (cfg && !cfg_batch) {
             DIT_CHECK(dit_named_tensors_set(&in, "encoder_hidden_states", &t_nemb));
             DIT_CHECK(dit_named_tensors_set(&in, "pooled_projections", &t_npool));
             DIT_CHECK(den->forward(den->ctx, &in, &t_vneg, diag));
+        }
+        if (cfg) {
             /* noise = neg + scale * (pos - neg), in diffusers' order. */
             for (int64_t k = 0; k < tokens * dim; k++) {
                 const float diff = v[k] - v_neg[k];
@@ -378,12 +410,10 @@ cleanup:
     dit_arena_reset(p->arena);
     free(embeds);
     free(pooled);
-    free(neg_embeds);
-    free(neg_pooled);
     free(ids);
     free(noise);
     free(v);
-    free(v_neg);
+    free(lat_in);
     free(z);
     return st;
 }

@@ -30,9 +30,9 @@ typedef struct dit_gen_params {
     int fps;                       /* video frame rate; 0: the pipeline's default */
     int steps;                     /* 1 .. 1000 */
     /* FLUX: distilled guidance (guidance_embeds models); Wan: classic CFG,
-     * two passes per step above 1. NaN: the pipeline's default. */
+     * above 1 (see cfg_two_pass). NaN: the pipeline's default. */
     float guidance_scale;
-    float true_cfg_scale;    /* > 1 with a negative prompt: two passes per step */
+    float true_cfg_scale;    /* > 1 with a negative prompt: true CFG (see cfg_two_pass) */
     uint64_t seed;           /* torch.Generator("cpu").manual_seed(seed) */
     int max_sequence_length; /* text tokens (0: the pipeline's default) */
     /* Optional: initial latents in the shape dit_gen_latents_shape gives
@@ -46,6 +46,11 @@ typedef struct dit_gen_params {
     int64_t prompt_embeds_len;
     const float *negative_prompt_embeds, *negative_pooled_prompt_embeds;
     int64_t negative_prompt_embeds_len;
+    /* CFG (FLUX's true CFG, Wan's classic CFG) as two transformer forwards
+     * per step, conditional then unconditional, instead of one forward of
+     * batch 2 (the default). For comparisons: the results agree to float
+     * rounding, not bit for bit. */
+    bool cfg_two_pass;
 } dit_gen_params;
 
 /* The transformer's config, as far as requests and ListModels need it. */

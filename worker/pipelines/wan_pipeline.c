@@ -147,23 +147,31 @@ static dit_status wan_pipe_generate(void *pv, const dit_pipeline_info *info,
     dit_wan_latent_dims(info, gp, &nf, &h, &w);
     const int64_t n = C * nf * h * w;
     const bool cfg = gp->guidance_scale > 1.0f;
+    /* CFG as one forward of batch 2: [cond, uncond] stacked (see
+     * dit_gen_params.cfg_two_pass). */
+    const bool cfg_batch = cfg && !gp->cfg_two_pass;
+    const int64_t nb = cfg ? 2 : 1;
     const int64_t L = gp->prompt_embeds         ? gp->prompt_embeds_len
                       : gp->max_sequence_length ? gp->max_sequence_length
                                                 : info->default_max_sequence_length;
     const int64_t Ct = info->transformer.joint_attention_dim;
 
     float *embeds = NULL, *neg_embeds = NULL, *v = NULL, *v_neg = NULL, *z = NULL;
-    embeds = malloc(sizeof(float) * (size_t)(L * Ct));
-    neg_embeds = cfg ? malloc(sizeof(float) * (size_t)(L * Ct)) : NULL;
+    float *lat_in = NULL;
+    /* The negative side right after the positive one: batch entry 1. */
+    embeds = malloc(sizeof(float) * (size_t)(nb * L * Ct));
+    v = malloc(sizeof(float) * (size_t)(nb * n));
+    lat_in = cfg_batch ? malloc(sizeof(float) * (size_t)(2 * n)) : NULL;
     res->initial_latents = malloc(sizeof(float) * (size_t)n);
     res->latents = malloc(sizeof(float) * (size_t)n);
-    v = malloc(sizeof(float) * (size_t)n);
-    v_neg = cfg ? malloc(sizeof(float) * (size_t)n) : NULL;
-    if (!embeds || (cfg && (!neg_embeds || !v_neg)) || !res->initial_latents || !res->latents ||
-        !v) {
+    if (!embeds || (cfg_batch && !lat_in) || !res->initial_latents || !res->latents || !v) {
         st = dit_diag_set(diag, DIT_ERR_NOMEM, "out of memory for a %dx%d, %d-frame generation",
                           gp->width, gp->height, gp->frames);
         goto cleanup;
+    }
+    if (cfg) {
+        neg_embeds = embeds + L * Ct;
+        v_neg = v + n;
     }
     res->width = gp->width;
     res->height = gp->height;
@@ -197,29 +205,47 @@ static dit_status wan_pipe_generate(void *pv, const dit_pipeline_info *info,
     memcpy(res->latents, res->initial_latents, sizeof(float) * (size_t)n);
 
     DIT_CHECK(dit_scheduler_set_timesteps(p->sched, gp->steps, res->latent_tokens, diag));
-    float t = 0.0f;
+    float t[2] = {0.0f, 0.0f};
     /* WanTransformer3DModel.forward's arguments, whole. */
     dit_named_tensors in = {0};
     const int64_t sh_lat[5] = {1, C, nf, h, w}, sh_emb[3] = {1, L, Ct}, sh_one[1] = {1};
+    const int64_t sh_lat2[5] = {2, C, nf, h, w}, sh_emb2[3] = {2, L, Ct}, sh_two[1] = {2};
     const dit_tensor t_lat = dit_tensor_make(res->latents, DIT_F32, 5, sh_lat);
     const dit_tensor t_emb = dit_tensor_make(embeds, DIT_F32, 3, sh_emb);
     const dit_tensor t_nemb = dit_tensor_make(neg_embeds, DIT_F32, 3, sh_emb);
-    const dit_tensor t_t = dit_tensor_make(&t, DIT_F32, 1, sh_one);
+    const dit_tensor t_t = dit_tensor_make(t, DIT_F32, 1, sh_one);
     const dit_tensor t_v = dit_tensor_make(v, DIT_F32, 5, sh_lat);
     const dit_tensor t_vneg = dit_tensor_make(v_neg, DIT_F32, 5, sh_lat);
     DIT_CHECK(dit_named_tensors_set(&in, "hidden_states", &t_lat));
     DIT_CHECK(dit_named_tensors_set(&in, "timestep", &t_t));
+    const dit_tensor t_lat2 = dit_tensor_make(lat_in, DIT_F32, 5, sh_lat2);
+    const dit_tensor t_emb2 = dit_tensor_make(embeds, DIT_F32, 3, sh_emb2);
+    const dit_tensor t_t2 = dit_tensor_make(t, DIT_F32, 1, sh_two);
+    const dit_tensor t_v2 = dit_tensor_make(v, DIT_F32, 5, sh_lat2);
+    if (cfg_batch) {
+        DIT_CHECK(dit_named_tensors_set(&in, "hidden_states", &t_lat2));
+        DIT_CHECK(dit_named_tensors_set(&in, "encoder_hidden_states", &t_emb2));
+        DIT_CHECK(dit_named_tensors_set(&in, "timestep", &t_t2));
+    }
     const double t_loop = now_ms();
     res->step_ms_min = INFINITY;
     for (int i = 0; i < gp->steps; i++) {
         const double t0 = now_ms();
         /* UniPC's int64 timestep, which the transformer takes unscaled. */
-        t = dit_scheduler_timestep(p->sched, i);
-        DIT_CHECK(dit_named_tensors_set(&in, "encoder_hidden_states", &t_emb));
-        DIT_CHECK(den->forward(den->ctx, &in, &t_v, diag));
-        if (cfg) {
+        t[0] = t[1] = dit_scheduler_timestep(p->sched, i);
+        if (cfg_batch) {
+            memcpy(lat_in, res->latents, sizeof(float) * (size_t)n);
+            memcpy(lat_in + n, res->latents, sizeof(float) * (size_t)n);
+            DIT_CHECK(den->forward(den->ctx, &in, &t_v2, diag));
+        } else {
+            DIT_CHECK(dit_named_tensors_set(&in, "encoder_hidden_states", &t_emb));
+            DIT_CHECK(den->forward(den->ctx, &in, &t_v, diag));
+        }
+        if (cfg && !cfg_batch) {
             DIT_CHECK(dit_named_tensors_set(&in, "encoder_hidden_states", &t_nemb));
             DIT_CHECK(den->forward(den->ctx, &in, &t_vneg, diag));
+        }
+        if (cfg) {
             /* noise_uncond + guidance_scale * (noise_pred - noise_uncond),
              * rounded in diffusers' order. */
             for (int64_t k = 0; k < n; k++) {
@@ -269,9 +295,8 @@ cleanup:
         dit_gen_result_free(res);
     dit_arena_reset(p->arena);
     free(embeds);
-    free(neg_embeds);
     free(v);
-    free(v_neg);
+    free(lat_in);
     free(z);
     return st;
 }

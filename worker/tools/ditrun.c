@@ -91,7 +91,7 @@ typedef struct raw_args {
     long long width, height, frames, fps, steps, max_seq;
     double guidance, true_cfg;
     uint64_t seed;
-    bool quiet, uany, rany, unany, nofp32, fuse_lora;
+    bool quiet, uany, rany, unany, nofp32, fuse_lora, cfg_two_pass;
     const char *lora[DITRUN_MAX_LORA];
     int n_lora;
     bool lora_overflow;
@@ -259,11 +259,10 @@ static int set_true_cfg(void *target, const char *val, char *err, size_t cap)
     R_STR("prompt", 0, "TEXT", "the prompt (CLIP, and T5 unless --prompt-2); may be empty",        \
           prompt),                                                                                 \
         R_STR("prompt-2", 0, "TEXT", "a different prompt for T5", prompt_2),                       \
-        R_STR(                                                                                     \
-            "negative-prompt", 0, "TEXT",                                                          \
-            "with --true-cfg above 1: true classifier-free guidance (two transformer passes per "  \
-            "step; either one alone has no effect, and ditrun warns)",                             \
-            neg),                                                                                  \
+        R_STR("negative-prompt", 0, "TEXT",                                                        \
+              "with --true-cfg above 1: true classifier-free guidance (both sides in one batch-2 " \
+              "transformer pass per step; either one alone has no effect, and ditrun warns)",      \
+              neg),                                                                                \
         R_STR("negative-prompt-2", 0, "TEXT", "a different negative prompt for T5", neg_2),        \
         R_INT("width", 0, NULL, "W", "pixels, a multiple of 16 (default: the pipeline's)", width,  \
               -1000000, 1000000),                                                                  \
@@ -312,7 +311,11 @@ static int set_true_cfg(void *target, const char *val, char *err, size_t cap)
               "H/8, W/8)) instead of noise from the seed",                                         \
               latents),                                                                            \
         R_STR("output-latents", 0, "FILE", "also write the final latents (tensor 'latents')",      \
-              output_latents)
+              output_latents),                                                                     \
+        R_FLAG("cfg-two-pass", 0,                                                                  \
+               "CFG as two transformer passes per step (conditional, unconditional) instead of "   \
+               "one of batch 2",                                                                   \
+               cfg_two_pass)
 
 static const dit_option forward_opts[] = {
     COMMON_OPTS("a diffusers transformer folder: config.json and "
@@ -412,6 +415,7 @@ static int parse(ditrun_args *a, int argc, char **argv)
     }
     a->gen.guidance_scale = (float)r.guidance;
     a->gen.true_cfg_scale = (float)r.true_cfg;
+    a->gen.cfg_two_pass = r.cfg_two_pass;
     a->gen.seed = r.seed;
     a->latents_path = r.latents;
     a->output_latents = r.output_latents;
