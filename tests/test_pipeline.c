@@ -248,6 +248,52 @@ START_TEST(ditrun_generate_writes_png_and_latents)
     e = test_compare_files(lat, "latents", ref, "final_latents");
     printf("ditrun generate on ring 2 x tp 2: final latents rel %.2g\n", e.rel);
     ck_assert_msg(e.rel <= LATENT_TOL, "rel %.3g", e.rel);
+
+    /* --num-images 2: FILE_0.png, FILE_1.png and (2, tokens, dim) latents
+     * whose image 0 is the n = 1 request's. */
+    char *argv_n[] = {(char *)test_env("DITRUN"),
+                      "generate",
+                      "--model",
+                      demo,
+                      "--prompt",
+                      "a red fox in the snow",
+                      "--width",
+                      "64",
+                      "--height",
+                      "64",
+                      "--steps",
+                      "2",
+                      "--seed",
+                      "1",
+                      "--num-images",
+                      "2",
+                      "--output",
+                      png,
+                      "--output-latents",
+                      lat,
+                      NULL};
+    rc = test_run(argv_n, NULL, out, sizeof out, NULL);
+    ck_assert_msg(rc == 0, "exit %d:\n%s", rc, out);
+    ck_assert_msg(strstr(out, "wrote 2 images, "), "%s", out);
+    char png_k[160];
+    for (int k = 0; k < 2; k++) {
+        snprintf(png_k, sizeof png_k, "%.*s_%d.png", (int)(strlen(png) - 4), png, k);
+        ck_assert_msg(access(png_k, R_OK) == 0, "no %s:\n%s", png_k, out);
+        unlink(png_k);
+    }
+    dit_st_file *lf = NULL, *rf = NULL;
+    ck_assert_int_eq(dit_st_file_open(lat, &lf, NULL), DIT_OK);
+    ck_assert_int_eq(dit_st_file_open(ref, &rf, NULL), DIT_OK);
+    const dit_st_entry *le = dit_st_file_find(lf, "latents");
+    const dit_st_entry *re = dit_st_file_find(rf, "final_latents");
+    ck_assert(le && re);
+    ck_assert_int_eq(le->view.ne[0], 2);
+    const dit_tensor l0 = dit_tensor_narrow(&le->view, 0, 0, 1);
+    e = test_compare_views(&l0, &re->view);
+    printf("ditrun generate --num-images 2: image 0's final latents rel %.2g\n", e.rel);
+    ck_assert_msg(e.rel <= LATENT_TOL, "rel %.3g", e.rel);
+    dit_st_file_close(lf);
+    dit_st_file_close(rf);
     unlink(png);
     unlink(lat);
 }
@@ -291,6 +337,93 @@ START_TEST(true_cfg_batch_matches_two_passes)
            e.max_abs == 0 ? "bit-identical" : "differ", e.max_abs, e.rel);
     fflush(stdout);
     ck_assert_msg(e.rel <= CFG_BATCH_TOL, "rel %.3g", e.rel);
+    dit_gen_result_free(&one);
+    dit_gen_result_free(&two);
+    dit_runner_destroy(runner);
+    dit_pipeline_free(p);
+    dit_backend_destroy(be);
+    free(cp.prompt);
+    free(cp.negative);
+}
+END_TEST
+
+/* num_images_per_prompt = 2 on the square_2steps request (true_cfg with
+ * _i = 1: batch 4). diffusers draws one randn((2, C, h, w)) from the seed and
+ * denoises the entries independently, so: image 0's noise is the n = 1
+ * noise bit for bit and its latents and image match diffusers' n = 1
+ * reference; image 1's noise is the next stretch of the stream, and its
+ * latents equal a one-image generation from that noise. */
+START_TEST(num_images_two)
+{
+    char dir[1200];
+    snprintf(dir, sizeof dir, "%s/%s", golden, _i ? "true_cfg" : "square_2steps");
+    case_params cp;
+    load_params(dir, &cp);
+    dit_diag diag;
+    dit_diag_clear(&diag);
+    dit_backend *be;
+    dit_backend_config bc = {.kind = DIT_BACKEND_CPU, .n_threads = 2};
+    ck_assert_int_eq(dit_backend_create(&bc, &be, NULL), DIT_OK);
+    dit_pipeline *p = NULL;
+    ck_assert_msg(dit_pipeline_load(be, cp.pipeline, NULL, true, &p, &diag) == DIT_OK, "%s",
+                  diag.msg);
+    dit_runner *runner = NULL;
+    ck_assert_int_eq(dit_runner_create(be, dit_pipeline_transformer(p), NULL, &runner, NULL),
+                     DIT_OK);
+    const dit_denoiser den = dit_runner_denoiser(runner);
+    dit_gen_result two, one;
+    cp.gp.num_images = 2;
+    ck_assert_msg(dit_pipeline_generate(p, &den, &cp.gp, true, NULL, NULL, &two, &diag) == DIT_OK,
+                  "%s", diag.msg);
+    ck_assert_int_eq(two.num_images, 2);
+    ck_assert_int_eq(two.latents_shape[0], 2);
+    const int64_t N = two.latent_tokens * two.latent_dim;
+    const int64_t I = 3 * (int64_t)two.height * two.width;
+
+    char path[1300];
+    snprintf(path, sizeof path, "%s/reference.safetensors", dir);
+    dit_st_file *ref = NULL;
+    ck_assert_int_eq(dit_st_file_open(path, &ref, NULL), DIT_OK);
+    const test_err e0 =
+        compare_floats(two.initial_latents, dit_st_file_find(ref, "initial_latents"));
+    const test_err e1 = compare_floats(two.latents, dit_st_file_find(ref, "final_latents"));
+    const test_err e2 = compare_floats(two.image, dit_st_file_find(ref, "image"));
+
+    /* Image 1 alone, from its own noise. */
+    cp.gp.num_images = 1;
+    cp.gp.latents = two.initial_latents + N;
+    ck_assert_msg(dit_pipeline_generate(p, &den, &cp.gp, true, NULL, NULL, &one, &diag) == DIT_OK,
+                  "%s", diag.msg);
+    const int64_t sh[1] = {N}, shi[1] = {I};
+    const dit_tensor a = dit_tensor_make(two.latents + N, DIT_F32, 1, sh);
+    const dit_tensor b = dit_tensor_make(one.latents, DIT_F32, 1, sh);
+    const test_err e3 = test_compare_views(&a, &b);
+    const dit_tensor ai = dit_tensor_make(two.image + I, DIT_F32, 1, shi);
+    const dit_tensor bi = dit_tensor_make(one.image, DIT_F32, 1, shi);
+    const test_err e4 = test_compare_views(&ai, &bi);
+    /* The two images differ (different noise). */
+    const dit_tensor a0 = dit_tensor_make(two.latents, DIT_F32, 1, sh);
+    const test_err e5 = test_compare_views(&a0, &b);
+    printf("num_images 2 (%s): image 0 vs diffusers n=1: initial %s, latents rel %.2g, image rel "
+           "%.2g; image 1 vs alone from its noise: latents rel %.2g, image rel %.2g\n",
+           _i ? "true_cfg, batch 4" : "square_2steps", e0.max_abs == 0 ? "bit-exact" : "DIFFER",
+           e1.rel, e2.rel, e3.rel, e4.rel);
+    fflush(stdout);
+    ck_assert(e0.max_abs == 0);
+    ck_assert_msg(e1.rel <= LATENT_TOL, "rel %.3g", e1.rel);
+    ck_assert_msg(e2.rel <= IMAGE_TOL, "rel %.3g", e2.rel);
+    ck_assert_msg(e3.rel <= 1e-5, "rel %.3g", e3.rel);
+    ck_assert_msg(e4.rel <= 1e-5, "rel %.3g", e4.rel);
+    ck_assert_msg(e5.rel > 1e-2, "the two images are the same (rel %.3g)", e5.rel);
+
+    /* Out of range. */
+    cp.gp.latents = NULL;
+    cp.gp.num_images = DIT_GEN_MAX_IMAGES + 1;
+    ck_assert_int_eq(dit_pipeline_generate(p, &den, &cp.gp, false, NULL, NULL, &one, &diag),
+                     DIT_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(diag.msg, "num_images 9 must be between 1 and 8"));
+
+    dit_st_file_close(ref);
     dit_gen_result_free(&one);
     dit_gen_result_free(&two);
     dit_runner_destroy(runner);
@@ -444,6 +577,7 @@ int main(void)
     tcase_set_timeout(tc, 300);
     tcase_add_loop_test(tc, pipeline_matches_diffusers, 0, n_cases);
     tcase_add_test(tc, true_cfg_batch_matches_two_passes);
+    tcase_add_loop_test(tc, num_images_two, 0, 2);
     suite_add_tcase(s, tc);
     TCase *cli = tcase_create("cli");
     tcase_set_timeout(cli, 300);

@@ -219,21 +219,23 @@ static dit_status flux_pipe_generate(void *pv, const dit_pipeline_info *info,
     /* CFG as one forward of batch 2: [cond, uncond] stacked (see
      * dit_gen_params.cfg_two_pass). */
     const bool cfg_batch = cfg && !gp->cfg_two_pass;
-    const int64_t nb = cfg ? 2 : 1;
+    /* num_images_per_prompt: ni latents in one batch (2 ni with CFG). */
+    const int64_t ni = dit_gen_num_images(gp), N = tokens * dim;
+    const int64_t nb = (cfg ? 2 : 1) * ni;
     const int64_t L = gp->prompt_embeds ? gp->prompt_embeds_len : max_len;
     const int64_t Cj = fc->joint_attention_dim, Cp = fc->pooled_projection_dim;
 
     float *embeds = NULL, *pooled = NULL, *neg_embeds = NULL, *neg_pooled = NULL;
     float *ids = NULL, *noise = NULL, *v = NULL, *v_neg = NULL, *lat_in = NULL;
     float *z = NULL;
-    /* The negative side right after the positive one: batch entry 1. */
+    /* Batch entries: the prompt ni times, then the negative prompt ni times. */
     embeds = malloc(sizeof(float) * (size_t)(nb * L * Cj));
     pooled = malloc(sizeof(float) * (size_t)(nb * Cp));
-    v = malloc(sizeof(float) * (size_t)(nb * tokens * dim));
-    lat_in = cfg_batch ? malloc(sizeof(float) * (size_t)(2 * tokens * dim)) : NULL;
+    v = malloc(sizeof(float) * (size_t)(nb * N));
+    lat_in = cfg_batch ? malloc(sizeof(float) * (size_t)(2 * ni * N)) : NULL;
     ids = calloc((size_t)((tokens + L) * 3), sizeof(float));
-    res->initial_latents = malloc(sizeof(float) * (size_t)(tokens * dim));
-    res->latents = malloc(sizeof(float) * (size_t)(tokens * dim));
+    res->initial_latents = malloc(sizeof(float) * (size_t)(ni * N));
+    res->latents = malloc(sizeof(float) * (size_t)(ni * N));
     if (!embeds || !pooled || !ids || !res->initial_latents || !res->latents || !v ||
         (cfg_batch && !lat_in)) {
         st = dit_diag_set(diag, DIT_ERR_NOMEM, "out of memory for a %dx%d generation", gp->width,
@@ -241,10 +243,11 @@ static dit_status flux_pipe_generate(void *pv, const dit_pipeline_info *info,
         goto cleanup;
     }
     if (cfg) {
-        neg_embeds = embeds + L * Cj;
-        neg_pooled = pooled + Cp;
-        v_neg = v + tokens * dim;
+        neg_embeds = embeds + ni * L * Cj;
+        neg_pooled = pooled + ni * Cp;
+        v_neg = v + ni * N;
     }
+    res->num_images = (int)ni;
     res->width = gp->width;
     res->height = gp->height;
     res->frames = 1;
@@ -252,7 +255,7 @@ static dit_status flux_pipe_generate(void *pv, const dit_pipeline_info *info,
     res->latent_tokens = tokens;
     res->latent_dim = dim;
     res->latents_ndim = 3;
-    res->latents_shape[0] = 1;
+    res->latents_shape[0] = ni;
     res->latents_shape[1] = tokens;
     res->latents_shape[2] = dim;
 
@@ -274,23 +277,34 @@ static dit_status flux_pipe_generate(void *pv, const dit_pipeline_info *info,
                               max_len, neg_pooled, neg_embeds, &res->prompt_truncated,
                               &res->tokenize_ms, &res->encode_ms, diag));
     }
+    /* prompt_embeds.repeat(1, n, 1): each side's entry 0 copied to 1 .. ni - 1. */
+    for (int64_t k = 1; k < ni; k++) {
+        memcpy(embeds + k * L * Cj, embeds, sizeof(float) * (size_t)(L * Cj));
+        memcpy(pooled + k * Cp, pooled, sizeof(float) * (size_t)Cp);
+        if (cfg) {
+            memcpy(neg_embeds + k * L * Cj, neg_embeds, sizeof(float) * (size_t)(L * Cj));
+            memcpy(neg_pooled + k * Cp, neg_pooled, sizeof(float) * (size_t)Cp);
+        }
+    }
 
-    /* Initial latents: the caller's, or torch.randn((1, C, h, w)) from the
-     * seed, packed 2x2. */
+    /* Initial latents: the caller's, or torch.randn((ni, C, h, w)) from the
+     * seed (one draw, as prepare_latents makes it for num_images_per_prompt),
+     * each image packed 2x2. */
     if (gp->latents) {
-        memcpy(res->initial_latents, gp->latents, sizeof(float) * (size_t)(tokens * dim));
+        memcpy(res->initial_latents, gp->latents, sizeof(float) * (size_t)(ni * N));
     } else {
-        noise = malloc(sizeof(float) * (size_t)(tokens * dim));
+        noise = malloc(sizeof(float) * (size_t)(ni * N));
         if (!noise) {
             st = dit_diag_set(diag, DIT_ERR_NOMEM, "out of memory");
             goto cleanup;
         }
         dit_mt19937 g;
         dit_mt19937_seed(&g, gp->seed);
-        dit_torch_randn(&g, noise, (size_t)(tokens * dim));
-        dit_flux_pack_latents(noise, C, h, w, res->initial_latents);
+        dit_torch_randn(&g, noise, (size_t)(ni * N));
+        for (int64_t k = 0; k < ni; k++)
+            dit_flux_pack_latents(noise + k * N, C, h, w, res->initial_latents + k * N);
     }
-    memcpy(res->latents, res->initial_latents, sizeof(float) * (size_t)(tokens * dim));
+    memcpy(res->latents, res->initial_latents, sizeof(float) * (size_t)(ni * N));
 
     /* Position ids: text all zero, image [0, row, col]. */
     float *txt_ids = ids, *img_ids = ids + L * 3;
@@ -301,13 +315,15 @@ static dit_status flux_pipe_generate(void *pv, const dit_pipeline_info *info,
         }
 
     DIT_CHECK(dit_scheduler_set_timesteps(p->sched, gp->steps, tokens, diag));
-    float guidance[2] = {gp->guidance_scale, gp->guidance_scale}, t[2] = {0.0f, 0.0f};
+    float guidance[2 * DIT_GEN_MAX_IMAGES], t[2 * DIT_GEN_MAX_IMAGES] = {0};
+    for (int k = 0; k < 2 * DIT_GEN_MAX_IMAGES; k++)
+        guidance[k] = gp->guidance_scale;
     /* FluxTransformer2DModel.forward's arguments, whole. */
     dit_named_tensors in = {0};
-    const int64_t sh_lat[3] = {1, tokens, dim}, sh_emb[3] = {1, L, Cj}, sh_pool[2] = {1, Cp};
-    const int64_t sh_one[1] = {1}, sh_img[2] = {tokens, 3}, sh_txt[2] = {L, 3};
-    const int64_t sh_lat2[3] = {2, tokens, dim}, sh_emb2[3] = {2, L, Cj}, sh_pool2[2] = {2, Cp};
-    const int64_t sh_two[1] = {2};
+    const int64_t sh_lat[3] = {ni, tokens, dim}, sh_emb[3] = {ni, L, Cj}, sh_pool[2] = {ni, Cp};
+    const int64_t sh_one[1] = {ni}, sh_img[2] = {tokens, 3}, sh_txt[2] = {L, 3};
+    const int64_t sh_lat2[3] = {2 * ni, tokens, dim}, sh_emb2[3] = {2 * ni, L, Cj};
+    const int64_t sh_pool2[2] = {2 * ni, Cp}, sh_two[1] = {2 * ni};
     const dit_tensor t_lat = dit_tensor_make(res->latents, DIT_F32, 3, sh_lat);
     const dit_tensor t_emb = dit_tensor_make(embeds, DIT_F32, 3, sh_emb);
     const dit_tensor t_pool = dit_tensor_make(pooled, DIT_F32, 2, sh_pool);
@@ -346,10 +362,12 @@ static dit_status flux_pipe_generate(void *pv, const dit_pipeline_info *info,
     for (int i = 0; i < gp->steps; i++) {
         const double t0 = now_ms();
         /* diffusers passes timestep / 1000 (f32); the model multiplies back. */
-        t[0] = t[1] = dit_scheduler_timestep(p->sched, i) / 1000.0f;
+        const float ts = dit_scheduler_timestep(p->sched, i) / 1000.0f;
+        for (int64_t k = 0; k < nb; k++)
+            t[k] = ts;
         if (cfg_batch) {
-            memcpy(lat_in, res->latents, sizeof(float) * (size_t)(tokens * dim));
-            memcpy(lat_in + tokens * dim, res->latents, sizeof(float) * (size_t)(tokens * dim));
+            memcpy(lat_in, res->latents, sizeof(float) * (size_t)(ni * N));
+            memcpy(lat_in + ni * N, res->latents, sizeof(float) * (size_t)(ni * N));
             DIT_CHECK(den->forward(den->ctx, &in, &t_v2, diag));
         } else {
             DIT_CHECK(dit_named_tensors_set(&in, "encoder_hidden_states", &t_emb));
@@ -363,13 +381,13 @@ static dit_status flux_pipe_generate(void *pv, const dit_pipeline_info *info,
         }
         if (cfg) {
             /* noise = neg + scale * (pos - neg), in diffusers' order. */
-            for (int64_t k = 0; k < tokens * dim; k++) {
+            for (int64_t k = 0; k < ni * N; k++) {
                 const float diff = v[k] - v_neg[k];
                 const float scaled = gp->true_cfg_scale * diff;
                 v[k] = v_neg[k] + scaled;
             }
         }
-        dit_scheduler_step(p->sched, i, res->latents, v, (size_t)(tokens * dim));
+        dit_scheduler_step(p->sched, i, res->latents, v, (size_t)(ni * N));
         const double dt = now_ms() - t0;
         res->step_ms_min = dt < res->step_ms_min ? dt : res->step_ms_min;
         res->step_ms_max = dt > res->step_ms_max ? dt : res->step_ms_max;
@@ -382,26 +400,30 @@ static dit_status flux_pipe_generate(void *pv, const dit_pipeline_info *info,
         const double t0 = now_ms();
         const int64_t H = h * vs, W = w * vs;
         z = malloc(sizeof(float) * (size_t)(C * h * w));
-        res->image = malloc(sizeof(float) * (size_t)(3 * H * W));
+        res->image = malloc(sizeof(float) * (size_t)(ni * 3 * H * W));
         if (!z || !res->image) {
             st = dit_diag_set(diag, DIT_ERR_NOMEM, "out of memory for the image");
             goto cleanup;
         }
-        dit_flux_unpack_latents(res->latents, C, h, w, z);
-        const float sf = dit_vae_scaling_factor(p->vae), shf = dit_vae_shift_factor(p->vae);
-        for (int64_t k = 0; k < C * h * w; k++) {
-            const float q = z[k] / sf;
-            z[k] = q + shf;
+        /* One image at a time: the VAE's memory stays that of one. */
+        for (int64_t m = 0; m < ni; m++) {
+            dit_flux_unpack_latents(res->latents + m * N, C, h, w, z);
+            const float sf = dit_vae_scaling_factor(p->vae), shf = dit_vae_shift_factor(p->vae);
+            for (int64_t k = 0; k < C * h * w; k++) {
+                const float q = z[k] / sf;
+                z[k] = q + shf;
+            }
+            dit_tensor zt, img;
+            const int64_t zs[4] = {1, C, h, w}, is[4] = {1, 3, H, W};
+            DIT_CHECK(dit_arena_tensor(p->arena, DIT_F32, 4, zs, &zt));
+            DIT_CHECK(dit_arena_tensor(p->arena, DIT_F32, 4, is, &img));
+            dit_tensor hz = dit_tensor_make(z, DIT_F32, 4, zs);
+            DIT_CHECK(p->be->ops->upload(p->be, &zt, &hz));
+            DIT_CHECK(dit_vae_decode(p->vae, p->arena, &zt, &img, diag));
+            dit_tensor hi = dit_tensor_make(res->image + m * 3 * H * W, DIT_F32, 4, is);
+            DIT_CHECK(p->be->ops->download(p->be, &hi, &img));
+            dit_arena_reset(p->arena);
         }
-        dit_tensor zt, img;
-        const int64_t zs[4] = {1, C, h, w}, is[4] = {1, 3, H, W};
-        DIT_CHECK(dit_arena_tensor(p->arena, DIT_F32, 4, zs, &zt));
-        DIT_CHECK(dit_arena_tensor(p->arena, DIT_F32, 4, is, &img));
-        dit_tensor hz = dit_tensor_make(z, DIT_F32, 4, zs);
-        DIT_CHECK(p->be->ops->upload(p->be, &zt, &hz));
-        DIT_CHECK(dit_vae_decode(p->vae, p->arena, &zt, &img, diag));
-        dit_tensor hi = dit_tensor_make(res->image, DIT_F32, 4, is);
-        DIT_CHECK(p->be->ops->download(p->be, &hi, &img));
         res->vae_ms = now_ms() - t0;
     }
 cleanup:

@@ -31,19 +31,21 @@ typedef struct dit_pipeline dit_pipeline;
 typedef dit_status (*dit_gen_progress_fn)(void *ctx, int step, int total, double elapsed_ms);
 
 typedef struct dit_gen_result {
+    int num_images; /* images (or videos) in the buffers below, one after another */
     int width, height;
     int frames;                        /* 1 for an image */
     int channels;                      /* 3 (RGB) */
     int64_t latent_tokens, latent_dim; /* the latents' size: tokens x dim floats */
-    /* The latents' shape, as dit_gen_latents_shape gives it (FLUX: packed
-     * (1, tokens, dim); Wan: (1, C, F', H', W')). */
+    /* The latents' shape, as dit_gen_latents_shape gives it with the batch
+     * num_images (FLUX: packed (n, tokens, dim); Wan: (n, C, F', H', W')). */
     int latents_ndim;
     int64_t latents_shape[5];
     float *initial_latents; /* malloc'ed, in that shape */
     float *latents;         /* malloc'ed, after the last step */
-    /* (channels, frames, height, width) as the VAE decodes it: for an
-     * image (3, height, width); NULL if not decoded. dit_gen_result_media
-     * gives the frames x H x W x C layout. */
+    /* (channels, frames, height, width) as the VAE decodes it, per image
+     * (num_images of them in a row): for an image (3, height, width); NULL
+     * if not decoded. dit_gen_result_media gives image 0's frames x H x W x
+     * C layout. */
     float *image;
     bool prompt_truncated; /* a prompt was longer than its tokenizer allows */
     double tokenize_ms, encode_ms, denoise_ms, vae_ms;

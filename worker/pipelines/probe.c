@@ -126,6 +126,10 @@ dit_status dit_gen_check(const dit_pipeline_info *info, const dit_gen_params *gp
     const dit_pipeline_probe_class *pc = dit_pipeline_probe_class_of(info);
     if (!pc)
         return dit_diag_set(diag, DIT_ERR_INTERNAL, "no pipeline class \"%s\"", info->class_name);
+    if (gp->num_images < 0 || gp->num_images > DIT_GEN_MAX_IMAGES)
+        return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
+                            "num_images %d must be between 1 and %d (0 means 1)", gp->num_images,
+                            DIT_GEN_MAX_IMAGES);
     return pc->check(info, gp, diag);
 }
 

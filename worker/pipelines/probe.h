@@ -51,7 +51,20 @@ typedef struct dit_gen_params {
      * batch 2 (the default). For comparisons: the results agree to float
      * rounding, not bit for bit. */
     bool cfg_two_pass;
+    /* diffusers' num_images_per_prompt: 0 or 1 one image, at most
+     * DIT_GEN_MAX_IMAGES, made as one batch; the noise is one
+     * torch.randn((n, ...)) from the seed, so image 0 is the n = 1 image.
+     * With `latents`, n images' latents one after the other. */
+    int num_images;
 } dit_gen_params;
+
+#define DIT_GEN_MAX_IMAGES 8
+
+/* The request's image count: num_images, 1 for 0. */
+static inline int dit_gen_num_images(const dit_gen_params *gp)
+{
+    return gp->num_images > 1 ? gp->num_images : 1;
+}
 
 /* The transformer's config, as far as requests and ListModels need it. */
 typedef struct dit_transformer_info {

@@ -150,7 +150,9 @@ static dit_status wan_pipe_generate(void *pv, const dit_pipeline_info *info,
     /* CFG as one forward of batch 2: [cond, uncond] stacked (see
      * dit_gen_params.cfg_two_pass). */
     const bool cfg_batch = cfg && !gp->cfg_two_pass;
-    const int64_t nb = cfg ? 2 : 1;
+    /* num_videos_per_prompt: ni latents in one batch (2 ni with CFG). */
+    const int64_t ni = dit_gen_num_images(gp);
+    const int64_t nb = (cfg ? 2 : 1) * ni;
     const int64_t L = gp->prompt_embeds         ? gp->prompt_embeds_len
                       : gp->max_sequence_length ? gp->max_sequence_length
                                                 : info->default_max_sequence_length;
@@ -158,26 +160,28 @@ static dit_status wan_pipe_generate(void *pv, const dit_pipeline_info *info,
 
     float *embeds = NULL, *neg_embeds = NULL, *v = NULL, *v_neg = NULL, *z = NULL;
     float *lat_in = NULL;
-    /* The negative side right after the positive one: batch entry 1. */
+    /* Batch entries: the prompt ni times, then the negative prompt ni times. */
     embeds = malloc(sizeof(float) * (size_t)(nb * L * Ct));
     v = malloc(sizeof(float) * (size_t)(nb * n));
-    lat_in = cfg_batch ? malloc(sizeof(float) * (size_t)(2 * n)) : NULL;
-    res->initial_latents = malloc(sizeof(float) * (size_t)n);
-    res->latents = malloc(sizeof(float) * (size_t)n);
+    lat_in = cfg_batch ? malloc(sizeof(float) * (size_t)(2 * ni * n)) : NULL;
+    res->initial_latents = malloc(sizeof(float) * (size_t)(ni * n));
+    res->latents = malloc(sizeof(float) * (size_t)(ni * n));
     if (!embeds || (cfg_batch && !lat_in) || !res->initial_latents || !res->latents || !v) {
         st = dit_diag_set(diag, DIT_ERR_NOMEM, "out of memory for a %dx%d, %d-frame generation",
                           gp->width, gp->height, gp->frames);
         goto cleanup;
     }
     if (cfg) {
-        neg_embeds = embeds + L * Ct;
-        v_neg = v + n;
+        neg_embeds = embeds + ni * L * Ct;
+        v_neg = v + ni * n;
     }
+    res->num_images = (int)ni;
     res->width = gp->width;
     res->height = gp->height;
     res->frames = gp->frames;
     res->channels = 3;
     res->latents_ndim = dit_gen_latents_shape(info, gp, res->latents_shape);
+    res->latents_shape[0] = ni;
     res->latent_tokens = nf * h * w;
     res->latent_dim = C;
 
@@ -192,24 +196,31 @@ static dit_status wan_pipe_generate(void *pv, const dit_pipeline_info *info,
     else if (cfg)
         DIT_CHECK(encode_prompt(p, gp->negative_prompt ? gp->negative_prompt : "", L, neg_embeds,
                                 res, diag));
+    /* prompt_embeds.repeat(1, n, 1): each side's entry 0 copied to 1 .. ni - 1. */
+    for (int64_t k = 1; k < ni; k++) {
+        memcpy(embeds + k * L * Ct, embeds, sizeof(float) * (size_t)(L * Ct));
+        if (cfg)
+            memcpy(neg_embeds + k * L * Ct, neg_embeds, sizeof(float) * (size_t)(L * Ct));
+    }
 
-    /* Initial latents: the caller's, or torch.randn((1, C, F', h, w)) from
-     * the seed. */
+    /* Initial latents: the caller's, or torch.randn((ni, C, F', h, w)) from
+     * the seed (one draw). */
     if (gp->latents) {
-        memcpy(res->initial_latents, gp->latents, sizeof(float) * (size_t)n);
+        memcpy(res->initial_latents, gp->latents, sizeof(float) * (size_t)(ni * n));
     } else {
         dit_mt19937 g;
         dit_mt19937_seed(&g, gp->seed);
-        dit_torch_randn(&g, res->initial_latents, (size_t)n);
+        dit_torch_randn(&g, res->initial_latents, (size_t)(ni * n));
     }
-    memcpy(res->latents, res->initial_latents, sizeof(float) * (size_t)n);
+    memcpy(res->latents, res->initial_latents, sizeof(float) * (size_t)(ni * n));
 
     DIT_CHECK(dit_scheduler_set_timesteps(p->sched, gp->steps, res->latent_tokens, diag));
-    float t[2] = {0.0f, 0.0f};
+    float t[2 * DIT_GEN_MAX_IMAGES] = {0};
     /* WanTransformer3DModel.forward's arguments, whole. */
     dit_named_tensors in = {0};
-    const int64_t sh_lat[5] = {1, C, nf, h, w}, sh_emb[3] = {1, L, Ct}, sh_one[1] = {1};
-    const int64_t sh_lat2[5] = {2, C, nf, h, w}, sh_emb2[3] = {2, L, Ct}, sh_two[1] = {2};
+    const int64_t sh_lat[5] = {ni, C, nf, h, w}, sh_emb[3] = {ni, L, Ct}, sh_one[1] = {ni};
+    const int64_t sh_lat2[5] = {2 * ni, C, nf, h, w}, sh_emb2[3] = {2 * ni, L, Ct};
+    const int64_t sh_two[1] = {2 * ni};
     const dit_tensor t_lat = dit_tensor_make(res->latents, DIT_F32, 5, sh_lat);
     const dit_tensor t_emb = dit_tensor_make(embeds, DIT_F32, 3, sh_emb);
     const dit_tensor t_nemb = dit_tensor_make(neg_embeds, DIT_F32, 3, sh_emb);
@@ -232,10 +243,12 @@ static dit_status wan_pipe_generate(void *pv, const dit_pipeline_info *info,
     for (int i = 0; i < gp->steps; i++) {
         const double t0 = now_ms();
         /* UniPC's int64 timestep, which the transformer takes unscaled. */
-        t[0] = t[1] = dit_scheduler_timestep(p->sched, i);
+        const float ts = dit_scheduler_timestep(p->sched, i);
+        for (int64_t k = 0; k < nb; k++)
+            t[k] = ts;
         if (cfg_batch) {
-            memcpy(lat_in, res->latents, sizeof(float) * (size_t)n);
-            memcpy(lat_in + n, res->latents, sizeof(float) * (size_t)n);
+            memcpy(lat_in, res->latents, sizeof(float) * (size_t)(ni * n));
+            memcpy(lat_in + ni * n, res->latents, sizeof(float) * (size_t)(ni * n));
             DIT_CHECK(den->forward(den->ctx, &in, &t_v2, diag));
         } else {
             DIT_CHECK(dit_named_tensors_set(&in, "encoder_hidden_states", &t_emb));
@@ -248,13 +261,13 @@ static dit_status wan_pipe_generate(void *pv, const dit_pipeline_info *info,
         if (cfg) {
             /* noise_uncond + guidance_scale * (noise_pred - noise_uncond),
              * rounded in diffusers' order. */
-            for (int64_t k = 0; k < n; k++) {
+            for (int64_t k = 0; k < ni * n; k++) {
                 const float diff = v[k] - v_neg[k];
                 const float scaled = gp->guidance_scale * diff;
                 v[k] = v_neg[k] + scaled;
             }
         }
-        dit_scheduler_step(p->sched, i, res->latents, v, (size_t)n);
+        dit_scheduler_step(p->sched, i, res->latents, v, (size_t)(ni * n));
         const double dt = now_ms() - t0;
         res->step_ms_min = dt < res->step_ms_min ? dt : res->step_ms_min;
         res->step_ms_max = dt > res->step_ms_max ? dt : res->step_ms_max;
@@ -277,17 +290,20 @@ static dit_status wan_pipe_generate(void *pv, const dit_pipeline_info *info,
             goto cleanup;
         }
         z = malloc(sizeof(float) * (size_t)n);
-        res->image = malloc(sizeof(float) * (size_t)(3 * F * H * W));
+        res->image = malloc(sizeof(float) * (size_t)(ni * 3 * F * H * W));
         if (!z || !res->image) {
             st = dit_diag_set(diag, DIT_ERR_NOMEM, "out of memory for the video");
             goto cleanup;
         }
-        memcpy(z, res->latents, sizeof(float) * (size_t)n);
-        dit_wan_vae_denormalize(p->vae, z, nf * h * w);
-        const int64_t vs[5] = {1, 3, F, H, W};
-        const dit_tensor zt = dit_tensor_make(z, DIT_F32, 5, sh_lat);
-        const dit_tensor vt = dit_tensor_make(res->image, DIT_F32, 5, vs);
-        DIT_CHECK(dit_wan_vae_decode(p->vae, &zt, &vt, diag));
+        /* One video at a time: the VAE's memory stays that of one. */
+        for (int64_t m = 0; m < ni; m++) {
+            memcpy(z, res->latents + m * n, sizeof(float) * (size_t)n);
+            dit_wan_vae_denormalize(p->vae, z, nf * h * w);
+            const int64_t vs[5] = {1, 3, F, H, W}, zs[5] = {1, C, nf, h, w};
+            const dit_tensor zt = dit_tensor_make(z, DIT_F32, 5, zs);
+            const dit_tensor vt = dit_tensor_make(res->image + m * 3 * F * H * W, DIT_F32, 5, vs);
+            DIT_CHECK(dit_wan_vae_decode(p->vae, &zt, &vt, diag));
+        }
         res->vae_ms = now_ms() - t0;
     }
 cleanup:

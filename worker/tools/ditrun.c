@@ -88,7 +88,7 @@ typedef struct raw_args {
     const char *model, *inputs, *output, *backend, *compare, *mesh_shm;
     const char *prompt, *prompt_2, *neg, *neg_2, *latents, *output_latents;
     long long threads, repeat, world, ring, ulysses, tp, comm_timeout, mesh_rank;
-    long long width, height, frames, fps, steps, max_seq;
+    long long width, height, frames, fps, steps, max_seq, num_images;
     double guidance, true_cfg;
     uint64_t seed;
     bool quiet, uany, rany, unany, nofp32, fuse_lora, cfg_two_pass;
@@ -315,7 +315,11 @@ static int set_true_cfg(void *target, const char *val, char *err, size_t cap)
         R_FLAG("cfg-two-pass", 0,                                                                  \
                "CFG as two transformer passes per step (conditional, unconditional) instead of "   \
                "one of batch 2",                                                                   \
-               cfg_two_pass)
+               cfg_two_pass),                                                                      \
+        R_INT("num-images", 0, "1", "N",                                                           \
+              "images (videos) from one batched generation, as diffusers' num_images_per_prompt; " \
+              "N > 1 writes FILE_0.png .. (safetensors: one stacked tensor)",                      \
+              num_images, 1, DIT_GEN_MAX_IMAGES)
 
 static const dit_option forward_opts[] = {
     COMMON_OPTS("a diffusers transformer folder: config.json and "
@@ -416,6 +420,7 @@ static int parse(ditrun_args *a, int argc, char **argv)
     a->gen.guidance_scale = (float)r.guidance;
     a->gen.true_cfg_scale = (float)r.true_cfg;
     a->gen.cfg_two_pass = r.cfg_two_pass;
+    a->gen.num_images = (int)r.num_images;
     a->gen.seed = r.seed;
     a->latents_path = r.latents;
     a->output_latents = r.output_latents;

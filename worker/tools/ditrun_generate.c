@@ -140,10 +140,16 @@ cleanup:
     return st;
 }
 
-/* Writes the result in the output's format; *bytes_out: the file's size. */
-static dit_status write_output(const char *path, const dit_gen_params *gp,
-                               const dit_gen_result *res, size_t *bytes_out, dit_diag *diag)
+/* Writes image m of the result in the output's format; *bytes_out: the
+ * file's size. */
+static dit_status write_image(const char *path, const dit_gen_params *gp, const dit_gen_result *res,
+                              int m, size_t *bytes_out, dit_diag *diag)
 {
+    dit_gen_result one = *res;
+    one.num_images = 1;
+    one.image =
+        res->image + (size_t)m * 3 * (size_t)res->frames * (size_t)res->height * (size_t)res->width;
+    res = &one;
     dit_status st = DIT_OK;
     uint8_t *bytes = NULL;
     size_t len = 0;
@@ -174,6 +180,50 @@ static dit_status write_output(const char *path, const dit_gen_params *gp,
     *bytes_out = len;
 cleanup:
     free(bytes);
+    return st;
+}
+
+/* FILE.ext -> FILE_m.ext (the extension from the last dot after the last
+ * slash). */
+static void indexed_path(const char *path, int m, char *out, size_t cap)
+{
+    const char *slash = strrchr(path, '/');
+    const char *dot = strrchr(path, '.');
+    if (!dot || (slash && dot < slash))
+        dot = path + strlen(path);
+    snprintf(out, cap, "%.*s_%d%s", (int)(dot - path), path, m, dot);
+}
+
+/* The result's images: one file as before for one image; for n, one stacked
+ * (n, 3, [F,] H, W) tensor in a .safetensors, else FILE_0.ext .. FILE_{n-1}.ext.
+ * *bytes_out: the bytes written in all. */
+static dit_status write_output(const char *path, const dit_gen_params *gp,
+                               const dit_gen_result *res, size_t *bytes_out, dit_diag *diag)
+{
+    dit_status st = DIT_OK;
+    const int n = res->num_images > 1 ? res->num_images : 1;
+    if (n == 1)
+        return write_image(path, gp, res, 0, bytes_out, diag);
+    *bytes_out = 0;
+    if (output_kind_of(path) == OUT_SAFETENSORS) {
+        const bool video = res->frames > 1 || gp->frames > 1;
+        const int64_t vs[5] = {n, 3, res->frames, res->height, res->width};
+        const int64_t is[4] = {n, 3, res->height, res->width};
+        const dit_tensor t = video ? dit_tensor_make(res->image, DIT_F32, 5, vs)
+                                   : dit_tensor_make(res->image, DIT_F32, 4, is);
+        dit_st_write_item item = {.name = video ? "video" : "image", .tensor = &t};
+        DIT_CHECK(dit_st_write(path, &item, 1, diag));
+        *bytes_out = dit_tensor_nbytes(&t);
+        return DIT_OK;
+    }
+    for (int m = 0; m < n; m++) {
+        char one[4096];
+        size_t len = 0;
+        indexed_path(path, m, one, sizeof one);
+        DIT_CHECK(write_image(one, gp, res, m, &len, diag));
+        *bytes_out += len;
+    }
+cleanup:
     return st;
 }
 
@@ -214,6 +264,7 @@ int ditrun_generate_rank(const ditrun_args *a, int rank)
         DIT_CHECK(dit_gen_check(info, &gp, &diag));
         int64_t shape[5];
         const int nd = dit_gen_latents_shape(info, &gp, shape);
+        shape[0] = dit_gen_num_images(&gp);
         DIT_CHECK(read_latents(a->latents_path, nd, shape, &latents, &diag));
         gp.latents = latents;
     }
@@ -258,7 +309,16 @@ int ditrun_generate_rank(const ditrun_args *a, int rank)
                "ms per step), VAE decode %.1f ms, writing %.1f ms\n",
                res.tokenize_ms, res.encode_ms, res.denoise_ms, res.step_ms_min, res.step_ms_max,
                res.vae_ms, t_out);
-        printf("wrote %s (%zu bytes)%s%s\n", a->output, out_len, a->output_latents ? " and " : "",
+        char what[4200];
+        if (res.num_images > 1 && output_kind_of(a->output) != OUT_SAFETENSORS) {
+            char first[2048], last[2048];
+            indexed_path(a->output, 0, first, sizeof first);
+            indexed_path(a->output, res.num_images - 1, last, sizeof last);
+            snprintf(what, sizeof what, "%d images, %s .. %s", res.num_images, first, last);
+        } else {
+            snprintf(what, sizeof what, "%s", a->output);
+        }
+        printf("wrote %s (%zu bytes)%s%s\n", what, out_len, a->output_latents ? " and " : "",
                a->output_latents ? a->output_latents : "");
     }
 cleanup:
