@@ -223,6 +223,74 @@ START_TEST(cfg_batch_matches_two_passes)
 }
 END_TEST
 
+/* num_videos_per_prompt = 2 on f1_cfg (CFG: batch 4): video 0 is diffusers'
+ * n = 1 result, video 1 a one-video run from the next stretch of the seed's
+ * stream. */
+START_TEST(num_videos_two)
+{
+    const wan_case *w = NULL;
+    for (int i = 0; i < n_cases; i++)
+        if (strcmp(cases[i].name, "f1_cfg") == 0)
+            w = &cases[i];
+    ck_assert_ptr_nonnull(w);
+    dit_diag diag;
+    dit_diag_clear(&diag);
+    dit_backend *be = NULL;
+    dit_backend_config bc = {.kind = DIT_BACKEND_CPU, .n_threads = 2};
+    ck_assert_int_eq(dit_backend_create(&bc, &be, NULL), DIT_OK);
+    dit_pipeline *p = NULL;
+    ck_assert_msg(dit_pipeline_load(be, data_dir, NULL, true, &p, &diag) == DIT_OK, "%s",
+                  dit_diag_msg(&diag));
+    dit_runner *runner = NULL;
+    ck_assert_int_eq(dit_runner_create(be, dit_pipeline_transformer(p), NULL, &runner, NULL),
+                     DIT_OK);
+    const dit_denoiser den = dit_runner_denoiser(runner);
+    dit_gen_params gp = params_of(w);
+    gp.num_images = 2;
+    dit_gen_result two, one;
+    ck_assert_msg(dit_pipeline_generate(p, &den, &gp, true, NULL, NULL, &two, &diag) == DIT_OK,
+                  "%s", dit_diag_msg(&diag));
+    ck_assert_int_eq(two.num_images, 2);
+    const int64_t N = two.latent_tokens * two.latent_dim;
+    const int64_t V = 3 * (int64_t)two.frames * two.height * two.width;
+    float *noise = malloc(sizeof(float) * (size_t)(2 * N));
+    ck_assert_ptr_nonnull(noise);
+    dit_mt19937 g;
+    dit_mt19937_seed(&g, (uint64_t)w->seed);
+    dit_torch_randn(&g, noise, (size_t)(2 * N));
+    ck_assert_int_eq(memcmp(noise, two.initial_latents, sizeof(float) * (size_t)(2 * N)), 0);
+    dit_st_file *ref = NULL;
+    ck_assert_int_eq(dit_st_file_open(ref_path, &ref, NULL), DIT_OK);
+    const test_err el = compare_to(two.latents, ref, w->name, "latents");
+    const test_err ev = compare_to(two.image, ref, w->name, "video");
+    gp.num_images = 1;
+    gp.latents = two.initial_latents + N;
+    ck_assert_msg(dit_pipeline_generate(p, &den, &gp, true, NULL, NULL, &one, &diag) == DIT_OK,
+                  "%s", dit_diag_msg(&diag));
+    const int64_t sh[1] = {N}, shv[1] = {V};
+    const dit_tensor a = dit_tensor_make(two.latents + N, DIT_F32, 1, sh);
+    const dit_tensor b = dit_tensor_make(one.latents, DIT_F32, 1, sh);
+    const dit_tensor av = dit_tensor_make(two.image + V, DIT_F32, 1, shv);
+    const dit_tensor bv = dit_tensor_make(one.image, DIT_F32, 1, shv);
+    const test_err e1 = test_compare_views(&a, &b), e2 = test_compare_views(&av, &bv);
+    printf("%s, num_videos 2: video 0 vs diffusers n=1: latents rel %.2g, video rel %.2g; video 1 "
+           "vs alone from its noise: latents rel %.2g, video rel %.2g\n",
+           w->name, el.rel, ev.rel, e1.rel, e2.rel);
+    fflush(stdout);
+    ck_assert_msg(el.rel <= LATENT_TOL, "rel %.3g", el.rel);
+    ck_assert_msg(ev.rel <= VIDEO_TOL, "rel %.3g", ev.rel);
+    ck_assert_msg(e1.rel <= 1e-5, "rel %.3g", e1.rel);
+    ck_assert_msg(e2.rel <= 1e-5, "rel %.3g", e2.rel);
+    free(noise);
+    dit_st_file_close(ref);
+    dit_gen_result_free(&one);
+    dit_gen_result_free(&two);
+    dit_runner_destroy(runner);
+    dit_pipeline_free(p);
+    dit_backend_destroy(be);
+}
+END_TEST
+
 /* A host f32 copy of reference.safetensors' tensor `key`. */
 static float *read_tensor(dit_st_file *f, const char *key, dit_tensor *shape)
 {
@@ -514,6 +582,7 @@ static Suite *wan_pipeline_suite(void)
     tcase_add_loop_test(tc, pipeline_matches_diffusers, 0, n_cases);
     tcase_add_loop_test(tc, decode_of_final_latents_matches_diffusers, 0, n_cases);
     tcase_add_test(tc, cfg_batch_matches_two_passes);
+    tcase_add_test(tc, num_videos_two);
     tcase_add_test(tc, ditrun_generate_video_on_meshes);
     tcase_add_test(tc, ditrun_generate_takes_initial_latents);
     tcase_add_test(tc, ditrun_generate_refuses_what_wan_cannot_make);
