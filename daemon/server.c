@@ -449,8 +449,9 @@ static bool size_ok(dit_server *s, const Ditserve__V1__GenerateRequest *r, reply
                       "per video (its --max-video-pixels)",
                       (long long)f, (long long)w, (long long)h, (long long)(w * h * f),
                       (long long)s->cfg->max_video_pixels);
-    /* A raw result travels from the worker in one message. */
-    const int64_t raw = 12 * w * h * f;
+    /* A raw result travels from the worker in one message, every image. */
+    const int64_t n = r->num_images > 1 ? r->num_images : 1;
+    const int64_t raw = 12 * w * h * f * n;
     if (dit_request_output_format(r, &s->info) ==
             DITSERVE__V1__OUTPUT_FORMAT__OUTPUT_FORMAT_RAW_TENSOR &&
         raw > (int64_t)DIT_IPC_MAX_RESULT)
@@ -826,15 +827,28 @@ static void on_progress(void *ctx, uint64_t job_id, int step, int total, double 
 static void send_result(dit_server *s, job *j, const Ditserve__Ipc__JobDone *d)
 {
     const size_t chunk = (size_t)s->cfg->chunk_bytes;
-    for (size_t off = 0; off < d->image.len; off += chunk) {
-        Ditserve__V1__ResultChunk rc = DITSERVE__V1__RESULT_CHUNK__INIT;
-        rc.offset = (int64_t)off;
-        rc.data.data = d->image.data + off;
-        rc.data.len = d->image.len - off < chunk ? d->image.len - off : chunk;
-        Ditserve__V1__GenerateEvent ev = DITSERVE__V1__GENERATE_EVENT__INIT;
-        ev.event_case = DITSERVE__V1__GENERATE_EVENT__EVENT_CHUNK;
-        ev.chunk = &rc;
-        send_event(j, &ev);
+    /* Each image's chunks in turn, offsets within the image. A worker that
+     * gives no sizes sent one image. */
+    int64_t one = (int64_t)d->image.len;
+    const int64_t *sizes = d->n_image_bytes ? d->image_bytes : &one;
+    const size_t n_images = d->n_image_bytes ? d->n_image_bytes : 1;
+    size_t base = 0;
+    for (size_t m = 0; m < n_images; m++) {
+        const size_t len = (size_t)sizes[m];
+        if (base + len > d->image.len)
+            break; /* not from a worker of this build */
+        for (size_t off = 0; off < len; off += chunk) {
+            Ditserve__V1__ResultChunk rc = DITSERVE__V1__RESULT_CHUNK__INIT;
+            rc.offset = (int64_t)off;
+            rc.image_index = (int32_t)m;
+            rc.data.data = d->image.data + base + off;
+            rc.data.len = len - off < chunk ? len - off : chunk;
+            Ditserve__V1__GenerateEvent ev = DITSERVE__V1__GENERATE_EVENT__INIT;
+            ev.event_case = DITSERVE__V1__GENERATE_EVENT__EVENT_CHUNK;
+            ev.chunk = &rc;
+            send_event(j, &ev);
+        }
+        base += len;
     }
     Ditserve__V1__Result res = DITSERVE__V1__RESULT__INIT;
     Ditserve__V1__Timings tm = DITSERVE__V1__TIMINGS__INIT;
@@ -851,6 +865,8 @@ static void send_result(dit_server *s, job *j, const Ditserve__Ipc__JobDone *d)
     res.num_frames = d->num_frames > 0 ? d->num_frames : 1;
     res.fps = d->fps;
     res.total_bytes = (int64_t)d->image.len;
+    res.n_image_bytes = n_images;
+    res.image_bytes = (int64_t *)sizes;
     res.prompt_truncated = d->prompt_truncated;
     res.timings = &tm;
     char *warnings[1] = {j->warning};

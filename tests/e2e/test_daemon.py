@@ -168,6 +168,50 @@ def generate():
 
 
 @case
+def num_images():
+    """num_images 2 over a 2-rank ring mesh: each image its own chunks
+    (image_index, offsets within the image), Result.image_bytes, both PNGs
+    equal to ditrun generate --num-images 2's; 9 is refused."""
+    d = Daemon("--ring", "2", "--chunk-bytes", "1024", world=2)
+    try:
+        api = d.api
+        call = api.generate(d.channel)(api.request(seed=7, num_images=2, **SMALL), timeout=120)
+        images, res = {}, None
+        for ev in call:
+            kind = ev.WhichOneof("event")
+            if kind == "chunk":
+                buf = images.setdefault(ev.chunk.image_index, b"")
+                assert ev.chunk.offset == len(buf), "chunks out of order"
+                assert ev.chunk.image_index == max(images), "images out of order"
+                images[ev.chunk.image_index] = buf + ev.chunk.data
+            elif kind == "result":
+                res = ev.result
+        assert sorted(images) == [0, 1], sorted(images)
+        assert list(res.image_bytes) == [len(images[0]), len(images[1])], res
+        assert res.total_bytes == len(images[0]) + len(images[1]) and res.seed == 7, res
+        assert all(images[k].startswith(PNG_MAGIC) for k in images)
+        assert images[0] != images[1], "the two images are the same"
+        with tempfile.TemporaryDirectory() as tmp:
+            out = os.path.join(tmp, "n.png")
+            subprocess.run([env_path("DITRUN"), "generate", "--model", DEMO, "--prompt",
+                            SMALL["prompt"], "--width", "64", "--height", "64", "--steps", "4",
+                            "--seed", "7", "--num-images", "2", "--output", out],
+                           check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            for k in range(2):
+                with open(os.path.join(tmp, f"n_{k}.png"), "rb") as f:
+                    assert images[k] == f.read(), f"image {k} differs from ditrun's"
+        # One image: one entry, image_index 0 (old clients see no change).
+        kinds, png, res = d.generate(seed=7, **SMALL)
+        assert list(res.image_bytes) == [len(png)] and res.total_bytes == len(png), res
+        expect_error(lambda: list(api.generate(d.channel)(
+            api.request(seed=7, num_images=9, **SMALL), timeout=60)),
+            "INVALID_ARGUMENT", "num_images 9 must be between 1 and 8")
+        d.stop()
+    finally:
+        d.close()
+
+
+@case
 def health_reflection():
     """Health Check/Watch through a --warmup start, server reflection
     (v1 and v1alpha) from the embedded descriptors, unknown methods."""

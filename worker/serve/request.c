@@ -216,6 +216,7 @@ static void fill_params(const Ditserve__V1__GenerateRequest *req, const dit_pipe
     gp->true_cfg_scale = req->true_cfg_scale ? req->true_cfg_scale->value : 1.0f;
     gp->seed = req->seed ? req->seed->value : 0;
     gp->max_sequence_length = req->max_sequence_length;
+    gp->num_images = req->num_images;
     if (req->prompt_embeds) {
         gp->prompt_embeds = (const float *)req->prompt_embeds->data.data;
         gp->prompt_embeds_len = req->prompt_embeds->n_shape == 3 ? req->prompt_embeds->shape[1] : 0;
@@ -324,6 +325,7 @@ dit_status dit_request_validate(const Ditserve__V1__GenerateRequest *req,
     if (req->latents) {
         int64_t s[5];
         const int nd = dit_gen_latents_shape(info, &gp, s);
+        s[0] = dit_gen_num_images(&gp);
         if ((st = check_tensor("latents", req->latents, nd, s, 0, diag)) != DIT_OK)
             return st;
     }

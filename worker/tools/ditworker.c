@@ -258,11 +258,15 @@ static bool mesh_fatal(dit_status st)
     return st == DIT_ERR_PEER || st == DIT_ERR_TIMEOUT || st == DIT_ERR_DEVICE;
 }
 
-/* The result's bytes in the request's format: PNG, MP4 or the raw f32
+/* Image m of the result in the request's format: PNG, MP4 or the raw f32
  * values (channels, frames, height, width) as the VAE decoded them. */
-static dit_status encode_result(const dit_gen_result *res, const dit_request *rq, uint8_t **bytes,
-                                size_t *nbytes, dit_diag *diag)
+static dit_status encode_image(const dit_gen_result *whole, int m, const dit_request *rq,
+                               uint8_t **bytes, size_t *nbytes, dit_diag *diag)
 {
+    dit_gen_result one = *whole;
+    const dit_gen_result *res = &one;
+    one.image = whole->image + (size_t)m * 3 * (size_t)whole->frames * (size_t)whole->width *
+                                   (size_t)whole->height;
     const size_t n = (size_t)3 * (size_t)res->frames * (size_t)res->width * (size_t)res->height;
     switch (rq->output_format) {
     case DITSERVE__V1__OUTPUT_FORMAT__OUTPUT_FORMAT_RAW_TENSOR:
@@ -284,6 +288,52 @@ static dit_status encode_result(const dit_gen_result *res, const dit_request *rq
     default:
         return dit_png_encode_rgb(res->image, res->height, res->width, bytes, nbytes, diag);
     }
+}
+
+/* Every image's bytes, one after another, and each one's size. */
+static dit_status encode_result(const dit_gen_result *res, const dit_request *rq, uint8_t **bytes,
+                                size_t *nbytes, int64_t *image_bytes, dit_diag *diag)
+{
+    dit_status st = DIT_OK;
+    const int n = res->num_images > 1 ? res->num_images : 1;
+    uint8_t *all = NULL, *one = NULL;
+    size_t len = 0;
+    *bytes = NULL;
+    *nbytes = 0;
+    for (int m = 0; m < n; m++) {
+        size_t k = 0;
+        DIT_CHECK(encode_image(res, m, rq, &one, &k, diag));
+        if (n == 1) {
+            *bytes = one;
+            *nbytes = k;
+            image_bytes[0] = (int64_t)k;
+            return DIT_OK;
+        }
+        if (len + k > DIT_IPC_MAX_RESULT) {
+            st = dit_diag_set(diag, DIT_ERR_INVALID_ARG,
+                              "the %d results would be over %zu bytes, past what a worker sends", n,
+                              (size_t)DIT_IPC_MAX_RESULT);
+            goto cleanup;
+        }
+        uint8_t *grown = realloc(all, len + k);
+        if (!grown) {
+            st = dit_diag_set(diag, DIT_ERR_NOMEM, "out of memory for the result");
+            goto cleanup;
+        }
+        all = grown;
+        memcpy(all + len, one, k);
+        len += k;
+        image_bytes[m] = (int64_t)k;
+        free(one);
+        one = NULL;
+    }
+    *bytes = all;
+    *nbytes = len;
+    all = NULL;
+cleanup:
+    free(one);
+    free(all);
+    return st;
 }
 
 static void lora_cache_free(lora_cache *c)
@@ -459,6 +509,7 @@ static int run_job(worker *w, const Ditserve__Ipc__Job *job)
     w->job_id = job->job_id;
     w->cancel_seen = false;
     double t_encode = 0;
+    int64_t image_bytes[DIT_GEN_MAX_IMAGES] = {0};
     bool attached = false;
     memset(&rq, 0, sizeof rq);
     dit_status st = job->lora_only ? lora_only_job(w, job, &diag)
@@ -474,7 +525,7 @@ static int run_job(worker *w, const Ditserve__Ipc__Job *job)
         dit_lora_detach(lora_sites(w));
     if (st == DIT_OK && w->rank == 0 && !job->warmup) {
         double t0 = now_ms();
-        st = encode_result(&res, &rq, &bytes, &nbytes, &diag);
+        st = encode_result(&res, &rq, &bytes, &nbytes, image_bytes, &diag);
         t_encode = now_ms() - t0;
     }
 report:;
@@ -487,7 +538,8 @@ report:;
     done.rank = w->rank;
     done.status = (int32_t)st;
     done.message = st == DIT_OK ? "" : (char *)dit_diag_msg(&diag);
-    /* Raw tensors: (3, H, W) for an image, (3, F, H, W) for a video. */
+    /* Raw tensors: (3, H, W) for an image, (3, F, H, W) for a video, each
+     * image its own tensor of that shape. */
     const bool video = dit_pipeline_get_info(w->pipe)->frame_step > 0;
     int64_t shape[4] = {3, res.height, res.width, 0};
     if (video) {
@@ -495,9 +547,14 @@ report:;
         shape[2] = res.height;
         shape[3] = res.width;
     }
+    const int n_images = res.num_images > 1 ? res.num_images : 1;
     if (st == DIT_OK) {
         done.image.data = bytes;
         done.image.len = nbytes;
+        if (!job->warmup && w->rank == 0) {
+            done.n_image_bytes = (size_t)n_images;
+            done.image_bytes = image_bytes;
+        }
         done.width = res.width;
         done.height = res.height;
         done.num_frames = res.frames;
