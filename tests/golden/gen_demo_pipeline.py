@@ -19,12 +19,20 @@ case, tests/data/pipeline_golden/<case>/:
 A second pipeline without guidance embeddings is saved next to the cases
 (tests/data/pipeline_golden/noguidance_pipeline/).
 
-Run: python3 tests/golden/gen_demo_pipeline.py   (torch, diffusers, transformers)
+With --num-images it only loads the saved demo pipeline (weights unchanged)
+and writes num_images_per_prompt = 2 references to
+tests/data/pipeline_golden_n2/<case>/ (reference.safetensors with
+initial_latents (2, tokens, dim), final_latents (2, tokens, dim), image
+(2, 3, H, W); params.json with "num_images": 2).
+
+Run: python3 tests/golden/gen_demo_pipeline.py [--num-images]
+     (torch, diffusers, transformers)
 """
 import json
 import math
 import pathlib
 import shutil
+import sys
 
 import torch
 from diffusers import (AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline,
@@ -142,7 +150,54 @@ def run_case(pipe, case, out):
     return float(final.abs().max()), float(image.abs().max())
 
 
+N2_CASES = [c for c in CASES if c["name"] in ("square_2steps", "true_cfg")]
+GOLDEN_N2 = ROOT / "pipeline_golden_n2"
+
+
+def run_case_n2(pipe, case, out, n=2):
+    """num_images_per_prompt = n: one randn((n, C, h, w)) from the seed."""
+    out.mkdir(parents=True, exist_ok=True)
+    kw = dict(prompt=case["prompt"], width=case["width"], height=case["height"],
+              num_inference_steps=case["steps"], guidance_scale=case["guidance_scale"],
+              max_sequence_length=case.get("max_sequence_length", 512),
+              num_images_per_prompt=n)
+    if "negative_prompt" in case:
+        kw.update(negative_prompt=case["negative_prompt"], true_cfg_scale=case["true_cfg_scale"])
+    g = torch.Generator("cpu").manual_seed(case["seed"])
+    c = pipe.transformer.config.in_channels // 4
+    h = 2 * (case["height"] // (pipe.vae_scale_factor * 2))
+    w = 2 * (case["width"] // (pipe.vae_scale_factor * 2))
+    noise = torch.randn((n, c, h, w), generator=g, dtype=torch.float32)
+    init = FluxPipeline._pack_latents(noise, n, c, h, w)
+    with torch.no_grad():
+        final = pipe(**kw, generator=torch.Generator("cpu").manual_seed(case["seed"]),
+                     output_type="latent").images
+        lat = FluxPipeline._unpack_latents(final, case["height"], case["width"],
+                                           pipe.vae_scale_factor)
+        lat = lat / pipe.vae.config.scaling_factor + pipe.vae.config.shift_factor
+        image = pipe.vae.decode(lat, return_dict=False)[0]
+        again = pipe(**kw, latents=init.clone(), output_type="latent").images
+        assert torch.equal(again, final), "latents= and generator= runs differ"
+    assert final.shape[0] == n and image.shape[0] == n
+    save_file({"initial_latents": init.contiguous(), "final_latents": final.contiguous(),
+               "image": image.contiguous()}, str(out / "reference.safetensors"))
+    params = {k: v for k, v in case.items() if k not in ("name", "pipeline")}
+    params["num_images"] = n
+    (out / "params.json").write_text(json.dumps(params, indent=1))
+    return float(final.abs().max()), float(image.abs().max())
+
+
+def main_num_images():
+    torch.set_num_threads(1)
+    pipe = FluxPipeline.from_pretrained(DEMO)
+    for case in N2_CASES:
+        mx_lat, mx_img = run_case_n2(pipe, case, GOLDEN_N2 / case["name"])
+        print(f"{case['name']:24s} n=2 max|latents| {mx_lat:.3f} max|image| {mx_img:.3f}")
+
+
 def main():
+    if "--num-images" in sys.argv[1:]:
+        return main_num_images()
     torch.set_num_threads(1)  # deterministic reductions
     demo = build_pipeline(seed=4242)
     if DEMO.exists():
