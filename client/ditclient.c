@@ -700,15 +700,28 @@ void dit_gen_output_free(dit_gen_output *o)
 typedef struct assembly {
     uint8_t *data;
     size_t size, cap;
+    int image;          /* the image_index being received */
+    size_t image_start; /* where its bytes begin in data */
 } assembly;
 
-/* Appends one chunk. Chunks must arrive in order and without gaps: the
- * daemon sends them that way, and anything else means lost bytes. */
+/* Appends one chunk. Chunks must arrive in order and without gaps, image
+ * after image (offsets within each image): the daemon sends them that way,
+ * and anything else means lost bytes. The images' bytes are kept one after
+ * another; Result.image_bytes splits them. */
 static bool assemble(rpc *r, assembly *a, const Ditserve__V1__ResultChunk *ch)
 {
-    if (ch->offset < 0 || (uint64_t)ch->offset != a->size) {
+    if (ch->image_index == a->image + 1 && ch->offset == 0) {
+        a->image++;
+        a->image_start = a->size;
+    }
+    if (ch->image_index != a->image) {
+        rpc_fail(r, DIT_RPC_DATA_LOSS, "client: result chunk of image %d, expected image %d",
+                 (int)ch->image_index, a->image);
+        return false;
+    }
+    if (ch->offset < 0 || (uint64_t)ch->offset != a->size - a->image_start) {
         rpc_fail(r, DIT_RPC_DATA_LOSS, "client: result chunk at offset %lld, expected %zu",
-                 (long long)ch->offset, a->size);
+                 (long long)ch->offset, a->size - a->image_start);
         return false;
     }
     size_t n = ch->data.len;

@@ -393,6 +393,11 @@ static int set_fps(void *t, const char *v, char *err, size_t cap)
     return request_int(v, 1, &REQ(t)->req.fps, err, cap);
 }
 
+static int set_num_images(void *t, const char *v, char *err, size_t cap)
+{
+    return request_int(v, 1, &REQ(t)->req.num_images, err, cap);
+}
+
 static int set_max_seq(void *t, const char *v, char *err, size_t cap)
 {
     return request_int(v, 1, &REQ(t)->req.max_sequence_length, err, cap);
@@ -507,6 +512,10 @@ static const dit_option request_opts[] = {
     CUSTOM("fps", 0, "N", "video frames per second, 1 to 240 (default: the model's)", NULL,
            set_fps),
     CUSTOM("steps", 0, "N", "denoising steps, 1 to 1000 (default: the model's)", NULL, set_steps),
+    CUSTOM("num-images", 0, "N",
+           "images (videos) from one batched generation, 1 to 8 (num_images_per_prompt); N > 1 "
+           "writes FILE_0.ext .. FILE_{N-1}.ext",
+           NULL, set_num_images),
     CUSTOM("guidance", 0, "G",
            "FLUX: distilled guidance; Wan: classifier-free guidance above 1 (default: the "
            "model's)",

@@ -245,23 +245,50 @@ int ctl_generate(int argc, char **argv, ctl_common *common)
         rc = CTL_EXIT_FAIL;
         goto cleanup;
     }
-    size_t written;
-    if ((got_raw ? ctl_write_raw(a.output, res, out.request_id, out.data, out.size, &written, err,
-                                 sizeof err)
-                 : ctl_write_file(a.output, out.data, out.size, err, sizeof err)) != 0) {
-        fprintf(stderr, "ditctl: %s\n", err);
-        rc = CTL_EXIT_FAIL;
-        goto cleanup;
+    /* One file per image: FILE.ext for one, FILE_k.ext for several. */
+    size_t written = 0, base = 0;
+    const size_t n_images = res->n_image_bytes > 1 ? res->n_image_bytes : 1;
+    char path[4096], first[4096] = "";
+    for (size_t m = 0; m < n_images; m++) {
+        const size_t len = res->n_image_bytes > 1 ? (size_t)res->image_bytes[m] : out.size;
+        size_t w = len;
+        if (base + len > out.size) {
+            fprintf(stderr, "ditctl: the Result's image sizes exceed the %zu bytes received\n",
+                    out.size);
+            rc = CTL_EXIT_FAIL;
+            goto cleanup;
+        }
+        if (n_images == 1) {
+            snprintf(path, sizeof path, "%s", a.output);
+        } else {
+            const char *slash = strrchr(a.output, '/'), *dot = strrchr(a.output, '.');
+            if (!dot || (slash && dot < slash))
+                dot = a.output + strlen(a.output);
+            snprintf(path, sizeof path, "%.*s_%zu%s", (int)(dot - a.output), a.output, m, dot);
+        }
+        if ((got_raw ? ctl_write_raw(path, res, out.request_id, out.data + base, len, &w, err,
+                                     sizeof err)
+                     : ctl_write_file(path, out.data + base, len, err, sizeof err)) != 0) {
+            fprintf(stderr, "ditctl: %s\n", err);
+            rc = CTL_EXIT_FAIL;
+            goto cleanup;
+        }
+        written += w;
+        base += len;
+        if (m == 0)
+            snprintf(first, sizeof first, "%s", path);
     }
-    if (!got_raw)
-        written = out.size;
     if (!a.quiet) {
         const bool video = res->num_frames > 1 || got_mp4;
-        printf("wrote %s (%zu bytes, %s)\n", a.output, written,
-               got_raw   ? (res->n_shape == 4 ? "safetensors, tensor 'video'"
-                                              : "safetensors, tensor 'image'")
-               : got_mp4 ? "MP4"
-                         : "PNG");
+        const char *kind = got_raw   ? (res->n_shape == 4 ? "safetensors, tensor 'video'"
+                                                          : "safetensors, tensor 'image'")
+                           : got_mp4 ? "MP4"
+                                     : "PNG";
+        if (n_images > 1)
+            printf("wrote %zu images, %s .. %s (%zu bytes, %s)\n", n_images, first, path, written,
+                   kind);
+        else
+            printf("wrote %s (%zu bytes, %s)\n", a.output, written, kind);
         printf("request: %s\n", out.request_id ? out.request_id : "");
         printf("seed: %llu\n", (unsigned long long)res->seed);
         if (video)

@@ -200,6 +200,17 @@ def num_images():
             for k in range(2):
                 with open(os.path.join(tmp, f"n_{k}.png"), "rb") as f:
                     assert images[k] == f.read(), f"image {k} differs from ditrun's"
+            # ditctl generate --num-images 2: the same two files.
+            out = os.path.join(tmp, "c.png")
+            p = subprocess.run([env_path("DITCTL"), "--target", d.target, "generate", "--prompt",
+                                SMALL["prompt"], "--width", "64", "--height", "64", "--steps",
+                                "4", "--seed", "7", "--num-images", "2", "-o", out],
+                               capture_output=True, text=True, timeout=120)
+            assert p.returncode == 0, f"{p.returncode}\n{p.stdout}\n{p.stderr}"
+            assert "wrote 2 images, " in p.stdout, p.stdout
+            for k in range(2):
+                with open(os.path.join(tmp, f"c_{k}.png"), "rb") as f:
+                    assert images[k] == f.read(), f"ditctl's image {k} differs"
         # One image: one entry, image_index 0 (old clients see no change).
         kinds, png, res = d.generate(seed=7, **SMALL)
         assert list(res.image_bytes) == [len(png)] and res.total_bytes == len(png), res
