@@ -301,8 +301,8 @@ END_TEST
 
 /* True CFG as one batch-2 forward per step (the default) against two
  * forwards (cond, then uncond): the same latents to float rounding, not bit
- * for bit (the batch-2 forward's GEMMs and attention have other shapes, and
- * the kernels' blocking and thread split follow the shape). */
+ * for bit (the batch-2 forward's GEMMs have twice the rows, and the kernels
+ * pick blocking and thread split by shape). */
 #define CFG_BATCH_TOL 1e-5
 
 START_TEST(true_cfg_batch_matches_two_passes)
