@@ -436,6 +436,64 @@ END_TEST
 
 /* The batch-2 forward on meshes: each layout splits both entries' sequences
  * the same way. Against diffusers' true_cfg reference. */
+/* num_images_per_prompt = 2 against diffusers' own run of it
+ * (tests/data/pipeline_golden_n2, gen_demo_pipeline.py --num-images): one
+ * randn((2, ...)) from the seed, both images' latents and pixels. */
+START_TEST(num_images_two_matches_diffusers)
+{
+    static const char *const names[2] = {"square_2steps", "true_cfg"};
+    char dir[1200];
+    snprintf(dir, sizeof dir, "%s/tests/data/pipeline_golden_n2/%s", test_env("DIT_SOURCE_ROOT"),
+             names[_i]);
+    case_params cp;
+    load_params(dir, &cp);
+    cp.gp.num_images = 2;
+    snprintf(cp.pipeline, sizeof cp.pipeline, "%s/tests/data/demo", test_env("DIT_SOURCE_ROOT"));
+    dit_diag diag;
+    dit_diag_clear(&diag);
+    dit_backend *be;
+    dit_backend_config bc = {.kind = DIT_BACKEND_CPU, .n_threads = 2};
+    ck_assert_int_eq(dit_backend_create(&bc, &be, NULL), DIT_OK);
+    dit_pipeline *p = NULL;
+    ck_assert_msg(dit_pipeline_load(be, cp.pipeline, NULL, true, &p, &diag) == DIT_OK, "%s",
+                  diag.msg);
+    dit_runner *runner = NULL;
+    ck_assert_int_eq(dit_runner_create(be, dit_pipeline_transformer(p), NULL, &runner, NULL),
+                     DIT_OK);
+    dit_gen_result res;
+    const dit_denoiser den = dit_runner_denoiser(runner);
+    ck_assert_msg(dit_pipeline_generate(p, &den, &cp.gp, true, NULL, NULL, &res, &diag) == DIT_OK,
+                  "%s: %s", names[_i], diag.msg);
+    ck_assert_int_eq(res.num_images, 2);
+    char path[1300];
+    snprintf(path, sizeof path, "%s/reference.safetensors", dir);
+    dit_st_file *ref = NULL;
+    ck_assert_int_eq(dit_st_file_open(path, &ref, NULL), DIT_OK);
+    const dit_st_entry *init = dit_st_file_find(ref, "initial_latents");
+    const dit_st_entry *fin = dit_st_file_find(ref, "final_latents");
+    const dit_st_entry *img = dit_st_file_find(ref, "image");
+    ck_assert(init && fin && img);
+    ck_assert_int_eq(init->view.ne[0], 2);
+    test_err e0 = compare_floats(res.initial_latents, init);
+    test_err e1 = compare_floats(res.latents, fin);
+    test_err e2 = compare_floats(res.image, img);
+    printf("%-24s num_images 2 vs diffusers' num_images_per_prompt 2: initial latents %s, final "
+           "latents rel %.2g, images rel %.2g\n",
+           names[_i], e0.max_abs == 0 ? "bit-exact" : "DIFFER", e1.rel, e2.rel);
+    fflush(stdout);
+    ck_assert_msg(e0.max_abs == 0, "%s: noise differs from torch's (%.3g)", names[_i], e0.max_abs);
+    ck_assert_msg(e1.rel <= LATENT_TOL, "%s: final latents rel error %.3g", names[_i], e1.rel);
+    ck_assert_msg(e2.rel <= IMAGE_TOL, "%s: image rel error %.3g", names[_i], e2.rel);
+    dit_st_file_close(ref);
+    dit_gen_result_free(&res);
+    dit_runner_destroy(runner);
+    dit_pipeline_free(p);
+    dit_backend_destroy(be);
+    free(cp.prompt);
+    free(cp.negative);
+}
+END_TEST
+
 START_TEST(ditrun_true_cfg_on_meshes)
 {
     char out[16384], png[128], lat[128], demo[1100], ref[1200];
@@ -578,6 +636,7 @@ int main(void)
     tcase_add_loop_test(tc, pipeline_matches_diffusers, 0, n_cases);
     tcase_add_test(tc, true_cfg_batch_matches_two_passes);
     tcase_add_loop_test(tc, num_images_two, 0, 2);
+    tcase_add_loop_test(tc, num_images_two_matches_diffusers, 0, 2);
     suite_add_tcase(s, tc);
     TCase *cli = tcase_create("cli");
     tcase_set_timeout(cli, 300);
