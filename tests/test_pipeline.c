@@ -417,6 +417,7 @@ START_TEST(num_images_two)
     ck_assert_msg(e5.rel > 1e-2, "the two images are the same (rel %.3g)", e5.rel);
 
     /* Out of range. */
+    dit_gen_result_free(&one);
     cp.gp.latents = NULL;
     cp.gp.num_images = DIT_GEN_MAX_IMAGES + 1;
     ck_assert_int_eq(dit_pipeline_generate(p, &den, &cp.gp, false, NULL, NULL, &one, &diag),

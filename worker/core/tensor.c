@@ -48,7 +48,10 @@ dit_tensor dit_tensor_make(void *data, dit_dtype dt, int ndim, const int64_t *sh
     for (int i = ndim - 1; i >= 0; i--) {
         t.ne[i] = shape[i];
         t.nb[i] = stride;
-        stride *= shape[i];
+        /* A shape too large for memory (which callers check for with
+         * dit_tensor_numel) must not overflow here: saturate. */
+        if (__builtin_mul_overflow(stride, shape[i], &stride))
+            stride = INT64_MAX;
     }
     return t;
 }
