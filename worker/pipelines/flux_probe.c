@@ -284,6 +284,12 @@ static bool flux_warning(const dit_pipeline_info *info, const dit_gen_params *gp
     return dit_gen_true_cfg_warning(gp, names->negative_prompt, names->true_cfg_scale, buf, cap);
 }
 
+static bool flux_cfg(const dit_pipeline_info *info, const dit_gen_params *gp)
+{
+    (void)info;
+    return dit_gen_true_cfg(gp);
+}
+
 const dit_pipeline_probe_class dit_probe_flux_pipeline = {
     .diffusers_class = "FluxPipeline",
     .probe = flux_probe,
@@ -292,4 +298,5 @@ const dit_pipeline_probe_class dit_probe_flux_pipeline = {
     .mesh_advice = flux_mesh_advice,
     .latents_shape = flux_latents_shape,
     .warning = flux_warning,
+    .cfg = flux_cfg,
 };

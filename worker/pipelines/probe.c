@@ -188,6 +188,36 @@ bool dit_gen_warning(const dit_pipeline_info *info, const dit_gen_params *gp,
     return c && c->warning && c->warning(info, gp, names, buf, cap);
 }
 
+bool dit_gen_cfg(const dit_pipeline_info *info, const dit_gen_params *gp)
+{
+    const dit_pipeline_probe_class *c = dit_pipeline_probe_class_of(info);
+    return c && c->cfg && c->cfg(info, gp);
+}
+
+/* The text length a request's conditional (neg false) or unconditional
+ * entries have: the embeddings' own, else max_sequence_length. */
+static int64_t text_len(const dit_gen_params *gp, bool neg)
+{
+    if (neg ? gp->negative_prompt_embeds : gp->prompt_embeds)
+        return neg ? gp->negative_prompt_embeds_len : gp->prompt_embeds_len;
+    return gp->max_sequence_length;
+}
+
+bool dit_gen_batch_compatible(const dit_pipeline_info *info, const dit_gen_params *a,
+                              const dit_gen_params *b)
+{
+    dit_gen_params x = *a, y = *b;
+    dit_gen_apply_defaults(info, &x);
+    dit_gen_apply_defaults(info, &y);
+    const bool cfg = dit_gen_cfg(info, &x);
+    if (x.width != y.width || x.height != y.height || x.frames != y.frames ||
+        x.steps != y.steps || cfg != dit_gen_cfg(info, &y) || x.cfg_two_pass != y.cfg_two_pass)
+        return false;
+    if (text_len(&x, false) != text_len(&y, false))
+        return false;
+    return !cfg || text_len(&x, true) == text_len(&y, true);
+}
+
 bool dit_gen_true_cfg(const dit_gen_params *gp)
 {
     return gp->true_cfg_scale > 1.0f && (gp->negative_prompt || gp->negative_prompt_embeds);

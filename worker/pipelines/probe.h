@@ -132,6 +132,9 @@ typedef struct dit_pipeline_probe_class {
      * the caller's users name them; false when there is none. */
     bool (*warning)(const dit_pipeline_info *info, const dit_gen_params *gp,
                     const dit_gen_field_names *names, char *buf, size_t cap);
+    /* Whether a checked request runs classifier-free guidance (two batch
+     * entries per image: conditional and unconditional). */
+    bool (*cfg)(const dit_pipeline_info *info, const dit_gen_params *gp);
 } dit_pipeline_probe_class;
 
 /* Reads dir/model_index.json, finds the class and probes. A folder that is
@@ -168,6 +171,19 @@ int dit_gen_latents_shape(const dit_pipeline_info *info, const dit_gen_params *g
  * warning), false when there is none. */
 bool dit_gen_warning(const dit_pipeline_info *info, const dit_gen_params *gp,
                      const dit_gen_field_names *names, char *buf, size_t cap);
+
+/* Whether a checked request runs classifier-free guidance in this pipeline
+ * (FLUX: true CFG; Wan: guidance_scale above 1). */
+bool dit_gen_cfg(const dit_pipeline_info *info, const dit_gen_params *gp);
+
+/* Whether two checked requests can run as one batch (ditd --max-batch):
+ * the same size, frames, steps, text length (max_sequence_length or the
+ * embeddings' length, negative ones included), CFG on or off and
+ * cfg_two_pass, after the pipeline's defaults. Everything else (prompts,
+ * seed, guidance and true-CFG scales, latents, num_images, fps) is each
+ * member's own. */
+bool dit_gen_batch_compatible(const dit_pipeline_info *info, const dit_gen_params *a,
+                              const dit_gen_params *b);
 
 /* Whether the generation runs true classifier-free guidance: a scale above
  * 1 and a negative prompt (text or embeddings), as diffusers decides it. */

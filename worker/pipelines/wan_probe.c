@@ -244,6 +244,12 @@ static bool wan_warning(const dit_pipeline_info *info, const dit_gen_params *gp,
     return false;
 }
 
+static bool wan_cfg_hook(const dit_pipeline_info *info, const dit_gen_params *gp)
+{
+    (void)info;
+    return wan_cfg(gp);
+}
+
 const dit_pipeline_probe_class dit_probe_wan_pipeline = {
     .diffusers_class = "WanPipeline",
     .probe = wan_probe,
@@ -251,4 +257,5 @@ const dit_pipeline_probe_class dit_probe_wan_pipeline = {
     .seq_lens = wan_seq_lens,
     .latents_shape = wan_latents_shape,
     .warning = wan_warning,
+    .cfg = wan_cfg_hook,
 };

@@ -492,3 +492,23 @@ dit_status dit_request_check_strings(const ProtobufCMessageDescriptor *desc, con
 {
     return check_strings(desc, buf, buf + len, 0, diag);
 }
+
+static bool same_str(const char *a, const char *b)
+{
+    return strcmp(a ? a : "", b ? b : "") == 0;
+}
+
+bool dit_request_batchable(const Ditserve__V1__GenerateRequest *a,
+                           const Ditserve__V1__GenerateRequest *b, const dit_pipeline_info *info)
+{
+    if (!same_str(a->model, b->model) || a->n_loras != b->n_loras)
+        return false;
+    for (size_t i = 0; i < a->n_loras; i++)
+        if (!same_str(a->loras[i]->name, b->loras[i]->name) ||
+            a->loras[i]->scale != b->loras[i]->scale)
+            return false;
+    dit_gen_params x, y;
+    fill_params(a, info, &x);
+    fill_params(b, info, &y);
+    return dit_gen_batch_compatible(info, &x, &y);
+}

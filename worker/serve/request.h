@@ -83,6 +83,15 @@ dit_status dit_request_resolve(const Ditserve__V1__GenerateRequest *req,
 
 void dit_request_free(dit_request *r);
 
+/* Whether two validated requests may run as one batch (ditd --max-batch):
+ * the same model name, the same LoRA adapters with the same scales in the
+ * same order, and dit_gen_batch_compatible on their parameters (size,
+ * frames, steps, text length, CFG on or off). Prompts, seeds, guidance,
+ * latents, num_images, fps, output format, priority and ids are each
+ * member's own. */
+bool dit_request_batchable(const Ditserve__V1__GenerateRequest *a,
+                           const Ditserve__V1__GenerateRequest *b, const dit_pipeline_info *info);
+
 /* Refuses an encoded message (buf, len bytes; desc its type) with a NUL byte
  * in any string field, nested messages included. protobuf-c hands strings
  * over NUL-terminated, so such a field would otherwise be read cut short
