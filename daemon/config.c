@@ -22,6 +22,7 @@ typedef struct raw {
         max_pixels, max_video_pixels;
     long long max_unread, max_unread_total;
     long long metrics_port;
+    long long max_batch, batch_wait_ms, replicas;
     const char *http_listen, *http_cors;
     long long http_max_body, http_max_conns, http_video_jobs, http_video_bytes;
     double http_idle, http_request_timeout, http_video_retention;
@@ -184,6 +185,18 @@ static const dit_option defs[] = {
         "DITD_JOIN_SECRET_FILE", join_secret_file),
     INT("max-queue", "16", "N", "requests that may wait; more get RESOURCE_EXHAUSTED",
         "DITD_MAX_QUEUE", max_queue, 0, 100000),
+    INT("max-batch", "1", "N",
+        "run up to N queued requests of the same shape (size, frames, steps, CFG, adapters) as "
+        "one batched generation; 1: one request at a time",
+        "DITD_MAX_BATCH", max_batch, 1, DIT_DAEMON_MAX_BATCH),
+    INT("batch-wait-ms", "0", "MS",
+        "hold an idle mesh up to MS milliseconds after the oldest waiting request arrived, "
+        "for more requests to batch with it",
+        "DITD_BATCH_WAIT_MS", batch_wait_ms, 0, 10000),
+    INT("replicas", "1", "M",
+        "meshes to run (M x N workers, GPUs m*N .. m*N+N-1 for mesh m), all taking requests "
+        "from one queue",
+        "DITD_REPLICAS", replicas, 1, DIT_DAEMON_MAX_REPLICAS),
     SECS("drain-timeout", "30", "on SIGTERM, time for accepted requests to finish",
          "DITD_DRAIN_TIMEOUT", drain),
     INT("threads", "0", "N", "cpu threads per worker (0: cores / N)", "DITD_THREADS", threads, 0,
@@ -422,6 +435,16 @@ int dit_daemon_config_parse(dit_daemon_config *cfg, int argc, char **argv)
         return 2;
     }
     cfg->max_queue = (int)r.max_queue;
+    cfg->max_batch = (int)r.max_batch;
+    cfg->batch_wait_ms = (int)r.batch_wait_ms;
+    cfg->replicas = (int)r.replicas;
+    if (cfg->replicas > 1 && cfg->local_ranks < cfg->pc.world_size) {
+        fprintf(stderr,
+                "ditd: --replicas %d needs every rank local: meshes with ranks that join "
+                "over TCP run one ditd each\n",
+                cfg->replicas);
+        return 2;
+    }
     cfg->drain_timeout_s = r.drain;
     cfg->threads = (int)r.threads;
     cfg->comm_timeout_s = r.comm_timeout;

@@ -20,6 +20,10 @@ typedef struct dit_daemon_lora {
     char path[4096];
 } dit_daemon_lora;
 
+/* Bounds of --max-batch and --replicas. */
+#define DIT_DAEMON_MAX_BATCH 16
+#define DIT_DAEMON_MAX_REPLICAS 16
+
 typedef struct dit_daemon_config {
     const char *model;      /* pipeline folder */
     const char *model_name; /* name clients use; default: the folder's name */
@@ -29,6 +33,9 @@ typedef struct dit_daemon_config {
     dit_backend_kind backend;
     dit_parallel_config pc;
     int max_queue;                /* requests waiting (not running) */
+    int max_batch;                /* requests one batched generation may hold */
+    int batch_wait_ms;            /* how long an idle mesh waits to fill a batch */
+    int replicas;                 /* meshes, each of pc.world_size workers */
     double drain_timeout_s;       /* on SIGTERM: time for accepted work to finish */
     int threads;                  /* per worker; 0: cores / world size */
     double comm_timeout_s;        /* how long a rank waits for its peers */

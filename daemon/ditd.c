@@ -188,8 +188,7 @@ static void maybe_finish(daemon_state *d)
         dit_rpc_server_destroy(d->srv.rpc);
         d->srv.rpc = NULL;
     }
-    dit_supervisor_destroy(d->srv.sup);
-    d->srv.sup = NULL;
+    dit_server_destroy_meshes(&d->srv);
 }
 
 static void on_mesh_stopped(void *ctx)
@@ -205,7 +204,7 @@ static void stop_mesh(daemon_state *d)
         return;
     d->stopping = true;
     uv_timer_stop(&d->drain_timer);
-    dit_supervisor_stop(d->srv.sup, STOP_GRACE_S, on_mesh_stopped, d);
+    dit_server_stop_meshes(&d->srv, STOP_GRACE_S, on_mesh_stopped, d);
 }
 
 static void on_rpc_done(void *ctx)
@@ -361,9 +360,10 @@ int main(int argc, char **argv)
         .fuse_lora = d->cfg.fuse_lora.name[0] ? &d->cfg.fuse_lora : NULL,
         .fuse_lora_scale = d->cfg.fuse_lora_scale,
     };
-    dit_supervisor_events ev = dit_server_mesh_events(s);
-    if (dit_supervisor_create(&d->loop, &sc, &ev, &s->sup, &diag) != DIT_OK) {
+    if (dit_server_create_meshes(s, &sc, &diag) != DIT_OK) {
         fprintf(stderr, "ditd: %s\n", dit_diag_msg(&diag));
+        dit_server_stop_meshes(s, 0, on_mesh_stopped, d);
+        uv_run(&d->loop, UV_RUN_DEFAULT);
         goto cleanup;
     }
 
@@ -383,11 +383,11 @@ int main(int argc, char **argv)
         DIT_OK) {
         fprintf(stderr, "ditd: %s\n", dit_diag_msg(&diag));
         /* The supervisor holds loop handles: stop it through the loop. */
-        dit_supervisor_stop(s->sup, 0, on_mesh_stopped, d);
+        dit_server_stop_meshes(s, 0, on_mesh_stopped, d);
         uv_run(&d->loop, UV_RUN_DEFAULT);
         goto cleanup;
     }
-    dit_supervisor_start(s->sup);
+    dit_server_start_meshes(s);
 
     uv_signal_init(&d->loop, &d->sigterm);
     uv_signal_init(&d->loop, &d->sigint);
@@ -452,10 +452,10 @@ int main(int argc, char **argv)
     const char *colon = strrchr(d->cfg.listen, ':');
     printf("ditd: listening on %.*s:%d\n", colon ? (int)(colon - d->cfg.listen) : 0, d->cfg.listen,
            s->port);
-    if (dit_supervisor_join_port(s->sup) >= 0) {
+    if (dit_server_join_port(s) >= 0) {
         const char *jc = strrchr(d->cfg.join_listen, ':');
         printf("ditd: workers join on %.*s:%d\n", jc ? (int)(jc - d->cfg.join_listen) : 0,
-               d->cfg.join_listen, dit_supervisor_join_port(s->sup));
+               d->cfg.join_listen, dit_server_join_port(s));
     }
     if (s->metrics)
         printf("ditd: metrics on http://%.*s:%d/metrics\n",
@@ -467,10 +467,11 @@ int main(int argc, char **argv)
     }
     fflush(stdout);
     DIT_LOG(lg, DIT_LOG_INFO, "main",
-            "serving model '%s' from %s on port %d: %d worker(s), ring %d x ulysses %d x tp %d, "
-            "backend %s, queue %d, %s%s",
-            d->cfg.model_name, d->cfg.model, s->port, d->cfg.pc.world_size, d->cfg.pc.ring_degree,
-            d->cfg.pc.ulysses_degree, d->cfg.pc.tp_degree, d->cfg.backend_name, d->cfg.max_queue,
+            "serving model '%s' from %s on port %d: %d mesh(es) of %d worker(s), ring %d x "
+            "ulysses %d x tp %d, backend %s, queue %d, batches of up to %d, %s%s",
+            d->cfg.model_name, d->cfg.model, s->port, d->cfg.replicas, d->cfg.pc.world_size,
+            d->cfg.pc.ring_degree, d->cfg.pc.ulysses_degree, d->cfg.pc.tp_degree,
+            d->cfg.backend_name, d->cfg.max_queue, d->cfg.max_batch,
             d->cfg.tls_cert ? (d->cfg.tls_client_ca ? "mutual TLS" : "TLS") : "plaintext",
             token[0] ? ", bearer token required" : "");
 
@@ -487,8 +488,7 @@ cleanup:
      * they may not be. Their handle closes finish in the last loop run. */
     if (s->rpc)
         dit_rpc_server_destroy(s->rpc);
-    if (s->sup)
-        dit_supervisor_destroy(s->sup);
+    dit_server_destroy_meshes(s);
     if (loop_up)
         uv_run(&d->loop, UV_RUN_DEFAULT);
     dit_http_destroy(d->http); /* its connection threads wait for no job now */

@@ -13,6 +13,10 @@
 #define N_STATUS 17
 #define N_BUCKETS 14
 #define N_RANKS 64
+#define N_MESHES 16
+/* ditserve_batch_size's buckets: requests in one batched generation. */
+#define N_BATCH_BUCKETS 8
+static const int batch_bounds[N_BATCH_BUCKETS] = {1, 2, 3, 4, 6, 8, 12, 16};
 
 static const char *const status_names[N_STATUS] = {
     "OK",
@@ -69,11 +73,17 @@ struct dit_metrics {
     uint64_t requests[N_STATUS];
     histogram queue, latency, step;
     int queued, running;
-    char mesh_state[32];
-    int64_t restarts;
-    /* Per rank, as the workers last reported; seen[r] once reported. */
-    bool seen[N_RANKS];
-    int64_t rss[N_RANKS], gpu_used[N_RANKS], gpu_total[N_RANKS], gpu_peak[N_RANKS];
+    /* Per mesh (ditd --replicas); n_meshes: the highest index seen + 1. */
+    int n_meshes;
+    char mesh_state[N_MESHES][32];
+    int64_t restarts[N_MESHES];
+    double busy_s[N_MESHES];
+    /* Requests per batched generation: counts per bucket (+Inf last). */
+    uint64_t batch_counts[N_BATCH_BUCKETS + 1], batch_n, batch_sum;
+    /* Per mesh and rank, as the workers last reported; seen once reported. */
+    bool seen[N_MESHES][N_RANKS];
+    int64_t rss[N_MESHES][N_RANKS], gpu_used[N_MESHES][N_RANKS], gpu_total[N_MESHES][N_RANKS],
+        gpu_peak[N_MESHES][N_RANKS];
     int64_t lora_loads, lora_hits, lora_evictions, lora_cached, lora_cached_bytes;
     /* libmicrohttpd's thread only. */
     http_conn *oldest, *newest;
@@ -124,27 +134,52 @@ void dit_metrics_gauges(dit_metrics *m, int queued, int running)
     uv_mutex_unlock(&m->mu);
 }
 
-void dit_metrics_mesh(dit_metrics *m, const char *state, int64_t restarts)
+void dit_metrics_mesh(dit_metrics *m, int mesh, const char *state, int64_t restarts)
 {
-    if (!m)
+    if (!m || mesh < 0 || mesh >= N_MESHES)
         return;
     uv_mutex_lock(&m->mu);
-    snprintf(m->mesh_state, sizeof m->mesh_state, "%s", state);
-    m->restarts = restarts;
+    snprintf(m->mesh_state[mesh], sizeof m->mesh_state[mesh], "%s", state);
+    m->restarts[mesh] = restarts;
+    m->n_meshes = mesh + 1 > m->n_meshes ? mesh + 1 : m->n_meshes;
     uv_mutex_unlock(&m->mu);
 }
 
-void dit_metrics_worker_memory(dit_metrics *m, int rank, int64_t rss, int64_t gpu_used,
-                               int64_t gpu_total, int64_t gpu_peak)
+void dit_metrics_mesh_busy(dit_metrics *m, int mesh, double seconds)
 {
-    if (!m || rank < 0 || rank >= N_RANKS)
+    if (!m || mesh < 0 || mesh >= N_MESHES || !(seconds >= 0))
         return;
     uv_mutex_lock(&m->mu);
-    m->seen[rank] = true;
-    m->rss[rank] = rss;
-    m->gpu_used[rank] = gpu_used;
-    m->gpu_total[rank] = gpu_total;
-    m->gpu_peak[rank] = gpu_peak;
+    m->busy_s[mesh] += seconds;
+    m->n_meshes = mesh + 1 > m->n_meshes ? mesh + 1 : m->n_meshes;
+    uv_mutex_unlock(&m->mu);
+}
+
+void dit_metrics_batch(dit_metrics *m, int requests)
+{
+    if (!m || requests < 1)
+        return;
+    uv_mutex_lock(&m->mu);
+    int b = 0;
+    while (b < N_BATCH_BUCKETS && requests > batch_bounds[b])
+        b++;
+    m->batch_counts[b]++;
+    m->batch_n++;
+    m->batch_sum += (uint64_t)requests;
+    uv_mutex_unlock(&m->mu);
+}
+
+void dit_metrics_worker_memory(dit_metrics *m, int mesh, int rank, int64_t rss, int64_t gpu_used,
+                               int64_t gpu_total, int64_t gpu_peak)
+{
+    if (!m || rank < 0 || rank >= N_RANKS || mesh < 0 || mesh >= N_MESHES)
+        return;
+    uv_mutex_lock(&m->mu);
+    m->seen[mesh][rank] = true;
+    m->rss[mesh][rank] = rss;
+    m->gpu_used[mesh][rank] = gpu_used;
+    m->gpu_total[mesh][rank] = gpu_total;
+    m->gpu_peak[mesh][rank] = gpu_peak;
     uv_mutex_unlock(&m->mu);
 }
 
@@ -212,18 +247,21 @@ static void put_histogram(text *t, const char *name, const char *help, const his
         model, (unsigned long long)h->n);
 }
 
-static void put_per_rank(text *t, const dit_metrics *m, const char *name, const char *help,
-                         const int64_t *v, bool gpu_only)
+static void put_per_rank(text *t, dit_metrics *m, const char *name, const char *help,
+                         int64_t (*v)[N_RANKS], bool gpu_only)
 {
     bool any = false;
-    for (int r = 0; r < N_RANKS; r++)
-        any |= m->seen[r] && (!gpu_only || m->gpu_total[r] > 0);
+    for (int i = 0; i < N_MESHES; i++)
+        for (int r = 0; r < N_RANKS; r++)
+            any |= m->seen[i][r] && (!gpu_only || m->gpu_total[i][r] > 0);
     if (!any)
         return;
     put(t, "# HELP %s %s\n# TYPE %s gauge\n", name, help, name);
-    for (int r = 0; r < N_RANKS; r++)
-        if (m->seen[r] && (!gpu_only || m->gpu_total[r] > 0))
-            put(t, "%s{model=\"%s\",rank=\"%d\"} %lld\n", name, m->model, r, (long long)v[r]);
+    for (int i = 0; i < N_MESHES; i++)
+        for (int r = 0; r < N_RANKS; r++)
+            if (m->seen[i][r] && (!gpu_only || m->gpu_total[i][r] > 0))
+                put(t, "%s{model=\"%s\",mesh=\"%d\",rank=\"%d\"} %lld\n", name, m->model, i, r,
+                    (long long)v[i][r]);
 }
 
 char *dit_metrics_render(dit_metrics *m)
@@ -252,17 +290,38 @@ char *dit_metrics_render(dit_metrics *m)
     put_histogram(&t, "ditserve_request_seconds", "Time from arrival to the last result byte.",
                   &m->latency, md);
     put_histogram(&t, "ditserve_step_seconds", "Time of one denoising step.", &m->step, md);
-    put(&t,
-        "# HELP ditserve_worker_restarts_total Times the worker mesh was rebuilt.\n"
-        "# TYPE ditserve_worker_restarts_total counter\n"
-        "ditserve_worker_restarts_total{model=\"%s\"} %lld\n",
-        md, (long long)m->restarts);
+    const int nm = m->n_meshes > 0 ? m->n_meshes : 1;
+    put(&t, "# HELP ditserve_worker_restarts_total Times each worker mesh was rebuilt.\n"
+            "# TYPE ditserve_worker_restarts_total counter\n");
+    for (int i = 0; i < nm; i++)
+        put(&t, "ditserve_worker_restarts_total{model=\"%s\",mesh=\"%d\"} %lld\n", md, i,
+            (long long)m->restarts[i]);
     static const char *const states[] = {"starting", "ready", "restarting", "stopping", "stopped"};
-    put(&t, "# HELP ditserve_mesh_state The worker mesh's state (1 for the current one).\n"
+    put(&t, "# HELP ditserve_mesh_state Each worker mesh's state (1 for the current one).\n"
             "# TYPE ditserve_mesh_state gauge\n");
-    for (size_t i = 0; i < sizeof states / sizeof *states; i++)
-        put(&t, "ditserve_mesh_state{model=\"%s\",state=\"%s\"} %d\n", md, states[i],
-            strcmp(states[i], m->mesh_state) == 0);
+    for (int i = 0; i < nm; i++)
+        for (size_t k = 0; k < sizeof states / sizeof *states; k++)
+            put(&t, "ditserve_mesh_state{model=\"%s\",mesh=\"%d\",state=\"%s\"} %d\n", md, i,
+                states[k], strcmp(states[k], m->mesh_state[i]) == 0);
+    put(&t, "# HELP ditserve_mesh_busy_seconds_total Time each mesh spent running generations.\n"
+            "# TYPE ditserve_mesh_busy_seconds_total counter\n");
+    for (int i = 0; i < nm; i++)
+        put(&t, "ditserve_mesh_busy_seconds_total{model=\"%s\",mesh=\"%d\"} %.6f\n", md, i,
+            m->busy_s[i]);
+    put(&t, "# HELP ditserve_batch_size Requests in each batched generation (ditd --max-batch).\n"
+            "# TYPE ditserve_batch_size histogram\n");
+    uint64_t cum = 0;
+    for (int b = 0; b < N_BATCH_BUCKETS; b++) {
+        cum += m->batch_counts[b];
+        put(&t, "ditserve_batch_size_bucket{model=\"%s\",le=\"%d\"} %llu\n", md, batch_bounds[b],
+            (unsigned long long)cum);
+    }
+    put(&t, "ditserve_batch_size_bucket{model=\"%s\",le=\"+Inf\"} %llu\n", md,
+        (unsigned long long)m->batch_n);
+    put(&t,
+        "ditserve_batch_size_sum{model=\"%s\"} %llu\nditserve_batch_size_count{model=\"%s\"} "
+        "%llu\n",
+        md, (unsigned long long)m->batch_sum, md, (unsigned long long)m->batch_n);
     put(&t,
         "# HELP ditserve_lora_loads_total LoRA adapter files the workers loaded.\n"
         "# TYPE ditserve_lora_loads_total counter\nditserve_lora_loads_total{model=\"%s\"} %lld\n"
@@ -404,7 +463,8 @@ dit_status dit_metrics_start(int port, int loopback_only, const char *model, dit
         return dit_diag_set(diag, DIT_ERR_NOMEM, "out of memory");
     uv_mutex_init(&m->mu);
     snprintf(m->model, sizeof m->model, "%s", model);
-    snprintf(m->mesh_state, sizeof m->mesh_state, "starting");
+    for (int i = 0; i < N_MESHES; i++)
+        snprintf(m->mesh_state[i], sizeof m->mesh_state[i], "starting");
     struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
     addr.sin_addr.s_addr = htonl(loopback_only ? INADDR_LOOPBACK : INADDR_ANY);
     /* epoll (poll where there is none): select() would fail on descriptors

@@ -24,10 +24,15 @@ void dit_metrics_stop(dit_metrics *m);
 void dit_metrics_request(dit_metrics *m, const char *status, double queue_s, double total_s);
 void dit_metrics_step(dit_metrics *m, double step_s);
 void dit_metrics_gauges(dit_metrics *m, int queued, int running);
-void dit_metrics_mesh(dit_metrics *m, const char *state, int64_t restarts);
+/* Mesh `mesh` (0 .. 15; ditd --replicas) changed state. */
+void dit_metrics_mesh(dit_metrics *m, int mesh, const char *state, int64_t restarts);
+/* Mesh `mesh` finished a generation that ran `seconds`. */
+void dit_metrics_mesh_busy(dit_metrics *m, int mesh, double seconds);
+/* A batched generation of `requests` requests started. */
+void dit_metrics_batch(dit_metrics *m, int requests);
 /* A worker's memory report (gpu_total 0: no GPU, its GPU gauges are left
  * out). */
-void dit_metrics_worker_memory(dit_metrics *m, int rank, int64_t rss, int64_t gpu_used,
+void dit_metrics_worker_memory(dit_metrics *m, int mesh, int rank, int64_t rss, int64_t gpu_used,
                                int64_t gpu_total, int64_t gpu_peak);
 
 /* LoRA adapters on the mesh (rank 0's report): files loaded, uses served

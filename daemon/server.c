@@ -30,9 +30,15 @@ struct job {
     char warning[300];       /* a request field without effect; Result.warnings */
     char cancel_reason[200]; /* why a running job was cancelled, for the request log */
     bool was_loaded;         /* UnloadLora: the adapter was loaded when it ran */
+    dit_server_mesh *mesh;   /* the mesh running it; NULL while queued */
+    int target;              /* the mesh that must run it (startup warm-up), -1: any */
 };
 
 #define JOB_OF(it) DIT_QUEUE_ENTRY(it, job, qi)
+
+/* The images one batch may hold, over its members (each at most
+ * DIT_GEN_MAX_IMAGES): what the workers hold at once stays bounded. */
+#define DIT_SERVER_MAX_BATCH_IMAGES 16
 
 static double now_ms(void)
 {
@@ -112,10 +118,23 @@ static void send_health(dit_rpc_call *c, Grpc__Health__V1__HealthCheckResponse__
     send_packed(c, &r.base);
 }
 
+/* A mesh that may take requests: ready and warmed up (--warmup). */
+static bool mesh_serving(const dit_server_mesh *m)
+{
+    return m->sup && dit_supervisor_state(m->sup) == DIT_MESH_READY && m->warmed;
+}
+
+static bool any_mesh_serving(const dit_server *s)
+{
+    for (int i = 0; i < s->n_meshes; i++)
+        if (mesh_serving(&s->meshes[i]))
+            return true;
+    return false;
+}
+
 static void update_health(dit_server *s)
 {
-    const bool serving =
-        dit_supervisor_state(s->sup) == DIT_MESH_READY && !s->draining && s->warmed;
+    const bool serving = any_mesh_serving(s) && !s->draining;
     if (serving == s->serving)
         return;
     s->serving = serving;
@@ -212,11 +231,15 @@ static void on_health_watch_cancel(void *ctx, dit_rpc_call *call)
 static void update_positions(dit_server *s)
 {
     const int queued = dit_queue_length(&s->queue);
-    dit_metrics_gauges(s->metrics, queued, s->running ? 1 : 0);
-    /* The running job is ahead of every queued one: "0 ahead" must mean
-     * "runs at once". Only Generate streams get the update: a Warmup call is
-     * unary, and a second message before its WarmupResponse would break it. */
-    int pos = s->running ? 1 : 0;
+    dit_metrics_gauges(s->metrics, queued, s->n_running);
+    /* With every mesh busy, the running jobs are ahead of every queued one:
+     * "0 ahead" must mean "runs at once". Only Generate streams get the
+     * update: a Warmup call is unary, and a second message before its
+     * WarmupResponse would break it. */
+    bool idle = false;
+    for (int i = 0; i < s->n_meshes; i++)
+        idle |= s->meshes[i].n_members == 0 && mesh_serving(&s->meshes[i]);
+    int pos = idle ? 0 : 1;
     for (dit_queue_item *it = dit_queue_peek(&s->queue); it; it = dit_queue_next(it), pos++) {
         job *j = JOB_OF(it);
         if (j->kind == JOB_GENERATE && j->last_position != pos)
@@ -283,16 +306,122 @@ static int64_t lora_loaded_bytes(const dit_server *s, const char *path)
     return -1;
 }
 
-static void try_dispatch(dit_server *s)
+/* The bytes a raw result of request r takes in a worker's message (0 for
+ * encoded formats, which are far smaller). */
+static int64_t raw_result_bytes(const dit_server *s, const Ditserve__V1__GenerateRequest *r)
 {
-    while (!s->running && dit_queue_peek(&s->queue) && dit_supervisor_idle(s->sup)) {
-        job *j = JOB_OF(dit_queue_pop(&s->queue));
+    if (dit_request_output_format(r, &s->info) !=
+        DITSERVE__V1__OUTPUT_FORMAT__OUTPUT_FORMAT_RAW_TENSOR)
+        return 0;
+    const int64_t w = r->width ? r->width : s->info.default_width;
+    const int64_t h = r->height ? r->height : s->info.default_height;
+    const int64_t f = r->num_frames ? r->num_frames : s->info.default_frames;
+    const int64_t n = r->num_images > 1 ? r->num_images : 1;
+    return 12 * w * h * (f > 1 ? f : 1) * n;
+}
+
+static int images_of(const Ditserve__V1__GenerateRequest *r)
+{
+    return r->num_images > 1 ? r->num_images : 1;
+}
+
+/* Whether mesh m may run job j: a startup warm-up runs on its own mesh. */
+static bool eligible(const job *j, const dit_server_mesh *m)
+{
+    if (j->target >= 0)
+        return j->target == m->index;
+    return m->warmed;
+}
+
+/* The batch mesh m runs next: the first job it may run (the highest
+ * priority, then the oldest) and, for a Generate job with --max-batch
+ * above 1, the waiting Generate jobs dit_request_batchable pairs with it,
+ * in queue order. A job joins only if no job it would overtake has a
+ * higher priority than its own, so a batch never delays a more urgent
+ * request; equal priorities may be overtaken. The images in a batch are at
+ * most DIT_SERVER_MAX_BATCH_IMAGES and its raw results fit one worker
+ * message. Jobs whose client left are freed on the way. Returns the count
+ * (0: nothing to run). */
+static int collect_batch(dit_server *s, dit_server_mesh *m, job **out)
+{
+    job *head = NULL;
+    dit_queue_item *it = dit_queue_peek(&s->queue);
+    while (it) {
+        job *j = JOB_OF(it);
+        it = dit_queue_next(it);
         if (!has_client(j) && j->kind != JOB_STARTUP_WARMUP) {
+            dit_queue_remove(&s->queue, &j->qi);
             job_free(j); /* the client left while it waited */
             continue;
         }
-        s->running = j;
-        j->started_ms = now_ms();
+        if (eligible(j, m)) {
+            head = j;
+            break;
+        }
+    }
+    if (!head)
+        return 0;
+    out[0] = head;
+    int n = 1;
+    if (head->kind != JOB_GENERATE || s->cfg->max_batch <= 1)
+        return 1;
+    int images = images_of(head->req);
+    int64_t raw = raw_result_bytes(s, head->req);
+    int skipped_max = INT_MIN;
+    for (; it && n < s->cfg->max_batch; it = dit_queue_next(it)) {
+        job *j = JOB_OF(it);
+        if (!has_client(j))
+            continue;
+        const bool fits = j->kind == JOB_GENERATE && j->qi.priority >= skipped_max &&
+                          images + images_of(j->req) <= DIT_SERVER_MAX_BATCH_IMAGES &&
+                          raw + raw_result_bytes(s, j->req) <= (int64_t)DIT_IPC_MAX_RESULT &&
+                          dit_request_batchable(head->req, j->req, &s->info);
+        if (!fits) {
+            skipped_max = j->qi.priority > skipped_max ? j->qi.priority : skipped_max;
+            continue;
+        }
+        images += images_of(j->req);
+        raw += raw_result_bytes(s, j->req);
+        out[n++] = j;
+    }
+    return n;
+}
+
+/* The adapters of a job as admitted: the preloaded file of that name, or
+ * the one in --lora-dir (a file gone since fails when loaded). */
+typedef struct job_loras {
+    Ditserve__Ipc__JobLora jl[DIT_REQUEST_MAX_LORAS], *jlp[DIT_REQUEST_MAX_LORAS];
+    char paths[DIT_REQUEST_MAX_LORAS][LORA_PATH_MAX];
+    size_t n;
+} job_loras;
+
+static void resolve_loras(const dit_server *s, const job *j, job_loras *L)
+{
+    L->n = 0;
+    const bool with_loras =
+        j->kind == JOB_GENERATE || j->kind == JOB_LORA_LOAD || j->kind == JOB_LORA_UNLOAD;
+    for (size_t i = 0; with_loras && i < j->req->n_loras && i < DIT_REQUEST_MAX_LORAS; i++) {
+        char why[DIT_DIAG_MAX];
+        lora_path(s, j->req->loras[i]->name, L->paths[L->n], sizeof L->paths[L->n], why,
+                  sizeof why);
+        ditserve__ipc__job_lora__init(&L->jl[L->n]);
+        L->jl[L->n].name = j->req->loras[i]->name;
+        L->jl[L->n].path = L->paths[L->n];
+        L->jl[L->n].scale = j->req->loras[i]->scale;
+        L->jlp[L->n] = &L->jl[L->n];
+        L->n++;
+    }
+}
+
+/* Sends the batch b[0..n) (already out of the queue) to mesh m. */
+static void run_batch(dit_server *s, dit_server_mesh *m, job **b, int n)
+{
+    const double now = now_ms();
+    for (int k = 0; k < n; k++) {
+        job *j = b[k];
+        j->mesh = m;
+        j->started_ms = now;
+        m->members[k] = j;
         Ditserve__V1__Started st = DITSERVE__V1__STARTED__INIT;
         st.queue_ms = j->started_ms - j->arrived_ms;
         Ditserve__V1__GenerateEvent ev = DITSERVE__V1__GENERATE_EVENT__INIT;
@@ -300,46 +429,100 @@ static void try_dispatch(dit_server *s)
         ev.started = &st;
         if (j->kind == JOB_GENERATE)
             send_event(j, &ev);
-        dit_diag diag;
-        dit_diag_clear(&diag);
-        DIT_LOG(s->log, DIT_LOG_DEBUG, "queue", "job %llu (%s) starts after %.1f ms in the queue",
-                (unsigned long long)j->id, j->request_id, st.queue_ms);
-        /* The adapters as admitted: the preloaded file of that name, or
-         * the one in --lora-dir (a file gone since fails when loaded). */
-        Ditserve__Ipc__JobLora jl[DIT_REQUEST_MAX_LORAS], *jlp[DIT_REQUEST_MAX_LORAS];
-        char paths[DIT_REQUEST_MAX_LORAS][LORA_PATH_MAX];
-        char *evict[1];
-        Ditserve__Ipc__Job ij = DITSERVE__IPC__JOB__INIT;
-        const bool with_loras =
-            j->kind == JOB_GENERATE || j->kind == JOB_LORA_LOAD || j->kind == JOB_LORA_UNLOAD;
-        size_t nl = 0;
-        for (size_t i = 0; with_loras && i < j->req->n_loras && i < DIT_REQUEST_MAX_LORAS; i++) {
-            char why[DIT_DIAG_MAX];
-            lora_path(s, j->req->loras[i]->name, paths[nl], sizeof paths[nl], why, sizeof why);
-            ditserve__ipc__job_lora__init(&jl[nl]);
-            jl[nl].name = j->req->loras[i]->name;
-            jl[nl].path = paths[nl];
-            jl[nl].scale = j->req->loras[i]->scale;
-            jlp[nl] = &jl[nl];
-            nl++;
+        DIT_LOG(s->log, DIT_LOG_DEBUG, "queue",
+                "job %llu (%s) starts on %s after %.1f ms in the queue%s",
+                (unsigned long long)j->id, j->request_id, m->name, st.queue_ms,
+                n > 1 ? (k ? ", batched" : ", heading a batch") : "");
+    }
+    m->n_members = n;
+    m->job_id = b[0]->id;
+    m->busy_since_ms = now;
+    s->n_running += n;
+    job *j = b[0];
+    job_loras *L = malloc(sizeof *L);
+    Ditserve__Ipc__BatchMember bm[DIT_DAEMON_MAX_BATCH], *bmp[DIT_DAEMON_MAX_BATCH];
+    char *evict[1];
+    dit_diag diag;
+    dit_diag_clear(&diag);
+    Ditserve__Ipc__Job ij = DITSERVE__IPC__JOB__INIT;
+    if (!L) {
+        dit_diag_set(&diag, DIT_ERR_NOMEM, "out of memory");
+        goto failed;
+    }
+    resolve_loras(s, j, L);
+    ij.request = j->req;
+    ij.warmup = j->kind != JOB_GENERATE;
+    ij.lora_only = j->kind == JOB_LORA_LOAD || j->kind == JOB_LORA_UNLOAD;
+    if (j->kind == JOB_LORA_UNLOAD) {
+        evict[0] = L->n ? L->paths[0] : (char *)"";
+        j->was_loaded = L->n && lora_loaded_bytes(s, L->paths[0]) >= 0;
+        ij.lora_evict = evict;
+        ij.n_lora_evict = 1;
+    } else {
+        ij.loras = L->jlp;
+        ij.n_loras = L->n;
+    }
+    for (int k = 1; k < n; k++) {
+        ditserve__ipc__batch_member__init(&bm[k - 1]);
+        bm[k - 1].job_id = b[k]->id;
+        bm[k - 1].request = b[k]->req;
+        bmp[k - 1] = &bm[k - 1];
+    }
+    ij.n_batch = (size_t)(n - 1);
+    ij.batch = bmp;
+    dit_metrics_batch(s->metrics, n);
+    if (dit_supervisor_run(m->sup, j->id, &ij, &diag) == DIT_OK) {
+        free(L);
+        return;
+    }
+failed:
+    free(L);
+    s->n_running -= n;
+    m->n_members = 0;
+    m->job_id = 0;
+    m->busy_since_ms = 0;
+    for (int k = 0; k < n; k++) {
+        m->members[k] = NULL;
+        fail_job(b[k], GRPC_STATUS_INTERNAL, dit_diag_msg(&diag));
+        job_free(b[k]);
+    }
+}
+
+static void try_dispatch(dit_server *s);
+
+static void on_batch_timer(uv_timer_t *t)
+{
+    try_dispatch(t->data);
+}
+
+static void try_dispatch(dit_server *s)
+{
+    job *b[DIT_DAEMON_MAX_BATCH];
+    bool tried[DIT_DAEMON_MAX_REPLICAS] = {false};
+    /* Each idle mesh once: one may find nothing it may run (a warm-up
+     * waits for another) while the next has work. */
+    for (int i = 0; i < s->n_meshes; i++) {
+        dit_server_mesh *m = &s->meshes[i];
+        if (tried[i] || m->n_members != 0 || !m->sup || !dit_supervisor_idle(m->sup))
+            continue;
+        tried[i] = true;
+        const int n = collect_batch(s, m, b);
+        if (n == 0)
+            continue;
+        if (n < s->cfg->max_batch && b[0]->kind == JOB_GENERATE && s->cfg->batch_wait_ms > 0) {
+            /* --batch-wait-ms: the head may wait that long after it arrived
+             * for company; the timer looks again when its wait is over. */
+            const double wait = b[0]->arrived_ms + s->cfg->batch_wait_ms - now_ms();
+            if (wait > 0.5) {
+                if (s->batch_timer_up)
+                    uv_timer_start(&s->batch_timer, on_batch_timer, (uint64_t)wait + 1, 0);
+                break;
+            }
         }
-        ij.request = j->req;
-        ij.warmup = j->kind != JOB_GENERATE;
-        ij.lora_only = j->kind == JOB_LORA_LOAD || j->kind == JOB_LORA_UNLOAD;
-        if (j->kind == JOB_LORA_UNLOAD) {
-            evict[0] = nl ? paths[0] : (char *)"";
-            j->was_loaded = nl && lora_loaded_bytes(s, paths[0]) >= 0;
-            ij.lora_evict = evict;
-            ij.n_lora_evict = 1;
-        } else {
-            ij.loras = jlp;
-            ij.n_loras = nl;
-        }
-        if (dit_supervisor_run(s->sup, j->id, &ij, &diag) != DIT_OK) {
-            s->running = NULL;
-            fail_job(j, GRPC_STATUS_INTERNAL, dit_diag_msg(&diag));
-            job_free(j);
-        }
+        for (int k = 0; k < n; k++)
+            dit_queue_remove(&s->queue, &b[k]->qi);
+        run_batch(s, m, b, n);
+        i = -1; /* the queue changed: every idle mesh may look again */
     }
     update_positions(s);
 }
@@ -402,11 +585,13 @@ static bool admit(dit_server *s, dit_rpc_call *call, int n, reply *rp)
     if (s->draining)
         return refuse(rp, GRPC_STATUS_UNAVAILABLE,
                       "the server is shutting down; send the request to another replica");
-    dit_mesh_state ms = dit_supervisor_state(s->sup);
-    if (ms != DIT_MESH_READY)
+    bool ready = false;
+    for (int i = 0; i < s->n_meshes; i++)
+        ready |= dit_supervisor_state(s->meshes[i].sup) == DIT_MESH_READY;
+    if (!ready)
         return refuse(rp, GRPC_STATUS_UNAVAILABLE,
                       "the workers are not ready (mesh %s); retry shortly",
-                      dit_mesh_state_name(ms));
+                      dit_mesh_state_name(dit_supervisor_state(s->meshes[0].sup)));
     if (dit_queue_length(&s->queue) + n > s->cfg->max_queue) {
         if (n > 1)
             return refuse(rp, GRPC_STATUS_RESOURCE_EXHAUSTED,
@@ -513,6 +698,7 @@ static job *new_job(dit_server *s, job_kind kind, Ditserve__V1__GenerateRequest 
     j->req = r;
     j->call = call;
     j->arrived_ms = now_ms();
+    j->target = -1;
     j->qi.priority = kind == JOB_GENERATE ? r->priority : INT_MAX;
     if (r->request_id && *r->request_id)
         snprintf(j->request_id, sizeof j->request_id, "%s", r->request_id);
@@ -613,10 +799,11 @@ reject:
  * freed, a running one stops at its next step. */
 static void cancel_job(dit_server *s, job *j, const char *reason)
 {
-    if (s->running == j) {
+    if (j->mesh) {
+        /* A batch member leaves at the next step; the others go on. */
         DIT_LOG(s->log, DIT_LOG_INFO, "queue", "request %s cancelled while running", j->request_id);
         snprintf(j->cancel_reason, sizeof j->cancel_reason, "%s", reason);
-        dit_supervisor_cancel(s->sup, j->id);
+        dit_supervisor_cancel(j->mesh->sup, j->id);
     } else {
         DIT_LOG(s->log, DIT_LOG_INFO, "queue", "request %s cancelled while queued", j->request_id);
         char lor[1200];
@@ -750,15 +937,16 @@ done:
     ditserve__v1__warmup_request__free_unpacked(w, NULL);
 }
 
-/* --warmup: one generation of that shape before health turns SERVING. */
-static void queue_startup_warmup(dit_server *s)
+/* --warmup: one generation of that shape on each mesh before it serves
+ * (health turns SERVING with the first). */
+static void queue_startup_warmup(dit_server *s, dit_server_mesh *m)
 {
-    if (!s->cfg->warmup || s->warmed)
+    if (!s->cfg->warmup || m->warmed)
         return;
     for (dit_queue_item *it = dit_queue_peek(&s->queue); it; it = dit_queue_next(it))
-        if (JOB_OF(it)->kind == JOB_STARTUP_WARMUP)
+        if (JOB_OF(it)->kind == JOB_STARTUP_WARMUP && JOB_OF(it)->target == m->index)
             return;
-    if (s->running && s->running->kind == JOB_STARTUP_WARMUP)
+    if (m->n_members && m->members[0] && m->members[0]->kind == JOB_STARTUP_WARMUP)
         return;
     int w = 0, h = 0, frames = 0, steps = 0;
     dit_warmup_spec_parse(s->cfg->warmup, &w, &h, &frames, &steps);
@@ -784,7 +972,11 @@ static void queue_startup_warmup(dit_server *s)
         ditserve__v1__generate_request__free_unpacked(r, NULL);
         return;
     }
-    snprintf(j->request_id, sizeof j->request_id, "startup-warmup");
+    j->target = m->index;
+    if (s->n_meshes > 1)
+        snprintf(j->request_id, sizeof j->request_id, "startup-warmup-%s", m->name);
+    else
+        snprintf(j->request_id, sizeof j->request_id, "startup-warmup");
     enqueue(s, j);
 }
 
@@ -793,10 +985,12 @@ static void queue_startup_warmup(dit_server *s)
 
 static void on_state(void *ctx, dit_mesh_state st)
 {
-    dit_server *s = ctx;
-    dit_metrics_mesh(s->metrics, dit_mesh_state_name(st), dit_supervisor_restarts(s->sup));
+    dit_server_mesh *m = ctx;
+    dit_server *s = m->srv;
+    dit_metrics_mesh(s->metrics, m->index, dit_mesh_state_name(st),
+                     dit_supervisor_restarts(m->sup));
     if (st == DIT_MESH_READY) {
-        queue_startup_warmup(s);
+        queue_startup_warmup(s, m);
         try_dispatch(s);
     }
     update_health(s);
@@ -805,23 +999,32 @@ static void on_state(void *ctx, dit_mesh_state st)
 static void on_progress(void *ctx, uint64_t job_id, int step, int total, double elapsed_ms,
                         const char *stage)
 {
-    dit_server *s = ctx;
-    job *j = s->running;
-    if (!j || j->id != job_id || j->kind != JOB_GENERATE)
+    dit_server_mesh *m = ctx;
+    dit_server *s = m->srv;
+    if (m->n_members == 0 || m->job_id != job_id)
         return;
-    if (strcmp(stage, "denoising") == 0) { /* the other stages are not steps */
-        dit_metrics_step(s->metrics, (elapsed_ms - j->last_elapsed_ms) / 1e3);
-        j->last_elapsed_ms = elapsed_ms;
+    /* One step of the batch is one step of each member. */
+    bool stepped = false;
+    for (int k = 0; k < m->n_members; k++) {
+        job *j = m->members[k];
+        if (!j || j->kind != JOB_GENERATE || !has_client(j))
+            continue;
+        if (strcmp(stage, "denoising") == 0) { /* the other stages are not steps */
+            if (!stepped)
+                dit_metrics_step(s->metrics, (elapsed_ms - j->last_elapsed_ms) / 1e3);
+            stepped = true;
+            j->last_elapsed_ms = elapsed_ms;
+        }
+        Ditserve__V1__Progress p = DITSERVE__V1__PROGRESS__INIT;
+        p.step = step;
+        p.total_steps = total;
+        p.elapsed_ms = elapsed_ms;
+        p.stage = (char *)stage;
+        Ditserve__V1__GenerateEvent ev = DITSERVE__V1__GENERATE_EVENT__INIT;
+        ev.event_case = DITSERVE__V1__GENERATE_EVENT__EVENT_PROGRESS;
+        ev.progress = &p;
+        send_event(j, &ev);
     }
-    Ditserve__V1__Progress p = DITSERVE__V1__PROGRESS__INIT;
-    p.step = step;
-    p.total_steps = total;
-    p.elapsed_ms = elapsed_ms;
-    p.stage = (char *)stage;
-    Ditserve__V1__GenerateEvent ev = DITSERVE__V1__GENERATE_EVENT__INIT;
-    ev.event_case = DITSERVE__V1__GENERATE_EVENT__EVENT_PROGRESS;
-    ev.progress = &p;
-    send_event(j, &ev);
 }
 
 static void send_result(dit_server *s, job *j, const Ditserve__Ipc__JobDone *d)
@@ -1006,6 +1209,15 @@ static void lora_op(dit_server *s, dit_rpc_call *call, const uint8_t *req, size_
         refuse(&rp, code, "%s", why);
         goto done;
     }
+    if (s->n_meshes > 1) {
+        /* Each mesh keeps its own cache; requests naming an adapter load it
+         * on the mesh that runs them. */
+        refuse(&rp, GRPC_STATUS_FAILED_PRECONDITION,
+               "%s is not available with several meshes (ditd --replicas %d): adapters load on "
+               "each mesh when a request names them",
+               kind == JOB_LORA_LOAD ? "LoadLora" : "UnloadLora", s->n_meshes);
+        goto done;
+    }
     if (kind == JOB_LORA_UNLOAD && lora_preloaded(s, lr->name)) {
         refuse(&rp, GRPC_STATUS_FAILED_PRECONDITION,
                "'%s' is preloaded (ditd --lora) and stays loaded", lr->name);
@@ -1084,18 +1296,11 @@ static void lora_done(dit_server *s, job *j, dit_status st, grpc_status_code cod
     fail_job(j, GRPC_STATUS_OK, NULL);
 }
 
-static void on_done(void *ctx, uint64_t job_id, dit_status st, const char *message,
-                    Ditserve__Ipc__Envelope *env)
+/* One job of the batch that ended: st and message are its own (the
+ * whole job's when that failed), d its result (NULL without one). */
+static void member_done(dit_server *s, dit_server_mesh *m, job *j, dit_status st,
+                        const char *message, const Ditserve__Ipc__JobDone *d, double compute_ms)
 {
-    dit_server *s = ctx;
-    job *j = s->running;
-    if (!j || j->id != job_id) {
-        if (env)
-            ditserve__ipc__envelope__free_unpacked(env, NULL);
-        return;
-    }
-    s->running = NULL;
-    const double compute_ms = now_ms() - j->started_ms;
     grpc_status_code code = dit_status_to_grpc(st);
     char detail[1300];
     if (st == DIT_OK && j->warning[0])
@@ -1113,9 +1318,11 @@ static void on_done(void *ctx, uint64_t job_id, dit_status st, const char *messa
         if (st == DIT_OK || code != GRPC_STATUS_UNAVAILABLE) {
             /* A warm-up that failed for a reason other than the mesh would
              * fail again: serve anyway, and say so. */
+            m->warmed = true;
             s->warmed = true;
             DIT_LOG(s->log, st == DIT_OK ? DIT_LOG_INFO : DIT_LOG_WARN, "warmup",
-                    "warm-up %s in %.0f ms%s%s", st == DIT_OK ? "done" : "failed", compute_ms,
+                    "warm-up%s%s %s in %.0f ms%s%s", s->n_meshes > 1 ? " of " : "",
+                    s->n_meshes > 1 ? m->name : "", st == DIT_OK ? "done" : "failed", compute_ms,
                     st == DIT_OK ? "" : ": ", detail);
         }
         break;
@@ -1145,6 +1352,11 @@ static void on_done(void *ctx, uint64_t job_id, dit_status st, const char *messa
         reply rp;
         if (j->call)
             dit_rpc_call_set_user(j->call, NULL);
+        if (st == DIT_OK && !d) {
+            st = DIT_ERR_INTERNAL;
+            code = GRPC_STATUS_INTERNAL;
+            snprintf(detail, sizeof detail, "the workers sent no result for this request");
+        }
         if (st == DIT_OK && j->call && !unread_ok(s, j->call, &rp)) {
             /* Admitted while there was room; the client has not read since. */
             dit_rpc_call_finish(j->call, rp.code, rp.msg);
@@ -1154,7 +1366,7 @@ static void on_done(void *ctx, uint64_t job_id, dit_status st, const char *messa
             s->requests_failed++;
         } else if (st == DIT_OK) {
             s->requests_ok++;
-            send_result(s, j, env->done);
+            send_result(s, j, d);
             fail_job(j, GRPC_STATUS_OK, NULL);
         } else {
             s->requests_failed++;
@@ -1170,9 +1382,61 @@ static void on_done(void *ctx, uint64_t job_id, dit_status st, const char *messa
         break;
     }
     }
+}
+
+/* Member k's result in rank 0's JobDone: the message itself for member
+ * 0, its entry in `batch` for the others; NULL when it is missing. */
+static const Ditserve__Ipc__JobDone *member_result(const Ditserve__Ipc__JobDone *d, uint64_t id,
+                                                   int k)
+{
+    if (!d)
+        return NULL;
+    if (k == 0)
+        return d;
+    for (size_t i = 0; i < d->n_batch; i++)
+        if (d->batch[i] && d->batch[i]->job_id == id)
+            return d->batch[i];
+    return NULL;
+}
+
+static void on_done(void *ctx, uint64_t job_id, dit_status st, const char *message,
+                    Ditserve__Ipc__Envelope *env)
+{
+    dit_server_mesh *m = ctx;
+    dit_server *s = m->srv;
+    if (m->n_members == 0 || m->job_id != job_id) {
+        if (env)
+            ditserve__ipc__envelope__free_unpacked(env, NULL);
+        return;
+    }
+    const int n = m->n_members;
+    job *b[DIT_DAEMON_MAX_BATCH];
+    memcpy(b, m->members, sizeof(job *) * (size_t)n);
+    memset(m->members, 0, sizeof m->members);
+    m->n_members = 0;
+    m->job_id = 0;
+    s->n_running -= n;
+    const double t = now_ms();
+    m->busy_ms += t - m->busy_since_ms;
+    dit_metrics_mesh_busy(s->metrics, m->index, (t - m->busy_since_ms) / 1e3);
+    m->busy_since_ms = 0;
+    m->jobs_run++;
+    m->requests_run += n;
+    const Ditserve__Ipc__JobDone *done = st == DIT_OK && env ? env->done : NULL;
+    for (int k = 0; k < n; k++) {
+        job *j = b[k];
+        const Ditserve__Ipc__JobDone *d = member_result(done, j->id, k);
+        dit_status mst = st;
+        const char *msg = message;
+        if (st == DIT_OK && d) {
+            mst = (dit_status)d->status;
+            msg = d->message;
+        }
+        member_done(s, m, j, mst, msg, mst == DIT_OK ? d : NULL, t - j->started_ms);
+        job_free(j);
+    }
     if (env)
         ditserve__ipc__envelope__free_unpacked(env, NULL);
-    job_free(j);
     update_health(s);
     try_dispatch(s);
 }
@@ -1188,8 +1452,9 @@ static void loras_loaded_clear(dit_server *s)
 
 static void on_worker_memory(void *ctx, int rank, const Ditserve__Ipc__WorkerMemory *mem)
 {
-    dit_server *s = ctx;
-    if (rank == 0) {
+    dit_server_mesh *m = ctx;
+    dit_server *s = m->srv;
+    if (rank == 0 && m->index == 0) {
         /* Rank 0 speaks for the mesh: every rank loads the same adapters. */
         loras_loaded_clear(s);
         const size_t n = mem->n_loras < 4096 ? mem->n_loras : 4096;
@@ -1213,17 +1478,84 @@ static void on_worker_memory(void *ctx, int rank, const Ditserve__Ipc__WorkerMem
             bytes += s->loras_loaded[i].bytes;
         dit_metrics_lora(s->metrics, d[0], d[1], d[2], s->n_loras_loaded, bytes);
     }
-    dit_metrics_worker_memory(s->metrics, rank, mem->host_rss_bytes, mem->device_used_bytes,
-                              mem->device_total_bytes, mem->device_peak_bytes);
+    dit_metrics_worker_memory(s->metrics, m->index, rank, mem->host_rss_bytes,
+                              mem->device_used_bytes, mem->device_total_bytes,
+                              mem->device_peak_bytes);
 }
 
-dit_supervisor_events dit_server_mesh_events(dit_server *s)
+dit_status dit_server_create_meshes(dit_server *s, const dit_supervisor_config *base,
+                                    dit_diag *diag)
 {
-    return (dit_supervisor_events){.ctx = s,
-                                   .state_changed = on_state,
-                                   .job_progress = on_progress,
-                                   .job_done = on_done,
-                                   .worker_memory = on_worker_memory};
+    const int M = s->cfg->replicas > 0 ? s->cfg->replicas : 1;
+    uv_timer_init(s->loop, &s->batch_timer);
+    s->batch_timer.data = s;
+    s->batch_timer_up = true;
+    for (int i = 0; i < M; i++) {
+        dit_server_mesh *m = &s->meshes[i];
+        m->srv = s;
+        m->index = i;
+        m->warmed = s->cfg->warmup == NULL;
+        if (M > 1)
+            snprintf(m->name, sizeof m->name, "mesh%d", i);
+        else
+            snprintf(m->name, sizeof m->name, "mesh");
+        dit_supervisor_config sc = *base;
+        sc.name = m->name;
+        sc.device_base = i * base->pc.world_size;
+        const dit_supervisor_events ev = {.ctx = m,
+                                          .state_changed = on_state,
+                                          .job_progress = on_progress,
+                                          .job_done = on_done,
+                                          .worker_memory = on_worker_memory};
+        const dit_status st = dit_supervisor_create(s->loop, &sc, &ev, &m->sup, diag);
+        if (st != DIT_OK)
+            return st;
+        s->n_meshes = i + 1;
+    }
+    return DIT_OK;
+}
+
+void dit_server_start_meshes(dit_server *s)
+{
+    for (int i = 0; i < s->n_meshes; i++)
+        dit_supervisor_start(s->meshes[i].sup);
+}
+
+static void on_one_mesh_stopped(void *ctx)
+{
+    dit_server *s = ctx;
+    if (--s->meshes_stopping == 0 && s->meshes_stopped)
+        s->meshes_stopped(s->meshes_stopped_ctx);
+}
+
+void dit_server_stop_meshes(dit_server *s, double grace_s, void (*done)(void *ctx), void *ctx)
+{
+    if (s->batch_timer_up) {
+        s->batch_timer_up = false;
+        uv_timer_stop(&s->batch_timer);
+        uv_close((uv_handle_t *)&s->batch_timer, NULL);
+    }
+    s->meshes_stopped = done;
+    s->meshes_stopped_ctx = ctx;
+    /* Counted first: a mesh may report stopped at once. */
+    s->meshes_stopping = s->n_meshes + 1;
+    for (int i = 0; i < s->n_meshes; i++)
+        dit_supervisor_stop(s->meshes[i].sup, grace_s, on_one_mesh_stopped, s);
+    on_one_mesh_stopped(s);
+}
+
+void dit_server_destroy_meshes(dit_server *s)
+{
+    for (int i = 0; i < s->n_meshes; i++) {
+        dit_supervisor_destroy(s->meshes[i].sup);
+        s->meshes[i].sup = NULL;
+    }
+    s->n_meshes = 0;
+}
+
+int dit_server_join_port(const dit_server *s)
+{
+    return s->n_meshes > 0 ? dit_supervisor_join_port(s->meshes[0].sup) : -1;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1291,30 +1623,77 @@ static void on_server_info(void *ctx, dit_rpc_call *call, const uint8_t *req, si
     info.world_size = pc->world_size;
     info.layout = &lay;
     info.backend = (char *)s->cfg->backend_name;
-    char *devices[64];
-    char names[64][80];
-    for (int r = 0; r < pc->world_size && r < 64; r++) {
-        snprintf(names[r], sizeof names[r], "rank %d: %s", r, dit_supervisor_device(s->sup));
-        devices[r] = names[r];
+    /* Mesh 0's devices at the top (what clients of one mesh read), every
+     * mesh's in its MeshInfo. */
+    enum { MAXR = 64 };
+    static const int max_names = DIT_DAEMON_MAX_REPLICAS * MAXR;
+    char(*names)[80] = calloc((size_t)max_names, sizeof *names);
+    char **devices = calloc((size_t)max_names, sizeof *devices);
+    Ditserve__V1__MeshInfo mi[DIT_DAEMON_MAX_REPLICAS], *mip[DIT_DAEMON_MAX_REPLICAS];
+    if (!names || !devices) {
+        free(names);
+        free(devices);
+        dit_rpc_call_finish(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+        return;
     }
-    info.n_devices = (size_t)(pc->world_size < 64 ? pc->world_size : 64);
+    const int W = pc->world_size < MAXR ? pc->world_size : MAXR;
+    dit_mesh_state best = DIT_MESH_STOPPED;
+    bool warming = false;
+    int64_t restarts = 0;
+    for (int i = 0; i < s->n_meshes; i++) {
+        const dit_server_mesh *ms = &s->meshes[i];
+        const dit_mesh_state st = dit_supervisor_state(ms->sup);
+        best = st < best ? st : best; /* starting < ready < restarting < ... */
+        if (st == DIT_MESH_READY)
+            best = DIT_MESH_READY;
+        warming |= st == DIT_MESH_READY && !ms->warmed;
+        restarts += dit_supervisor_restarts(ms->sup);
+        ditserve__v1__mesh_info__init(&mi[i]);
+        mi[i].index = i;
+        mi[i].state = s->draining                           ? "draining"
+                      : st == DIT_MESH_READY && !ms->warmed ? "warming_up"
+                                                            : (char *)dit_mesh_state_name(st);
+        for (int r = 0; r < W; r++) {
+            char *nm = names[i * MAXR + r];
+            snprintf(nm, 80, "rank %d: %s", r, dit_supervisor_device(ms->sup));
+            devices[i * MAXR + r] = nm;
+        }
+        mi[i].n_devices = (size_t)W;
+        mi[i].devices = devices + i * MAXR;
+        mi[i].running = ms->n_members;
+        mi[i].worker_restarts = dit_supervisor_restarts(ms->sup);
+        mi[i].busy_seconds =
+            (ms->busy_ms + (ms->n_members ? now_ms() - ms->busy_since_ms : 0)) / 1e3;
+        mi[i].jobs = ms->jobs_run;
+        mi[i].requests = ms->requests_run;
+        mip[i] = &mi[i];
+    }
+    info.n_devices = (size_t)W;
     info.devices = devices;
     info.queue_depth = dit_queue_length(&s->queue);
     info.max_queue = s->cfg->max_queue;
-    info.running = s->running ? 1 : 0;
-    const dit_mesh_state ms = dit_supervisor_state(s->sup);
+    info.running = s->n_running;
     /* Health says NOT_SERVING while the startup warm-up runs on a ready
      * mesh; "ready" here would contradict it without saying why. */
-    info.mesh_state = s->draining                          ? "draining"
-                      : ms == DIT_MESH_READY && !s->warmed ? "warming_up"
-                                                           : (char *)dit_mesh_state_name(ms);
+    if (s->draining)
+        info.mesh_state = "draining";
+    else if (best == DIT_MESH_READY && warming && !any_mesh_serving(s))
+        info.mesh_state = "warming_up";
+    else
+        info.mesh_state = (char *)dit_mesh_state_name(best);
     info.comm = pc->world_size == 1 ? "none" : s->cfg->backend == DIT_BACKEND_CUDA ? "nccl" : "shm";
-    info.worker_restarts = dit_supervisor_restarts(s->sup);
+    info.worker_restarts = restarts;
+    info.replicas = s->n_meshes;
+    info.max_batch = s->cfg->max_batch;
+    info.n_meshes = (size_t)s->n_meshes;
+    info.meshes = mip;
     model_msg m;
     fill_model_info(s, &m);
     info.model = &m.info;
     send_packed(call, &info.base);
     dit_rpc_call_finish(call, GRPC_STATUS_OK, NULL);
+    free(names);
+    free(devices);
 }
 
 static void on_list_models(void *ctx, dit_rpc_call *call, const uint8_t *req, size_t len)
@@ -1396,7 +1775,7 @@ void dit_server_drain(dit_server *s)
 
 int dit_server_pending(const dit_server *s)
 {
-    return dit_queue_length(&s->queue) + (s->running ? 1 : 0);
+    return dit_queue_length(&s->queue) + s->n_running;
 }
 
 void dit_server_abort_pending(dit_server *s, const char *why)
@@ -1407,12 +1786,16 @@ void dit_server_abort_pending(dit_server *s, const char *why)
         fail_job(j, GRPC_STATUS_UNAVAILABLE, why);
         job_free(j);
     }
-    if (s->running) {
-        /* The client hears why now; the job stops at its next step. */
-        snprintf(s->running->cancel_reason, sizeof s->running->cancel_reason, "%s", why);
-        fail_job(s->running, GRPC_STATUS_UNAVAILABLE, why);
-        dit_supervisor_cancel(s->sup, s->running->id);
-    }
+    for (int i = 0; i < s->n_meshes; i++)
+        for (int k = 0; k < s->meshes[i].n_members; k++) {
+            /* The client hears why now; the job stops at its next step. */
+            job *j = s->meshes[i].members[k];
+            if (!j)
+                continue;
+            snprintf(j->cancel_reason, sizeof j->cancel_reason, "%s", why);
+            fail_job(j, GRPC_STATUS_UNAVAILABLE, why);
+            dit_supervisor_cancel(s->meshes[i].sup, j->id);
+        }
 }
 
 void dit_server_free_jobs(dit_server *s)
@@ -1421,8 +1804,12 @@ void dit_server_free_jobs(dit_server *s)
     dit_queue_item *it;
     while ((it = dit_queue_pop(&s->queue)) != NULL)
         job_free(JOB_OF(it));
-    job_free(s->running);
-    s->running = NULL;
+    for (int i = 0; i < DIT_DAEMON_MAX_REPLICAS; i++) {
+        for (int k = 0; k < s->meshes[i].n_members; k++)
+            job_free(s->meshes[i].members[k]);
+        s->meshes[i].n_members = 0;
+    }
+    s->n_running = 0;
     free(s->watchers);
     s->watchers = NULL;
 }

@@ -47,6 +47,23 @@ typedef struct dit_job_client {
 /* Generate jobs one dit_server_submit may add. */
 #define DIT_SERVER_MAX_SUBMIT 16
 
+/* One worker mesh (ditd --replicas runs several) and the batch it runs:
+ * the jobs of one ipc Job, member 0 first (members[k] NULL once that
+ * member's job ended early: cancelled, its result dropped). */
+typedef struct dit_server_mesh {
+    struct dit_server *srv;
+    int index;
+    char name[16]; /* "mesh" alone, else "mesh0", "mesh1", ... (log subsystem) */
+    dit_supervisor *sup;
+    job *members[DIT_DAEMON_MAX_BATCH];
+    int n_members;   /* 0: idle */
+    uint64_t job_id; /* the running ipc job's id (member 0's) */
+    bool warmed;     /* its --warmup ran (or none was asked for) */
+    double busy_since_ms;
+    double busy_ms; /* time it ran jobs, finished ones */
+    int64_t jobs_run, requests_run;
+} dit_server_mesh;
+
 typedef struct dit_server {
     uv_loop_t *loop;
     const dit_daemon_config *cfg;
@@ -55,11 +72,16 @@ typedef struct dit_server {
     dit_model_info model; /* what clients are told about the served pipeline */
     dit_rpc_server *rpc;
     int port;
-    dit_supervisor *sup;
+    dit_server_mesh meshes[DIT_DAEMON_MAX_REPLICAS];
+    int n_meshes, meshes_stopping;
+    void (*meshes_stopped)(void *ctx);
+    void *meshes_stopped_ctx;
+    uv_timer_t batch_timer; /* --batch-wait-ms: when the waiting head's wait ends */
+    bool batch_timer_up;
     dit_reflection *refl;
     dit_metrics *metrics; /* NULL: no metrics endpoint */
     dit_queue queue;      /* waiting jobs, highest priority first, then arrival */
-    job *running;
+    int n_running;        /* requests running, over every mesh */
     uint64_t next_job_id, next_seq;
     bool draining;
     bool warmed;  /* --warmup done (or none asked for) */
@@ -85,8 +107,20 @@ typedef struct dit_server {
 /* The methods ditd serves, in registration order. */
 int dit_server_methods(dit_server *s, const dit_rpc_method **out);
 
-/* Supervisor events go here. */
-dit_supervisor_events dit_server_mesh_events(dit_server *s);
+/* Creates the --replicas meshes from `base` (each gets its name and GPUs)
+ * and the batching timer; the workers start with dit_server_start_meshes.
+ * On failure what was made is left for dit_server_stop_meshes. */
+dit_status dit_server_create_meshes(dit_server *s, const dit_supervisor_config *base,
+                                    dit_diag *diag);
+void dit_server_start_meshes(dit_server *s);
+
+/* Stops every mesh (workers asked to exit, killed after grace_s) and the
+ * timer; `done` once all are gone. Then dit_server_destroy_meshes. */
+void dit_server_stop_meshes(dit_server *s, double grace_s, void (*done)(void *ctx), void *ctx);
+void dit_server_destroy_meshes(dit_server *s);
+
+/* Mesh 0's join port (multi-node), or -1. */
+int dit_server_join_port(const dit_server *s);
 
 /* Admits n Generate requests as one (all or none) from another front end:
  * every check and limit a gRPC Generate passes, with room in the queue for

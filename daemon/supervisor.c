@@ -80,6 +80,7 @@ struct dit_supervisor {
     dit_supervisor_config cfg;
     dit_supervisor_events ev;
     const dit_log *log;
+    const char *name; /* log subsystem */
     char sock_dir[64];
     char sock_path[128];
     uv_pipe_t listener;
@@ -152,7 +153,7 @@ static void set_phase(dit_supervisor *s, sup_phase ph)
     s->phase = ph;
     if (before == after)
         return;
-    DIT_LOG(s->log, DIT_LOG_INFO, "mesh", "state: %s", dit_mesh_state_name(after));
+    DIT_LOG(s->log, DIT_LOG_INFO, s->name, "state: %s", dit_mesh_state_name(after));
     if (s->ev.state_changed)
         s->ev.state_changed(s->ev.ctx, after);
 }
@@ -318,7 +319,7 @@ static void check_torn_down(dit_supervisor *s)
         return;
     }
     set_phase(s, PH_BACKOFF);
-    DIT_LOG(s->log, DIT_LOG_INFO, "mesh", "restarting the workers in %.0f s", s->backoff_s);
+    DIT_LOG(s->log, DIT_LOG_INFO, s->name, "restarting the workers in %.0f s", s->backoff_s);
     uv_timer_start(&s->backoff_timer, on_backoff, (uint64_t)(s->backoff_s * 1000), 0);
     s->backoff_s = s->backoff_s * 2 > SUP_BACKOFF_MAX_S ? SUP_BACKOFF_MAX_S : s->backoff_s * 2;
 }
@@ -336,7 +337,7 @@ void dit_supervisor_fail(dit_supervisor *s, const char *reason)
     /* No job runs while the mesh stops (the stop ended it). */
     if (st == DIT_MESH_RESTARTING || st == DIT_MESH_STOPPED || st == DIT_MESH_STOPPING)
         return;
-    DIT_LOG(s->log, DIT_LOG_ERROR, "mesh", "%s; tearing the mesh down", reason);
+    DIT_LOG(s->log, DIT_LOG_ERROR, s->name, "%s; tearing the mesh down", reason);
     if (s->seg)
         dit_shm_segment_abort(s->seg, -1);
     uv_timer_stop(&s->startup_timer);
@@ -417,7 +418,7 @@ static void send_setup_range(dit_supervisor *s, int from, int to)
         setup.rank = r;
         /* One GPU per local rank; joined workers pick their own, and their
          * own thread count (0: all their cores) unless --threads is set. */
-        setup.device = r < s->L ? r : -1;
+        setup.device = r < s->L ? s->cfg.device_base + r : -1;
         setup.threads = r < s->L ? local_threads : s->cfg.threads;
         send_to(s->by_rank[r], &env);
     }
@@ -431,7 +432,7 @@ static void send_setup(dit_supervisor *s)
         /* Every rank is here: from now on, loading has a deadline. */
         uv_timer_start(&s->startup_timer, on_startup_timeout,
                        (uint64_t)(s->cfg.startup_timeout_s * 1000), 0);
-        DIT_LOG(s->log, DIT_LOG_INFO, "mesh", "all %d ranks present (%d joined); setting up", s->N,
+        DIT_LOG(s->log, DIT_LOG_INFO, s->name, "all %d ranks present (%d joined); setting up", s->N,
                 s->N - s->L);
     }
     if (use_nccl(s)) {
@@ -461,7 +462,7 @@ static void drop_conn(conn *c, const char *why)
 {
     dit_supervisor *s = c->s;
     const int rank = c->rank;
-    DIT_LOG(s->log, DIT_LOG_WARN, "mesh", "%s from %s%d; closing it", why,
+    DIT_LOG(s->log, DIT_LOG_WARN, s->name, "%s from %s%d; closing it", why,
             rank >= 0 ? "rank " : "a worker without a rank, pid ", rank >= 0 ? rank : c->jp.pid);
     close_conn(c);
     if (rank >= 0 && !s->stopping) {
@@ -500,7 +501,7 @@ static void handle(conn *c, Ditserve__Ipc__Envelope *env)
     case DITSERVE__IPC__ENVELOPE__MSG_MESH_ID: {
         const ProtobufCBinaryData *id = &env->mesh_id->nccl_id;
         if (c->rank != 0 || s->phase != PH_MESH_ID || id->len == 0 || id->len > sizeof s->nccl_id) {
-            DIT_LOG(s->log, DIT_LOG_WARN, "mesh", "unexpected mesh id from rank %d; ignored",
+            DIT_LOG(s->log, DIT_LOG_WARN, s->name, "unexpected mesh id from rank %d; ignored",
                     c->rank);
             break;
         }
@@ -515,7 +516,7 @@ static void handle(conn *c, Ditserve__Ipc__Envelope *env)
             s->ev.worker_memory(s->ev.ctx, c->rank, env->ready->memory);
         if (c->rank == 0 && env->ready->device)
             snprintf(s->device, sizeof s->device, "%s", env->ready->device);
-        DIT_LOG(s->log, DIT_LOG_INFO, "mesh",
+        DIT_LOG(s->log, DIT_LOG_INFO, s->name,
                 "rank %d ready (%.0f ms to load, %.1f MiB of weights)", c->rank,
                 env->ready->load_ms, (double)env->ready->weight_bytes / 1048576.0);
         if (s->rank_ready[c->rank]) {
@@ -578,7 +579,7 @@ static void handle(conn *c, Ditserve__Ipc__Envelope *env)
         break;
     }
     default:
-        DIT_LOG(s->log, DIT_LOG_WARN, "mesh", "unexpected message %d from rank %d",
+        DIT_LOG(s->log, DIT_LOG_WARN, s->name, "unexpected message %d from rank %d",
                 (int)env->msg_case, c->rank);
         break;
     }
@@ -841,7 +842,7 @@ static void on_exit_cb(uv_process_t *p, int64_t status, int term_signal)
     if (!s->stopping && !s->destroyed && public_state(s->phase) != DIT_MESH_RESTARTING)
         dit_supervisor_fail(s, reason);
     else
-        DIT_LOG(s->log, DIT_LOG_DEBUG, "mesh", "%s", reason);
+        DIT_LOG(s->log, DIT_LOG_DEBUG, s->name, "%s", reason);
     uv_close((uv_handle_t *)p, on_proc_closed);
 }
 
@@ -929,11 +930,11 @@ static void spawn_all(dit_supervisor *s)
         s->open_procs++;
     }
     if (s->L < s->N)
-        DIT_LOG(s->log, DIT_LOG_INFO, "mesh",
+        DIT_LOG(s->log, DIT_LOG_INFO, s->name,
                 "started %d local worker(s); ranks %d to %d join on port %d", s->L, s->L, s->N - 1,
                 s->join_port);
     else
-        DIT_LOG(s->log, DIT_LOG_INFO, "mesh", "started %d worker(s)", s->N);
+        DIT_LOG(s->log, DIT_LOG_INFO, s->name, "started %d worker(s)", s->N);
     assign_remote(s);
 }
 
@@ -1024,6 +1025,7 @@ dit_status dit_supervisor_create(uv_loop_t *loop, const dit_supervisor_config *c
     s->cfg = *cfg;
     s->ev = *ev;
     s->log = cfg->log;
+    s->name = cfg->name ? cfg->name : "mesh";
     s->N = cfg->pc.world_size;
     s->L = cfg->local_ranks;
     s->join_port = -1;
@@ -1039,7 +1041,7 @@ dit_status dit_supervisor_create(uv_loop_t *loop, const dit_supervisor_config *c
      * it): socket folders and shm segments named with its pid. */
     const int stale = reclaim_sock_dirs() + dit_shm_reclaim_stale();
     if (stale > 0)
-        DIT_LOG(cfg->log, DIT_LOG_INFO, "mesh",
+        DIT_LOG(cfg->log, DIT_LOG_INFO, s->name,
                 "removed %d socket folder(s) and shm segment(s) of ditd processes that are gone",
                 stale);
     /* The IPC socket lives in a folder only this user can enter, named with
@@ -1138,7 +1140,9 @@ dit_status dit_supervisor_run(dit_supervisor *s, uint64_t job_id, const Ditserve
 
 void dit_supervisor_cancel(dit_supervisor *s, uint64_t job_id)
 {
-    if (s->phase != PH_RUNNING || s->job_id != job_id)
+    /* Any id is passed on while a job runs: it may name one member of a
+     * batch, and the workers ignore ids they do not run. */
+    if (s->phase != PH_RUNNING)
         return;
     Ditserve__Ipc__Cancel cancel = DITSERVE__IPC__CANCEL__INIT;
     cancel.job_id = job_id;
@@ -1155,7 +1159,7 @@ static void on_kill_timer(uv_timer_t *t)
     for (int r = 0; r < s->L; r++)
         left += s->workers[r].alive;
     if (left)
-        DIT_LOG(s->log, DIT_LOG_WARN, "mesh", "%d worker(s) did not exit in time; killing them",
+        DIT_LOG(s->log, DIT_LOG_WARN, s->name, "%d worker(s) did not exit in time; killing them",
                 left);
     kill_all(s);
     while (s->conns)

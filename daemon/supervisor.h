@@ -66,6 +66,11 @@ typedef struct dit_supervisor_config {
     int n_preload_loras;
     const struct dit_daemon_lora *fuse_lora; /* NULL: none */
     float fuse_lora_scale;
+    /* Several meshes (ditd --replicas): the name its log lines carry
+     * ("mesh" for the only one, "mesh1" ...; NULL: "mesh") and the GPU
+     * ordinal of its rank 0 (rank r uses device_base + r). */
+    const char *name;
+    int device_base;
 } dit_supervisor_config;
 
 typedef struct dit_supervisor_events {
@@ -100,7 +105,9 @@ bool dit_supervisor_idle(const dit_supervisor *s);
 dit_status dit_supervisor_run(dit_supervisor *s, uint64_t job_id, const Ditserve__Ipc__Job *tmpl,
                               dit_diag *diag);
 
-/* Asks the running job to stop at the next step boundary. */
+/* Asks the running job to stop at the next step boundary; job_id may name
+ * one member of a batched job (ipc Job.batch), which leaves the batch
+ * while the others go on. */
 void dit_supervisor_cancel(dit_supervisor *s, uint64_t job_id);
 
 /* Tears the mesh down now (a stall the caller noticed, or shutdown) and,

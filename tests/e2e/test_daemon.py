@@ -797,7 +797,7 @@ def metrics():
         wait_progress(call)
         during = scrape()
         assert during['ditserve_running_requests{model="demo"}'] == 1, during
-        assert during['ditserve_mesh_state{model="demo",state="ready"}'] == 1
+        assert during['ditserve_mesh_state{model="demo",mesh="0",state="ready"}'] == 1
         kinds, png, _ = ditapi.collect(call)
         assert kinds[-1] == "result"
         expect_error(lambda: d.generate(timeout=10, **dict(SMALL, width=100)), "INVALID_ARGUMENT")
@@ -811,11 +811,11 @@ def metrics():
         assert after['ditserve_request_seconds_sum{model="demo"}'] > 0
         assert after['ditserve_queue_seconds_count{model="demo"}'] == 1
         assert after['ditserve_running_requests{model="demo"}'] == 0
-        assert after['ditserve_worker_restarts_total{model="demo"}'] == 0
+        assert after['ditserve_worker_restarts_total{model="demo",mesh="0"}'] == 0
         # Every rank reports its memory; GPU gauges only where there is a GPU.
         info = d.info()
         for r in range(2):
-            rss = after[f'ditserve_worker_resident_bytes{{model="demo",rank="{r}"}}']
+            rss = after[f'ditserve_worker_resident_bytes{{model="demo",mesh="0",rank="{r}"}}']
             assert rss > 4 << 20, (r, rss)
         gpu = [k for k in after if k.startswith("ditserve_gpu_memory")]
         if info.backend == "cpu":
