@@ -929,12 +929,19 @@ static void spawn_all(dit_supervisor *s)
         w->pid = w->proc.pid;
         s->open_procs++;
     }
+    /* The pids, rank by rank: an operator (or a test) can tell which
+     * process plays which rank of which mesh. */
+    char pids[SUP_MAX_RANKS * 12] = "";
+    size_t len = 0;
+    for (int r = 0; r < s->L && len < sizeof pids; r++)
+        len += (size_t)snprintf(pids + len, sizeof pids - len, "%s%d", r ? " " : "",
+                                (int)s->workers[r].pid);
     if (s->L < s->N)
         DIT_LOG(s->log, DIT_LOG_INFO, s->name,
-                "started %d local worker(s); ranks %d to %d join on port %d", s->L, s->L, s->N - 1,
-                s->join_port);
+                "started %d local worker(s) (pids %s); ranks %d to %d join on port %d", s->L, pids,
+                s->L, s->N - 1, s->join_port);
     else
-        DIT_LOG(s->log, DIT_LOG_INFO, s->name, "started %d worker(s)", s->N);
+        DIT_LOG(s->log, DIT_LOG_INFO, s->name, "started %d worker(s) (pids %s)", s->N, pids);
     assign_remote(s);
 }
 

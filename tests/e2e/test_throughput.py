@@ -1,0 +1,420 @@
+"""End-to-end tests of ditd's throughput features: batched requests
+(--max-batch), several meshes (--replicas), and what ServerInfo and the
+metrics say about them. The real daemon, real workers, real gRPC.
+
+    test_throughput.py CASE      runs one case (meson registers each as a test)
+    test_throughput.py --list    lists the cases
+"""
+
+import os
+import re
+import signal
+import struct
+import sys
+import threading
+import time
+import urllib.request
+
+import grpc
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import ditapi  # noqa: E402
+from daemon import Daemon, alive, children_of  # noqa: E402
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+SMALL = dict(prompt="a red fox in the snow", width=64, height=64, num_inference_steps=4)
+RAW = "OUTPUT_FORMAT_RAW_TENSOR"
+# Holds a mesh until cancelled (25 ms a step on one core: 25 s and more).
+LONG = dict(prompt="a very long job", width=512, height=512, num_inference_steps=1000)
+# The batch members: each its own prompt, seed, guidance and image count.
+MEMBERS = [
+    dict(prompt="a red fox in the snow", seed=11, guidance_scale=3.5),
+    dict(prompt="a lighthouse at dusk, oil on canvas", seed=12, guidance_scale=1.5),
+    dict(prompt="", seed=13, guidance_scale=6.0, num_images=2),
+]
+# The 40-step shape the batch tests use; 96x64 is a different shape.
+SHAPE = dict(width=64, height=64, num_inference_steps=40)
+
+CASES = {}
+
+
+def case(fn):
+    CASES[fn.__name__] = fn
+    return fn
+
+
+def expect_code(fn, code):
+    try:
+        fn()
+    except grpc.RpcError as e:
+        assert e.code().name == code, f"got {e.code().name} ({e.details()!r}), expected {code}"
+        return e.details() or ""
+    raise AssertionError(f"expected {code}, the call succeeded")
+
+
+def wait_progress(call):
+    for ev in call:
+        if ev.WhichOneof("event") == "progress":
+            return ev
+    raise AssertionError("the stream ended before any progress")
+
+
+def floats(raw):
+    return struct.unpack(f"<{len(raw) // 4}f", raw)
+
+
+def assert_close(got, want, what, rel=1e-5):
+    """Raw f32 tensors equal within `rel` of the largest magnitude."""
+    a, b = floats(got), floats(want)
+    assert len(a) == len(b), f"{what}: {len(a)} values, expected {len(b)}"
+    scale = max(1e-12, max(abs(x) for x in b))
+    worst = max(abs(x - y) for x, y in zip(a, b)) / scale
+    assert worst <= rel, f"{what}: differs by {worst:.3g} relative (tolerance {rel})"
+    return worst
+
+
+def split_images(raw, res):
+    out, base = [], 0
+    for n in res.image_bytes:
+        out.append(raw[base:base + n])
+        base += n
+    return out
+
+
+def scraper(d):
+    line = d.proc.stdout.readline().decode()
+    assert line.startswith("ditd: metrics on http://"), line
+    url = line.split()[-1].replace("0.0.0.0", "127.0.0.1")
+
+    def scrape():
+        with urllib.request.urlopen(url, timeout=10) as r:
+            text = r.read().decode()
+        out = {}
+        for l in text.splitlines():
+            if l and not l.startswith("#"):
+                name, value = l.rsplit(" ", 1)
+                out[name] = float(value)
+        return out
+    return scrape
+
+
+def mesh_pids(d):
+    """{mesh name: [pid of rank 0, rank 1, ...]} from the start-up log lines,
+    the newest start of each mesh."""
+    pids = {}
+    for m in re.finditer(r"(mesh\d*)\S*\s.*?started \d+ worker\(s\) \(pids ([\d ]+)\)", d.log()):
+        pids[m.group(1)] = [int(p) for p in m.group(2).split()]
+    return pids
+
+
+def start_blocker(d):
+    """A LONG request holding the (only) mesh, so that what follows queues."""
+    call = d.api.generate(d.channel)(d.api.request(seed=1, **LONG), timeout=600)
+    wait_progress(call)
+    return call
+
+
+def solo_results(d, members, **shape):
+    """Each member's raw images, run alone (one at a time)."""
+    out = []
+    for m in members:
+        kinds, raw, res = d.generate(timeout=300, output_format=RAW, **dict(shape, **m))
+        assert "result" in kinds, kinds
+        out.append(split_images(raw, res))
+    return out
+
+
+def run_concurrently(d, reqs, timeout=300):
+    """Starts every request in order (each queued before the next starts);
+    returns {index: (kinds, raw, res) or the RpcError}."""
+    results, threads = {}, []
+
+    def one(k, call):
+        try:
+            results[k] = ditapi.collect(call)
+        except grpc.RpcError as e:
+            results[k] = e
+
+    for k, fields in enumerate(reqs):
+        call = d.api.generate(d.channel)(d.api.request(**fields), timeout=timeout)
+        before = d.info().queue_depth
+        t = threading.Thread(target=one, args=(k, call))
+        t.start()
+        threads.append(t)
+        t0 = time.monotonic()
+        while d.info().queue_depth <= before and time.monotonic() - t0 < 10:
+            time.sleep(0.01)
+    return results, threads
+
+
+# --------------------------------------------------------------------------
+
+
+@case
+def batch_results():
+    """Three queued requests of one shape (own prompts, seeds, guidance, one
+    with two images) run as one batch on a ring-2 mesh; each result equals
+    the same request run alone within 1e-5; the batch size histogram and
+    ServerInfo show one generation of three requests."""
+    d = Daemon("--ring", "2", "--max-batch", "4", "--metrics-port", "0", world=2)
+    try:
+        scrape = scraper(d)
+        solo = solo_results(d, MEMBERS, **SHAPE)
+        info0 = d.info()
+        assert info0.max_batch == 4, info0
+        jobs0 = info0.meshes[0].jobs
+        blocker = start_blocker(d)
+        reqs = [dict(SHAPE, output_format=RAW, **m) for m in MEMBERS]
+        results, threads = run_concurrently(d, reqs)
+        assert d.info().queue_depth == 3
+        blocker.cancel()
+        for t in threads:
+            t.join(300)
+        worst = 0.0
+        for k, r in results.items():
+            assert not isinstance(r, Exception), f"member {k} failed: {r}"
+            kinds, raw, res = r
+            assert res.seed == MEMBERS[k]["seed"], res
+            images = split_images(raw, res)
+            assert len(images) == len(solo[k]), (k, len(images))
+            for i, img in enumerate(images):
+                worst = max(worst, assert_close(img, solo[k][i], f"member {k} image {i}"))
+        print(f"  batched vs alone: worst relative difference {worst:.3g}")
+        info = d.info()
+        # The blocker, then the three members as one generation.
+        assert info.meshes[0].jobs - jobs0 == 2, info.meshes[0]
+        # Three solo runs and the blocker alone, then the batch of three.
+        m = scrape()
+        assert m['ditserve_batch_size_bucket{model="demo",le="1"}'] == 4, m
+        assert m['ditserve_batch_size_bucket{model="demo",le="2"}'] == 4, m
+        assert m['ditserve_batch_size_bucket{model="demo",le="3"}'] == 5, m
+        assert m['ditserve_batch_size_count{model="demo"}'] == 5, m
+        assert m['ditserve_batch_size_sum{model="demo"}'] == 7, m
+        d.stop()
+    finally:
+        d.close()
+
+
+@case
+def batch_cancel_deadline():
+    """In a running batch of three, one member's client cancels and one
+    member's deadline passes: those two end (CANCELLED, DEADLINE_EXCEEDED)
+    while the batch goes on, and the third's result equals it run alone."""
+    d = Daemon("--max-batch", "4", world=1)
+    try:
+        # Long enough (1000 steps of three) that the deadline passes mid-run.
+        shape = dict(width=128, height=128, num_inference_steps=1000)
+        solo = solo_results(d, MEMBERS[:1], **shape)
+        blocker = start_blocker(d)
+        api = d.api
+        calls = [api.generate(d.channel)(api.request(output_format=RAW, **dict(shape, **m)),
+                                         timeout=t)
+                 for m, t in zip(MEMBERS, (300, 300, 3))]
+        t0 = time.monotonic()
+        while d.info().queue_depth < 3 and time.monotonic() - t0 < 10:
+            time.sleep(0.01)
+        blocker.cancel()
+        wait_progress(calls[1])
+        assert d.info().meshes[0].running == 3, d.info()
+        calls[1].cancel()
+        expect_code(lambda: ditapi.collect(calls[1]), "CANCELLED")
+        expect_code(lambda: ditapi.collect(calls[2]), "DEADLINE_EXCEEDED")
+        # The first member still runs after both left, alone in its batch.
+        info = d.info()
+        assert info.running == 1 and info.meshes[0].running == 1, info
+        kinds, raw, res = ditapi.collect(calls[0])
+        assert "result" in kinds, kinds
+        worst = assert_close(split_images(raw, res)[0], solo[0][0], "the remaining member")
+        print(f"  the member that stayed: {worst:.3g} from its solo result")
+        d.wait_idle(30)
+        d.stop()
+    finally:
+        d.close()
+
+
+@case
+def batch_priority():
+    """Priorities with batching: the head of the queue is the most urgent
+    request, and a request joins a batch only if that overtakes nothing more
+    urgent. Queue: A (priority 5, shape X), B (3, shape Y), C (1, shape X),
+    D (5, shape X): A and D run together, then B, then C alone."""
+    d = Daemon("--max-batch", "4", world=1)
+    try:
+        blocker = start_blocker(d)
+        X = dict(SMALL, num_inference_steps=8)
+        Y = dict(SMALL, width=96, num_inference_steps=8)
+        reqs = [dict(X, seed=1, priority=5, request_id="A"),
+                dict(Y, seed=2, priority=3, request_id="B"),
+                dict(X, seed=3, priority=1, request_id="C"),
+                dict(X, seed=4, priority=5, request_id="D")]
+        started = {}
+        lock = threading.Lock()
+
+        def one(k, call):
+            for ev in call:
+                if ev.WhichOneof("event") == "started":
+                    with lock:
+                        started[k] = time.monotonic()
+                if ev.WhichOneof("event") == "result":
+                    started.setdefault(k, 0)
+        threads = []
+        for k, fields in enumerate(reqs):
+            call = d.api.generate(d.channel)(d.api.request(**fields), timeout=300)
+            t = threading.Thread(target=one, args=(k, call))
+            t.start()
+            threads.append(t)
+            t0 = time.monotonic()
+            while d.info().queue_depth < k + 1 and time.monotonic() - t0 < 10:
+                time.sleep(0.01)
+        jobs0 = d.info().meshes[0].jobs
+        blocker.cancel()
+        for t in threads:
+            t.join(300)
+        a, b, c, dd = (started[k] for k in range(4))
+        assert abs(a - dd) < 0.05, f"A and D did not start together ({a}, {dd})"
+        assert a < b < c, f"order A {a}, B {b}, C {c}"
+        # The blocker, A+D, B, C.
+        assert d.info().meshes[0].jobs - jobs0 == 4, d.info().meshes[0]
+        d.stop()
+    finally:
+        d.close()
+
+
+@case
+def batch_wait():
+    """--batch-wait-ms: an idle mesh holds the first request briefly and the
+    second, sent within that time, joins its batch."""
+    d = Daemon("--max-batch", "4", "--batch-wait-ms", "1500", world=1)
+    try:
+        jobs0 = d.info().meshes[0].jobs
+        reqs = [dict(SMALL, seed=1), dict(SMALL, seed=2)]
+        results, threads = {}, []
+        for k, fields in enumerate(reqs):
+            call = d.api.generate(d.channel)(d.api.request(**fields), timeout=120)
+            t = threading.Thread(target=lambda k=k, c=call: results.__setitem__(
+                k, ditapi.collect(c)))
+            t.start()
+            threads.append(t)
+            time.sleep(0.2)
+        for t in threads:
+            t.join(120)
+        assert all(results[k][1].startswith(PNG_MAGIC) for k in range(2))
+        info = d.info().meshes[0]
+        assert info.jobs - jobs0 == 1 and info.requests >= 2, info
+        d.stop()
+    finally:
+        d.close()
+
+
+@case
+def replicas():
+    """--replicas 2 on ring-2 meshes: four workers, both meshes take work
+    from one queue, ServerInfo and the metrics per mesh; a worker of one mesh
+    killed mid-request fails only that mesh's request, the other mesh's
+    request completes meanwhile, the mesh rebuilds and serves again."""
+    d = Daemon("--ring", "2", "--replicas", "2", "--metrics-port", "0", world=2)
+    try:
+        scrape = scraper(d)
+        info = d.info()
+        assert info.replicas == 2 and len(info.meshes) == 2, info
+        assert [m.state for m in info.meshes] == ["ready", "ready"], info
+        assert len(children_of(d.proc.pid)) == 4
+        pids = mesh_pids(d)
+        assert sorted(pids) == ["mesh0", "mesh1"] and all(len(p) == 2 for p in pids.values()), pids
+        # Both meshes serve: two long requests run at once.
+        api = d.api
+        victim = api.generate(d.channel)(api.request(seed=1, request_id="victim", **LONG),
+                                         timeout=600)
+        wait_progress(victim)
+        busy = [m.running for m in d.info().meshes]
+        a = busy.index(1)
+        other = api.generate(d.channel)(api.request(seed=2, request_id="other", **dict(
+            SMALL, num_inference_steps=150)), timeout=600)
+        wait_progress(other)
+        assert [m.running for m in d.info().meshes] == [1, 1], d.info()
+        os.kill(pids[f"mesh{a}"][1], signal.SIGKILL)
+        t0 = time.monotonic()
+        expect_code(lambda: ditapi.collect(victim), "UNAVAILABLE")
+        print(f"  the killed mesh's request failed after {time.monotonic() - t0:.2f} s")
+        kinds, png, res = ditapi.collect(other)
+        assert png.startswith(PNG_MAGIC) and res.seed == 2, "the other mesh's request was lost"
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 60:
+            info = d.info()
+            if all(m.state == "ready" for m in info.meshes):
+                break
+            time.sleep(0.05)
+        assert info.meshes[a].worker_restarts == 1 and info.meshes[1 - a].worker_restarts == 0
+        assert info.worker_restarts == 1, info
+        # Both meshes serve again: eight requests at once spread over them.
+        before = [m.requests for m in d.info().meshes]
+        calls = [api.generate(d.channel)(api.request(**dict(SMALL, seed=10 + k)), timeout=120)
+                 for k in range(8)]
+        for c in calls:
+            kinds, png, res = ditapi.collect(c)
+            assert png.startswith(PNG_MAGIC)
+        after = [m.requests for m in d.info().meshes]
+        assert all(x > y for x, y in zip(after, before)), (before, after)
+        m = scrape()
+        for i in (0, 1):
+            assert m[f'ditserve_mesh_state{{model="demo",mesh="{i}",state="ready"}}'] == 1, m
+            assert m[f'ditserve_mesh_busy_seconds_total{{model="demo",mesh="{i}"}}'] > 0, m
+            for r in (0, 1):
+                assert m[f'ditserve_worker_resident_bytes{{model="demo",mesh="{i}",rank="{r}"}}'] > 0
+        assert m[f'ditserve_worker_restarts_total{{model="demo",mesh="{a}"}}'] == 1, m
+        d.stop()
+        assert not any(alive(p) for ps in pids.values() for p in ps)
+    finally:
+        d.close()
+
+
+@case
+def flags():
+    """The new flags' bounds and combinations are refused at start with a
+    message; LoadLora with several meshes is refused with the reason."""
+    import subprocess
+    from daemon import DEMO, env_path
+    for args, needle in [(["--max-batch", "0"], "max-batch"),
+                         (["--max-batch", "17"], "max-batch"),
+                         (["--replicas", "0"], "replicas"),
+                         (["--batch-wait-ms", "-1"], "batch-wait-ms"),
+                         (["--replicas", "2", "--local-ranks", "1", "--world-size", "2",
+                           "--ring", "2", "--join-listen", "127.0.0.1:0",
+                           "--join-secret-file", "/dev/null"], "every rank local")]:
+        p = subprocess.run([env_path("DITD"), "--model", DEMO] + args, capture_output=True,
+                           text=True, timeout=30)
+        assert p.returncode == 2, (args, p.returncode, p.stderr)
+        assert needle in p.stderr, (args, p.stderr)
+    d = Daemon("--replicas", "2", world=1)
+    try:
+        req = d.api.msg("ditserve.v1.LoadLoraRequest")(name="x")
+        detail = expect_code(lambda: d.api.lora_rpc(d.channel, "LoadLora")(req, timeout=10),
+                             "FAILED_PRECONDITION")
+        assert "--replicas" in detail, detail
+        d.stop()
+    finally:
+        d.close()
+
+
+def main():
+    if len(sys.argv) != 2 or sys.argv[1] not in CASES and sys.argv[1] != "--list":
+        print(__doc__)
+        print("cases:", " ".join(CASES))
+        return 2
+    if sys.argv[1] == "--list":
+        print("\n".join(CASES))
+        return 0
+    t0 = time.monotonic()
+    try:
+        CASES[sys.argv[1]]()
+    except BaseException:
+        Daemon.dump_logs()
+        raise
+    finally:
+        Daemon.remove_logs()
+    print(f"{sys.argv[1]}: ok ({time.monotonic() - t0:.1f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
