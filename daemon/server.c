@@ -32,7 +32,6 @@ struct job {
     bool was_loaded;         /* UnloadLora: the adapter was loaded when it ran */
     dit_server_mesh *mesh;   /* the mesh running it; NULL while queued */
     int target;              /* the mesh that must run it (startup warm-up), -1: any */
-    bool left;               /* cancelled while running: leaves its batch at the next step */
 };
 
 #define JOB_OF(it) DIT_QUEUE_ENTRY(it, job, qi)
@@ -804,12 +803,6 @@ static void cancel_job(dit_server *s, job *j, const char *reason)
         /* A batch member leaves at the next step; the others go on. */
         DIT_LOG(s->log, DIT_LOG_INFO, "queue", "request %s cancelled while running", j->request_id);
         snprintf(j->cancel_reason, sizeof j->cancel_reason, "%s", reason);
-        if (!j->left) {
-            j->left = true;
-            s->n_running--;
-            j->mesh->n_left++;
-            update_positions(s);
-        }
         dit_supervisor_cancel(j->mesh->sup, j->id);
     } else {
         DIT_LOG(s->log, DIT_LOG_INFO, "queue", "request %s cancelled while queued", j->request_id);
@@ -1420,9 +1413,8 @@ static void on_done(void *ctx, uint64_t job_id, dit_status st, const char *messa
     job *b[DIT_DAEMON_MAX_BATCH];
     memcpy(b, m->members, sizeof(job *) * (size_t)n);
     memset(m->members, 0, sizeof m->members);
-    s->n_running -= n - m->n_left;
+    s->n_running -= n;
     m->n_members = 0;
-    m->n_left = 0;
     m->job_id = 0;
     const double t = now_ms();
     m->busy_ms += t - m->busy_since_ms;
@@ -1668,7 +1660,7 @@ static void on_server_info(void *ctx, dit_rpc_call *call, const uint8_t *req, si
         }
         mi[i].n_devices = (size_t)W;
         mi[i].devices = devices + i * MAXR;
-        mi[i].running = ms->n_members - ms->n_left;
+        mi[i].running = ms->n_members;
         mi[i].worker_restarts = dit_supervisor_restarts(ms->sup);
         mi[i].busy_seconds =
             (ms->busy_ms + (ms->n_members ? now_ms() - ms->busy_since_ms : 0)) / 1e3;

@@ -57,7 +57,6 @@ typedef struct dit_server_mesh {
     dit_supervisor *sup;
     job *members[DIT_DAEMON_MAX_BATCH];
     int n_members;   /* 0: idle */
-    int n_left;      /* members cancelled while running (they leave at the next step) */
     uint64_t job_id; /* the running ipc job's id (member 0's) */
     bool warmed;     /* its --warmup ran (or none was asked for) */
     double busy_since_ms;
