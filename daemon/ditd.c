@@ -445,6 +445,7 @@ int main(int argc, char **argv)
             goto cleanup;
         }
         s->health_changed = dit_http_set_serving;
+        s->meshes_changed = dit_http_set_meshes;
         s->health_ctx = d->http;
         dit_http_set_serving(d->http, s->serving);
     }

@@ -117,6 +117,9 @@ struct dit_http {
     int active; /* requests whose connection has not completed */
     atomic_bool serving;
     atomic_bool stopping;
+    /* Each mesh's state (ditd --replicas) for /health, under mu. */
+    char mesh_states[DIT_HTTP_MAX_MESHES][24];
+    int n_meshes;
     /* /v1/videos' store. Lock order: a request's mu is never held with it. */
     uv_mutex_t vmu;
     uv_cond_t vcv;       /* admission decided */
@@ -1506,6 +1509,15 @@ static enum MHD_Result answer_static(dit_http *h, struct MHD_Connection *conn, c
         const bool serving = atomic_load(&h->serving);
         cJSON *o = cJSON_CreateObject();
         cJSON_AddStringToObject(o, "status", serving ? "SERVING" : "NOT_SERVING");
+        cJSON *meshes = cJSON_AddArrayToObject(o, "meshes");
+        uv_mutex_lock(&h->mu);
+        for (int i = 0; meshes && i < h->n_meshes; i++) {
+            cJSON *m = cJSON_CreateObject();
+            cJSON_AddNumberToObject(m, "mesh", i);
+            cJSON_AddStringToObject(m, "state", h->mesh_states[i]);
+            cJSON_AddItemToArray(meshes, m);
+        }
+        uv_mutex_unlock(&h->mu);
         return send_json(h, conn, serving ? MHD_HTTP_OK : MHD_HTTP_SERVICE_UNAVAILABLE, o);
     }
     if (strcmp(url, "/") == 0 || strcmp(url, "/index.html") == 0) {
@@ -2571,6 +2583,18 @@ void dit_http_set_serving(void *ctx, bool serving)
     dit_http *h = ctx;
     if (h)
         atomic_store(&h->serving, serving);
+}
+
+void dit_http_set_meshes(void *ctx, int n, const char *const *states)
+{
+    dit_http *h = ctx;
+    if (!h)
+        return;
+    uv_mutex_lock(&h->mu);
+    h->n_meshes = n < DIT_HTTP_MAX_MESHES ? n : DIT_HTTP_MAX_MESHES;
+    for (int i = 0; i < h->n_meshes; i++)
+        snprintf(h->mesh_states[i], sizeof h->mesh_states[i], "%s", states[i]);
+    uv_mutex_unlock(&h->mu);
 }
 
 void dit_http_close(dit_http *h)

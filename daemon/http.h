@@ -65,6 +65,11 @@ dit_status dit_http_create(uv_loop_t *loop, struct dit_server *srv, const dit_ht
  * 200 only while serving. */
 void dit_http_set_serving(void *ctx, bool serving);
 
+/* The server's mesh hook (dit_server.meshes_changed): each mesh's state
+ * ("ready", "warming_up", "restarting", ...), listed by /health. */
+#define DIT_HTTP_MAX_MESHES 16
+void dit_http_set_meshes(void *ctx, int n, const char *const *states);
+
 /* Loop thread, when the daemon is done serving: new generations get 503
  * and the loop handle closes (the loop can end). */
 void dit_http_close(dit_http *h);

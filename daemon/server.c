@@ -132,8 +132,25 @@ static bool any_mesh_serving(const dit_server *s)
     return false;
 }
 
+/* A mesh's state as clients read it. */
+static const char *mesh_state_text(const dit_server *s, const dit_server_mesh *m)
+{
+    const dit_mesh_state st = dit_supervisor_state(m->sup);
+    if (s->draining)
+        return "draining";
+    if (st == DIT_MESH_READY && !m->warmed)
+        return "warming_up";
+    return dit_mesh_state_name(st);
+}
+
 static void update_health(dit_server *s)
 {
+    if (s->meshes_changed) {
+        const char *states[DIT_DAEMON_MAX_REPLICAS];
+        for (int i = 0; i < s->n_meshes; i++)
+            states[i] = mesh_state_text(s, &s->meshes[i]);
+        s->meshes_changed(s->health_ctx, s->n_meshes, states);
+    }
     const bool serving = any_mesh_serving(s) && !s->draining;
     if (serving == s->serving)
         return;
@@ -1650,9 +1667,7 @@ static void on_server_info(void *ctx, dit_rpc_call *call, const uint8_t *req, si
         restarts += dit_supervisor_restarts(ms->sup);
         ditserve__v1__mesh_info__init(&mi[i]);
         mi[i].index = i;
-        mi[i].state = s->draining                           ? "draining"
-                      : st == DIT_MESH_READY && !ms->warmed ? "warming_up"
-                                                            : (char *)dit_mesh_state_name(st);
+        mi[i].state = (char *)mesh_state_text(s, ms);
         for (int r = 0; r < W; r++) {
             char *nm = names[i * MAXR + r];
             snprintf(nm, 80, "rank %d: %s", r, dit_supervisor_device(ms->sup));

@@ -88,6 +88,8 @@ typedef struct dit_server {
     bool serving; /* what health last reported */
     /* Told whenever health changes (the HTTP front end's /health). */
     void (*health_changed)(void *ctx, bool serving);
+    /* Told whenever a mesh's state changes, with every mesh's (same ctx). */
+    void (*meshes_changed)(void *ctx, int n, const char *const *states);
     void *health_ctx;
     dit_rpc_call **watchers;
     int n_watchers, cap_watchers;

@@ -171,7 +171,8 @@ def generate():
         models = c.models.list()
         assert [m.id for m in models.data] == ["demo"] and models.data[0].object == "model"
         st, _, body = http_request(d, "GET", "/health")
-        assert st == 200 and json.loads(body) == {"status": "SERVING"}
+        assert st == 200 and json.loads(body) == {
+            "status": "SERVING", "meshes": [{"mesh": 0, "state": "ready"}]}, body
         st, hdrs, body = http_request(d, "GET", "/")
         assert st == 200 and hdrs["content-type"].startswith("text/html")
         assert b'id="generate"' in body and b"https://" not in body, "the page must be self-contained"
@@ -329,7 +330,8 @@ def errors():
         d.proc.send_signal(signal.SIGTERM)
         wait_for(lambda: http_request(d, "GET", "/health")[0] == 503, 10, "health 503")
         st, _, body = http_request(d, "GET", "/health")
-        assert json.loads(body) == {"status": "NOT_SERVING"}
+        assert json.loads(body) == {
+            "status": "NOT_SERVING", "meshes": [{"mesh": 0, "state": "draining"}]}, body
         expect_error(d, 503, "unavailable", ok, needle="shutting down")
         long_call.cancel()
         t.join(120)

@@ -374,7 +374,8 @@ def replicas():
 @case
 def flags():
     """The new flags' bounds and combinations are refused at start with a
-    message; LoadLora with several meshes is refused with the reason."""
+    message; /health lists each mesh; LoadLora with several meshes is
+    refused with the reason."""
     import subprocess
     from daemon import DEMO, env_path
     for args, needle in [(["--max-batch", "0"], "max-batch"),
@@ -388,8 +389,14 @@ def flags():
                            text=True, timeout=30)
         assert p.returncode == 2, (args, p.returncode, p.stderr)
         assert needle in p.stderr, (args, p.stderr)
-    d = Daemon("--replicas", "2", world=1)
+    d = Daemon("--replicas", "2", "--http-listen", "127.0.0.1:0", world=1)
     try:
+        import json
+        wait_meshes_ready(d)
+        with urllib.request.urlopen(d.http_url + "/health", timeout=10) as r:
+            h = json.loads(r.read())
+        assert h == {"status": "SERVING", "meshes": [{"mesh": 0, "state": "ready"},
+                                                     {"mesh": 1, "state": "ready"}]}, h
         req = d.api.msg("ditserve.v1.LoadLoraRequest")(name="x")
         detail = expect_code(lambda: d.api.lora_rpc(d.channel, "LoadLora")(req, timeout=10),
                              "FAILED_PRECONDITION")
