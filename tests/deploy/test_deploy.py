@@ -111,8 +111,10 @@ def k8s():
     world = int(cfg["DITD_WORLD_SIZE"])
     layout = int(cfg["DITD_RING"]) * int(cfg["DITD_ULYSSES"]) * int(cfg["DITD_TP"])
     assert layout == world, f"ring x ulysses x tp = {layout}, world size {world}"
+    gpus = world * int(cfg.get("DITD_REPLICAS", "1"))
     res = c["resources"]
-    assert int(res["limits"]["nvidia.com/gpu"]) == world == int(res["requests"]["nvidia.com/gpu"])
+    assert int(res["limits"]["nvidia.com/gpu"]) == gpus == int(res["requests"]["nvidia.com/gpu"])
+    assert 1 <= int(cfg["DITD_MAX_BATCH"]) <= 16 and int(cfg["DITD_BATCH_WAIT_MS"]) >= 0
 
     shm = [m for m in c["volumeMounts"] if m["mountPath"] == "/dev/shm"]
     assert shm, "/dev/shm is not mounted"
