@@ -51,6 +51,7 @@ struct dit_rpc_call {
     rpc_tag new_tag, close_tag, send_tag, recv_tag;
     int cancelled_flag;
     bool started, close_done, send_busy, recv_busy, md_sent, sending_status;
+    bool sending_msg; /* the batch in flight carries the head message */
     bool finish_requested, status_done, dead, cancel_notified;
     int depth; /* completion handlers on the stack: no freeing under them */
     out_msg *head, *tail;
@@ -314,10 +315,7 @@ static void on_send(rpc_tag *t, bool ok)
     dit_rpc_call *c = CONTAINER(t, dit_rpc_call, send_tag);
     enter(c);
     c->send_busy = false;
-    if (c->sending_status) {
-        c->sending_status = false;
-        c->status_done = true;
-    } else if (c->head) {
+    if (c->sending_msg && c->head) {
         out_msg *m = c->head;
         c->head = m->next;
         if (!c->head)
@@ -325,6 +323,11 @@ static void on_send(rpc_tag *t, bool ok)
         account(c, -(int64_t)m->len);
         grpc_byte_buffer_destroy(m->buf);
         free(m);
+    }
+    c->sending_msg = false;
+    if (c->sending_status) {
+        c->sending_status = false;
+        c->status_done = true;
     }
     if (!ok) {
         /* The client went away: nothing more can be sent. */
@@ -339,7 +342,7 @@ static void pump(dit_rpc_call *c)
 {
     if (c->send_busy || c->dead)
         return;
-    grpc_op ops[2];
+    grpc_op ops[3];
     memset(ops, 0, sizeof ops);
     size_t n = 0;
     if (!c->md_sent) {
@@ -351,14 +354,18 @@ static void pump(dit_rpc_call *c)
         ops[n].op = GRPC_OP_SEND_MESSAGE;
         ops[n].data.send_message.send_message = c->head->buf;
         n++;
-    } else if (c->finish_requested && !c->status_done) {
+        c->sending_msg = true;
+    }
+    /* The status goes with the last message when it is already known: one
+     * trip through the completion queue less at the end of every call. */
+    if ((!c->head || !c->head->next) && c->finish_requested && !c->status_done) {
         ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
         ops[n].data.send_status_from_server.trailing_metadata_count = 0;
         ops[n].data.send_status_from_server.status = c->code;
         ops[n].data.send_status_from_server.status_details = c->has_details ? &c->details : NULL;
         n++;
         c->sending_status = true;
-    } else {
+    } else if (!c->head) {
         return;
     }
     c->md_sent = true;
@@ -367,6 +374,7 @@ static void pump(dit_rpc_call *c)
     if (err != GRPC_CALL_OK) {
         c->send_busy = false;
         c->sending_status = false;
+        c->sending_msg = false;
         c->dead = true;
         DIT_LOG(c->srv->log, DIT_LOG_WARN, "grpc", "start_batch failed (%d); dropping the call",
                 (int)err);
