@@ -1519,6 +1519,7 @@ dit_status dit_server_create_meshes(dit_server *s, const dit_supervisor_config *
         dit_supervisor_config sc = *base;
         sc.name = m->name;
         sc.device_base = i * base->pc.world_size;
+        sc.meshes = M;
         const dit_supervisor_events ev = {.ctx = m,
                                           .state_changed = on_state,
                                           .job_progress = on_progress,

@@ -408,7 +408,8 @@ static void send_setup_range(dit_supervisor *s, int from, int to)
         setup.fuse_lora = &fuse;
     }
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    const int here = s->L > 0 ? s->L : 1;
+    /* Every local worker of every mesh on this host shares its cores. */
+    const int here = (s->L > 0 ? s->L : 1) * (s->cfg.meshes > 1 ? s->cfg.meshes : 1);
     const int local_threads =
         s->cfg.threads ? s->cfg.threads : (ncpu > here ? (int)(ncpu / here) : 1);
     Ditserve__Ipc__Envelope env = DITSERVE__IPC__ENVELOPE__INIT;

@@ -71,6 +71,7 @@ typedef struct dit_supervisor_config {
      * ordinal of its rank 0 (rank r uses device_base + r). */
     const char *name;
     int device_base;
+    int meshes; /* meshes on this host (their workers share the cores); 0: 1 */
 } dit_supervisor_config;
 
 typedef struct dit_supervisor_events {
