@@ -440,8 +440,8 @@ static int run_level(dit_client *client, const bench_args *a, long c, level_row 
         }
     }
     while (show && atomic_load(&b.threads_left) > 0) {
-        fprintf(stderr, "\r\033[Kbench -c %ld: %d/%ld done, %.1f s", c, atomic_load(&b.done),
-                a->n, now_s() - t0);
+        fprintf(stderr, "\r\033[Kbench -c %ld: %d/%ld done, %.1f s", c, atomic_load(&b.done), a->n,
+                now_s() - t0);
         fflush(stderr);
         usleep(200 * 1000);
     }

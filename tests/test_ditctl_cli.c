@@ -145,9 +145,9 @@ START_TEST(test_command_help)
         {"warmup",
          {"usage: ditctl warmup", "--width", "--height", "--steps", "--model", "Exit status"}},
         {"bench",
-         {"usage: ditctl bench", "-n", "-c", "C[,C...]", "-c 1,4,16", "p50", "p90", "p99",
-          "max", "throughput", "overhead", "queue_ms", "nearest-rank", "--prompt", "--seed",
-          "--target", "Exit status"}},
+         {"usage: ditctl bench", "-n", "-c", "C[,C...]", "-c 1,4,16", "p50", "p90", "p99", "max",
+          "throughput", "overhead", "queue_ms", "nearest-rank", "--prompt", "--seed", "--target",
+          "Exit status"}},
     };
     char out[OUT_CAP], out2[OUT_CAP];
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
