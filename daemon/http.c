@@ -50,7 +50,7 @@ typedef struct gen gen;
 typedef enum gen_phase {
     GEN_NEW,      /* handed to the loop, not admitted yet */
     GEN_ACCEPTED, /* in the queue or running */
-    GEN_DONE,     /* every image finished, failed or cancelled (or refused) */
+    GEN_DONE,     /* the job (all n images) finished, failed or was cancelled (or refused) */
 } gen_phase;
 
 /* One images request: one job of num_images = n. `job` is the loop's; the
