@@ -7,7 +7,11 @@
  * worker's compute. The Result's timings say how long the worker computed
  * (tokenize + text encoders + denoising + VAE + encoding); whatever the
  * client waited beyond that is the daemon's overhead: queueing, IPC, the
- * gRPC stream, scheduling. */
+ * gRPC stream, scheduling.
+ *
+ * With -c 1,4,16 the same workload (N requests each) runs at every level in
+ * turn, on the same connection, and a table with one row per level follows
+ * the per-level reports. */
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -19,11 +23,13 @@
 #include "ditctl.h"
 
 static const ctl_help bench_help = {
-    "usage: ditctl bench -n N -c C --prompt TEXT [request options] [--quiet]\n"
+    "usage: ditctl bench -n N -c C[,C...] --prompt TEXT [request options] [--quiet]\n"
     "                    [connection options]\n"
     "\n"
     "Sends N Generate requests, at most C in flight at once (C threads sharing one\n"
-    "connection), each with the same request options, and prints:\n"
+    "connection), each with the same request options. -c takes one level or a\n"
+    "comma-separated list (-c 1,4,16: at most 16 levels, each from 1 to 1024); the\n"
+    "same N requests then run at each level in turn. Per level it prints:\n"
     "  - latency (client-observed, call start to final status) of the OK requests:\n"
     "    mean, p50, p90, p99, min, max in ms; throughput in requests/s;\n"
     "  - the count of requests per final status (OK, RESOURCE_EXHAUSTED, ...);\n"
@@ -32,14 +38,29 @@ static const ctl_help bench_help = {
     "  - worker compute = tokenize + text_encode + denoise + vae + encode, and the\n"
     "    daemon overhead = latency - worker compute (mean and p50), also without the\n"
     "    queue wait and outside the server (latency - server total).\n"
+    "Then a table, one row per level: concurrency, requests sent, ok, failed,\n"
+    "req/s (OK requests per second of wall time), latency p50/p90/p99/max of the OK\n"
+    "requests, and the daemon's overhead per request (mean and p50) =\n"
+    "latency - Result.timings.queue_ms - worker compute: what the daemon adds\n"
+    "besides the time a request waited in the queue behind others and the\n"
+    "workers' compute (the gRPC stream, the IPC to the workers, scheduling, the\n"
+    "image's trip back). All times in ms; percentiles are nearest-rank (the\n"
+    "ceil(p/100 * n)-th smallest of n values).\n"
     "The images are received and dropped. With --request-id ID the requests are\n"
-    "named ID-0, ID-1, ...; with --seed every request uses that seed.\n",
-    "Exit status: 0 when every request ended OK; 1 when any failed or the run was\n"
-    "interrupted (the report is printed either way); 2 on bad command-line arguments.\n"};
+    "named ID-0, ID-1, ... (ID-cC-0, ... with several levels); with --seed every\n"
+    "request uses that seed.\n",
+    "Exit status: 0 when every request at every level ended OK; 1 when any failed\n"
+    "or the run was interrupted (the report is printed either way, an interrupt\n"
+    "skips the levels not yet run); 2 on bad command-line arguments.\n"};
+
+#define BENCH_MAX_LEVELS 16
+#define BENCH_MAX_CONCURRENCY 1024
 
 typedef struct bench_args {
     ctl_request r;
-    long n, c;
+    long n;
+    long levels[BENCH_MAX_LEVELS]; /* -c, in the order given */
+    int n_levels;
     bool quiet;
 } bench_args;
 
@@ -54,12 +75,49 @@ static int set_requests(void *t, const char *v, char *err, size_t cap)
     return 0;
 }
 
+/* -c: "C" or "C1,C2,...". Each item is plain decimal digits (no sign, no
+ * space) from 1 to BENCH_MAX_CONCURRENCY; an empty item, a trailing comma or
+ * more than BENCH_MAX_LEVELS items are refused with what is wrong. */
 static int set_concurrency(void *t, const char *v, char *err, size_t cap)
 {
-    if (!ctl_parse_long(v, 1, 1024, &BARGS(t)->c)) {
-        snprintf(err, cap, "wants a concurrency from 1 to 1024, not '%s'", v);
-        return -1;
+    bench_args *a = BARGS(t);
+    long levels[BENCH_MAX_LEVELS];
+    int n = 0;
+    const char *p = v;
+    for (;;) {
+        const char *comma = strchr(p, ',');
+        const size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        if (len == 0) {
+            snprintf(err, cap,
+                     "wants concurrency levels from 1 to %d, one or a comma-separated list "
+                     "(1,4,16); '%.64s' has an empty item",
+                     BENCH_MAX_CONCURRENCY, v);
+            return -1;
+        }
+        long c = 0;
+        bool digits = len <= 9;
+        for (size_t i = 0; digits && i < len; i++)
+            digits = p[i] >= '0' && p[i] <= '9';
+        for (size_t i = 0; digits && i < len; i++)
+            c = c * 10 + (p[i] - '0');
+        if (!digits || c < 1 || c > BENCH_MAX_CONCURRENCY) {
+            snprintf(err, cap,
+                     "wants concurrency levels from 1 to %d, one or a comma-separated list "
+                     "(1,4,16), not '%.*s'",
+                     BENCH_MAX_CONCURRENCY, (int)(len < 64 ? len : 64), p);
+            return -1;
+        }
+        if (n == BENCH_MAX_LEVELS) {
+            snprintf(err, cap, "takes at most %d concurrency levels", BENCH_MAX_LEVELS);
+            return -1;
+        }
+        levels[n++] = c;
+        if (!comma)
+            break;
+        p = comma + 1;
     }
+    memcpy(a->levels, levels, (size_t)n * sizeof *levels);
+    a->n_levels = n;
     return 0;
 }
 
@@ -75,7 +133,8 @@ static int set_quiet(void *t, const char *v, char *err, size_t cap)
 static const dit_option bench_opts[] = {
     {"requests", 'n', DIT_OPT_CUSTOM, "10", "N", "requests to send", NULL, 0, 0, 0, set_requests,
      false},
-    {"concurrency", 'c', DIT_OPT_CUSTOM, "1", "C", "most requests in flight at once, 1 to 1024",
+    {"concurrency", 'c', DIT_OPT_CUSTOM, "1", "C[,C...]",
+     "most requests in flight at once, 1 to 1024; a comma-separated list runs each level in turn",
      NULL, 0, 0, 0, set_concurrency, false},
     {"quiet", 'q', DIT_OPT_FLAG, NULL, NULL, "no progress line on stderr", NULL, 0, 0, 0, set_quiet,
      false},
@@ -88,9 +147,13 @@ typedef struct rec {
     Ditserve__V1__Timings t; /* plain values copied out of the Result */
 } rec;
 
+/* One level's run: its threads share it, the counters are atomic, the rest
+ * is written under mu or before the threads start. */
 typedef struct bench {
     dit_client *client;
     const bench_args *a;
+    long c;            /* this level's concurrency */
+    char id_base[200]; /* request ids are id_base-i; empty: none */
     rec *recs;
     atomic_int next;
     atomic_int done;
@@ -99,6 +162,19 @@ typedef struct bench {
     double end_s;                          /* when the last request ended (under mu) */
     char example[DIT_RPC_CODE_COUNT][200]; /* the first details per failing status */
 } bench;
+
+typedef struct summary {
+    double mean, p50, p90, p99, min, max;
+} summary;
+
+/* One row of the closing table. */
+typedef struct level_row {
+    long c;
+    size_t sent, ok, failed, timed;
+    double wall_s;
+    summary lat;  /* of the OK requests */
+    summary over; /* latency - queue - worker compute, of the OK requests with timings */
+} level_row;
 
 static double now_s(void)
 {
@@ -111,7 +187,6 @@ static void *bench_thread(void *arg)
 {
     bench *b = arg;
     dit_call_opts co = {.cancel = &ctl_interrupted};
-    const char *base_id = b->a->r.req.request_id;
     for (;;) {
         if (atomic_load(&ctl_interrupted))
             break;
@@ -121,8 +196,8 @@ static void *bench_thread(void *arg)
         /* A shallow copy: the strings and wrappers are shared read-only. */
         Ditserve__V1__GenerateRequest req = b->a->r.req;
         char rid[256];
-        if (base_id && base_id[0]) {
-            snprintf(rid, sizeof rid, "%s-%d", base_id, i);
+        if (b->id_base[0]) {
+            snprintf(rid, sizeof rid, "%s-%d", b->id_base, i);
             req.request_id = rid;
         }
         dit_gen_output out;
@@ -162,16 +237,13 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* Nearest-rank percentile of sorted v[0..n). */
+/* Nearest-rank percentile of sorted v[0..n): the ceil(p/100 * n)-th
+ * smallest value (1-based), so p99 of 10 values is the largest. */
 static double pct(const double *v, size_t n, double p)
 {
     size_t k = (size_t)ceil(p / 100.0 * (double)n);
     return v[k ? k - 1 : 0];
 }
-
-typedef struct summary {
-    double mean, p50, p90, p99, min, max;
-} summary;
 
 /* Sorts v in place. */
 static summary summarize(double *v, size_t n)
@@ -197,7 +269,8 @@ static double compute_ms(const Ditserve__V1__Timings *t)
     return t->tokenize_ms + t->text_encode_ms + t->denoise_ms + t->vae_ms + t->encode_ms;
 }
 
-static void report(const bench *b, double wall_s)
+/* Prints one level's report and fills its row of the closing table. */
+static void report(const bench *b, double wall_s, level_row *row)
 {
     const long n = b->a->n;
     size_t sent = 0, ok = 0, timed = 0;
@@ -213,7 +286,12 @@ static void report(const bench *b, double wall_s)
                 timed++;
         }
     }
-    printf("requests: %zu sent of %ld, concurrency %ld, wall %.3f s%s\n", sent, n, b->a->c, wall_s,
+    row->c = b->c;
+    row->sent = sent;
+    row->ok = ok;
+    row->failed = sent - ok;
+    row->wall_s = wall_s;
+    printf("requests: %zu sent of %ld, concurrency %ld, wall %.3f s%s\n", sent, n, b->c, wall_s,
            atomic_load(&ctl_interrupted) ? " (interrupted)" : "");
     printf("throughput: %.3f requests/s (%.3f OK/s)\n", wall_s > 0 ? (double)sent / wall_s : 0,
            wall_s > 0 ? (double)ok / wall_s : 0);
@@ -267,6 +345,7 @@ static void report(const bench *b, double wall_s)
         j++;
     }
     summary ls = summarize(lat, ok);
+    row->lat = ls;
     printf("latency ms (OK requests): mean %.1f  p50 %.1f  p90 %.1f  p99 %.1f  min %.1f  "
            "max %.1f\n",
            ls.mean, ls.p50, ls.p90, ls.p99, ls.min, ls.max);
@@ -281,6 +360,8 @@ static void report(const bench *b, double wall_s)
            sum.denoise_ms / dn, sum.vae_ms / dn, sum.encode_ms / dn, sum.total_ms / dn);
     summary cs = summarize(comp, timed), os = summarize(over, timed),
             qs = summarize(over_nq, timed), xs = summarize(outside, timed);
+    row->timed = timed;
+    row->over = qs;
     printf("worker compute ms (tokenize+text_encode+denoise+vae+encode): mean %.1f  p50 %.1f\n",
            cs.mean, cs.p50);
     printf("daemon overhead ms (latency - worker compute): mean %.1f  p50 %.1f\n", os.mean, os.p50);
@@ -295,36 +376,58 @@ cleanup:
     free(outside);
 }
 
-int ctl_bench(int argc, char **argv, ctl_common *common)
+/* The closing table: one row per level that ran. "-" where no request ended
+ * OK (latency) or none reported timings (overhead). */
+static void print_table(const level_row *rows, int n_rows)
 {
-    bench_args a;
-    memset(&a, 0, sizeof a);
-    ctl_request_init(&a.r);
-    int rc = ctl_parse(argc, argv, "bench", &bench_help, bench_opts,
-                       sizeof bench_opts / sizeof *bench_opts, &a, common, &a.r);
-    if (rc)
-        return rc == CTL_HELP_SHOWN ? 0 : rc;
+    printf("\nper concurrency level (ms; latency of the OK requests, nearest-rank percentiles; "
+           "overhead = latency - queue - worker compute):\n");
+    printf("%11s %8s %6s %6s %9s %8s %8s %8s %8s %9s %9s\n", "concurrency", "requests", "ok",
+           "failed", "req/s", "p50", "p90", "p99", "max", "ovh_mean", "ovh_p50");
+    for (int i = 0; i < n_rows; i++) {
+        const level_row *r = &rows[i];
+        printf("%11ld %8zu %6zu %6zu %9.2f", r->c, r->sent, r->ok, r->failed,
+               r->wall_s > 0 ? (double)r->ok / r->wall_s : 0.0);
+        if (r->ok)
+            printf(" %8.1f %8.1f %8.1f %8.1f", r->lat.p50, r->lat.p90, r->lat.p99, r->lat.max);
+        else
+            printf(" %8s %8s %8s %8s", "-", "-", "-", "-");
+        if (r->timed)
+            printf(" %9.1f %9.1f\n", r->over.mean, r->over.p50);
+        else
+            printf(" %9s %9s\n", "-", "-");
+    }
+}
 
+/* Runs the workload once at concurrency c on the open client, prints its
+ * report and fills row. Returns CTL_EXIT_OK when every request ended OK. */
+static int run_level(dit_client *client, const bench_args *a, long c, level_row *row)
+{
+    int rc = CTL_EXIT_FAIL;
     bench b;
     memset(&b, 0, sizeof b);
-    b.a = &a;
+    b.client = client;
+    b.a = a;
+    b.c = c;
+    const char *base_id = a->r.req.request_id;
+    if (base_id && base_id[0]) {
+        if (a->n_levels > 1)
+            snprintf(b.id_base, sizeof b.id_base, "%.180s-c%ld", base_id, c);
+        else
+            snprintf(b.id_base, sizeof b.id_base, "%s", base_id);
+    }
     pthread_mutex_init(&b.mu, NULL);
-    const long nthreads = a.c < a.n ? a.c : a.n;
+    const long nthreads = c < a->n ? c : a->n;
     pthread_t *th = calloc((size_t)nthreads, sizeof *th);
-    b.recs = calloc((size_t)a.n, sizeof *b.recs);
+    b.recs = calloc((size_t)a->n, sizeof *b.recs);
     if (!th || !b.recs) {
         fprintf(stderr, "ditctl: out of memory\n");
-        rc = CTL_EXIT_FAIL;
         goto cleanup;
     }
-    for (long i = 0; i < a.n; i++)
+    for (long i = 0; i < a->n; i++)
         b.recs[i].code = -1;
-    if (!a.quiet)
-        ctl_request_warn(&a.r);
-    if ((rc = ctl_open(common, 0, &b.client)))
-        goto cleanup;
 
-    const bool show = !a.quiet && isatty(STDERR_FILENO);
+    const bool show = !a->quiet && isatty(STDERR_FILENO);
     const double t0 = now_s();
     b.end_s = t0;
     long started = 0;
@@ -337,7 +440,7 @@ int ctl_bench(int argc, char **argv, ctl_common *common)
         }
     }
     while (show && atomic_load(&b.threads_left) > 0) {
-        fprintf(stderr, "\r\033[Kbench: %d/%ld done, %.1f s", atomic_load(&b.done), a.n,
+        fprintf(stderr, "\r\033[Kbench -c %ld: %d/%ld done, %.1f s", c, atomic_load(&b.done), a->n,
                 now_s() - t0);
         fflush(stderr);
         usleep(200 * 1000);
@@ -347,15 +450,52 @@ int ctl_bench(int argc, char **argv, ctl_common *common)
     const double wall = b.end_s - t0;
     if (show)
         fputs("\r\033[K", stderr);
-    report(&b, wall);
+    report(&b, wall, row);
     rc = CTL_EXIT_OK;
-    for (long i = 0; i < a.n; i++)
+    for (long i = 0; i < a->n; i++)
         if (b.recs[i].code != DIT_RPC_OK)
             rc = CTL_EXIT_FAIL;
 cleanup:
-    dit_client_close(b.client);
     pthread_mutex_destroy(&b.mu);
     free(b.recs);
     free(th);
+    return rc;
+}
+
+int ctl_bench(int argc, char **argv, ctl_common *common)
+{
+    bench_args a;
+    memset(&a, 0, sizeof a);
+    ctl_request_init(&a.r);
+    int rc = ctl_parse(argc, argv, "bench", &bench_help, bench_opts,
+                       sizeof bench_opts / sizeof *bench_opts, &a, common, &a.r);
+    if (rc)
+        return rc == CTL_HELP_SHOWN ? 0 : rc;
+
+    dit_client *client = NULL;
+    level_row rows[BENCH_MAX_LEVELS];
+    memset(rows, 0, sizeof rows);
+    int n_rows = 0;
+    if (!a.quiet)
+        ctl_request_warn(&a.r);
+    if ((rc = ctl_open(common, 0, &client)))
+        goto cleanup;
+
+    rc = CTL_EXIT_OK;
+    for (int l = 0; l < a.n_levels; l++) {
+        if (atomic_load(&ctl_interrupted)) {
+            rc = CTL_EXIT_FAIL;
+            break;
+        }
+        if (a.n_levels > 1)
+            printf("%s== concurrency %ld ==\n", l ? "\n" : "", a.levels[l]);
+        if (run_level(client, &a, a.levels[l], &rows[n_rows++]) != CTL_EXIT_OK)
+            rc = CTL_EXIT_FAIL;
+    }
+    print_table(rows, n_rows);
+    if (n_rows < a.n_levels)
+        printf("(interrupted: %d of %d levels not run)\n", a.n_levels - n_rows, a.n_levels);
+cleanup:
+    dit_client_close(client);
     return rc;
 }

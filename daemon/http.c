@@ -25,9 +25,10 @@
 extern const char dit_playground_html[];
 extern const size_t dit_playground_html_len;
 
-/* Images one request may ask for (OpenAI's own limit is 10). */
-#define HTTP_MAX_N 10
-_Static_assert(HTTP_MAX_N <= DIT_SERVER_MAX_SUBMIT, "the server admits every image at once");
+/* Images one request may ask for: `n` is GenerateRequest.num_images, one
+ * batched generation (diffusers' num_images_per_prompt), so the pipelines'
+ * limit applies (OpenAI's own is 10). */
+#define HTTP_MAX_N DIT_GEN_MAX_IMAGES
 /* How often a waiting connection thread looks at its socket. */
 #define HTTP_POLL_MS 200
 /* A stream silent this long gets an SSE comment, so proxies keep it. */
@@ -35,6 +36,9 @@ _Static_assert(HTTP_MAX_N <= DIT_SERVER_MAX_SUBMIT, "the server admits every ima
 /* Largest seed the HTTP API hands out or takes: JSON numbers are exact to
  * 2^53 in JavaScript. */
 #define HTTP_MAX_SEED ((uint64_t)1 << 53)
+/* Seeds taken: 0 to HTTP_MAX_SEED - 11 (room once left for seed + k of
+ * n = 10 one-image jobs; kept so that the accepted range stays the same). */
+#define HTTP_SEED_SPAN (HTTP_MAX_SEED - 10)
 /* The playground and error bodies are small; SSE writes go out in blocks. */
 #define HTTP_SSE_BLOCK 65536
 
@@ -43,39 +47,37 @@ _Static_assert(HTTP_MAX_N <= DIT_SERVER_MAX_SUBMIT, "the server admits every ima
 
 typedef struct gen gen;
 
-/* One image of a request. `job` is the loop's; the rest is under gen.mu. */
-typedef struct slot {
-    gen *g;
-    int index;
-    dit_server_job *job; /* loop thread only; NULL once finished */
-    bool finished;
-    bool have_result;
-    uint8_t *data; /* the PNG as its chunks arrive */
-    size_t len, cap;
-    uint64_t seed;
-    int width, height;
-    Ditserve__V1__Timings timings;
-} slot;
-
 typedef enum gen_phase {
     GEN_NEW,      /* handed to the loop, not admitted yet */
     GEN_ACCEPTED, /* in the queue or running */
-    GEN_DONE,     /* every image finished, failed or cancelled (or refused) */
+    GEN_DONE,     /* the job (all n images) finished, failed or was cancelled (or refused) */
 } gen_phase;
 
+/* One images request: one job of num_images = n. `job` is the loop's; the
+ * rest is under mu once the job is submitted. */
 struct gen {
     dit_http *h;
     uv_mutex_t mu;
     uv_cond_t cv;
-    int refs; /* the connection's and, while its jobs live, the loop's */
+    int refs; /* the connection's and, while its job lives, the loop's */
     bool stream;
-    int n;
-    Ditserve__V1__GenerateRequest *reqs[HTTP_MAX_N]; /* the connection's until admitted */
-    slot img[HTTP_MAX_N];
+    int n;                              /* images, the request's num_images */
+    Ditserve__V1__GenerateRequest *req; /* the connection's until admitted */
+    dit_server_job *job;                /* loop thread only; NULL once finished */
     int64_t created;
     /* Under mu. */
     gen_phase phase;
-    int n_finished;
+    bool finished;    /* the job ended (or was cancelled) */
+    bool have_result; /* a Result whose image sizes match the chunks */
+    bool bad_chunks;  /* a chunk out of order or of an image that does not exist */
+    uint8_t *data;    /* the n PNGs one after another, as their chunks arrive */
+    size_t len, cap;
+    int cur;                    /* the image whose chunks arrive now */
+    size_t got[HTTP_MAX_N];     /* bytes of each image so far */
+    size_t img_off[HTTP_MAX_N]; /* where each image starts in data */
+    uint64_t seed;
+    int width, height;
+    Ditserve__V1__Timings timings;
     bool failed;
     grpc_status_code code;
     char msg[DIT_DIAG_MAX];
@@ -88,7 +90,7 @@ struct gen {
 typedef struct vjob vjob;
 
 typedef enum op_kind {
-    OP_SUBMIT,  /* an images request's jobs */
+    OP_SUBMIT,  /* an images request's job */
     OP_CANCEL,  /* their client left */
     OP_VSUBMIT, /* a /v1/videos job */
     OP_VCANCEL, /* it was deleted */
@@ -136,11 +138,9 @@ static void gen_unref(gen *g)
     uv_mutex_unlock(&g->mu);
     if (left > 0)
         return;
-    for (int k = 0; k < g->n; k++) {
-        if (g->reqs[k])
-            ditserve__v1__generate_request__free_unpacked(g->reqs[k], NULL);
-        free(g->img[k].data);
-    }
+    if (g->req)
+        ditserve__v1__generate_request__free_unpacked(g->req, NULL);
+    free(g->data);
     free(g->sse);
     uv_cond_destroy(&g->cv);
     uv_mutex_destroy(&g->mu);
@@ -319,17 +319,72 @@ static const char *grpc_code_name(grpc_status_code code)
 /* ------------------------------------------------------------------------ */
 /* Loop thread: the jobs' client                                             */
 
+/* Appends one chunk of image `index` at `offset` within it (mu held). The
+ * images stream in order, each from offset 0; anything else marks the
+ * result broken rather than reordering it. */
+static void take_chunk(gen *g, const Ditserve__V1__ResultChunk *c)
+{
+    if (g->bad_chunks)
+        return;
+    const int index = c->image_index;
+    if (index == g->cur + 1 && index < g->n && g->got[g->cur] > 0)
+        g->cur = index; /* the next image begins */
+    if (index != g->cur || c->offset < 0 || (uint64_t)c->offset != g->got[g->cur]) {
+        g->bad_chunks = true;
+        return;
+    }
+    const size_t n = c->data.len;
+    if (g->len + n > g->cap) {
+        size_t cap = g->cap ? g->cap : 65536;
+        while (cap < g->len + n)
+            cap *= 2;
+        uint8_t *p = realloc(g->data, cap);
+        if (!p) {
+            g->bad_chunks = true; /* the result check reports the short images */
+            return;
+        }
+        g->data = p;
+        g->cap = cap;
+    }
+    memcpy(g->data + g->len, c->data.data, n);
+    g->len += n;
+    g->got[g->cur] += n;
+}
+
+/* Checks the Result against the chunks and splits data into the n images
+ * by Result.image_bytes (one image: total_bytes alone will do). mu held. */
+static bool split_images(gen *g, const Ditserve__V1__Result *r)
+{
+    if (g->bad_chunks || r->total_bytes < 0 || (uint64_t)r->total_bytes != g->len)
+        return false;
+    if (r->n_image_bytes == 0 && g->n == 1) {
+        g->img_off[0] = 0;
+        return g->len > 0;
+    }
+    if (r->n_image_bytes != (size_t)g->n || g->cur != g->n - 1)
+        return false;
+    size_t off = 0;
+    for (int k = 0; k < g->n; k++) {
+        if (r->image_bytes[k] <= 0 || (uint64_t)r->image_bytes[k] != g->got[k])
+            return false;
+        g->img_off[k] = off;
+        off += g->got[k];
+    }
+    return off == g->len;
+}
+
 static void on_job_event(void *ctx, const Ditserve__V1__GenerateEvent *ev)
 {
-    slot *sl = ctx;
-    gen *g = sl->g;
+    gen *g = ctx;
     uv_mutex_lock(&g->mu);
     cJSON *o = NULL;
+    /* The queue, start and progress events are the request's, all n images
+     * at once (one batch); only a completed image names its index. */
     switch (ev->event_case) {
     case DITSERVE__V1__GENERATE_EVENT__EVENT_QUEUED:
         if (g->stream) {
             o = cJSON_CreateObject();
-            cJSON_AddNumberToObject(o, "index", sl->index);
+            cJSON_AddNumberToObject(o, "num_images", g->n);
             cJSON_AddNumberToObject(o, "position", ev->queued->position);
             cJSON_AddNumberToObject(o, "queue_depth", ev->queued->queue_depth);
             sse_event(g, "ditserve.queued", o);
@@ -338,7 +393,7 @@ static void on_job_event(void *ctx, const Ditserve__V1__GenerateEvent *ev)
     case DITSERVE__V1__GENERATE_EVENT__EVENT_STARTED:
         if (g->stream) {
             o = cJSON_CreateObject();
-            cJSON_AddNumberToObject(o, "index", sl->index);
+            cJSON_AddNumberToObject(o, "num_images", g->n);
             cJSON_AddNumberToObject(o, "queue_ms", ev->started->queue_ms);
             sse_event(g, "ditserve.started", o);
         }
@@ -346,7 +401,7 @@ static void on_job_event(void *ctx, const Ditserve__V1__GenerateEvent *ev)
     case DITSERVE__V1__GENERATE_EVENT__EVENT_PROGRESS:
         if (g->stream) {
             o = cJSON_CreateObject();
-            cJSON_AddNumberToObject(o, "index", sl->index);
+            cJSON_AddNumberToObject(o, "num_images", g->n);
             cJSON_AddNumberToObject(o, "step", ev->progress->step);
             cJSON_AddNumberToObject(o, "total_steps", ev->progress->total_steps);
             cJSON_AddNumberToObject(o, "elapsed_ms", ev->progress->elapsed_ms);
@@ -354,34 +409,23 @@ static void on_job_event(void *ctx, const Ditserve__V1__GenerateEvent *ev)
             sse_event(g, "ditserve.progress", o);
         }
         break;
-    case DITSERVE__V1__GENERATE_EVENT__EVENT_CHUNK: {
-        const size_t n = ev->chunk->data.len;
-        if (sl->len + n > sl->cap) {
-            size_t cap = sl->cap ? sl->cap : 65536;
-            while (cap < sl->len + n)
-                cap *= 2;
-            uint8_t *p = realloc(sl->data, cap);
-            if (!p)
-                break; /* the result check below notices the short image */
-            sl->data = p;
-            sl->cap = cap;
-        }
-        memcpy(sl->data + sl->len, ev->chunk->data.data, n);
-        sl->len += n;
+    case DITSERVE__V1__GENERATE_EVENT__EVENT_CHUNK:
+        take_chunk(g, ev->chunk);
         break;
-    }
     case DITSERVE__V1__GENERATE_EVENT__EVENT_RESULT: {
         const Ditserve__V1__Result *r = ev->result;
-        sl->seed = r->seed;
-        sl->width = r->width;
-        sl->height = r->height;
+        g->seed = r->seed;
+        g->width = r->width;
+        g->height = r->height;
         if (r->timings)
-            sl->timings = *r->timings;
-        sl->have_result = (int64_t)sl->len == r->total_bytes;
-        if (g->stream && sl->have_result) {
-            char *b64 = base64(sl->data, sl->len);
-            char size[40];
-            snprintf(size, sizeof size, "%dx%d", sl->width, sl->height);
+            g->timings = *r->timings;
+        g->have_result = split_images(g, r);
+        if (!g->stream || !g->have_result)
+            break;
+        char size[40];
+        snprintf(size, sizeof size, "%dx%d", g->width, g->height);
+        for (int k = 0; k < g->n; k++) {
+            char *b64 = base64(g->data + g->img_off[k], g->got[k]);
             o = cJSON_CreateObject();
             cJSON_AddStringToObject(o, "b64_json", b64 ? b64 : "");
             free(b64);
@@ -397,14 +441,14 @@ static void on_job_event(void *ctx, const Ditserve__V1__GenerateEvent *ev)
             cJSON *d = cJSON_AddObjectToObject(u, "input_tokens_details");
             cJSON_AddNumberToObject(d, "image_tokens", 0);
             cJSON_AddNumberToObject(d, "text_tokens", 0);
-            cJSON_AddNumberToObject(o, "index", sl->index);
-            add_u64(o, "seed", sl->seed);
-            cJSON_AddItemToObject(o, "timings", timings_json(&sl->timings));
+            cJSON_AddNumberToObject(o, "index", k);
+            add_u64(o, "seed", g->seed);
+            cJSON_AddItemToObject(o, "timings", timings_json(&g->timings));
             sse_event(g, "image_generation.completed", o);
-            free(sl->data); /* sent; the stream needs it no more */
-            sl->data = NULL;
-            sl->len = sl->cap = 0;
         }
+        free(g->data); /* sent; the stream needs it no more */
+        g->data = NULL;
+        g->len = g->cap = 0;
         break;
     }
     default:
@@ -414,15 +458,16 @@ static void on_job_event(void *ctx, const Ditserve__V1__GenerateEvent *ev)
     uv_cond_broadcast(&g->cv);
 }
 
-/* Marks a slot finished (mu held); true when it was the last. */
-static bool finish_slot(gen *g, slot *sl, grpc_status_code code, const char *msg)
+/* Marks the request finished (mu held); false when it already was. */
+static bool finish_gen(gen *g, grpc_status_code code, const char *msg)
 {
-    if (sl->finished)
+    if (g->finished)
         return false;
-    sl->finished = true;
-    if (code == GRPC_STATUS_OK && !sl->have_result) {
+    g->finished = true;
+    g->phase = GEN_DONE;
+    if (code == GRPC_STATUS_OK && !g->have_result) {
         code = GRPC_STATUS_INTERNAL;
-        msg = "the image did not arrive whole";
+        msg = g->n > 1 ? "the images did not arrive whole" : "the image did not arrive whole";
     }
     if (code != GRPC_STATUS_OK && !g->failed) {
         g->failed = true;
@@ -434,64 +479,45 @@ static bool finish_slot(gen *g, slot *sl, grpc_status_code code, const char *msg
             sse_event(g, "error", o);
         }
     }
-    return ++g->n_finished == g->n;
+    return true;
 }
-
-static void cancel_rest(gen *g, const char *why);
 
 static void on_job_finish(void *ctx, grpc_status_code code, const char *msg)
 {
-    slot *sl = ctx;
-    gen *g = sl->g;
-    sl->job = NULL;
+    gen *g = ctx;
+    g->job = NULL;
     uv_mutex_lock(&g->mu);
-    const bool last = finish_slot(g, sl, code, msg);
-    const bool failed = g->failed;
-    if (last)
-        g->phase = GEN_DONE;
+    const bool now = finish_gen(g, code, msg);
     uv_mutex_unlock(&g->mu);
     uv_cond_broadcast(&g->cv);
-    if (last) {
+    if (now)
         gen_unref(g); /* the loop's */
-        return;
-    }
-    /* One image failed: the request has, so its other images stop. */
-    if (failed)
-        cancel_rest(g, "another image of the same HTTP request failed");
 }
 
-/* Cancels the images still queued or running (loop thread); drops the
- * loop's reference when that finishes the request. */
-static void cancel_rest(gen *g, const char *why)
+/* Cancels the job if it is still queued or running (loop thread); drops
+ * the loop's reference when that finishes the request. */
+static void cancel_gen(gen *g, const char *why)
 {
-    bool last = false;
-    for (int k = 0; k < g->n; k++) {
-        slot *sl = &g->img[k];
-        if (!sl->job)
-            continue;
-        dit_server_job *j = sl->job;
-        sl->job = NULL;
-        dit_server_cancel(g->h->srv, j, why);
-        uv_mutex_lock(&g->mu);
-        last = finish_slot(g, sl, GRPC_STATUS_CANCELLED, why);
-        if (last)
-            g->phase = GEN_DONE;
-        uv_mutex_unlock(&g->mu);
-    }
+    if (!g->job)
+        return;
+    dit_server_job *j = g->job;
+    g->job = NULL;
+    dit_server_cancel(g->h->srv, j, why);
+    uv_mutex_lock(&g->mu);
+    const bool now = finish_gen(g, GRPC_STATUS_CANCELLED, why);
+    uv_mutex_unlock(&g->mu);
     uv_cond_broadcast(&g->cv);
-    if (last)
+    if (now)
         gen_unref(g);
 }
 
 static void submit(dit_http *h, gen *g)
 {
-    dit_job_client clients[HTTP_MAX_N];
-    dit_server_job *jobs[HTTP_MAX_N] = {0};
-    for (int k = 0; k < g->n; k++)
-        clients[k] = (dit_job_client){on_job_event, on_job_finish, &g->img[k]};
+    dit_job_client client = {on_job_event, on_job_finish, g};
+    dit_server_job *job = NULL;
     grpc_status_code code = GRPC_STATUS_OK;
     char msg[DIT_DIAG_MAX];
-    if (dit_server_submit(h->srv, g->reqs, g->n, clients, jobs, &code, msg, sizeof msg) != DIT_OK) {
+    if (dit_server_submit(h->srv, &g->req, 1, &client, &job, &code, msg, sizeof msg) != DIT_OK) {
         uv_mutex_lock(&g->mu);
         g->failed = true;
         g->code = code;
@@ -503,10 +529,8 @@ static void submit(dit_http *h, gen *g)
         return;
     }
     uv_mutex_lock(&g->mu);
-    for (int k = 0; k < g->n; k++) {
-        g->reqs[k] = NULL; /* the jobs' now */
-        g->img[k].job = jobs[k];
-    }
+    g->req = NULL; /* the job's now */
+    g->job = job;
     if (g->phase == GEN_NEW)
         g->phase = GEN_ACCEPTED;
     uv_mutex_unlock(&g->mu);
@@ -781,7 +805,7 @@ static void on_async(uv_async_t *a)
             submit(h, o->g);
             break;
         case OP_CANCEL:
-            cancel_rest(o->g, "the HTTP client disconnected");
+            cancel_gen(o->g, "the HTTP client disconnected");
             gen_unref(o->g);
             break;
         case OP_VSUBMIT:
@@ -805,7 +829,7 @@ static bool push_op(dit_http *h, op_kind kind, gen *g, vjob *v)
     o->kind = kind;
     o->g = g;
     o->v = v;
-    if (kind == OP_CANCEL) { /* the op's own reference: the jobs may end first */
+    if (kind == OP_CANCEL) { /* the op's own reference: the job may end first */
         uv_mutex_lock(&g->mu);
         g->refs++;
         uv_mutex_unlock(&g->mu);
@@ -1066,7 +1090,8 @@ static bool set_loras(Ditserve__V1__GenerateRequest *r, const lora_specs *ls)
     return true;
 }
 
-/* The JSON body as n GenerateRequests (seeds seed, seed + 1, ...). */
+/* The JSON body as one GenerateRequest; `n` is its num_images (one batch,
+ * every image from the one seed, as diffusers' num_images_per_prompt). */
 static bool parse_generation(dit_http *h, const char *body, size_t len, gen *g, bad *b)
 {
     const char *problem = body_problem(body, len);
@@ -1122,8 +1147,14 @@ static bool parse_generation(dit_http *h, const char *body, size_t len, gen *g, 
             if (!get_string(f, "negative_prompt", DIT_REQUEST_MAX_PROMPT_BYTES, &neg, b))
                 goto done;
         } else if (strcmp(k, "n") == 0) {
-            if (!get_int(f, "n", 1, HTTP_MAX_N, &n, b))
+            if (!get_int(f, "n", 1, HTTP_MAX_N, &n, b)) {
+                if (strcmp(b->code, "invalid_value") == 0 && f->valuedouble > HTTP_MAX_N)
+                    fail(b, 400, "n", "invalid_value",
+                         "'n' must be from 1 to %d: the n images are made as one batch "
+                         "(num_images, as diffusers' num_images_per_prompt), at most %d",
+                         HTTP_MAX_N, HTTP_MAX_N);
                 goto done;
+            }
         } else if (strcmp(k, "size") == 0) {
             const char *sz = NULL;
             if (!get_string(f, "size", 32, &sz, b))
@@ -1172,7 +1203,7 @@ static bool parse_generation(dit_http *h, const char *body, size_t len, gen *g, 
             if (!get_string(f, "user", 256, &u, b)) /* accepted, unused */
                 goto done;
         } else if (strcmp(k, "seed") == 0) {
-            if (!get_int(f, "seed", 0, (double)(HTTP_MAX_SEED - HTTP_MAX_N), &seed, b))
+            if (!get_int(f, "seed", 0, (double)HTTP_SEED_SPAN, &seed, b))
                 goto done;
         } else if (strcmp(k, "num_inference_steps") == 0) {
             if (!get_int(f, "num_inference_steps", 1, 1000, &steps, b))
@@ -1202,47 +1233,46 @@ static bool parse_generation(dit_http *h, const char *body, size_t len, gen *g, 
         uint64_t r = 0;
         if (getrandom(&r, sizeof r, 0) != (ssize_t)sizeof r)
             r = mono_ms() * 0x9e3779b97f4a7c15ull;
-        seed = (double)(r % (HTTP_MAX_SEED - HTTP_MAX_N));
+        seed = (double)(r % HTTP_SEED_SPAN);
     }
     g->n = (int)n;
     g->stream = stream;
-    for (int k = 0; k < g->n; k++) {
-        Ditserve__V1__GenerateRequest *r = calloc(1, sizeof *r);
-        if (!r) {
-            fail(b, 500, NULL, "internal_error", "out of memory");
-            goto done;
-        }
-        ditserve__v1__generate_request__init(r);
-        g->reqs[k] = r;
-        r->model = dup_or_null(model ? model : "");
-        r->prompt = dup_or_null(prompt);
-        r->negative_prompt = dup_or_null(neg ? neg : "");
-        r->width = width;
-        r->height = height;
-        r->num_inference_steps = (int32_t)steps;
-        r->priority = (int32_t)priority;
-        /* An image, also from a video model (one frame of its clip). */
-        r->output_format = DITSERVE__V1__OUTPUT_FORMAT__OUTPUT_FORMAT_PNG;
-        r->num_frames = 1;
-        r->seed = malloc(sizeof *r->seed);
-        if (r->seed) {
-            google__protobuf__uint64_value__init(r->seed);
-            r->seed->value = (uint64_t)seed + (uint64_t)k;
-        }
-        if (!isnan(guidance) && (r->guidance_scale = malloc(sizeof *r->guidance_scale))) {
-            google__protobuf__float_value__init(r->guidance_scale);
-            r->guidance_scale->value = (float)guidance;
-        }
-        if (!isnan(true_cfg) && (r->true_cfg_scale = malloc(sizeof *r->true_cfg_scale))) {
-            google__protobuf__float_value__init(r->true_cfg_scale);
-            r->true_cfg_scale->value = (float)true_cfg;
-        }
-        if (!r->model || !r->prompt || !r->negative_prompt || !r->seed ||
-            (!isnan(guidance) && !r->guidance_scale) || (!isnan(true_cfg) && !r->true_cfg_scale) ||
-            !set_loras(r, &loras)) {
-            fail(b, 500, NULL, "internal_error", "out of memory");
-            goto done;
-        }
+    Ditserve__V1__GenerateRequest *r = calloc(1, sizeof *r);
+    if (!r) {
+        fail(b, 500, NULL, "internal_error", "out of memory");
+        goto done;
+    }
+    ditserve__v1__generate_request__init(r);
+    g->req = r;
+    r->model = dup_or_null(model ? model : "");
+    r->prompt = dup_or_null(prompt);
+    r->negative_prompt = dup_or_null(neg ? neg : "");
+    r->width = width;
+    r->height = height;
+    r->num_inference_steps = (int32_t)steps;
+    r->priority = (int32_t)priority;
+    /* An image, also from a video model (one frame of its clip). */
+    r->output_format = DITSERVE__V1__OUTPUT_FORMAT__OUTPUT_FORMAT_PNG;
+    r->num_frames = 1;
+    r->num_images = g->n;
+    r->seed = malloc(sizeof *r->seed);
+    if (r->seed) {
+        google__protobuf__uint64_value__init(r->seed);
+        r->seed->value = (uint64_t)seed;
+    }
+    if (!isnan(guidance) && (r->guidance_scale = malloc(sizeof *r->guidance_scale))) {
+        google__protobuf__float_value__init(r->guidance_scale);
+        r->guidance_scale->value = (float)guidance;
+    }
+    if (!isnan(true_cfg) && (r->true_cfg_scale = malloc(sizeof *r->true_cfg_scale))) {
+        google__protobuf__float_value__init(r->true_cfg_scale);
+        r->true_cfg_scale->value = (float)true_cfg;
+    }
+    if (!r->model || !r->prompt || !r->negative_prompt || !r->seed ||
+        (!isnan(guidance) && !r->guidance_scale) || (!isnan(true_cfg) && !r->true_cfg_scale) ||
+        !set_loras(r, &loras)) {
+        fail(b, 500, NULL, "internal_error", "out of memory");
+        goto done;
     }
     ok = true;
 done:
@@ -1363,7 +1393,7 @@ static bool client_gone(struct MHD_Connection *conn)
 }
 
 /* One short wait for news (mu held); false when the client left or the
- * daemon stops. The connection's completion then cancels the jobs. */
+ * daemon stops. The connection's completion then cancels the job. */
 static bool wait_news(gen *g, struct MHD_Connection *conn)
 {
     uv_cond_timedwait(&g->cv, &g->mu, (uint64_t)HTTP_POLL_MS * 1000000);
@@ -1388,14 +1418,14 @@ static bool wait_phase(gen *g, struct MHD_Connection *conn, gen_phase until)
 
 static enum MHD_Result send_result(dit_http *h, struct MHD_Connection *conn, gen *g)
 {
-    /* mu held; every slot finished without failure. */
+    /* mu held; the job finished without failure, its n images whole. */
     cJSON *o = cJSON_CreateObject();
     add_u64(o, "created", (uint64_t)g->created);
     cJSON *data = cJSON_AddArrayToObject(o, "data");
-    char size[40] = "";
+    char size[40];
+    snprintf(size, sizeof size, "%dx%d", g->width, g->height);
     for (int k = 0; k < g->n; k++) {
-        slot *sl = &g->img[k];
-        char *b64 = base64(sl->data, sl->len);
+        char *b64 = base64(g->data + g->img_off[k], g->got[k]);
         if (!b64) {
             cJSON_Delete(o);
             return send_simple_error(h, conn, 500, "internal_error", "out of memory");
@@ -1403,15 +1433,14 @@ static enum MHD_Result send_result(dit_http *h, struct MHD_Connection *conn, gen
         cJSON *item = cJSON_CreateObject();
         cJSON_AddStringToObject(item, "b64_json", b64);
         free(b64);
-        add_u64(item, "seed", sl->seed);
-        cJSON_AddItemToObject(item, "timings", timings_json(&sl->timings));
+        add_u64(item, "seed", g->seed);
+        cJSON_AddItemToObject(item, "timings", timings_json(&g->timings));
         cJSON_AddItemToArray(data, item);
-        snprintf(size, sizeof size, "%dx%d", sl->width, sl->height);
     }
-    add_u64(o, "seed", g->img[0].seed);
+    add_u64(o, "seed", g->seed);
     cJSON_AddStringToObject(o, "size", size);
     cJSON_AddStringToObject(o, "output_format", "png");
-    cJSON_AddItemToObject(o, "timings", timings_json(&g->img[0].timings));
+    cJSON_AddItemToObject(o, "timings", timings_json(&g->timings));
     return send_json(h, conn, MHD_HTTP_OK, o);
 }
 
@@ -1461,15 +1490,11 @@ static enum MHD_Result answer_generation(dit_http *h, struct MHD_Connection *con
     g->h = h;
     g->refs = 1;
     g->created = (int64_t)time(NULL);
-    for (int k = 0; k < HTTP_MAX_N; k++) {
-        g->img[k].g = g;
-        g->img[k].index = k;
-    }
     rc->g = g;
     g->conn = conn;
     if (!parse_generation(h, rc->body, rc->len, g, &b))
         return send_error(h, conn, &b);
-    g->refs = 2; /* the loop's, until its jobs end */
+    g->refs = 2; /* the loop's, until its job ends */
     if (!push_op(h, OP_SUBMIT, g, NULL)) {
         g->refs = 1;
         return send_simple_error(h, conn, 503, "unavailable",

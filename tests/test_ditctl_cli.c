@@ -145,8 +145,9 @@ START_TEST(test_command_help)
         {"warmup",
          {"usage: ditctl warmup", "--width", "--height", "--steps", "--model", "Exit status"}},
         {"bench",
-         {"usage: ditctl bench", "-n", "-c", "p50", "p90", "p99", "throughput", "overhead",
-          "--prompt", "--seed", "--target", "Exit status"}},
+         {"usage: ditctl bench", "-n", "-c", "C[,C...]", "-c 1,4,16", "p50", "p90", "p99", "max",
+          "throughput", "overhead", "queue_ms", "nearest-rank", "--prompt", "--seed", "--target",
+          "Exit status"}},
     };
     char out[OUT_CAP], out2[OUT_CAP];
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -200,6 +201,17 @@ START_TEST(test_usage_errors)
         {{"bench", "--prompt", "p", "-n", "0"}, "-n wants"},
         {{"bench", "--prompt", "p", "-c", "0"}, "-c wants"},
         {{"bench", "--prompt", "p", "-c", "5000"}, "-c wants"},
+        {{"bench", "--prompt", "p", "-c", "1025"}, "-c wants concurrency levels from 1 to 1024"},
+        {{"bench", "--prompt", "p", "-c", "1,,2"}, "'1,,2' has an empty item"},
+        {{"bench", "--prompt", "p", "-c", "1,2,"}, "'1,2,' has an empty item"},
+        {{"bench", "--prompt", "p", "-c", ""}, "has an empty item"},
+        {{"bench", "--prompt", "p", "-c", "x"}, "(1,4,16), not 'x'"},
+        {{"bench", "--prompt", "p", "-c", "1,0"}, "(1,4,16), not '0'"},
+        {{"bench", "--prompt", "p", "-c", "4,-1"}, "not '-1'"},
+        {{"bench", "--prompt", "p", "-c", "1, 2"}, "not ' 2'"},
+        {{"bench", "--prompt", "p", "-c", "99999999999999999999"}, "-c wants"},
+        {{"bench", "--prompt", "p", "-c", "1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17"},
+         "-c takes at most 16 concurrency levels"},
         {{"bench", "-n", "3"}, "--prompt is required"},
         {{"info", "--prompt", "p"}, "unknown option '--prompt'"},
         {{"health", "-o", "x"}, "unknown option '-o'"},
@@ -1173,6 +1185,68 @@ START_TEST(test_fake_bench)
 }
 END_TEST
 
+/* Counts the rows of bench's closing table whose first two columns are
+ * concurrency c and requests n, and checks the table's header is there. */
+static int table_rows(const char *out, long c, long n)
+{
+    const char *t = strstr(out, "\nper concurrency level (ms; ");
+    if (!t)
+        return -1;
+    t = strstr(t, "concurrency requests");
+    if (!t)
+        return -1;
+    int rows = 0;
+    for (const char *line = strchr(t, '\n'); line && line[1]; line = strchr(line + 1, '\n')) {
+        long lc, ln;
+        if (sscanf(line + 1, "%ld %ld", &lc, &ln) == 2 && lc == c && ln == n)
+            rows++;
+    }
+    return rows;
+}
+
+/* -c 1,2: the same n requests at each level in turn, one report per level
+ * and one table row per level with the right counts. */
+START_TEST(test_fake_bench_levels)
+{
+    char out[OUT_CAP];
+    const int before = atomic_load(&fs.generate_calls);
+    int rc = ctl_run(out, NULL, "--target", fs.target, "bench", "-n", "4", "-c", "1,2", "--prompt",
+                     "p", "--steps", "2", "--request-id", "lv", NULL);
+    ck_assert_msg(rc == 0, "exit %d:\n%s", rc, out);
+    ck_assert_int_eq(atomic_load(&fs.generate_calls) - before, 8);
+    HAS(out, "== concurrency 1 ==\nrequests: 4 sent of 4, concurrency 1, wall ");
+    HAS(out, "== concurrency 2 ==\nrequests: 4 sent of 4, concurrency 2, wall ");
+    HAS(out, "concurrency requests     ok failed     req/s      p50      p90      p99      max  "
+             "ovh_mean   ovh_p50\n");
+    ck_assert_msg(table_rows(out, 1, 4) == 1, "%s", out);
+    ck_assert_msg(table_rows(out, 2, 4) == 1, "%s", out);
+    /* Each row: 4 ok, 0 failed. */
+    const char *t = strstr(out, "ovh_p50\n");
+    ck_assert_ptr_nonnull(t);
+    long c, n, ok, failed;
+    ck_assert_int_eq(sscanf(t + 8, "%ld %ld %ld %ld", &c, &n, &ok, &failed), 4);
+    ck_assert(c == 1 && n == 4 && ok == 4 && failed == 0);
+    t = strchr(t + 8, '\n');
+    ck_assert_int_eq(sscanf(t + 1, "%ld %ld %ld %ld", &c, &n, &ok, &failed), 4);
+    ck_assert(c == 2 && n == 4 && ok == 4 && failed == 0);
+    /* With several levels the request ids say the level. */
+    ck_assert_msg(strncmp(fs.last.request_id, "lv-c2-", 6) == 0, "%s", fs.last.request_id);
+
+    /* A single level keeps the plain report and gets one row. */
+    rc = ctl_run(out, NULL, "--target", fs.target, "bench", "-n", "3", "-c", "2", "--prompt", "p",
+                 "--quiet", NULL);
+    ck_assert_msg(rc == 0, "exit %d:\n%s", rc, out);
+    ck_assert_ptr_null(strstr(out, "== concurrency"));
+    ck_assert_msg(table_rows(out, 2, 3) == 1, "%s", out);
+
+    /* Failures show in the row's counts and the exit status. */
+    rc = ctl_run(out, NULL, "--target", fs.target, "bench", "-n", "6", "-c", "2,3", "--prompt",
+                 "flaky", "--quiet", NULL);
+    ck_assert_msg(rc == 1, "exit %d:\n%s", rc, out);
+    ck_assert_msg(table_rows(out, 2, 6) == 1 && table_rows(out, 3, 6) == 1, "%s", out);
+}
+END_TEST
+
 /* ======================================================================== */
 /* library: dit_client in this process */
 
@@ -1637,6 +1711,7 @@ static Suite *ditctl_suite(void)
     tcase_add_test(fake, test_fake_generate_errors);
     tcase_add_loop_test(fake, test_fake_sigint, 0, 2);
     tcase_add_test(fake, test_fake_bench);
+    tcase_add_test(fake, test_fake_bench_levels);
     tcase_add_test(fake, test_lib_events_in_order);
     tcase_add_test(fake, test_lib_cancel_flag);
     tcase_add_test(fake, test_lib_threads);

@@ -437,18 +437,30 @@ END_TEST
 
 /* The batch-2 forward on meshes: each layout splits both entries' sequences
  * the same way. Against diffusers' true_cfg reference. */
-/* num_images_per_prompt = 2 against diffusers' own run of it
- * (tests/data/pipeline_golden_n2, gen_demo_pipeline.py --num-images): one
- * randn((2, ...)) from the seed, both images' latents and pixels. */
-START_TEST(num_images_two_matches_diffusers)
+/* num_images = n against diffusers' own num_images_per_prompt = n: n = 1 is
+ * the single-image golden (tests/data/pipeline_golden), n = 2 and 4 come from
+ * gen_demo_pipeline.py --num-images N (tests/data/pipeline_golden_n<N>): one
+ * randn((n, ...)) from the seed, every image's latents and pixels, at the
+ * tolerances of the one-image cases. */
+static const struct {
+    const char *fixture, *name;
+    int n;
+} batch_cases[] = {
+    {"pipeline_golden", "square_2steps", 1},    {"pipeline_golden", "true_cfg", 1},
+    {"pipeline_golden_n2", "square_2steps", 2}, {"pipeline_golden_n2", "true_cfg", 2},
+    {"pipeline_golden_n4", "square_2steps", 4},
+};
+
+START_TEST(num_images_matches_diffusers)
 {
-    static const char *const names[2] = {"square_2steps", "true_cfg"};
+    const char *const name = batch_cases[_i].name;
+    const int n = batch_cases[_i].n;
     char dir[1200];
-    snprintf(dir, sizeof dir, "%s/tests/data/pipeline_golden_n2/%s", test_env("DIT_SOURCE_ROOT"),
-             names[_i]);
+    snprintf(dir, sizeof dir, "%s/tests/data/%s/%s", test_env("DIT_SOURCE_ROOT"),
+             batch_cases[_i].fixture, name);
     case_params cp;
     load_params(dir, &cp);
-    cp.gp.num_images = 2;
+    cp.gp.num_images = n;
     snprintf(cp.pipeline, sizeof cp.pipeline, "%s/tests/data/demo", test_env("DIT_SOURCE_ROOT"));
     dit_diag diag;
     dit_diag_clear(&diag);
@@ -464,8 +476,8 @@ START_TEST(num_images_two_matches_diffusers)
     dit_gen_result res;
     const dit_denoiser den = dit_runner_denoiser(runner);
     ck_assert_msg(dit_pipeline_generate(p, &den, &cp.gp, true, NULL, NULL, &res, &diag) == DIT_OK,
-                  "%s: %s", names[_i], diag.msg);
-    ck_assert_int_eq(res.num_images, 2);
+                  "%s n=%d: %s", name, n, diag.msg);
+    ck_assert_int_eq(res.num_images, n);
     char path[1300];
     snprintf(path, sizeof path, "%s/reference.safetensors", dir);
     dit_st_file *ref = NULL;
@@ -474,17 +486,24 @@ START_TEST(num_images_two_matches_diffusers)
     const dit_st_entry *fin = dit_st_file_find(ref, "final_latents");
     const dit_st_entry *img = dit_st_file_find(ref, "image");
     ck_assert(init && fin && img);
-    ck_assert_int_eq(init->view.ne[0], 2);
+    /* The references hold exactly n images: (n, tokens, dim) latents and an
+     * (n, 3, H, W) image, or (3, H, W) for the one-image golden. */
+    ck_assert_int_eq(init->view.ne[0], n);
+    ck_assert_int_eq(fin->view.ne[0], n);
+    ck_assert_int_eq(img->view.ndim, n == 1 ? 3 : 4);
+    if (n > 1)
+        ck_assert_int_eq(img->view.ne[0], n);
     test_err e0 = compare_floats(res.initial_latents, init);
     test_err e1 = compare_floats(res.latents, fin);
     test_err e2 = compare_floats(res.image, img);
-    printf("%-24s num_images 2 vs diffusers' num_images_per_prompt 2: initial latents %s, final "
-           "latents rel %.2g, images rel %.2g\n",
-           names[_i], e0.max_abs == 0 ? "bit-exact" : "DIFFER", e1.rel, e2.rel);
+    printf("%-24s num_images %d vs diffusers' num_images_per_prompt %d: initial latents %s, "
+           "final latents rel %.2g, images rel %.2g\n",
+           name, n, n, e0.max_abs == 0 ? "bit-exact" : "DIFFER", e1.rel, e2.rel);
     fflush(stdout);
-    ck_assert_msg(e0.max_abs == 0, "%s: noise differs from torch's (%.3g)", names[_i], e0.max_abs);
-    ck_assert_msg(e1.rel <= LATENT_TOL, "%s: final latents rel error %.3g", names[_i], e1.rel);
-    ck_assert_msg(e2.rel <= IMAGE_TOL, "%s: image rel error %.3g", names[_i], e2.rel);
+    ck_assert_msg(e0.max_abs == 0, "%s n=%d: noise differs from torch's (%.3g)", name, n,
+                  e0.max_abs);
+    ck_assert_msg(e1.rel <= LATENT_TOL, "%s n=%d: final latents rel error %.3g", name, n, e1.rel);
+    ck_assert_msg(e2.rel <= IMAGE_TOL, "%s n=%d: image rel error %.3g", name, n, e2.rel);
     dit_st_file_close(ref);
     dit_gen_result_free(&res);
     dit_runner_destroy(runner);
@@ -637,7 +656,8 @@ int main(void)
     tcase_add_loop_test(tc, pipeline_matches_diffusers, 0, n_cases);
     tcase_add_test(tc, true_cfg_batch_matches_two_passes);
     tcase_add_loop_test(tc, num_images_two, 0, 2);
-    tcase_add_loop_test(tc, num_images_two_matches_diffusers, 0, 2);
+    tcase_add_loop_test(tc, num_images_matches_diffusers, 0,
+                        (int)(sizeof batch_cases / sizeof *batch_cases));
     suite_add_tcase(s, tc);
     TCase *cli = tcase_create("cli");
     tcase_set_timeout(cli, 300);

@@ -647,6 +647,25 @@ def ditctl():
         bench = run("bench", "-n", "6", "-c", "3", "--prompt", "x", "--width", "64", "--height",
                     "64", "--steps", "2", "--quiet").stdout
         assert "p50" in bench and "OK" in bench, bench
+        # Several concurrency levels: the same 3 requests at c = 1 then c = 2,
+        # one table row each (concurrency, requests, ok, failed, req/s, p50,
+        # p90, p99, max, overhead mean, overhead p50).
+        bench = run("bench", "-n", "3", "-c", "1,2", "--prompt", "x", "--width", "64",
+                    "--height", "64", "--steps", "2", "--quiet").stdout
+        table = bench.split("\nper concurrency level (ms; ", 1)[1].splitlines()[1:]
+        assert table[0].split()[0] == "concurrency", bench
+        rows = [line.split() for line in table[1:] if line.strip()]
+        assert [r[:4] for r in rows] == [["1", "3", "3", "0"], ["2", "3", "3", "0"]], bench
+        for r in rows:
+            rps, p50, p90, p99, mx, ovh_mean, ovh_p50 = map(float, r[4:])
+            assert rps > 0 and 0 < p50 <= p90 <= p99 <= mx, bench
+            # latency - queue - compute: what the daemon adds; small, never
+            # below zero by more than the timers' rounding.
+            assert -1.0 < ovh_mean < p50 and -1.0 < ovh_p50 < p50, bench
+        for bad in ("0", "1,,2", "x", "1025", "1,2,"):
+            p = run("bench", "-n", "1", "-c", bad, "--prompt", "x", ok=False)
+            assert p.returncode == 2 and "-c wants concurrency levels from 1 to 1024" in p.stderr, \
+                (bad, p.returncode, p.stderr)
         bad = run("generate", "--prompt", "x", "--width", "100", "-o", "/dev/null", ok=False)
         assert bad.returncode == 1 and "INVALID_ARGUMENT" in bad.stderr, bad.stderr
         d.stop()

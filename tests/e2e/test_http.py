@@ -62,6 +62,27 @@ def grpc_png(d, seed, width=64, height=64, steps=2, prompt=PROMPT, metadata=None
     return png
 
 
+def grpc_pngs(d, seed, n, width=64, height=64, steps=2, prompt=PROMPT):
+    """The n PNGs of one gRPC request with num_images = n, split by
+    ResultChunk.image_index and checked against Result.image_bytes."""
+    call = d.api.generate(d.channel)(
+        d.api.request(prompt=prompt, width=width, height=height, num_inference_steps=steps,
+                      seed=seed, num_images=n), timeout=120)
+    images, res = {}, None
+    for ev in call:
+        kind = ev.WhichOneof("event")
+        if kind == "chunk":
+            buf = images.setdefault(ev.chunk.image_index, b"")
+            assert ev.chunk.offset == len(buf), "chunks out of order"
+            images[ev.chunk.image_index] = buf + ev.chunk.data
+        elif kind == "result":
+            res = ev.result
+    pngs = [images[k] for k in range(n)]
+    assert list(res.image_bytes) == [len(x) for x in pngs] and res.seed == seed, res
+    assert all(x.startswith(PNG_MAGIC) for x in pngs)
+    return pngs
+
+
 def http_request(d, method, path, body=None, headers=None, timeout=60, ctx=None):
     """(status, headers, body bytes) of one HTTP request (HTTPS with ctx)."""
     u = urllib.parse.urlsplit(d.http_url)
@@ -126,7 +147,8 @@ def sse_events(raw_lines):
 @case
 def generate():
     """The openai client generates; the PNG is the gRPC path's for the same
-    request; n images get seeds seed, seed + 1, ...; a random seed is
+    request; n images are one request with num_images = n (diffusers'
+    num_images_per_prompt), the PNGs gRPC's num_images gives; a random seed is
     reported and reproduces the image; /v1/models, /health and / answer."""
     d = Daemon("--http-listen", "127.0.0.1:0")
     try:
@@ -142,13 +164,20 @@ def generate():
         assert r.data[0].model_extra["seed"] == 7
         t = r.data[0].model_extra["timings"]
         assert t["total_ms"] > 0 and t["denoise_ms"] > 0, t
-        # n = 3: seeds 7, 8, 9, each the image gRPC makes with that seed.
-        r3 = c.images.generate(prompt=PROMPT, size="64x64", n=3,
-                               extra_body={"seed": 7, "num_inference_steps": 2})
-        assert [x.model_extra["seed"] for x in r3.data] == [7, 8, 9]
-        for k, x in enumerate(r3.data):
-            assert base64.b64decode(x.b64_json) == (png if k == 0 else grpc_png(d, 7 + k)), k
-        assert len({x.b64_json for x in r3.data}) == 3
+        # n = 2 and 3: one batched request each, num_images = n, every image
+        # with the one seed; byte for byte the PNGs of gRPC's num_images = n.
+        for n in (2, 3):
+            rn = c.images.generate(prompt=PROMPT, size="64x64", n=n,
+                                   extra_body={"seed": 7, "num_inference_steps": 2})
+            assert len(rn.data) == n and rn.model_extra["seed"] == 7 and rn.size == "64x64"
+            assert [x.model_extra["seed"] for x in rn.data] == [7] * n
+            got = [base64.b64decode(x.b64_json) for x in rn.data]
+            assert got == grpc_pngs(d, 7, n), f"n={n}: HTTP and gRPC num_images differ"
+            assert len(set(got)) == n, f"n={n}: images repeat"
+        # The largest n: 8, the pipelines' num_images limit.
+        r8 = c.images.generate(prompt=PROMPT, size="64x64", n=8,
+                               extra_body={"seed": 3, "num_inference_steps": 1})
+        assert len(r8.data) == 8 and len({x.b64_json for x in r8.data}) == 8
         # Our extensions change the image; a non-square size comes out so.
         r4 = c.images.generate(prompt=PROMPT, size="96x64", extra_body={
             "seed": 7, "num_inference_steps": 2, "guidance_scale": 5.0, "priority": 3,
@@ -219,11 +248,19 @@ def stream():
         names = [ln[7:].decode() for ln in lines if ln.startswith(b"event: ")]
         wire = sse_events([ln + b"\n" for ln in lines])
         assert names == [e["type"] for e in wire], (names, [e["type"] for e in wire])
+        # n = 2 is one job: the queue, start and progress events are both
+        # images' (num_images 2, no index, one step sequence); then one
+        # completed event per image, by index, gRPC num_images = 2's PNGs.
+        for e in wire:
+            if e["type"] in ("ditserve.queued", "ditserve.started", "ditserve.progress"):
+                assert e["num_images"] == 2 and "index" not in e, e
+        steps = [e["step"] for e in wire
+                 if e["type"] == "ditserve.progress" and e["stage"] == "denoising"]
+        assert steps == [1, 2, 3], steps
         completed = [e for e in wire if e["type"] == "image_generation.completed"]
-        assert sorted(e["index"] for e in completed) == [0, 1]
-        assert [e["seed"] for e in sorted(completed, key=lambda e: e["index"])] == [11, 12]
-        by_index = {e["index"]: e for e in completed}
-        assert base64.b64decode(by_index[0]["b64_json"]) == base64.b64decode(done.b64_json)
+        assert [e["index"] for e in completed] == [0, 1], completed
+        assert [e["seed"] for e in completed] == [11, 11]
+        assert [base64.b64decode(e["b64_json"]) for e in completed] == grpc_pngs(d, 11, 2, steps=3)
         d.stop()
     finally:
         d.close()
@@ -263,6 +300,7 @@ def errors():
                 ({"size": "99999999x64"}, "size", "invalid_value"),
                 ({"size": "4096x4096"}, None, "invalid_value"),
                 ({"n": 0}, "n", "invalid_value"),
+                ({"n": 9}, "n", "invalid_value"),
                 ({"n": 11}, "n", "invalid_value"),
                 ({"n": 1.5}, "n", "invalid_type"),
                 ({"n": "2"}, "n", "invalid_type"),
@@ -283,6 +321,10 @@ def errors():
             status = 413 if code == "body_too_large" else 400
             err = expect_error(d, status, code, dict(ok, **bad))
             assert err["param"] == param, (bad, err)
+        # n over 8: one batch of num_images holds at most 8 images (OpenAI's 10 is not served).
+        for n in (9, 10, 10**12):
+            expect_error(d, 400, "invalid_value", dict(ok, n=n),
+                         needle="'n' must be from 1 to 8: the n images are made as one batch")
         # Over the body limit, announced or chunked: 413 either way.
         expect_error(d, 413, "body_too_large", json.dumps(dict(ok, prompt="y" * 8000)),
                      needle="4096")

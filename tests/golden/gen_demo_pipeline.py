@@ -19,13 +19,14 @@ case, tests/data/pipeline_golden/<case>/:
 A second pipeline without guidance embeddings is saved next to the cases
 (tests/data/pipeline_golden/noguidance_pipeline/).
 
-With --num-images it only loads the saved demo pipeline (weights unchanged)
-and writes num_images_per_prompt = 2 references to
-tests/data/pipeline_golden_n2/<case>/ (reference.safetensors with
-initial_latents (2, tokens, dim), final_latents (2, tokens, dim), image
-(2, 3, H, W); params.json with "num_images": 2).
+With --num-images N (2 or 4; N alone defaults to 2) it only loads the saved
+demo pipeline (weights unchanged) and writes num_images_per_prompt = N
+references to tests/data/pipeline_golden_n<N>/<case>/ (reference.safetensors
+with initial_latents (N, tokens, dim), final_latents (N, tokens, dim), image
+(N, 3, H, W); params.json with "num_images": N). n = 2 covers square_2steps
+and true_cfg; n = 4 only square_2steps, which keeps the fixture small.
 
-Run: python3 tests/golden/gen_demo_pipeline.py [--num-images]
+Run: python3 tests/golden/gen_demo_pipeline.py [--num-images [N]]
      (torch, diffusers, transformers)
 """
 import json
@@ -150,8 +151,7 @@ def run_case(pipe, case, out):
     return float(final.abs().max()), float(image.abs().max())
 
 
-N2_CASES = [c for c in CASES if c["name"] in ("square_2steps", "true_cfg")]
-GOLDEN_N2 = ROOT / "pipeline_golden_n2"
+N_CASES = {2: ("square_2steps", "true_cfg"), 4: ("square_2steps",)}
 
 
 def run_case_n2(pipe, case, out, n=2):
@@ -187,17 +187,21 @@ def run_case_n2(pipe, case, out, n=2):
     return float(final.abs().max()), float(image.abs().max())
 
 
-def main_num_images():
+def main_num_images(n):
+    if n not in N_CASES:
+        sys.exit(f"--num-images wants one of {sorted(N_CASES)}, not {n}")
     torch.set_num_threads(1)
     pipe = FluxPipeline.from_pretrained(DEMO)
-    for case in N2_CASES:
-        mx_lat, mx_img = run_case_n2(pipe, case, GOLDEN_N2 / case["name"])
-        print(f"{case['name']:24s} n=2 max|latents| {mx_lat:.3f} max|image| {mx_img:.3f}")
+    for case in (c for c in CASES if c["name"] in N_CASES[n]):
+        mx_lat, mx_img = run_case_n2(pipe, case, ROOT / f"pipeline_golden_n{n}" / case["name"], n)
+        print(f"{case['name']:24s} n={n} max|latents| {mx_lat:.3f} max|image| {mx_img:.3f}")
 
 
 def main():
-    if "--num-images" in sys.argv[1:]:
-        return main_num_images()
+    args = sys.argv[1:]
+    if "--num-images" in args:
+        rest = args[args.index("--num-images") + 1:]
+        return main_num_images(int(rest[0]) if rest else 2)
     torch.set_num_threads(1)  # deterministic reductions
     demo = build_pipeline(seed=4242)
     if DEMO.exists():

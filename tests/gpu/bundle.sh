@@ -137,7 +137,7 @@ grep -q '^libcuda\.so' "$out/gpu-libs.txt" || echo "libcuda.so.1" >> "$out/gpu-l
 chmod 0644 "$out"/lib/* "$out"/lib-gz/* "$out"/lib-fallback/*
 
 # The fixtures the tests read, under the same relative paths as in the tree.
-for d in golden demo pipeline_golden pipeline_golden_n2 wan_golden wan_vae umt5 wan_demo; do
+for d in golden demo pipeline_golden pipeline_golden_n2 pipeline_golden_n4 wan_golden wan_vae umt5 wan_demo; do
   cp -r "$src/tests/data/$d" "$out/tests/data/"
 done
 # umt5's cases name the T5 tokenizer fixture.
