@@ -147,6 +147,11 @@ int ditrun_forward_rank(const ditrun_args *a, int rank)
                    (double)rs.attention_bytes_sent / 1048576.0 / a->repeat,
                    (double)rs.gather_bytes / 1048576.0 / a->repeat,
                    (double)rs.tp_bytes_reduced / 1048576.0 / a->repeat);
+        if (multi && a->pc.cfg_degree > 1)
+            printf("cfg: rank 0 exchanged %llu bytes of output per forward (%s)\n",
+                   (unsigned long long)(rs.cfg_bytes_gathered / (uint64_t)a->repeat),
+                   rs.cfg_bytes_gathered ? "each group ran half of the batch"
+                                         : "odd batch: both groups ran all of it");
         /* The sequences the context-parallel plan splits, last first (text
          * before image for FLUX, the order attention sees them). */
         const dit_parallel_req req = cls->parallel_req(cfg);
