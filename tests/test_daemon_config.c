@@ -52,8 +52,9 @@ static void clear_env(void)
 {
     /* The variables these tests set; Check forks per test, but a run with
      * CK_FORK=no shares the environment. */
-    const char *vars[] = {"DITD_MODEL",         "DITD_MAX_QUEUE", "DITD_LISTEN", "DITD_LOG_JSON",
-                          "DITD_DRAIN_TIMEOUT", "DITD_RING",      "DITD_BACKEND", "DITD_CFG_PARALLEL"};
+    const char *vars[] = {"DITD_MODEL",    "DITD_MAX_QUEUE",     "DITD_LISTEN",
+                          "DITD_LOG_JSON", "DITD_DRAIN_TIMEOUT", "DITD_RING",
+                          "DITD_BACKEND",  "DITD_CFG_PARALLEL"};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++)
         unsetenv(vars[i]);
 }
@@ -283,9 +284,8 @@ START_TEST(parallel_layout_from_flags)
     ck_assert_int_eq(cfg.local_ranks, 4);
     ck_assert_int_eq(PARSE(&cfg, "--model", "x", "--cfg-parallel", "--world-size", "2"), 0);
     ck_assert_int_eq(cfg.pc.world_size, 2);
-    ck_assert_int_eq(PARSE(&cfg, "--model", "x", "--cfg-parallel", "--ring", "2", "--world-size",
-                           "2"),
-                     2);
+    ck_assert_int_eq(
+        PARSE(&cfg, "--model", "x", "--cfg-parallel", "--ring", "2", "--world-size", "2"), 2);
     ck_assert_msg(strstr(err, "cfg_degree (2) x ring_degree (2) x ulysses_degree (1) x tp_degree "
                               "(1) = 4 must equal the world size (2)"),
                   "%s", err);

@@ -219,8 +219,9 @@ START_TEST(layout_rules_have_clear_messages)
     expect_layout_error(&pc, "or cfg_degree 2 for CFG parallelism");
     pc = layout(2, 2, 1, 1);
     pc.cfg_degree = 2;
-    expect_layout_error(&pc, "cfg_degree (2) x ring_degree (2) x ulysses_degree (1) x tp_degree (1) "
-                             "= 4 must equal the world size (2)");
+    expect_layout_error(&pc,
+                        "cfg_degree (2) x ring_degree (2) x ulysses_degree (1) x tp_degree (1) "
+                        "= 4 must equal the world size (2)");
     pc = layout(3, 1, 1, 1);
     pc.cfg_degree = 2;
     expect_layout_error(&pc, "= 2 must equal the world size (3)");

@@ -49,7 +49,7 @@ typedef struct dit_cp_rule {
     const char *input; /* a forward argument's diffusers name; the output's for GATHER */
     dit_cp_kind kind;
     int dim;
-    int seq;   /* SPLIT and GATHER: the sequence it belongs to */
+    int seq;    /* SPLIT and GATHER: the sequence it belongs to */
     bool host;  /* passed as a host array, not uploaded */
     bool batch; /* dim 0 is the batch */
 } dit_cp_rule;

@@ -37,14 +37,14 @@ dit_status dit_mesh_create(const dit_parallel_config *pc, dit_comm *world, dit_m
      * five, taking part with color -1 in the ones it does not need. Colors
      * name a group uniquely: the CFG group times the group count within it,
      * plus the group's index there. */
-    DIT_CHECK(world->ops->split(world, T > 1 ? g * R * U + m->cp_rank : -1, m->tp_rank, &m->tp,
-                                diag));
+    DIT_CHECK(
+        world->ops->split(world, T > 1 ? g * R * U + m->cp_rank : -1, m->tp_rank, &m->tp, diag));
     DIT_CHECK(world->ops->split(world, U > 1 ? g * R * T + m->ring_rank * T + m->tp_rank : -1,
                                 m->ulysses_rank, &m->ulysses, diag));
     DIT_CHECK(world->ops->split(world, R > 1 ? g * U * T + m->ulysses_rank * T + m->tp_rank : -1,
                                 m->ring_rank, &m->ring, diag));
-    DIT_CHECK(world->ops->split(world, R * U > 1 ? g * T + m->tp_rank : -1, m->cp_rank, &m->cp,
-                                diag));
+    DIT_CHECK(
+        world->ops->split(world, R * U > 1 ? g * T + m->tp_rank : -1, m->cp_rank, &m->cp, diag));
     DIT_CHECK(world->ops->split(world, pc->cfg_degree > 1 ? in : -1, g, &m->cfg, diag));
     *out = m;
     return DIT_OK;

@@ -47,8 +47,8 @@ typedef struct dit_parallel_config {
 dit_parallel_config dit_parallel_config_single(void);
 
 /* Rules that depend only on the layout: degrees >= 1, cfg_degree 1 or 2,
- * the product cfg x R x U x T equal to the world size, a parallel layout when world_size > 1, the anything-mode
- * rules. */
+ * the product cfg x R x U x T equal to the world size, a parallel layout when world_size > 1, the
+ * anything-mode rules. */
 dit_status dit_parallel_validate(const dit_parallel_config *pc, dit_diag *diag);
 
 #define DIT_PARALLEL_MAX_WIDTHS 4

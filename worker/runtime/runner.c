@@ -210,7 +210,8 @@ static dit_status cfg_half_inputs(const dit_model_class *cls, const dit_named_te
         const dit_named_tensor *e = &in->v[i];
         const dit_cp_rule *rule = NULL;
         for (int k = 0; k < cls->n_cp && !rule; k++)
-            if (cls->cp_plan[k].kind != DIT_CP_GATHER && strcmp(cls->cp_plan[k].input, e->name) == 0)
+            if (cls->cp_plan[k].kind != DIT_CP_GATHER &&
+                strcmp(cls->cp_plan[k].input, e->name) == 0)
                 rule = &cls->cp_plan[k];
         dit_tensor t = e->t;
         if (rule && rule->batch && t.ndim >= 1 && t.ne[0] != 1) {
