@@ -725,6 +725,8 @@ static int cmd_info(int argc, char **argv, ctl_common *common)
             printf(", ring_anything");
         if (l->unified_anything)
             printf(", unified_anything");
+        if (l->cfg_degree > 1)
+            printf(", cfg parallel");
         putchar('\n');
     } else {
         printf("layout: (not reported)\n");

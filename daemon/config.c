@@ -27,7 +27,7 @@ typedef struct raw {
     long long http_max_body, http_max_conns, http_video_jobs, http_video_bytes;
     double http_idle, http_request_timeout, http_video_retention;
     double drain, comm_timeout, job_timeout, startup_timeout;
-    bool uany, rany, unany, nofp32, log_json;
+    bool uany, rany, unany, nofp32, cfgpar, log_json;
     const char *lora_dir, *lora_fuse;
     long long lora_cache;
     int n_loras;
@@ -162,7 +162,7 @@ static const dit_option defs[] = {
         "(port 0 picks a free port)",
         "DITD_LISTEN", listen),
     STR("backend", "cpu", "cpu|cuda", "compute backend", "DITD_BACKEND", backend),
-    INT("world-size", NULL, "N", "worker processes in the mesh (default R x U x T)",
+    INT("world-size", NULL, "N", "worker processes in the mesh (default [2 x] R x U x T)",
         "DITD_WORLD_SIZE", world, 1, 64),
     INT("ring", "1", "R", "ring_degree (context parallelism)", "DITD_RING", ring, 1, 64),
     INT("ulysses", "1", "U", "ulysses_degree (context parallelism)", "DITD_ULYSSES", ulysses, 1,
@@ -173,6 +173,10 @@ static const dit_option defs[] = {
     FLAG("ring-anything", "uneven sequence chunks with ring", "DITD_RING_ANYTHING", rany),
     FLAG("unified-anything", "uneven chunks and heads with ring x Ulysses", "DITD_UNIFIED_ANYTHING",
          unany),
+    FLAG("cfg-parallel",
+         "cfg_degree 2: the conditional and unconditional halves of CFG requests on two groups "
+         "of R x U x T workers (N = 2 x R x U x T); no gain without CFG",
+         "DITD_CFG_PARALLEL", cfgpar),
     FLAG("no-fp32-merge", "merge ring partials in the activation dtype", "DITD_NO_FP32_MERGE",
          nofp32),
     INT("local-ranks", "-1", "L", "ranks started here, 0 .. L-1 (-1: all); the rest join over TCP",
@@ -398,7 +402,9 @@ int dit_daemon_config_parse(dit_daemon_config *cfg, int argc, char **argv)
         return 2;
     }
     cfg->pc = dit_parallel_config_single();
-    cfg->pc.world_size = r.world ? (int)r.world : (int)(r.ring * r.ulysses * r.tp);
+    cfg->pc.cfg_degree = r.cfgpar ? 2 : 1;
+    cfg->pc.world_size =
+        r.world ? (int)r.world : (int)(cfg->pc.cfg_degree * r.ring * r.ulysses * r.tp);
     cfg->pc.ring_degree = (int)r.ring;
     cfg->pc.ulysses_degree = (int)r.ulysses;
     cfg->pc.tp_degree = (int)r.tp;

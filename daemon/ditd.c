@@ -468,11 +468,12 @@ int main(int argc, char **argv)
     }
     fflush(stdout);
     DIT_LOG(lg, DIT_LOG_INFO, "main",
-            "serving model '%s' from %s on port %d: %d mesh(es) of %d worker(s), ring %d x "
+            "serving model '%s' from %s on port %d: %d mesh(es) of %d worker(s), %sring %d x "
             "ulysses %d x tp %d, backend %s, queue %d, batches of up to %d, %s%s",
             d->cfg.model_name, d->cfg.model, s->port, d->cfg.replicas, d->cfg.pc.world_size,
-            d->cfg.pc.ring_degree, d->cfg.pc.ulysses_degree, d->cfg.pc.tp_degree,
-            d->cfg.backend_name, d->cfg.max_queue, d->cfg.max_batch,
+            d->cfg.pc.cfg_degree > 1 ? "cfg 2 x " : "", d->cfg.pc.ring_degree,
+            d->cfg.pc.ulysses_degree, d->cfg.pc.tp_degree, d->cfg.backend_name, d->cfg.max_queue,
+            d->cfg.max_batch,
             d->cfg.tls_cert ? (d->cfg.tls_client_ca ? "mutual TLS" : "TLS") : "plaintext",
             token[0] ? ", bearer token required" : "");
 

@@ -1633,6 +1633,7 @@ static void on_server_info(void *ctx, dit_rpc_call *call, const uint8_t *req, si
     lay.ring_degree = pc->ring_degree;
     lay.ulysses_degree = pc->ulysses_degree;
     lay.tp_degree = pc->tp_degree;
+    lay.cfg_degree = pc->cfg_degree;
     lay.ulysses_anything = pc->ulysses_anything;
     lay.ring_anything = pc->ring_anything;
     lay.unified_anything = pc->unified_anything;

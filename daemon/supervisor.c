@@ -380,6 +380,7 @@ static void send_setup_range(dit_supervisor *s, int from, int to)
     setup.ring_degree = pc->ring_degree;
     setup.ulysses_degree = pc->ulysses_degree;
     setup.tp_degree = pc->tp_degree;
+    setup.cfg_degree = pc->cfg_degree;
     setup.ulysses_anything = pc->ulysses_anything;
     setup.ring_anything = pc->ring_anything;
     setup.unified_anything = pc->unified_anything;

@@ -52,8 +52,9 @@ static void clear_env(void)
 {
     /* The variables these tests set; Check forks per test, but a run with
      * CK_FORK=no shares the environment. */
-    const char *vars[] = {"DITD_MODEL",         "DITD_MAX_QUEUE", "DITD_LISTEN", "DITD_LOG_JSON",
-                          "DITD_DRAIN_TIMEOUT", "DITD_RING",      "DITD_BACKEND"};
+    const char *vars[] = {"DITD_MODEL",    "DITD_MAX_QUEUE",     "DITD_LISTEN",
+                          "DITD_LOG_JSON", "DITD_DRAIN_TIMEOUT", "DITD_RING",
+                          "DITD_BACKEND",  "DITD_CFG_PARALLEL"};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++)
         unsetenv(vars[i]);
 }
@@ -274,6 +275,25 @@ START_TEST(parallel_layout_from_flags)
     ck_assert_int_eq(cfg.local_ranks, 4);
     ck_assert_int_eq(PARSE(&cfg, "--model", "x", "--ring", "2", "--world-size", "3"), 2);
     ck_assert_msg(err[0] != '\0', "a world size that is not R x U x T is refused");
+    /* --cfg-parallel doubles the default world; an explicit one must be
+     * 2 x R x U x T. */
+    ck_assert_int_eq(cfg.pc.cfg_degree, 1);
+    ck_assert_int_eq(PARSE(&cfg, "--model", "x", "--cfg-parallel", "--ring", "2"), 0);
+    ck_assert_int_eq(cfg.pc.cfg_degree, 2);
+    ck_assert_int_eq(cfg.pc.world_size, 4);
+    ck_assert_int_eq(cfg.local_ranks, 4);
+    ck_assert_int_eq(PARSE(&cfg, "--model", "x", "--cfg-parallel", "--world-size", "2"), 0);
+    ck_assert_int_eq(cfg.pc.world_size, 2);
+    ck_assert_int_eq(
+        PARSE(&cfg, "--model", "x", "--cfg-parallel", "--ring", "2", "--world-size", "2"), 2);
+    ck_assert_msg(strstr(err, "cfg_degree (2) x ring_degree (2) x ulysses_degree (1) x tp_degree "
+                              "(1) = 4 must equal the world size (2)"),
+                  "%s", err);
+    setenv("DITD_CFG_PARALLEL", "1", 1);
+    ck_assert_int_eq(PARSE(&cfg, "--model", "x", "--tp", "2"), 0);
+    unsetenv("DITD_CFG_PARALLEL");
+    ck_assert_int_eq(cfg.pc.cfg_degree, 2);
+    ck_assert_int_eq(cfg.pc.world_size, 4);
 }
 END_TEST
 
@@ -357,6 +377,8 @@ START_TEST(help_lists_every_flag_with_its_variable_and_default)
                           "DITD_LOG_JSON",
                           "--join-secret-file FILE",
                           "--metrics-port PORT",
+                          "--cfg-parallel",
+                          "DITD_CFG_PARALLEL",
                           "--help",
                           "--version",
                           "SIGTERM"};

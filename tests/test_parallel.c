@@ -79,6 +79,25 @@ static const mode modes[] = {
     {"wan tp 2 x ulysses 2",
      "wan_golden/parallel_even",
      {"--world-size", "4", "--tp", "2", "--ulysses", "2"}},
+    /* CFG parallelism: batch-2 fixtures halve over the two groups; batch-1
+     * ones (parallel_odd, wan parallel_even) run whole on both. */
+    {"cfg 2", "parallel_even", {"--world-size", "2", "--cfg-parallel"}},
+    {"cfg 2 x ring 2", "parallel_even", {"--world-size", "4", "--cfg-parallel", "--ring", "2"}},
+    {"cfg 2 x ulysses 2",
+     "parallel_even",
+     {"--world-size", "4", "--cfg-parallel", "--ulysses", "2"}},
+    {"cfg 2 x tp 2", "parallel_even", {"--world-size", "4", "--cfg-parallel", "--tp", "2"}},
+    {"cfg 2, batch 1", "parallel_odd", {"--world-size", "2", "--cfg-parallel"}},
+    {"cfg 2 x ring-anything 2, batch 1",
+     "parallel_odd",
+     {"--world-size", "4", "--cfg-parallel", "--ring", "2", "--ring-anything"}},
+    {"wan cfg 2", "wan_golden/bf16_batch2", {"--world-size", "2", "--cfg-parallel"}},
+    {"wan cfg 2 x ring 2",
+     "wan_golden/bf16_batch2",
+     {"--world-size", "4", "--cfg-parallel", "--ring", "2"}},
+    {"wan cfg 2 x ulysses 2, batch 1",
+     "wan_golden/parallel_even",
+     {"--world-size", "4", "--cfg-parallel", "--ulysses", "2"}},
 };
 
 static void fixture_paths(const char *fixture, char *model, char *inputs, char *expected,
@@ -191,8 +210,28 @@ START_TEST(layout_rules_have_clear_messages)
     pc = layout(4, 2, 2, 1);
     pc.unified_anything = pc.ring_anything = true;
     expect_layout_error(&pc, "enable only one anything mode");
+    pc = layout(2, 1, 1, 1);
+    pc.cfg_degree = 3;
+    expect_layout_error(&pc, "cfg_degree must be 1 or 2");
+    pc.cfg_degree = 0;
+    expect_layout_error(&pc, "cfg_degree must be 1 or 2");
+    pc = layout(2, 1, 1, 1);
+    expect_layout_error(&pc, "or cfg_degree 2 for CFG parallelism");
+    pc = layout(2, 2, 1, 1);
+    pc.cfg_degree = 2;
+    expect_layout_error(&pc,
+                        "cfg_degree (2) x ring_degree (2) x ulysses_degree (1) x tp_degree (1) "
+                        "= 4 must equal the world size (2)");
+    pc = layout(3, 1, 1, 1);
+    pc.cfg_degree = 2;
+    expect_layout_error(&pc, "= 2 must equal the world size (3)");
+    pc = layout(1, 1, 1, 1);
+    pc.cfg_degree = 2;
+    expect_layout_error(&pc, "must equal the world size (1)");
     /* valid layouts */
-    dit_parallel_config ok[] = {layout(1, 1, 1, 1), layout(2, 1, 1, 2), layout(8, 2, 2, 2)};
+    dit_parallel_config ok[] = {layout(1, 1, 1, 1), layout(2, 1, 1, 2), layout(8, 2, 2, 2),
+                                layout(2, 1, 1, 1), layout(8, 2, 1, 2)};
+    ok[3].cfg_degree = ok[4].cfg_degree = 2;
     for (size_t i = 0; i < sizeof ok / sizeof *ok; i++)
         ck_assert_int_eq(dit_parallel_validate(&ok[i], NULL), DIT_OK);
 }
@@ -299,6 +338,50 @@ START_TEST(cli_rejects_bad_layouts_with_exit_2)
         run_forward("parallel_even", bad4, "/tmp/unused.safetensors", NULL, log, sizeof log, NULL),
         2);
     ck_assert_msg(strstr(log, "needs --backend cpu"), "%s", log);
+    const char *bad5[] = {"--world-size", "2", "--cfg-parallel", "--ring", "2", NULL};
+    ck_assert_int_eq(
+        run_forward("parallel_even", bad5, "/tmp/unused.safetensors", NULL, log, sizeof log, NULL),
+        2);
+    ck_assert_msg(strstr(log, "= 4 must equal the world size (2)"), "%s", log);
+    /* Inside each CFG group the usual model rules hold. */
+    const char *bad6[] = {"--world-size", "4", "--cfg-parallel", "--ring", "2", NULL};
+    ck_assert_int_eq(
+        run_forward("parallel_odd", bad6, "/tmp/unused.safetensors", NULL, log, sizeof log, NULL),
+        2);
+    ck_assert_msg(strstr(log, "ring_anything splits them unevenly"), "%s", log);
+}
+END_TEST
+
+/* A batch of 2 halves (rank 0 sends its half of the (2, 24, 8) sample, 768
+ * bytes); a batch of 1 runs whole on both groups and exchanges nothing. */
+START_TEST(cfg_parallel_halves_even_batches_only)
+{
+    char log[16384];
+    const char *args[] = {"--world-size", "2", "--cfg-parallel", NULL};
+    char model[1024], inputs[1024], expected[1024];
+    const char *fixtures[2] = {"parallel_even", "parallel_odd"};
+    const char *want[2] = {"cfg: rank 0 exchanged 768 bytes of output per forward (each group ran "
+                           "half of the batch)",
+                           "cfg: rank 0 exchanged 0 bytes of output per forward (odd batch: both "
+                           "groups ran all of it)"};
+    for (int k = 0; k < 2; k++) {
+        fixture_paths(fixtures[k], model, inputs, expected, sizeof model);
+        char *argv[16] = {(char *)test_env("DITRUN"),
+                          "forward",
+                          "--model",
+                          model,
+                          "--inputs",
+                          inputs,
+                          "--output",
+                          "/tmp/dit_cfg_halves.safetensors"};
+        int n = 8;
+        for (int i = 0; args[i]; i++)
+            argv[n++] = (char *)args[i];
+        argv[n] = NULL;
+        ck_assert_int_eq(test_run(argv, NULL, log, sizeof log, NULL), 0);
+        ck_assert_msg(strstr(log, want[k]), "%s", log);
+    }
+    unlink("/tmp/dit_cfg_halves.safetensors");
 }
 END_TEST
 
@@ -372,6 +455,7 @@ int main(void)
     tcase_add_test(rules, partition_matches_tensor_split);
     tcase_add_test(rules, cli_rejects_bad_layouts_with_exit_2);
     tcase_add_test(rules, tensor_parallel_shrinks_weights);
+    tcase_add_test(rules, cfg_parallel_halves_even_batches_only);
     suite_add_tcase(s, rules);
     TCase *tm = tcase_create("modes");
     tcase_set_timeout(tm, 300);

@@ -527,10 +527,18 @@ START_TEST(ditrun_true_cfg_on_meshes)
     char *ring_tp[] = {"--world-size", "4", "--ring", "2", "--tp", "2", NULL};
     char *uly[] = {"--world-size", "2", "--ulysses", "2", NULL};
     char *ring_any[] = {"--world-size", "3", "--ring", "3", "--ring-anything", NULL};
-    char *const *layouts[] = {single, two_pass, ring_uly, ring_tp, uly, ring_any};
-    const char *names[] = {"one rank",           "one rank, two passes",
-                           "ring 2 x ulysses 2", "ring 2 x tp 2",
-                           "ulysses 2",          "ring 3 (uneven)"};
+    /* CFG parallel: each group runs its half of the batch-2 CFG forward. */
+    char *cfg[] = {"--world-size", "2", "--cfg-parallel", NULL};
+    char *cfg_ring[] = {"--world-size", "4", "--cfg-parallel", "--ring", "2", NULL};
+    char *const *layouts[] = {single, two_pass, ring_uly, ring_tp, uly, ring_any, cfg, cfg_ring};
+    const char *names[] = {"one rank",
+                           "one rank, two passes",
+                           "ring 2 x ulysses 2",
+                           "ring 2 x tp 2",
+                           "ulysses 2",
+                           "ring 3 (uneven)",
+                           "cfg 2",
+                           "cfg 2 x ring 2"};
     for (size_t k = 0; k < sizeof layouts / sizeof *layouts; k++) {
         char *argv[32] = {(char *)test_env("DITRUN"),
                           "generate",

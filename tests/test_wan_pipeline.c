@@ -407,8 +407,11 @@ START_TEST(ditrun_generate_video_on_meshes)
     char *ring_uly[] = {"--world-size", "4", "--ring", "2", "--ulysses", "2", NULL};
     char *ring_tp[] = {"--world-size", "4", "--ring", "2", "--tp", "2", NULL};
     char *ring_any[] = {"--world-size", "5", "--ring", "5", "--ring-anything", NULL};
-    char *const *layouts[] = {single, ring_uly, ring_tp, ring_any};
-    const char *names[] = {"one rank", "ring 2 x ulysses 2", "ring 2 x tp 2", "ring 5 (uneven)"};
+    char *cfg[] = {"--world-size", "2", "--cfg-parallel", NULL};
+    char *cfg_ring[] = {"--world-size", "4", "--cfg-parallel", "--ring", "2", NULL};
+    char *const *layouts[] = {single, ring_uly, ring_tp, ring_any, cfg, cfg_ring};
+    const char *names[] = {"one rank", "ring 2 x ulysses 2", "ring 2 x tp 2", "ring 5 (uneven)",
+                           "cfg 2",    "cfg 2 x ring 2"};
     for (size_t k = 0; k < sizeof layouts / sizeof *layouts; k++) {
         const int rc = run_generate(w, vid, lat, layouts[k], out, sizeof out);
         ck_assert_msg(rc == 0, "%s: exit %d:\n%s", names[k], rc, out);

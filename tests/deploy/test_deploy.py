@@ -109,8 +109,9 @@ def k8s():
     assert ann["prometheus.io/scrape"] == "true" and ann["prometheus.io/path"] == "/metrics"
 
     world = int(cfg["DITD_WORLD_SIZE"])
-    layout = int(cfg["DITD_RING"]) * int(cfg["DITD_ULYSSES"]) * int(cfg["DITD_TP"])
-    assert layout == world, f"ring x ulysses x tp = {layout}, world size {world}"
+    cfg_degree = 2 if cfg.get("DITD_CFG_PARALLEL", "0") in ("1", "true", "yes") else 1
+    layout = cfg_degree * int(cfg["DITD_RING"]) * int(cfg["DITD_ULYSSES"]) * int(cfg["DITD_TP"])
+    assert layout == world, f"cfg x ring x ulysses x tp = {layout}, world size {world}"
     gpus = world * int(cfg.get("DITD_REPLICAS", "1"))
     res = c["resources"]
     assert int(res["limits"]["nvidia.com/gpu"]) == gpus == int(res["requests"]["nvidia.com/gpu"])
@@ -179,8 +180,9 @@ def k8s_multinode():
 
     # Ranks add up: leader GPUs = local ranks, worker pods x GPUs = the rest.
     world = int(cfg["DITD_WORLD_SIZE"])
-    layout = int(cfg["DITD_RING"]) * int(cfg["DITD_ULYSSES"]) * int(cfg["DITD_TP"])
-    assert layout == world, f"ring x ulysses x tp = {layout}, world size {world}"
+    cfg_degree = 2 if cfg.get("DITD_CFG_PARALLEL", "0") in ("1", "true", "yes") else 1
+    layout = cfg_degree * int(cfg["DITD_RING"]) * int(cfg["DITD_ULYSSES"]) * int(cfg["DITD_TP"])
+    assert layout == world, f"cfg x ring x ulysses x tp = {layout}, world size {world}"
     local = int(cfg["DITD_LOCAL_RANKS"])
     assert 0 <= local < world
     lres, wres = lc["resources"], wc["resources"]

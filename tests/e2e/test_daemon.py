@@ -1003,6 +1003,34 @@ def join():
             d.close()
 
 
+@case
+def cfg_parallel():
+    """ditd --cfg-parallel on 2 workers: GetServerInfo reports cfg_degree 2,
+    and a true-CFG request gives ditrun's PNG on the same layout."""
+    d = Daemon("--cfg-parallel", world=2)
+    try:
+        info = d.info()
+        assert info.world_size == 2 and info.layout.cfg_degree == 2, info
+        gen = dict(SMALL, seed=5, negative_prompt="blurry", true_cfg_scale=3.0)
+        _, png, res = d.generate(**gen)
+        assert png.startswith(PNG_MAGIC) and not res.warnings, res
+        with tempfile.TemporaryDirectory() as tmp:
+            out = os.path.join(tmp, "ditrun.png")
+            cmd = [env_path("DITRUN"), "generate", "--model", DEMO, "--prompt", gen["prompt"],
+                   "--negative-prompt", "blurry", "--true-cfg", "3",
+                   "--width", str(gen["width"]), "--height", str(gen["height"]),
+                   "--steps", str(gen["num_inference_steps"]), "--seed", "5",
+                   "--world-size", "2", "--cfg-parallel", "--output", out]
+            subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            with open(out, "rb") as f:
+                ref = f.read()
+        assert png == ref, "the daemon's PNG differs from ditrun generate --cfg-parallel's"
+        assert d.info().worker_restarts == 0
+        d.stop()
+    finally:
+        d.close()
+
+
 def main():
     if len(sys.argv) != 2 or sys.argv[1] not in CASES and sys.argv[1] != "--list":
         print(__doc__)

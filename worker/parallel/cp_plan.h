@@ -19,6 +19,11 @@
  * arrays a model reads on the CPU (timesteps, RoPE position ids); a host
  * input splits on dim 0 only, so its chunk stays contiguous.
  *
+ * Inputs whose dim 0 is the forward's batch say so (`batch`): CFG
+ * parallelism (runtime/runner.h) gives each CFG rank group half of them;
+ * the others (position ids) go whole to both groups. The output's dim 0 is
+ * always the batch.
+ *
  * Owner: plans are static tables; the functions keep no state. */
 #ifndef DIT_PARALLEL_CP_PLAN_H
 #define DIT_PARALLEL_CP_PLAN_H
@@ -44,8 +49,9 @@ typedef struct dit_cp_rule {
     const char *input; /* a forward argument's diffusers name; the output's for GATHER */
     dit_cp_kind kind;
     int dim;
-    int seq;   /* SPLIT and GATHER: the sequence it belongs to */
-    bool host; /* passed as a host array, not uploaded */
+    int seq;    /* SPLIT and GATHER: the sequence it belongs to */
+    bool host;  /* passed as a host array, not uploaded */
+    bool batch; /* dim 0 is the batch */
 } dit_cp_rule;
 
 /* How one forward's sequences divide over `cp_size` ranks. */

@@ -6,8 +6,8 @@
 struct dit_mesh {
     dit_parallel_config pc;
     dit_comm *world;
-    dit_comm *tp, *ulysses, *ring, *cp;
-    int tp_rank, ulysses_rank, ring_rank, cp_rank;
+    dit_comm *tp, *ulysses, *ring, *cp, *cfg;
+    int tp_rank, ulysses_rank, ring_rank, cp_rank, cfg_rank;
 };
 
 dit_status dit_mesh_create(const dit_parallel_config *pc, dit_comm *world, dit_mesh **out,
@@ -25,19 +25,27 @@ dit_status dit_mesh_create(const dit_parallel_config *pc, dit_comm *world, dit_m
     m->pc = *pc;
     m->world = world;
     const int U = pc->ulysses_degree, T = pc->tp_degree, R = pc->ring_degree;
+    const int inner = R * U * T; /* ranks of one CFG group */
     const int rank = dit_comm_rank(world);
-    m->tp_rank = rank % T;
-    m->cp_rank = rank / T;
+    const int g = rank / inner, in = rank % inner;
+    m->cfg_rank = g;
+    m->tp_rank = in % T;
+    m->cp_rank = in / T;
     m->ulysses_rank = m->cp_rank % U;
     m->ring_rank = m->cp_rank / U;
     /* Every split is collective over the world, so every rank makes all
-     * four, taking part with color -1 in the ones it does not need. */
-    DIT_CHECK(world->ops->split(world, T > 1 ? m->cp_rank : -1, m->tp_rank, &m->tp, diag));
-    DIT_CHECK(world->ops->split(world, U > 1 ? m->ring_rank * T + m->tp_rank : -1, m->ulysses_rank,
-                                &m->ulysses, diag));
-    DIT_CHECK(world->ops->split(world, R > 1 ? m->ulysses_rank * T + m->tp_rank : -1, m->ring_rank,
-                                &m->ring, diag));
-    DIT_CHECK(world->ops->split(world, R * U > 1 ? m->tp_rank : -1, m->cp_rank, &m->cp, diag));
+     * five, taking part with color -1 in the ones it does not need. Colors
+     * name a group uniquely: the CFG group times the group count within it,
+     * plus the group's index there. */
+    DIT_CHECK(
+        world->ops->split(world, T > 1 ? g * R * U + m->cp_rank : -1, m->tp_rank, &m->tp, diag));
+    DIT_CHECK(world->ops->split(world, U > 1 ? g * R * T + m->ring_rank * T + m->tp_rank : -1,
+                                m->ulysses_rank, &m->ulysses, diag));
+    DIT_CHECK(world->ops->split(world, R > 1 ? g * U * T + m->ulysses_rank * T + m->tp_rank : -1,
+                                m->ring_rank, &m->ring, diag));
+    DIT_CHECK(
+        world->ops->split(world, R * U > 1 ? g * T + m->tp_rank : -1, m->cp_rank, &m->cp, diag));
+    DIT_CHECK(world->ops->split(world, pc->cfg_degree > 1 ? in : -1, g, &m->cfg, diag));
     *out = m;
     return DIT_OK;
 cleanup:
@@ -49,6 +57,7 @@ void dit_mesh_destroy(dit_mesh *m)
 {
     if (!m)
         return;
+    dit_comm_destroy(m->cfg);
     dit_comm_destroy(m->cp);
     dit_comm_destroy(m->ring);
     dit_comm_destroy(m->ulysses);
@@ -84,6 +93,21 @@ dit_comm *dit_mesh_ring(const dit_mesh *m)
 dit_comm *dit_mesh_cp(const dit_mesh *m)
 {
     return m->cp;
+}
+
+dit_comm *dit_mesh_cfg(const dit_mesh *m)
+{
+    return m->cfg;
+}
+
+int dit_mesh_cfg_rank(const dit_mesh *m)
+{
+    return m->cfg_rank;
+}
+
+int dit_mesh_cfg_size(const dit_mesh *m)
+{
+    return m->pc.cfg_degree;
 }
 
 int dit_mesh_tp_rank(const dit_mesh *m)

@@ -1,5 +1,5 @@
-/* Parallel layout: the (ring, ulysses, tp) mesh, its validation, and the
- * sub-groups a rank talks to.
+/* Parallel layout: the (cfg, ring, ulysses, tp) mesh, its validation, and
+ * the sub-groups a rank talks to.
  *
  * Meaning as in diffusers' ContextParallelConfig / TensorParallelConfig:
  * ring_degree R and ulysses_degree U split the sequence (context parallel
@@ -7,11 +7,19 @@
  * combines CP with TP (diffusers refuses) and offers uneven "anything" splits
  * for the unified R x U layout.
  *
- * Ranks are laid out row-major over (ring, ulysses, tp):
- *   rank = (ring_idx * U + ulysses_idx) * T + tp_idx
+ * cfg_degree G (1 or 2, xDiT's CFG parallelism) splits the batch of a
+ * forward in two: rank group 0 runs the first half of the batch (the
+ * conditional entries of a CFG batch), group 1 the second half (the
+ * unconditional ones), each with the whole (ring, ulysses, tp) layout
+ * inside it; see runtime/runner.h.
+ *
+ * Ranks are laid out row-major over (cfg, ring, ulysses, tp):
+ *   rank = ((cfg_idx * R + ring_idx) * U + ulysses_idx) * T + tp_idx
  * so tensor-parallel groups are contiguous ranks (the fastest links), Ulysses
- * groups are strided by T and ring groups by U * T. The context-parallel rank
- * (the sequence chunk a rank holds) is cp = ring_idx * U + ulysses_idx.
+ * groups are strided by T and ring groups by U * T, and the two CFG groups
+ * are the two halves of the world (cfg group: rank i of each half). The
+ * context-parallel rank (the sequence chunk a rank holds) is
+ * cp = ring_idx * U + ulysses_idx.
  *
  * Owner: the rank's thread. */
 #ifndef DIT_PARALLEL_MESH_H
@@ -28,6 +36,7 @@ typedef struct dit_parallel_config {
     int ring_degree;
     int ulysses_degree;
     int tp_degree;
+    int cfg_degree;        /* 1, or 2: the batch halves on two rank groups */
     bool ulysses_anything; /* uneven sequence and heads, ulysses only (as diffusers) */
     bool ring_anything;    /* uneven sequence, ring only (as diffusers) */
     bool unified_anything; /* uneven sequence and heads with ring x ulysses (ditserve) */
@@ -37,9 +46,9 @@ typedef struct dit_parallel_config {
 /* World size 1, every degree 1, f32 merge. */
 dit_parallel_config dit_parallel_config_single(void);
 
-/* Rules that depend only on the layout: degrees >= 1, their product equal
- * to the world size, a parallel layout when world_size > 1, the anything-mode
- * rules. */
+/* Rules that depend only on the layout: degrees >= 1, cfg_degree 1 or 2,
+ * the product cfg x R x U x T equal to the world size, a parallel layout when world_size > 1, the
+ * anything-mode rules. */
 dit_status dit_parallel_validate(const dit_parallel_config *pc, dit_diag *diag);
 
 #define DIT_PARALLEL_MAX_WIDTHS 4
@@ -78,7 +87,7 @@ void dit_partition(int64_t n, int k, int i, int64_t *offset, int64_t *len);
 
 typedef struct dit_mesh dit_mesh;
 
-/* Splits `world` into this rank's tp, ulysses, ring and cp groups. The mesh
+/* Splits `world` into this rank's tp, ulysses, ring, cp and cfg groups. The mesh
  * borrows world; destroy the mesh before the world group. */
 dit_status dit_mesh_create(const dit_parallel_config *pc, dit_comm *world, dit_mesh **out,
                            dit_diag *diag);
@@ -90,10 +99,15 @@ dit_comm *dit_mesh_tp(const dit_mesh *m);      /* NULL when T == 1 */
 dit_comm *dit_mesh_ulysses(const dit_mesh *m); /* NULL when U == 1 */
 dit_comm *dit_mesh_ring(const dit_mesh *m);    /* NULL when R == 1 */
 dit_comm *dit_mesh_cp(const dit_mesh *m);      /* NULL when C == 1 */
+/* Rank i of CFG group 0 and rank i of group 1, in that order; NULL when
+ * cfg_degree == 1. */
+dit_comm *dit_mesh_cfg(const dit_mesh *m);
 int dit_mesh_tp_rank(const dit_mesh *m);
 int dit_mesh_ulysses_rank(const dit_mesh *m);
 int dit_mesh_ring_rank(const dit_mesh *m);
 int dit_mesh_cp_rank(const dit_mesh *m);
 int dit_mesh_cp_size(const dit_mesh *m);
+int dit_mesh_cfg_rank(const dit_mesh *m); /* the CFG group, 0 or 1 */
+int dit_mesh_cfg_size(const dit_mesh *m); /* cfg_degree */
 
 #endif

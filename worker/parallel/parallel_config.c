@@ -14,6 +14,7 @@ dit_parallel_config dit_parallel_config_single(void)
     pc.ring_degree = 1;
     pc.ulysses_degree = 1;
     pc.tp_degree = 1;
+    pc.cfg_degree = 1;
     pc.fp32_merge = true;
     return pc;
 }
@@ -26,6 +27,7 @@ bool dit_parallel_uneven(const dit_parallel_config *pc)
 dit_status dit_parallel_validate(const dit_parallel_config *pc, dit_diag *diag)
 {
     const int R = pc->ring_degree, U = pc->ulysses_degree, T = pc->tp_degree;
+    const int G = pc->cfg_degree;
     if (R < 1 || U < 1 || T < 1)
         return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
                             "ring_degree (%d), ulysses_degree (%d) and tp_degree (%d) must all be "
@@ -34,13 +36,23 @@ dit_status dit_parallel_validate(const dit_parallel_config *pc, dit_diag *diag)
     if (pc->world_size < 1)
         return dit_diag_set(diag, DIT_ERR_INVALID_ARG, "world size must be >= 1, not %d",
                             pc->world_size);
-    if (pc->world_size > 1 && R == 1 && U == 1 && T == 1)
+    if (G != 1 && G != 2)
+        return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
+                            "cfg_degree must be 1 or 2 (the conditional and unconditional halves "
+                            "of a CFG batch), not %d",
+                            G);
+    if (pc->world_size > 1 && R == 1 && U == 1 && T == 1 && G == 1)
         return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
                             "world size %d but every degree is 1: either ring_degree or "
                             "ulysses_degree must be greater than 1 for context parallelism, or "
-                            "tp_degree for tensor parallelism",
+                            "tp_degree for tensor parallelism, or cfg_degree 2 for CFG parallelism",
                             pc->world_size);
-    if ((long)R * U * T != pc->world_size)
+    if (G > 1 && (long)G * R * U * T != pc->world_size)
+        return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
+                            "cfg_degree (%d) x ring_degree (%d) x ulysses_degree (%d) x tp_degree "
+                            "(%d) = %ld must equal the world size (%d)",
+                            G, R, U, T, (long)G * R * U * T, pc->world_size);
+    if (G == 1 && (long)R * U * T != pc->world_size)
         return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
                             "ring_degree (%d) x ulysses_degree (%d) x tp_degree (%d) = %ld must "
                             "equal the world size (%d)",

@@ -143,8 +143,10 @@ dit_runner_stats dit_runner_get_stats(const dit_runner *r)
     return s;
 }
 
-dit_status dit_runner_forward(dit_runner *r, const dit_named_tensors *in, const dit_tensor *out,
-                              dit_diag *diag)
+/* One forward of this rank's CFG group: the whole of `in` over the group's
+ * (ring, ulysses, tp) layout; `out` host f32. */
+static dit_status forward_group(dit_runner *r, const dit_named_tensors *in, const dit_tensor *out,
+                                dit_diag *diag)
 {
     dit_status st = DIT_OK;
     const dit_model_class *cls = r->model->cls;
@@ -194,6 +196,75 @@ dit_status dit_runner_forward(dit_runner *r, const dit_named_tensors *in, const 
         DIT_CHECK(cls->cp_finish(dit_model_config(r->model), in, &whole, out, diag));
 cleanup:
     free(gathered);
+    dit_arena_reset(r->arena);
+    return st;
+}
+
+/* `half`: this CFG group's half of `in`, cut on dim 0 of every batch input
+ * of the plan (of B entries; one of 1 entry broadcasts and goes whole). */
+static dit_status cfg_half_inputs(const dit_model_class *cls, const dit_named_tensors *in,
+                                  int64_t B, int group, dit_named_tensors *half, dit_diag *diag)
+{
+    memset(half, 0, sizeof *half);
+    for (int i = 0; i < in->n; i++) {
+        const dit_named_tensor *e = &in->v[i];
+        const dit_cp_rule *rule = NULL;
+        for (int k = 0; k < cls->n_cp && !rule; k++)
+            if (cls->cp_plan[k].kind != DIT_CP_GATHER &&
+                strcmp(cls->cp_plan[k].input, e->name) == 0)
+                rule = &cls->cp_plan[k];
+        dit_tensor t = e->t;
+        if (rule && rule->batch && t.ndim >= 1 && t.ne[0] != 1) {
+            if (t.ne[0] != B)
+                return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
+                                    "CFG parallel: input '%s' has %lld entries on its batch dim, "
+                                    "the output %lld",
+                                    e->name, (long long)t.ne[0], (long long)B);
+            t = dit_tensor_narrow(&t, 0, group * (B / 2), B / 2);
+        }
+        dit_status st = dit_named_tensors_set(half, e->name, &t);
+        if (st != DIT_OK)
+            return dit_diag_set(diag, st, "CFG parallel: too many inputs");
+    }
+    return DIT_OK;
+}
+
+dit_status dit_runner_forward(dit_runner *r, const dit_named_tensors *in, const dit_tensor *out,
+                              dit_diag *diag)
+{
+    dit_comm *cfg = r->mesh ? dit_mesh_cfg(r->mesh) : NULL;
+    const int64_t B = out->ndim >= 1 ? out->ne[0] : 1;
+    /* An odd batch (no CFG) cannot halve: both groups run all of it, with
+     * the same result, and nothing is exchanged. */
+    if (!cfg || B % 2 != 0)
+        return forward_group(r, in, out, diag);
+    if (!dit_tensor_is_contiguous(out))
+        return dit_diag_set(diag, DIT_ERR_INTERNAL, "CFG parallel: a strided output");
+    const int g = dit_mesh_cfg_rank(r->mesh);
+    dit_named_tensors half;
+    dit_status st = cfg_half_inputs(r->model->cls, in, B, g, &half, diag);
+    if (st != DIT_OK)
+        return st;
+    const dit_tensor mine = dit_tensor_narrow(out, 0, g * (B / 2), B / 2);
+    DIT_CHECK(forward_group(r, &half, &mine, diag));
+    {
+        /* The one exchange: the two halves meet in backend memory (a device
+         * comm sends nothing else), in group order, which is batch order. */
+        dit_tensor dev_mine, dev_whole;
+        st = dit_arena_tensor(r->arena, DIT_F32, mine.ndim, mine.ne, &dev_mine);
+        if (st == DIT_OK)
+            st = dit_arena_tensor(r->arena, DIT_F32, out->ndim, out->ne, &dev_whole);
+        if (st != DIT_OK) {
+            st = dit_diag_set(diag, st, "forward: out of device memory for the CFG exchange");
+            goto cleanup;
+        }
+        DIT_CHECK(r->be->ops->upload(r->be, &dev_mine, &mine));
+        DIT_CHECK(cfg->ops->all_gather(cfg, dev_mine.data, dit_tensor_nbytes(&dev_mine),
+                                       dev_whole.data, diag));
+        r->stats.cfg_bytes_gathered += dit_tensor_nbytes(&dev_mine);
+        DIT_CHECK(r->be->ops->download(r->be, out, &dev_whole));
+    }
+cleanup:
     dit_arena_reset(r->arena);
     return st;
 }

@@ -5,6 +5,16 @@
  * gathers the output. Nothing here knows a particular model. ditrun and
  * ditworker use it, and hand pipelines its dit_denoiser.
  *
+ * CFG parallelism (a mesh with cfg_degree 2): when the forward's batch B
+ * (dim 0 of the output, and of every input the plan marks `batch`) is
+ * even, CFG group g runs entries [g B/2, (g+1) B/2) of the batch on its own
+ * (ring, ulysses, tp) layout, and one all-gather between rank i of group 0
+ * and rank i of group 1 gives every rank the whole output, as if the whole
+ * batch had run. A pipeline's CFG batch stacks [conditional...,
+ * unconditional...], so the groups compute one half each. When B is odd
+ * (no CFG: batch 1) both groups run the whole batch: the same result, no
+ * exchange and no speedup.
+ *
  * Owner: the rank's thread. */
 #ifndef DIT_RUNTIME_RUNNER_H
 #define DIT_RUNTIME_RUNNER_H
@@ -43,6 +53,7 @@ typedef struct dit_runner_stats {
     uint64_t tp_bytes_reduced;     /* bytes entering tensor-parallel all-reduces */
     uint64_t tp_bytes_gathered;    /* AdaLN slices this rank contributed to all-gathers */
     uint64_t gather_bytes;         /* output gather */
+    uint64_t cfg_bytes_gathered;   /* this rank's output half in CFG exchanges */
     size_t activation_bytes;       /* arena high-water mark */
 } dit_runner_stats;
 

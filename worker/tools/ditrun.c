@@ -22,7 +22,9 @@
 static const char *const exit_help =
     "Parallelism: --world-size, --ring, --ulysses and --tp have the meaning of diffusers'\n"
     "ContextParallelConfig / TensorParallelConfig (R x U x T must equal N; CP and TP\n"
-    "combine); ranks are separate processes meeting in shared memory.\n"
+    "combine); --cfg-parallel runs the two halves of a CFG batch on two groups of\n"
+    "R x U x T ranks (2 x R x U x T must equal N). Ranks are separate processes\n"
+    "meeting in shared memory.\n"
     "\n"
     "Exit status: 0 on success, 1 when the model or inputs cannot be used or a rank\n"
     "fails, 2 on bad command-line arguments, an invalid request or parallel layout.\n";
@@ -91,7 +93,7 @@ typedef struct raw_args {
     long long width, height, frames, fps, steps, max_seq, num_images;
     double guidance, true_cfg;
     uint64_t seed;
-    bool quiet, uany, rany, unany, nofp32, fuse_lora, cfg_two_pass;
+    bool quiet, uany, rany, unany, nofp32, cfgpar, fuse_lora, cfg_two_pass;
     const char *lora[DITRUN_MAX_LORA];
     int n_lora;
     bool lora_overflow;
@@ -212,6 +214,10 @@ static int set_true_cfg(void *target, const char *val, char *err, size_t cap)
         R_FLAG("ulysses-anything", 0,                                                              \
                "uneven sequence chunks and heads not divisible by U (R = 1)", uany),               \
         R_FLAG("ring-anything", 0, "uneven sequence chunks (U = 1)", rany),                        \
+        R_FLAG("cfg-parallel", 0,                                                                  \
+               "cfg_degree 2: the conditional and unconditional halves of a CFG batch on two "     \
+               "groups of N/2 ranks",                                                              \
+               cfgpar),                                                                            \
         R_FLAG("unified-anything", 0, "uneven chunks and heads with R > 1 and U > 1", unany),      \
         R_FLAG("no-fp32-merge", 0,                                                                 \
                "convert_to_fp32=False: merge ring partials in the activation dtype (the cpu "      \
@@ -380,6 +386,7 @@ static int parse(ditrun_args *a, int argc, char **argv)
     a->pc.ring_degree = (int)r.ring;
     a->pc.ulysses_degree = (int)r.ulysses;
     a->pc.tp_degree = (int)r.tp;
+    a->pc.cfg_degree = r.cfgpar ? 2 : 1;
     a->pc.ulysses_anything = r.uany;
     a->pc.ring_anything = r.rany;
     a->pc.unified_anything = r.unany;

@@ -136,9 +136,10 @@ int ditrun_forward_rank(const ditrun_args *a, int rank)
                    (double)li.bytes / 1048576.0, multi ? " on rank 0" : "", t_lora);
         }
         if (multi)
-            printf("mesh: %d ranks = ring %d x ulysses %d x tp %d%s; rank 0 sent %.3f MiB "
+            printf("mesh: %d ranks = %sring %d x ulysses %d x tp %d%s; rank 0 sent %.3f MiB "
                    "(attention) + %.3f MiB (output gather), all-reduced %.3f MiB per forward\n",
-                   a->pc.world_size, a->pc.ring_degree, a->pc.ulysses_degree, a->pc.tp_degree,
+                   a->pc.world_size, a->pc.cfg_degree > 1 ? "cfg 2 x " : "", a->pc.ring_degree,
+                   a->pc.ulysses_degree, a->pc.tp_degree,
                    a->pc.ulysses_anything   ? ", ulysses_anything"
                    : a->pc.ring_anything    ? ", ring_anything"
                    : a->pc.unified_anything ? ", unified_anything"
@@ -146,6 +147,11 @@ int ditrun_forward_rank(const ditrun_args *a, int rank)
                    (double)rs.attention_bytes_sent / 1048576.0 / a->repeat,
                    (double)rs.gather_bytes / 1048576.0 / a->repeat,
                    (double)rs.tp_bytes_reduced / 1048576.0 / a->repeat);
+        if (multi && a->pc.cfg_degree > 1)
+            printf("cfg: rank 0 exchanged %llu bytes of output per forward (%s)\n",
+                   (unsigned long long)(rs.cfg_bytes_gathered / (uint64_t)a->repeat),
+                   rs.cfg_bytes_gathered ? "each group ran half of the batch"
+                                         : "odd batch: both groups ran all of it");
         /* The sequences the context-parallel plan splits, last first (text
          * before image for FLUX, the order attention sees them). */
         const dit_parallel_req req = cls->parallel_req(cfg);

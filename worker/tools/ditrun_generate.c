@@ -296,8 +296,9 @@ int ditrun_generate_rank(const ditrun_args *a, int rank)
             printf("lora: %s x %g (%d modules)\n", a->lora_path[i], (double)a->lora_scale[i],
                    dit_lora_get_info(loras[i]).n_modules);
         if (multi)
-            printf("mesh: %d ranks = ring %d x ulysses %d x tp %d\n", a->pc.world_size,
-                   a->pc.ring_degree, a->pc.ulysses_degree, a->pc.tp_degree);
+            printf("mesh: %d ranks = %sring %d x ulysses %d x tp %d\n", a->pc.world_size,
+                   a->pc.cfg_degree > 1 ? "cfg 2 x " : "", a->pc.ring_degree, a->pc.ulysses_degree,
+                   a->pc.tp_degree);
         char frames[48] = "";
         if (res.frames > 1)
             snprintf(frames, sizeof frames, ", %d frames at %d fps", res.frames, gp.fps);

@@ -635,6 +635,7 @@ static dit_status setup(worker *w, const Ditserve__Ipc__Setup *s, dit_diag *diag
     pc.ring_degree = s->ring_degree;
     pc.ulysses_degree = s->ulysses_degree;
     pc.tp_degree = s->tp_degree;
+    pc.cfg_degree = s->cfg_degree ? s->cfg_degree : 1; /* unset by older daemons */
     pc.ulysses_anything = s->ulysses_anything;
     pc.ring_anything = s->ring_anything;
     pc.unified_anything = s->unified_anything;

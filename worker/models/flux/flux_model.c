@@ -12,14 +12,14 @@
  * chunk. */
 enum { SEQ_IMG, SEQ_TXT };
 static const dit_cp_rule flux_cp_plan[] = {
-    {"hidden_states", DIT_CP_SPLIT, 1, SEQ_IMG, false},
-    {"encoder_hidden_states", DIT_CP_SPLIT, 1, SEQ_TXT, false},
-    {"pooled_projections", DIT_CP_REPLICATE, 0, 0, false},
-    {"timestep", DIT_CP_REPLICATE, 0, 0, true},
-    {"guidance", DIT_CP_REPLICATE, 0, 0, true},
-    {"img_ids", DIT_CP_SPLIT, 0, SEQ_IMG, true},
-    {"txt_ids", DIT_CP_SPLIT, 0, SEQ_TXT, true},
-    {"proj_out", DIT_CP_GATHER, 1, SEQ_IMG, false},
+    {"hidden_states", DIT_CP_SPLIT, 1, SEQ_IMG, false, true},
+    {"encoder_hidden_states", DIT_CP_SPLIT, 1, SEQ_TXT, false, true},
+    {"pooled_projections", DIT_CP_REPLICATE, 0, 0, false, true},
+    {"timestep", DIT_CP_REPLICATE, 0, 0, true, true},
+    {"guidance", DIT_CP_REPLICATE, 0, 0, true, true},
+    {"img_ids", DIT_CP_SPLIT, 0, SEQ_IMG, true, false},
+    {"txt_ids", DIT_CP_SPLIT, 0, SEQ_TXT, true, false},
+    {"proj_out", DIT_CP_GATHER, 1, SEQ_IMG, false, true},
 };
 
 static dit_status flux_cls_config_load(const char *dir, void *cfg, dit_diag *diag)

@@ -12,10 +12,10 @@
  * the matching RoPE rows), the text is whole on every rank (cross-attention
  * stays local), and proj_out's tokens gather before unpatchify. */
 static const dit_cp_rule wan_cp_plan[] = {
-    {"hidden_states", DIT_CP_TOKENS, 0, 0, true},
-    {"timestep", DIT_CP_REPLICATE, 0, 0, true},
-    {"encoder_hidden_states", DIT_CP_REPLICATE, 0, 0, false},
-    {"proj_out", DIT_CP_GATHER, 1, 0, false},
+    {"hidden_states", DIT_CP_TOKENS, 0, 0, true, true},
+    {"timestep", DIT_CP_REPLICATE, 0, 0, true, true},
+    {"encoder_hidden_states", DIT_CP_REPLICATE, 0, 0, false, true},
+    {"proj_out", DIT_CP_GATHER, 1, 0, false, true},
 };
 
 static dit_status wan_cls_config_load(const char *dir, void *cfg, dit_diag *diag)
