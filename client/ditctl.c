@@ -746,6 +746,18 @@ static int cmd_info(int argc, char **argv, ctl_common *common)
         printf("mesh_state: %s\n", si->mesh_state);
     printf("comm: %s\n", si->comm);
     printf("worker_restarts: %lld\n", (long long)si->worker_restarts);
+    if (si->max_batch > 0)
+        printf("max_batch: %d\n", si->max_batch);
+    if (si->replicas > 0)
+        printf("replicas: %d\n", si->replicas);
+    /* One line per mesh: what it runs and has run. */
+    for (size_t i = 0; i < si->n_meshes; i++) {
+        const Ditserve__V1__MeshInfo *m = si->meshes[i];
+        printf("mesh %d: %s, running %d, %lld generation(s) of %lld request(s), busy %.1f s, "
+               "%lld restart(s)\n",
+               m->index, m->state, m->running, (long long)m->jobs, (long long)m->requests,
+               m->busy_seconds, (long long)m->worker_restarts);
+    }
     if (si->model)
         print_model(si->model, "model: ");
 cleanup:
