@@ -250,10 +250,11 @@ static dit_status flux_pipe_generate_batch(void *pv, const dit_pipeline_info *in
     t = calloc((size_t)(2 * T), sizeof(float));
     guid = calloc((size_t)(2 * T), sizeof(float));
     ids = calloc((size_t)((tokens + L) * 3), sizeof(float));
-    if (!embeds || !pooled || !in_emb || !in_pool || !in_lat || !out || !lat || !v || !t ||
-        !guid || !ids) {
-        st = dit_diag_set(diag, DIT_ERR_NOMEM, "out of memory for a %dx%d generation of %lld images",
-                          gp->width, gp->height, (long long)T);
+    if (!embeds || !pooled || !in_emb || !in_pool || !in_lat || !out || !lat || !v || !t || !guid ||
+        !ids) {
+        st =
+            dit_diag_set(diag, DIT_ERR_NOMEM, "out of memory for a %dx%d generation of %lld images",
+                         gp->width, gp->height, (long long)T);
         goto cleanup;
     }
 
@@ -427,8 +428,7 @@ static dit_status flux_pipe_generate_batch(void *pv, const dit_pipeline_info *in
             res[m].step_ms_max = step_max;
         }
         DIT_CHECK(dit_gen_batch_progress(&b, progress, progress_ctx, i + 1, gp->steps,
-                                         now_ms() - t_loop, res, member_st, v, N, &regather,
-                                         diag));
+                                         now_ms() - t_loop, res, member_st, v, N, &regather, diag));
     }
     const double denoise_ms = now_ms() - t_loop;
     for (int m = 0; m < n; m++)

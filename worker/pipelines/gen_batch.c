@@ -4,8 +4,8 @@
 #include <string.h>
 
 dit_status dit_gen_batch_init(dit_gen_batch *b, const dit_pipeline_info *info, int n,
-                              const dit_gen_params *gps, dit_gen_result *res,
-                              dit_status *member_st, dit_diag *diag)
+                              const dit_gen_params *gps, dit_gen_result *res, dit_status *member_st,
+                              dit_diag *diag)
 {
     memset(b, 0, sizeof *b);
     if (n < 1)

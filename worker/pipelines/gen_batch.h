@@ -35,8 +35,8 @@ typedef struct dit_gen_batch {
  * member 0 by dit_gen_batch_compatible), clears res and sets every status
  * to DIT_OK, and lays the batch out. On failure nothing is allocated. */
 dit_status dit_gen_batch_init(dit_gen_batch *b, const dit_pipeline_info *info, int n,
-                              const dit_gen_params *gps, dit_gen_result *res,
-                              dit_status *member_st, dit_diag *diag);
+                              const dit_gen_params *gps, dit_gen_result *res, dit_status *member_st,
+                              dit_diag *diag);
 void dit_gen_batch_free(dit_gen_batch *b);
 
 /* Copies the active members' images, `per` floats each, from src (total

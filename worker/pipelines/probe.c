@@ -210,8 +210,8 @@ bool dit_gen_batch_compatible(const dit_pipeline_info *info, const dit_gen_param
     dit_gen_apply_defaults(info, &x);
     dit_gen_apply_defaults(info, &y);
     const bool cfg = dit_gen_cfg(info, &x);
-    if (x.width != y.width || x.height != y.height || x.frames != y.frames ||
-        x.steps != y.steps || cfg != dit_gen_cfg(info, &y) || x.cfg_two_pass != y.cfg_two_pass)
+    if (x.width != y.width || x.height != y.height || x.frames != y.frames || x.steps != y.steps ||
+        cfg != dit_gen_cfg(info, &y) || x.cfg_two_pass != y.cfg_two_pass)
         return false;
     if (text_len(&x, false) != text_len(&y, false))
         return false;

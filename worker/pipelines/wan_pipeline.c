@@ -136,11 +136,10 @@ cleanup:
  * then the same videos' unconditional entries, so that the first half is
  * conditional. */
 static dit_status wan_pipe_generate_batch(void *pv, const dit_pipeline_info *info,
-                                          const dit_denoiser *den, int n,
-                                          const dit_gen_params *gps, bool decode,
-                                          dit_gen_batch_progress_fn progress, void *progress_ctx,
-                                          dit_gen_result *res, dit_status *member_st,
-                                          dit_diag *diag)
+                                          const dit_denoiser *den, int n, const dit_gen_params *gps,
+                                          bool decode, dit_gen_batch_progress_fn progress,
+                                          void *progress_ctx, dit_gen_result *res,
+                                          dit_status *member_st, dit_diag *diag)
 {
     wan_pipe *p = pv;
     dit_gen_batch b;
@@ -215,8 +214,8 @@ static dit_status wan_pipe_generate_batch(void *pv, const dit_pipeline_info *inf
         if (cfg && g->negative_prompt_embeds)
             memcpy(nemb_m, g->negative_prompt_embeds, sizeof(float) * (size_t)(L * Ct));
         else if (cfg)
-            DIT_CHECK(encode_prompt(p, g->negative_prompt ? g->negative_prompt : "", L, nemb_m, r,
-                                    diag));
+            DIT_CHECK(
+                encode_prompt(p, g->negative_prompt ? g->negative_prompt : "", L, nemb_m, r, diag));
         /* prompt_embeds.repeat(1, n, 1): each side's entry 0 copied to 1 .. ni - 1. */
         for (int64_t k = 1; k < ni; k++) {
             memcpy(emb_m + k * L * Ct, emb_m, sizeof(float) * (size_t)(L * Ct));
@@ -305,8 +304,7 @@ static dit_status wan_pipe_generate_batch(void *pv, const dit_pipeline_info *inf
             res[m].step_ms_max = step_max;
         }
         DIT_CHECK(dit_gen_batch_progress(&b, progress, progress_ctx, i + 1, gp->steps,
-                                         now_ms() - t_loop, res, member_st, v, N, &regather,
-                                         diag));
+                                         now_ms() - t_loop, res, member_st, v, N, &regather, diag));
     }
     const double denoise_ms = now_ms() - t_loop;
     for (int m = 0; m < n; m++)

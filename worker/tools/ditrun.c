@@ -341,22 +341,15 @@ static int set_true_cfg(void *target, const char *val, char *err, size_t cap)
         R_INT("num-images", 0, "1", "N",                                                           \
               "images (videos) from one batched generation, as diffusers' num_images_per_prompt; " \
               "N > 1 writes FILE_0.png .. (safetensors: one stacked tensor)",                      \
-              num_images, 1, DIT_GEN_MAX_IMAGES),                                          \
-        {"member",                                                                                 \
-         0,                                                                                        \
-         DIT_OPT_CUSTOM,                                                                           \
-         NULL,                                                                                     \
-         "'KEY=V;..'",                                                                            \
-         "a batch member: this request with KEY=VALUE fields changed (prompt, prompt_2, "         \
-         "negative_prompt, negative_prompt_2, seed, guidance, true_cfg, num_images; leave=K "      \
-         "makes it leave after step K); repeat for each member. All members run in the same "      \
-         "forwards; member k writes FILE_k.ext (FILE_k_j.ext for its images)",                     \
-         NULL,                                                                                     \
-         0,                                                                                        \
-         0,                                                                                        \
-         0,                                                                                        \
-         set_member,                                                                               \
-         false}
+              num_images, 1, DIT_GEN_MAX_IMAGES),                                                  \
+    {                                                                                              \
+        "member", 0, DIT_OPT_CUSTOM, NULL, "'KEY=V;..'",                                           \
+            "a batch member: this request with KEY=VALUE fields changed (prompt, prompt_2, "       \
+            "negative_prompt, negative_prompt_2, seed, guidance, true_cfg, num_images; leave=K "   \
+            "makes it leave after step K); repeat for each member. All members run in the same "   \
+            "forwards; member k writes FILE_k.ext (FILE_k_j.ext for its images)",                  \
+            NULL, 0, 0, 0, set_member, false                                                       \
+    }
 
 static const dit_option forward_opts[] = {
     COMMON_OPTS("a diffusers transformer folder: config.json and "

@@ -101,8 +101,8 @@ int ditrun_member_parse(const char *spec, ditrun_member *m, char *err, size_t ca
             *(k[0] == 'g' ? &m->guidance : &m->true_cfg) = (float)x;
         } else if (strcmp(k, "num_images") == 0 || strcmp(k, "leave") == 0) {
             const long x = strtol(v, &end, 10);
-            if (*v == '\0' || *end != '\0' || x < 1 ||
-                (k[0] == 'n' && x > DIT_GEN_MAX_IMAGES) || x > 1000)
+            if (*v == '\0' || *end != '\0' || x < 1 || (k[0] == 'n' && x > DIT_GEN_MAX_IMAGES) ||
+                x > 1000)
                 goto bad;
             *(k[0] == 'n' ? &m->num_images : &m->leave) = (int)x;
         } else {
@@ -342,8 +342,8 @@ static dit_status generate_batch(const ditrun_args *a, dit_pipeline *pipe, const
         dit_gen_apply_defaults(info, &gps[k]);
     }
     batch_progress bp = {.ps = {.show = lead && !a->quiet && isatty(STDERR_FILENO)}, .a = a};
-    DIT_CHECK(dit_pipeline_generate_batch(pipe, den, n, gps, lead, batch_step, &bp, res, mst,
-                                          diag));
+    DIT_CHECK(
+        dit_pipeline_generate_batch(pipe, den, n, gps, lead, batch_step, &bp, res, mst, diag));
     if (!lead)
         goto cleanup;
     double denoise_ms = 0, step_min = 0, step_max = 0;
