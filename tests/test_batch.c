@@ -23,6 +23,9 @@
 #include "test_proc.h"
 
 #define BATCH_TOL 1e-5
+/* The VAE amplifies the latents' rounding differences (Wan's up to ~1e-5
+ * relative on the decoded video); the pipeline tests' image tolerance. */
+#define IMAGE_TOL 1e-4
 
 typedef struct fixture {
     dit_backend *be;
@@ -101,7 +104,7 @@ static void check_batch_vs_solo(fixture *f, const char *what, int n, const dit_g
     ck_assert_msg(dit_pipeline_generate_batch(f->p, &f->den, n, gps, decode, lp ? leave_step : NULL,
                                               lp, res, mst, &diag) == DIT_OK,
                   "%s: %s", what, diag.msg);
-    double worst = 0;
+    double worst = 0, worst_img = 0;
     bool identical = true;
     for (int k = 0; k < n; k++) {
         if (lp && lp->leave[k]) {
@@ -132,7 +135,8 @@ static void check_batch_vs_solo(fixture *f, const char *what, int n, const dit_g
                 (int64_t)3 * solo.frames * solo.height * solo.width * solo.num_images;
             ck_assert_ptr_nonnull(res[k].image);
             const test_err e2 = compare_n(res[k].image, solo.image, ni);
-            ck_assert_msg(e2.rel <= BATCH_TOL, "%s: member %d image rel %.3g", what, k, e2.rel);
+            ck_assert_msg(e2.rel <= IMAGE_TOL, "%s: member %d image rel %.3g", what, k, e2.rel);
+            worst_img = e2.rel > worst_img ? e2.rel : worst_img;
         }
         /* Members differ from each other (their own prompts and seeds). */
         if (k > 0 && res[0].latents && latent_numel(&res[0]) <= nl) {
@@ -141,8 +145,11 @@ static void check_batch_vs_solo(fixture *f, const char *what, int n, const dit_g
         }
         dit_gen_result_free(&solo);
     }
-    printf("%-44s batch vs alone: latents max rel %.2g (%s)\n", what, worst,
+    printf("%-44s batch vs alone: latents max rel %.2g (%s)", what, worst,
            identical ? "bit-identical" : "not bit-identical");
+    if (decode)
+        printf(", images max rel %.2g", worst_img);
+    printf("\n");
     fflush(stdout);
     for (int k = 0; k < n; k++)
         dit_gen_result_free(&res[k]);
