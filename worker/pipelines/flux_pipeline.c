@@ -292,12 +292,14 @@ static dit_status flux_pipe_generate_batch(void *pv, const dit_pipeline_info *in
                 memcpy(npool_m, g->negative_pooled_prompt_embeds, sizeof(float) * (size_t)Cp);
             }
         } else {
-            DIT_CHECK(encode_prompt(p, g->prompt, g->prompt_2, max_len, pool_m, emb_m,
+            /* L tokens: the batch's text length, which every member has
+             * (dit_gen_batch_compatible), whoever brings embeddings. */
+            DIT_CHECK(encode_prompt(p, g->prompt, g->prompt_2, (int)L, pool_m, emb_m,
                                     &r->prompt_truncated, &r->tokenize_ms, &r->encode_ms, diag));
             if (cfg)
                 DIT_CHECK(encode_prompt(
                     p, g->negative_prompt,
-                    g->negative_prompt_2 ? g->negative_prompt_2 : g->negative_prompt, max_len,
+                    g->negative_prompt_2 ? g->negative_prompt_2 : g->negative_prompt, (int)L,
                     npool_m, nemb_m, &r->prompt_truncated, &r->tokenize_ms, &r->encode_ms, diag));
         }
         /* prompt_embeds.repeat(1, n, 1): each side's entry 0 copied to 1 .. ni - 1. */
