@@ -271,6 +271,32 @@ START_TEST(member_leaves_mid_batch)
 }
 END_TEST
 
+/* Members bringing embeddings next to members encoding text: the text
+ * length is the batch's (here member 0's embeddings say 32 tokens, and its
+ * max_sequence_length is left at the default). */
+START_TEST(flux_embeddings_and_text_members)
+{
+    fixture f;
+    fixture_open(&f, "demo");
+    enum { L = 32, D = 32 };
+    static float emb[L * D], pooled[D];
+    for (int i = 0; i < L * D; i++)
+        emb[i] = sinf(0.37f * (float)i);
+    for (int i = 0; i < D; i++)
+        pooled[i] = cosf(0.91f * (float)i);
+    dit_gen_params gps[2] = {flux_base(), flux_base()};
+    gps[0].max_sequence_length = 0;
+    gps[0].prompt_embeds = emb;
+    gps[0].prompt_embeds_len = L;
+    gps[0].pooled_prompt_embeds = pooled;
+    gps[0].seed = 4;
+    gps[1].prompt = "a bowl of ramen";
+    gps[1].seed = 5;
+    check_batch_vs_solo(&f, "FLUX embeddings member + text member", 2, gps, NULL, false);
+    fixture_close(&f);
+}
+END_TEST
+
 static dit_status stop_all(void *ctx, int step, int total, double elapsed_ms, bool *active)
 {
     (void)total;
@@ -493,6 +519,7 @@ int main(void)
     tcase_add_test(tc, flux_batch_matches_alone);
     tcase_add_loop_test(tc, flux_true_cfg_batch_matches_alone, 0, 2);
     tcase_add_test(tc, wan_cfg_batch_matches_alone);
+    tcase_add_test(tc, flux_embeddings_and_text_members);
     tcase_add_loop_test(tc, member_leaves_mid_batch, 0, 2);
     tcase_add_test(tc, all_leave_and_bad_batches);
     suite_add_tcase(s, tc);
