@@ -1401,15 +1401,15 @@ static void member_done(dit_server *s, dit_server_mesh *m, job *j, dit_status st
     }
 }
 
-/* Member k's result in rank 0's JobDone: the message itself for member
- * 0, its entry in `batch` for the others; NULL when it is missing. */
+/* A member's result in rank 0's JobDone: its entry in `batch` (a batched
+ * job), or the message itself (a single job); NULL when it is missing. */
 static const Ditserve__Ipc__JobDone *member_result(const Ditserve__Ipc__JobDone *d, uint64_t id,
-                                                   int k)
+                                                   int n)
 {
     if (!d)
         return NULL;
-    if (k == 0)
-        return d;
+    if (n == 1)
+        return d->n_batch == 0 ? d : NULL;
     for (size_t i = 0; i < d->n_batch; i++)
         if (d->batch[i] && d->batch[i]->job_id == id)
             return d->batch[i];
@@ -1442,7 +1442,7 @@ static void on_done(void *ctx, uint64_t job_id, dit_status st, const char *messa
     const Ditserve__Ipc__JobDone *done = st == DIT_OK && env ? env->done : NULL;
     for (int k = 0; k < n; k++) {
         job *j = b[k];
-        const Ditserve__Ipc__JobDone *d = member_result(done, j->id, k);
+        const Ditserve__Ipc__JobDone *d = member_result(done, j->id, n);
         dit_status mst = st;
         const char *msg = message;
         if (st == DIT_OK && d) {

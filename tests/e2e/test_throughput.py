@@ -73,12 +73,22 @@ def assert_close(got, want, what, rel=1e-5):
     return worst
 
 
-def split_images(raw, res):
-    out, base = [], 0
-    for n in res.image_bytes:
-        out.append(raw[base:base + n])
-        base += n
-    return out
+def collect_images(call):
+    """Reads a Generate stream: (list of each image's bytes, Result); each
+    image's chunks come in turn, offsets within the image."""
+    images, res = {}, None
+    for ev in call:
+        kind = ev.WhichOneof("event")
+        if kind == "chunk":
+            buf = images.setdefault(ev.chunk.image_index, b"")
+            assert ev.chunk.offset == len(buf), "chunks out of order"
+            images[ev.chunk.image_index] = buf + ev.chunk.data
+        elif kind == "result":
+            res = ev.result
+    assert res is not None, "no result"
+    out = [images[k] for k in sorted(images)]
+    assert [len(x) for x in out] == list(res.image_bytes), (res.image_bytes, len(out))
+    return out, res
 
 
 def scraper(d):
@@ -129,9 +139,9 @@ def solo_results(d, members, **shape):
     """Each member's raw images, run alone (one at a time)."""
     out = []
     for m in members:
-        kinds, raw, res = d.generate(timeout=300, output_format=RAW, **dict(shape, **m))
-        assert "result" in kinds, kinds
-        out.append(split_images(raw, res))
+        call = d.api.generate(d.channel)(
+            d.api.request(output_format=RAW, **dict(shape, **m)), timeout=300)
+        out.append(collect_images(call)[0])
     return out
 
 
@@ -142,13 +152,13 @@ def run_concurrently(d, reqs, timeout=300):
 
     def one(k, call):
         try:
-            results[k] = ditapi.collect(call)
+            results[k] = collect_images(call)
         except grpc.RpcError as e:
             results[k] = e
 
     for k, fields in enumerate(reqs):
-        call = d.api.generate(d.channel)(d.api.request(**fields), timeout=timeout)
         before = d.info().queue_depth
+        call = d.api.generate(d.channel)(d.api.request(**fields), timeout=timeout)
         t = threading.Thread(target=one, args=(k, call))
         t.start()
         threads.append(t)
@@ -184,9 +194,8 @@ def batch_results():
         worst = 0.0
         for k, r in results.items():
             assert not isinstance(r, Exception), f"member {k} failed: {r}"
-            kinds, raw, res = r
+            images, res = r
             assert res.seed == MEMBERS[k]["seed"], res
-            images = split_images(raw, res)
             assert len(images) == len(solo[k]), (k, len(images))
             for i, img in enumerate(images):
                 worst = max(worst, assert_close(img, solo[k][i], f"member {k} image {i}"))
@@ -231,9 +240,8 @@ def batch_cancel_deadline():
         expect_code(lambda: ditapi.collect(calls[1]), "CANCELLED")
         expect_code(lambda: ditapi.collect(calls[2]), "DEADLINE_EXCEEDED")
         # The first member still runs after both left.
-        kinds, raw, res = ditapi.collect(calls[0])
-        assert "result" in kinds, kinds
-        worst = assert_close(split_images(raw, res)[0], solo[0][0], "the remaining member")
+        images, res = collect_images(calls[0])
+        worst = assert_close(images[0], solo[0][0], "the remaining member")
         print(f"  the member that stayed: {worst:.3g} from its solo result")
         d.wait_idle(30)
         d.stop()

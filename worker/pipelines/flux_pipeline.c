@@ -12,6 +12,7 @@
 #include "encoders/clip_tokenizer.h"
 #include "encoders/t5_encoder.h"
 #include "encoders/t5_tokenizer.h"
+#include "pipelines/gen_batch.h"
 #include "schedulers/scheduler.h"
 #include "vae/autoencoder_kl.h"
 
@@ -196,19 +197,25 @@ void dit_flux_unpack_latents(const float *packed, int64_t C, int64_t h, int64_t 
                             packed[(i * w2 + j) * 4 * C + c * 4 + di * 2 + dj];
 }
 
-static dit_status flux_pipe_generate(void *pv, const dit_pipeline_info *info,
-                                     const dit_denoiser *den, const dit_gen_params *gp, bool decode,
-                                     dit_gen_progress_fn progress, void *progress_ctx,
-                                     dit_gen_result *res, dit_diag *diag)
+/* dit_pipeline_generate_batch for FLUX (pipelines/gen_batch.h has the
+ * layout). Batch entries of a forward: the active members' images in
+ * member order, each image's conditional entry; with CFG in one forward
+ * then the same images' unconditional entries, so that the first half is
+ * conditional. Per entry: the member's prompt (repeated for its images),
+ * its guidance (guidance_embeds) and the step's timestep. */
+static dit_status flux_pipe_generate_batch(void *pv, const dit_pipeline_info *info,
+                                           const dit_denoiser *den, int n,
+                                           const dit_gen_params *gps, bool decode,
+                                           dit_gen_batch_progress_fn progress, void *progress_ctx,
+                                           dit_gen_result *res, dit_status *member_st,
+                                           dit_diag *diag)
 {
     flux_pipe *p = pv;
-    dit_status st = DIT_OK;
-    memset(res, 0, sizeof *res);
-    st = dit_gen_check(info, gp, diag);
+    dit_gen_batch b;
+    dit_status st = dit_gen_batch_init(&b, info, n, gps, res, member_st, diag);
     if (st != DIT_OK)
         return st;
-    if (decode && !p->vae)
-        return dit_diag_set(diag, DIT_ERR_INVALID_ARG, "this rank has no VAE to decode with");
+    const dit_gen_params *gp = &gps[0]; /* what the members share */
     const dit_transformer_info *fc = &info->transformer;
     const int64_t C = info->latent_channels;
     const int vs = info->vae_scale;
@@ -216,95 +223,115 @@ static dit_status flux_pipe_generate(void *pv, const dit_pipeline_info *info,
     const int64_t tokens = (h / 2) * (w / 2), dim = 4 * C;
     const int max_len = gp->max_sequence_length ? gp->max_sequence_length : 512;
     const bool cfg = dit_gen_true_cfg(gp);
-    /* CFG as one forward of batch 2: [cond, uncond] stacked (see
-     * dit_gen_params.cfg_two_pass). */
+    /* CFG as one forward of batch 2 per image: [cond..., uncond...]
+     * stacked (see dit_gen_params.cfg_two_pass). */
     const bool cfg_batch = cfg && !gp->cfg_two_pass;
-    /* num_images_per_prompt: ni latents in one batch (2 ni with CFG). */
-    const int64_t ni = dit_gen_num_images(gp), N = tokens * dim;
-    const int64_t nb = (cfg ? 2 : 1) * ni;
+    const int64_t T = b.total, N = tokens * dim, sides = cfg ? 2 : 1;
     const int64_t L = gp->prompt_embeds ? gp->prompt_embeds_len : max_len;
     const int64_t Cj = fc->joint_attention_dim, Cp = fc->pooled_projection_dim;
 
-    float *embeds = NULL, *pooled = NULL, *neg_embeds = NULL, *neg_pooled = NULL;
-    float *ids = NULL, *noise = NULL, *v = NULL, *v_neg = NULL, *lat_in = NULL;
+    float *embeds = NULL, *pooled = NULL, *ids = NULL, *noise = NULL, *lat = NULL, *v = NULL;
+    float *in_lat = NULL, *in_emb = NULL, *in_pool = NULL, *out = NULL, *t = NULL, *guid = NULL;
     float *z = NULL;
-    /* Batch entries: the prompt ni times, then the negative prompt ni times. */
-    embeds = malloc(sizeof(float) * (size_t)(nb * L * Cj));
-    pooled = malloc(sizeof(float) * (size_t)(nb * Cp));
-    v = malloc(sizeof(float) * (size_t)(nb * N));
-    lat_in = cfg_batch ? malloc(sizeof(float) * (size_t)(2 * ni * N)) : NULL;
-    ids = calloc((size_t)((tokens + L) * 3), sizeof(float));
-    res->initial_latents = malloc(sizeof(float) * (size_t)(ni * N));
-    res->latents = malloc(sizeof(float) * (size_t)(ni * N));
-    if (!embeds || !pooled || !ids || !res->initial_latents || !res->latents || !v ||
-        (cfg_batch && !lat_in)) {
-        st = dit_diag_set(diag, DIT_ERR_NOMEM, "out of memory for a %dx%d generation", gp->width,
-                          gp->height);
+    if (decode && !p->vae) {
+        st = dit_diag_set(diag, DIT_ERR_INVALID_ARG, "this rank has no VAE to decode with");
         goto cleanup;
     }
-    if (cfg) {
-        neg_embeds = embeds + ni * L * Cj;
-        neg_pooled = pooled + ni * Cp;
-        v_neg = v + ni * N;
-    }
-    res->num_images = (int)ni;
-    res->width = gp->width;
-    res->height = gp->height;
-    res->frames = 1;
-    res->channels = 3;
-    res->latent_tokens = tokens;
-    res->latent_dim = dim;
-    res->latents_ndim = 3;
-    res->latents_shape[0] = ni;
-    res->latents_shape[1] = tokens;
-    res->latents_shape[2] = dim;
-
-    /* Conditioning. */
-    if (gp->prompt_embeds) {
-        memcpy(embeds, gp->prompt_embeds, sizeof(float) * (size_t)(L * Cj));
-        memcpy(pooled, gp->pooled_prompt_embeds, sizeof(float) * (size_t)Cp);
-        if (cfg) {
-            memcpy(neg_embeds, gp->negative_prompt_embeds, sizeof(float) * (size_t)(L * Cj));
-            memcpy(neg_pooled, gp->negative_pooled_prompt_embeds, sizeof(float) * (size_t)Cp);
-        }
-    } else {
-        DIT_CHECK(encode_prompt(p, gp->prompt, gp->prompt_2, max_len, pooled, embeds,
-                                &res->prompt_truncated, &res->tokenize_ms, &res->encode_ms, diag));
-        if (cfg)
-            DIT_CHECK(
-                encode_prompt(p, gp->negative_prompt,
-                              gp->negative_prompt_2 ? gp->negative_prompt_2 : gp->negative_prompt,
-                              max_len, neg_pooled, neg_embeds, &res->prompt_truncated,
-                              &res->tokenize_ms, &res->encode_ms, diag));
-    }
-    /* prompt_embeds.repeat(1, n, 1): each side's entry 0 copied to 1 .. ni - 1. */
-    for (int64_t k = 1; k < ni; k++) {
-        memcpy(embeds + k * L * Cj, embeds, sizeof(float) * (size_t)(L * Cj));
-        memcpy(pooled + k * Cp, pooled, sizeof(float) * (size_t)Cp);
-        if (cfg) {
-            memcpy(neg_embeds + k * L * Cj, neg_embeds, sizeof(float) * (size_t)(L * Cj));
-            memcpy(neg_pooled + k * Cp, neg_pooled, sizeof(float) * (size_t)Cp);
-        }
+    /* Per image of the batch: its member's prompt (images 0 .. T-1), then
+     * with CFG its negative prompt (T .. 2T-1). */
+    embeds = malloc(sizeof(float) * (size_t)(sides * T * L * Cj));
+    pooled = malloc(sizeof(float) * (size_t)(sides * T * Cp));
+    in_emb = malloc(sizeof(float) * (size_t)(sides * T * L * Cj));
+    in_pool = malloc(sizeof(float) * (size_t)(sides * T * Cp));
+    in_lat = malloc(sizeof(float) * (size_t)((cfg_batch ? 2 : 1) * T * N));
+    out = malloc(sizeof(float) * (size_t)(sides * T * N));
+    lat = malloc(sizeof(float) * (size_t)(T * N));
+    v = calloc((size_t)(T * N), sizeof(float));
+    t = calloc((size_t)(2 * T), sizeof(float));
+    guid = calloc((size_t)(2 * T), sizeof(float));
+    ids = calloc((size_t)((tokens + L) * 3), sizeof(float));
+    if (!embeds || !pooled || !in_emb || !in_pool || !in_lat || !out || !lat || !v || !t || !guid ||
+        !ids) {
+        st =
+            dit_diag_set(diag, DIT_ERR_NOMEM, "out of memory for a %dx%d generation of %lld images",
+                         gp->width, gp->height, (long long)T);
+        goto cleanup;
     }
 
-    /* Initial latents: the caller's, or torch.randn((ni, C, h, w)) from the
-     * seed (one draw, as prepare_latents makes it for num_images_per_prompt),
-     * each image packed 2x2. */
-    if (gp->latents) {
-        memcpy(res->initial_latents, gp->latents, sizeof(float) * (size_t)(ni * N));
-    } else {
-        noise = malloc(sizeof(float) * (size_t)(ni * N));
-        if (!noise) {
-            st = dit_diag_set(diag, DIT_ERR_NOMEM, "out of memory");
+    for (int m = 0; m < n; m++) {
+        const dit_gen_params *g = &gps[m];
+        dit_gen_result *r = &res[m];
+        const int64_t ni = b.ni[m];
+        float *emb_m = embeds + b.off[m] * L * Cj, *pool_m = pooled + b.off[m] * Cp;
+        float *nemb_m = emb_m + T * L * Cj, *npool_m = pool_m + T * Cp;
+        r->initial_latents = malloc(sizeof(float) * (size_t)(ni * N));
+        r->latents = malloc(sizeof(float) * (size_t)(ni * N));
+        if (!r->initial_latents || !r->latents) {
+            st = dit_diag_set(diag, DIT_ERR_NOMEM, "out of memory for a %dx%d generation",
+                              gp->width, gp->height);
             goto cleanup;
         }
-        dit_mt19937 g;
-        dit_mt19937_seed(&g, gp->seed);
-        dit_torch_randn(&g, noise, (size_t)(ni * N));
-        for (int64_t k = 0; k < ni; k++)
-            dit_flux_pack_latents(noise + k * N, C, h, w, res->initial_latents + k * N);
+        r->num_images = (int)ni;
+        r->width = gp->width;
+        r->height = gp->height;
+        r->frames = 1;
+        r->channels = 3;
+        r->latent_tokens = tokens;
+        r->latent_dim = dim;
+        r->latents_ndim = 3;
+        r->latents_shape[0] = ni;
+        r->latents_shape[1] = tokens;
+        r->latents_shape[2] = dim;
+
+        /* Conditioning. */
+        if (g->prompt_embeds) {
+            memcpy(emb_m, g->prompt_embeds, sizeof(float) * (size_t)(L * Cj));
+            memcpy(pool_m, g->pooled_prompt_embeds, sizeof(float) * (size_t)Cp);
+            if (cfg) {
+                memcpy(nemb_m, g->negative_prompt_embeds, sizeof(float) * (size_t)(L * Cj));
+                memcpy(npool_m, g->negative_pooled_prompt_embeds, sizeof(float) * (size_t)Cp);
+            }
+        } else {
+            /* L tokens: the batch's text length, which every member has
+             * (dit_gen_batch_compatible), whoever brings embeddings. */
+            DIT_CHECK(encode_prompt(p, g->prompt, g->prompt_2, (int)L, pool_m, emb_m,
+                                    &r->prompt_truncated, &r->tokenize_ms, &r->encode_ms, diag));
+            if (cfg)
+                DIT_CHECK(encode_prompt(
+                    p, g->negative_prompt,
+                    g->negative_prompt_2 ? g->negative_prompt_2 : g->negative_prompt, (int)L,
+                    npool_m, nemb_m, &r->prompt_truncated, &r->tokenize_ms, &r->encode_ms, diag));
+        }
+        /* prompt_embeds.repeat(1, n, 1): each side's entry 0 copied to 1 .. ni - 1. */
+        for (int64_t k = 1; k < ni; k++) {
+            memcpy(emb_m + k * L * Cj, emb_m, sizeof(float) * (size_t)(L * Cj));
+            memcpy(pool_m + k * Cp, pool_m, sizeof(float) * (size_t)Cp);
+            if (cfg) {
+                memcpy(nemb_m + k * L * Cj, nemb_m, sizeof(float) * (size_t)(L * Cj));
+                memcpy(npool_m + k * Cp, npool_m, sizeof(float) * (size_t)Cp);
+            }
+        }
+
+        /* Initial latents: the caller's, or torch.randn((ni, C, h, w)) from
+         * the member's seed (one draw, as prepare_latents makes it for
+         * num_images_per_prompt), each image packed 2x2. */
+        if (g->latents) {
+            memcpy(r->initial_latents, g->latents, sizeof(float) * (size_t)(ni * N));
+        } else {
+            free(noise);
+            noise = malloc(sizeof(float) * (size_t)(ni * N));
+            if (!noise) {
+                st = dit_diag_set(diag, DIT_ERR_NOMEM, "out of memory");
+                goto cleanup;
+            }
+            dit_mt19937 gen;
+            dit_mt19937_seed(&gen, g->seed);
+            dit_torch_randn(&gen, noise, (size_t)(ni * N));
+            for (int64_t k = 0; k < ni; k++)
+                dit_flux_pack_latents(noise + k * N, C, h, w, r->initial_latents + k * N);
+        }
+        memcpy(lat + b.off[m] * N, r->initial_latents, sizeof(float) * (size_t)(ni * N));
     }
-    memcpy(res->latents, res->initial_latents, sizeof(float) * (size_t)(ni * N));
 
     /* Position ids: text all zero, image [0, row, col]. */
     float *txt_ids = ids, *img_ids = ids + L * 3;
@@ -315,127 +342,160 @@ static dit_status flux_pipe_generate(void *pv, const dit_pipeline_info *info,
         }
 
     DIT_CHECK(dit_scheduler_set_timesteps(p->sched, gp->steps, tokens, diag));
-    float guidance[2 * DIT_GEN_MAX_IMAGES], t[2 * DIT_GEN_MAX_IMAGES] = {0};
-    for (int k = 0; k < 2 * DIT_GEN_MAX_IMAGES; k++)
-        guidance[k] = gp->guidance_scale;
-    /* FluxTransformer2DModel.forward's arguments, whole. */
-    dit_named_tensors in = {0};
-    const int64_t sh_lat[3] = {ni, tokens, dim}, sh_emb[3] = {ni, L, Cj}, sh_pool[2] = {ni, Cp};
-    const int64_t sh_one[1] = {ni}, sh_img[2] = {tokens, 3}, sh_txt[2] = {L, 3};
-    const int64_t sh_lat2[3] = {2 * ni, tokens, dim}, sh_emb2[3] = {2 * ni, L, Cj};
-    const int64_t sh_pool2[2] = {2 * ni, Cp}, sh_two[1] = {2 * ni};
-    const dit_tensor t_lat = dit_tensor_make(res->latents, DIT_F32, 3, sh_lat);
-    const dit_tensor t_emb = dit_tensor_make(embeds, DIT_F32, 3, sh_emb);
-    const dit_tensor t_pool = dit_tensor_make(pooled, DIT_F32, 2, sh_pool);
-    const dit_tensor t_nemb = dit_tensor_make(neg_embeds, DIT_F32, 3, sh_emb);
-    const dit_tensor t_npool = dit_tensor_make(neg_pooled, DIT_F32, 2, sh_pool);
-    const dit_tensor t_t = dit_tensor_make(t, DIT_F32, 1, sh_one);
-    const dit_tensor t_g = dit_tensor_make(guidance, DIT_F32, 1, sh_one);
+    const int64_t sh_img[2] = {tokens, 3}, sh_txt[2] = {L, 3};
     const dit_tensor t_img = dit_tensor_make(img_ids, DIT_F32, 2, sh_img);
     const dit_tensor t_txt = dit_tensor_make(txt_ids, DIT_F32, 2, sh_txt);
-    const dit_tensor t_v = dit_tensor_make(v, DIT_F32, 3, sh_lat);
-    const dit_tensor t_vneg = dit_tensor_make(v_neg, DIT_F32, 3, sh_lat);
-    DIT_CHECK(dit_named_tensors_set(&in, "hidden_states", &t_lat));
-    DIT_CHECK(dit_named_tensors_set(&in, "encoder_hidden_states", &t_emb));
-    DIT_CHECK(dit_named_tensors_set(&in, "pooled_projections", &t_pool));
-    DIT_CHECK(dit_named_tensors_set(&in, "timestep", &t_t));
-    if (fc->guidance_embeds)
-        DIT_CHECK(dit_named_tensors_set(&in, "guidance", &t_g));
-    DIT_CHECK(dit_named_tensors_set(&in, "img_ids", &t_img));
-    DIT_CHECK(dit_named_tensors_set(&in, "txt_ids", &t_txt));
-    const dit_tensor t_lat2 = dit_tensor_make(lat_in, DIT_F32, 3, sh_lat2);
-    const dit_tensor t_emb2 = dit_tensor_make(embeds, DIT_F32, 3, sh_emb2);
-    const dit_tensor t_pool2 = dit_tensor_make(pooled, DIT_F32, 2, sh_pool2);
-    const dit_tensor t_t2 = dit_tensor_make(t, DIT_F32, 1, sh_two);
-    const dit_tensor t_g2 = dit_tensor_make(guidance, DIT_F32, 1, sh_two);
-    const dit_tensor t_v2 = dit_tensor_make(v, DIT_F32, 3, sh_lat2);
-    if (cfg_batch) {
-        DIT_CHECK(dit_named_tensors_set(&in, "hidden_states", &t_lat2));
-        DIT_CHECK(dit_named_tensors_set(&in, "encoder_hidden_states", &t_emb2));
-        DIT_CHECK(dit_named_tensors_set(&in, "pooled_projections", &t_pool2));
-        DIT_CHECK(dit_named_tensors_set(&in, "timestep", &t_t2));
-        if (fc->guidance_embeds)
-            DIT_CHECK(dit_named_tensors_set(&in, "guidance", &t_g2));
-    }
+    bool regather = true;
+    int64_t E = 0; /* images in the forwards */
     const double t_loop = now_ms();
-    res->step_ms_min = INFINITY;
+    double step_min = INFINITY, step_max = 0;
     for (int i = 0; i < gp->steps; i++) {
         const double t0 = now_ms();
+        if (regather) {
+            /* The active members' conditioning, conditional entries then
+             * unconditional ones, and their guidance per entry. */
+            E = dit_gen_batch_gather(&b, embeds, L * Cj, in_emb);
+            dit_gen_batch_gather(&b, pooled, Cp, in_pool);
+            if (cfg) {
+                dit_gen_batch_gather(&b, embeds + T * L * Cj, L * Cj, in_emb + E * L * Cj);
+                dit_gen_batch_gather(&b, pooled + T * Cp, Cp, in_pool + E * Cp);
+            }
+            int64_t e = 0;
+            for (int m = 0; m < n; m++)
+                for (int64_t k = 0; b.active[m] && k < b.ni[m]; k++, e++)
+                    guid[e] = guid[E + e] = gps[m].guidance_scale;
+            regather = false;
+        }
+        const int64_t nb = (cfg_batch ? 2 : 1) * E;
+        const int64_t sh_lat[3] = {nb, tokens, dim}, sh_emb[3] = {nb, L, Cj};
+        const int64_t sh_pool[2] = {nb, Cp}, sh_one[1] = {nb};
+        /* FluxTransformer2DModel.forward's arguments, whole. */
+        dit_named_tensors in = {0};
+        const dit_tensor t_lat = dit_tensor_make(in_lat, DIT_F32, 3, sh_lat);
+        const dit_tensor t_emb = dit_tensor_make(in_emb, DIT_F32, 3, sh_emb);
+        const dit_tensor t_pool = dit_tensor_make(in_pool, DIT_F32, 2, sh_pool);
+        const dit_tensor t_nemb = dit_tensor_make(in_emb + E * L * Cj, DIT_F32, 3, sh_emb);
+        const dit_tensor t_npool = dit_tensor_make(in_pool + E * Cp, DIT_F32, 2, sh_pool);
+        const dit_tensor t_t = dit_tensor_make(t, DIT_F32, 1, sh_one);
+        const dit_tensor t_g = dit_tensor_make(guid, DIT_F32, 1, sh_one);
+        const dit_tensor t_v = dit_tensor_make(out, DIT_F32, 3, sh_lat);
+        const dit_tensor t_vneg = dit_tensor_make(out + E * N, DIT_F32, 3, sh_lat);
+        DIT_CHECK(dit_named_tensors_set(&in, "hidden_states", &t_lat));
+        DIT_CHECK(dit_named_tensors_set(&in, "encoder_hidden_states", &t_emb));
+        DIT_CHECK(dit_named_tensors_set(&in, "pooled_projections", &t_pool));
+        DIT_CHECK(dit_named_tensors_set(&in, "timestep", &t_t));
+        if (fc->guidance_embeds)
+            DIT_CHECK(dit_named_tensors_set(&in, "guidance", &t_g));
+        DIT_CHECK(dit_named_tensors_set(&in, "img_ids", &t_img));
+        DIT_CHECK(dit_named_tensors_set(&in, "txt_ids", &t_txt));
+
         /* diffusers passes timestep / 1000 (f32); the model multiplies back. */
         const float ts = dit_scheduler_timestep(p->sched, i) / 1000.0f;
         for (int64_t k = 0; k < nb; k++)
             t[k] = ts;
-        if (cfg_batch) {
-            memcpy(lat_in, res->latents, sizeof(float) * (size_t)(ni * N));
-            memcpy(lat_in + ni * N, res->latents, sizeof(float) * (size_t)(ni * N));
-            DIT_CHECK(den->forward(den->ctx, &in, &t_v2, diag));
-        } else {
-            DIT_CHECK(dit_named_tensors_set(&in, "encoder_hidden_states", &t_emb));
-            DIT_CHECK(dit_named_tensors_set(&in, "pooled_projections", &t_pool));
-            DIT_CHECK(den->forward(den->ctx, &in, &t_v, diag));
-        }
+        dit_gen_batch_gather(&b, lat, N, in_lat);
+        if (cfg_batch)
+            memcpy(in_lat + E * N, in_lat, sizeof(float) * (size_t)(E * N));
+        DIT_CHECK(den->forward(den->ctx, &in, &t_v, diag));
         if (cfg && !cfg_batch) {
             DIT_CHECK(dit_named_tensors_set(&in, "encoder_hidden_states", &t_nemb));
             DIT_CHECK(dit_named_tensors_set(&in, "pooled_projections", &t_npool));
             DIT_CHECK(den->forward(den->ctx, &in, &t_vneg, diag));
         }
         if (cfg) {
-            /* noise = neg + scale * (pos - neg), in diffusers' order. */
-            for (int64_t k = 0; k < ni * N; k++) {
-                const float diff = v[k] - v_neg[k];
-                const float scaled = gp->true_cfg_scale * diff;
-                v[k] = v_neg[k] + scaled;
+            /* noise = neg + scale * (pos - neg), in diffusers' order, with
+             * each member's scale. */
+            int64_t e = 0;
+            for (int m = 0; m < n; m++) {
+                if (!b.active[m])
+                    continue;
+                float *pos = out + e * N;
+                const float *neg = out + (E + e) * N;
+                const float scale = gps[m].true_cfg_scale;
+                for (int64_t k = 0; k < b.ni[m] * N; k++) {
+                    const float diff = pos[k] - neg[k];
+                    const float scaled = scale * diff;
+                    pos[k] = neg[k] + scaled;
+                }
+                e += b.ni[m];
             }
         }
-        dit_scheduler_step(p->sched, i, res->latents, v, (size_t)(ni * N));
+        dit_gen_batch_scatter(&b, out, N, v);
+        dit_scheduler_step(p->sched, i, lat, v, (size_t)(T * N));
         const double dt = now_ms() - t0;
-        res->step_ms_min = dt < res->step_ms_min ? dt : res->step_ms_min;
-        res->step_ms_max = dt > res->step_ms_max ? dt : res->step_ms_max;
-        if (progress)
-            DIT_CHECK(progress(progress_ctx, i + 1, gp->steps, now_ms() - t_loop));
+        step_min = dt < step_min ? dt : step_min;
+        step_max = dt > step_max ? dt : step_max;
+        for (int m = 0; m < n; m++) {
+            res[m].step_ms_min = step_min;
+            res[m].step_ms_max = step_max;
+        }
+        DIT_CHECK(dit_gen_batch_progress(&b, progress, progress_ctx, i + 1, gp->steps,
+                                         now_ms() - t_loop, res, member_st, v, N, &regather, diag));
     }
-    res->denoise_ms = now_ms() - t_loop;
+    const double denoise_ms = now_ms() - t_loop;
+    for (int m = 0; m < n; m++)
+        if (b.active[m]) {
+            res[m].denoise_ms = denoise_ms;
+            memcpy(res[m].latents, lat + b.off[m] * N, sizeof(float) * (size_t)(b.ni[m] * N));
+        }
 
     if (decode) {
-        const double t0 = now_ms();
         const int64_t H = h * vs, W = w * vs;
         z = malloc(sizeof(float) * (size_t)(C * h * w));
-        res->image = malloc(sizeof(float) * (size_t)(ni * 3 * H * W));
-        if (!z || !res->image) {
+        if (!z) {
             st = dit_diag_set(diag, DIT_ERR_NOMEM, "out of memory for the image");
             goto cleanup;
         }
-        /* One image at a time: the VAE's memory stays that of one. */
-        for (int64_t m = 0; m < ni; m++) {
-            dit_flux_unpack_latents(res->latents + m * N, C, h, w, z);
-            const float sf = dit_vae_scaling_factor(p->vae), shf = dit_vae_shift_factor(p->vae);
-            for (int64_t k = 0; k < C * h * w; k++) {
-                const float q = z[k] / sf;
-                z[k] = q + shf;
+        for (int mb = 0; mb < n; mb++) {
+            if (!b.active[mb])
+                continue;
+            const double t0 = now_ms();
+            dit_gen_result *r = &res[mb];
+            const int64_t ni = b.ni[mb];
+            r->image = malloc(sizeof(float) * (size_t)(ni * 3 * H * W));
+            if (!r->image) {
+                st = dit_diag_set(diag, DIT_ERR_NOMEM, "out of memory for the image");
+                goto cleanup;
             }
-            dit_tensor zt, img;
-            const int64_t zs[4] = {1, C, h, w}, is[4] = {1, 3, H, W};
-            DIT_CHECK(dit_arena_tensor(p->arena, DIT_F32, 4, zs, &zt));
-            DIT_CHECK(dit_arena_tensor(p->arena, DIT_F32, 4, is, &img));
-            dit_tensor hz = dit_tensor_make(z, DIT_F32, 4, zs);
-            DIT_CHECK(p->be->ops->upload(p->be, &zt, &hz));
-            DIT_CHECK(dit_vae_decode(p->vae, p->arena, &zt, &img, diag));
-            dit_tensor hi = dit_tensor_make(res->image + m * 3 * H * W, DIT_F32, 4, is);
-            DIT_CHECK(p->be->ops->download(p->be, &hi, &img));
-            dit_arena_reset(p->arena);
+            /* One image at a time: the VAE's memory stays that of one. */
+            for (int64_t m = 0; m < ni; m++) {
+                dit_flux_unpack_latents(r->latents + m * N, C, h, w, z);
+                const float sf = dit_vae_scaling_factor(p->vae), shf = dit_vae_shift_factor(p->vae);
+                for (int64_t k = 0; k < C * h * w; k++) {
+                    const float q = z[k] / sf;
+                    z[k] = q + shf;
+                }
+                dit_tensor zt, img;
+                const int64_t zs[4] = {1, C, h, w}, is[4] = {1, 3, H, W};
+                DIT_CHECK(dit_arena_tensor(p->arena, DIT_F32, 4, zs, &zt));
+                DIT_CHECK(dit_arena_tensor(p->arena, DIT_F32, 4, is, &img));
+                dit_tensor hz = dit_tensor_make(z, DIT_F32, 4, zs);
+                DIT_CHECK(p->be->ops->upload(p->be, &zt, &hz));
+                DIT_CHECK(dit_vae_decode(p->vae, p->arena, &zt, &img, diag));
+                dit_tensor hi = dit_tensor_make(r->image + m * 3 * H * W, DIT_F32, 4, is);
+                DIT_CHECK(p->be->ops->download(p->be, &hi, &img));
+                dit_arena_reset(p->arena);
+            }
+            r->vae_ms = now_ms() - t0;
         }
-        res->vae_ms = now_ms() - t0;
     }
 cleanup:
     if (st != DIT_OK)
-        dit_gen_result_free(res);
+        dit_gen_batch_fail(&b, st, res, member_st);
+    dit_gen_batch_free(&b);
     dit_arena_reset(p->arena);
     free(embeds);
     free(pooled);
     free(ids);
     free(noise);
+    free(lat);
     free(v);
-    free(lat_in);
+    free(in_lat);
+    free(in_emb);
+    free(in_pool);
+    free(out);
+    free(t);
+    free(guid);
     free(z);
     return st;
 }
@@ -445,5 +505,5 @@ const dit_pipeline_class dit_flux_pipeline_class = {
     .load = flux_pipe_load,
     .free = flux_pipe_free,
     .transformer = flux_pipe_transformer,
-    .generate = flux_pipe_generate,
+    .generate_batch = flux_pipe_generate_batch,
 };

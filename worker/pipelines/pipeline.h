@@ -30,6 +30,15 @@ typedef struct dit_pipeline dit_pipeline;
  * generation with that status (cancellation). */
 typedef dit_status (*dit_gen_progress_fn)(void *ctx, int step, int total, double elapsed_ms);
 
+/* The batched generation's callback, after each denoising step (step 1 ..
+ * total): active has one entry per member, true for those still in the
+ * batch; the callback may clear entries to make members leave before the
+ * next step (a cleared entry stays cleared: setting one again does
+ * nothing). A status other than DIT_OK stops the whole generation with that
+ * status. */
+typedef dit_status (*dit_gen_batch_progress_fn)(void *ctx, int step, int total, double elapsed_ms,
+                                                bool *active);
+
 typedef struct dit_gen_result {
     int num_images; /* images (or videos) in the buffers below, one after another */
     int width, height;
@@ -58,9 +67,12 @@ typedef struct dit_pipeline_class {
                        const dit_shard *shard, bool load_vae, void **out, dit_diag *diag);
     void (*free)(void *p);
     dit_model *(*transformer)(void *p);
-    dit_status (*generate)(void *p, const dit_pipeline_info *info, const dit_denoiser *den,
-                           const dit_gen_params *gp, bool decode, dit_gen_progress_fn progress,
-                           void *progress_ctx, dit_gen_result *res, dit_diag *diag);
+    /* dit_pipeline_generate_batch's contract; a single generation is a
+     * batch of one. */
+    dit_status (*generate_batch)(void *p, const dit_pipeline_info *info, const dit_denoiser *den,
+                                 int n, const dit_gen_params *gps, bool decode,
+                                 dit_gen_batch_progress_fn progress, void *progress_ctx,
+                                 dit_gen_result *res, dit_status *member_st, dit_diag *diag);
 } dit_pipeline_class;
 
 /* Probes dir, finds its class and loads every component. shard: this
@@ -78,6 +90,36 @@ const dit_pipeline_info *dit_pipeline_get_info(const dit_pipeline *p);
 dit_status dit_pipeline_generate(dit_pipeline *p, const dit_denoiser *den, const dit_gen_params *gp,
                                  bool decode, dit_gen_progress_fn progress, void *progress_ctx,
                                  dit_gen_result *res, dit_diag *diag);
+
+/* n requests in the same transformer forwards (request batching, ditd
+ * --max-batch). gps[0 .. n-1]: the members, each checked as
+ * dit_pipeline_generate checks one, and all pairwise batchable
+ * (dit_gen_batch_compatible: same size, frames, steps, text length, CFG on
+ * or off, cfg_two_pass); each has its own prompts or embeddings, seed,
+ * guidance_scale, true_cfg_scale, latents and num_images. res[0 .. n-1] and
+ * member_st[0 .. n-1]: each member's result and status.
+ *
+ * Each member's conditioning is encoded on its own and its noise drawn
+ * from its own seed exactly as a lone generation draws it. Per step one
+ * transformer forward (two with cfg_two_pass) runs over the images of the
+ * active members in member order; with CFG the batch is every active
+ * member's conditional entries, then their unconditional ones in the same
+ * order (the first half conditional: cfg-parallel splits it in halves).
+ * Timesteps and FLUX's guidance are per batch entry. Each member's result
+ * equals its lone generation to float rounding (the transformer's GEMMs
+ * round differently for another batch size), bit for bit when n is 1.
+ *
+ * After each step `progress` may clear members of `active`: such a member
+ * leaves before the next step, its result is empty (freed) and its status
+ * DIT_ERR_CANCELLED; the others go on unchanged. Returns DIT_OK when at
+ * least one member finished (statuses in member_st), DIT_ERR_CANCELLED when
+ * every member left, or the failure (a bad member fails the whole batch,
+ * every result empty, every member_st that status). decode: decode each
+ * finished member's images, one image at a time. */
+dit_status dit_pipeline_generate_batch(dit_pipeline *p, const dit_denoiser *den, int n,
+                                       const dit_gen_params *gps, bool decode,
+                                       dit_gen_batch_progress_fn progress, void *progress_ctx,
+                                       dit_gen_result *res, dit_status *member_st, dit_diag *diag);
 
 /* The decoded media as frames x height x width x channels f32 in [-1, 1]
  * (malloc'ed, caller frees), or NULL without an image or memory. */

@@ -64,11 +64,36 @@ const dit_pipeline_info *dit_pipeline_get_info(const dit_pipeline *p)
     return &p->info;
 }
 
+/* A single generation's callback, called from the batch of one's. */
+typedef struct single_progress {
+    dit_gen_progress_fn fn;
+    void *ctx;
+} single_progress;
+
+static dit_status single_step(void *ctx, int step, int total, double elapsed_ms, bool *active)
+{
+    (void)active;
+    const single_progress *sp = ctx;
+    return sp->fn(sp->ctx, step, total, elapsed_ms);
+}
+
 dit_status dit_pipeline_generate(dit_pipeline *p, const dit_denoiser *den, const dit_gen_params *gp,
                                  bool decode, dit_gen_progress_fn progress, void *progress_ctx,
                                  dit_gen_result *res, dit_diag *diag)
 {
-    return p->cls->generate(p->impl, &p->info, den, gp, decode, progress, progress_ctx, res, diag);
+    single_progress sp = {progress, progress_ctx};
+    dit_status member_st;
+    return p->cls->generate_batch(p->impl, &p->info, den, 1, gp, decode,
+                                  progress ? single_step : NULL, &sp, res, &member_st, diag);
+}
+
+dit_status dit_pipeline_generate_batch(dit_pipeline *p, const dit_denoiser *den, int n,
+                                       const dit_gen_params *gps, bool decode,
+                                       dit_gen_batch_progress_fn progress, void *progress_ctx,
+                                       dit_gen_result *res, dit_status *member_st, dit_diag *diag)
+{
+    return p->cls->generate_batch(p->impl, &p->info, den, n, gps, decode, progress, progress_ctx,
+                                  res, member_st, diag);
 }
 
 float *dit_gen_result_media(const dit_gen_result *r)

@@ -10,6 +10,7 @@
 #include "core/torch_rng.h"
 #include "encoders/t5_tokenizer.h"
 #include "encoders/umt5_encoder.h"
+#include "pipelines/gen_batch.h"
 #include "pipelines/wan_probe.h"
 #include "schedulers/scheduler.h"
 #include "vae/autoencoder_kl_wan.h"
@@ -129,155 +130,190 @@ cleanup:
     return st;
 }
 
-static dit_status wan_pipe_generate(void *pv, const dit_pipeline_info *info,
-                                    const dit_denoiser *den, const dit_gen_params *gp, bool decode,
-                                    dit_gen_progress_fn progress, void *progress_ctx,
-                                    dit_gen_result *res, dit_diag *diag)
+/* dit_pipeline_generate_batch for Wan (pipelines/gen_batch.h has the
+ * layout). Batch entries of a forward: the active members' videos in
+ * member order, each video's conditional entry; with CFG in one forward
+ * then the same videos' unconditional entries, so that the first half is
+ * conditional. */
+static dit_status wan_pipe_generate_batch(void *pv, const dit_pipeline_info *info,
+                                          const dit_denoiser *den, int n, const dit_gen_params *gps,
+                                          bool decode, dit_gen_batch_progress_fn progress,
+                                          void *progress_ctx, dit_gen_result *res,
+                                          dit_status *member_st, dit_diag *diag)
 {
     wan_pipe *p = pv;
-    dit_status st = DIT_OK;
-    memset(res, 0, sizeof *res);
-    st = dit_gen_check(info, gp, diag);
+    dit_gen_batch b;
+    dit_status st = dit_gen_batch_init(&b, info, n, gps, res, member_st, diag);
     if (st != DIT_OK)
         return st;
-    if (decode && !p->vae)
-        return dit_diag_set(diag, DIT_ERR_INVALID_ARG, "this rank has no VAE to decode with");
+    const dit_gen_params *gp = &gps[0]; /* what the members share */
     const int64_t C = info->latent_channels;
     int64_t nf, h, w;
     dit_wan_latent_dims(info, gp, &nf, &h, &w);
-    const int64_t n = C * nf * h * w;
+    const int64_t N = C * nf * h * w;
     const bool cfg = gp->guidance_scale > 1.0f;
-    /* CFG as one forward of batch 2: [cond, uncond] stacked (see
-     * dit_gen_params.cfg_two_pass). */
+    /* CFG as one forward of batch 2 per video: [cond..., uncond...]
+     * stacked (see dit_gen_params.cfg_two_pass). */
     const bool cfg_batch = cfg && !gp->cfg_two_pass;
-    /* num_videos_per_prompt: ni latents in one batch (2 ni with CFG). */
-    const int64_t ni = dit_gen_num_images(gp);
-    const int64_t nb = (cfg ? 2 : 1) * ni;
+    const int64_t T = b.total, sides = cfg ? 2 : 1;
     const int64_t L = gp->prompt_embeds         ? gp->prompt_embeds_len
                       : gp->max_sequence_length ? gp->max_sequence_length
                                                 : info->default_max_sequence_length;
     const int64_t Ct = info->transformer.joint_attention_dim;
 
-    float *embeds = NULL, *neg_embeds = NULL, *v = NULL, *v_neg = NULL, *z = NULL;
-    float *lat_in = NULL;
-    /* Batch entries: the prompt ni times, then the negative prompt ni times. */
-    embeds = malloc(sizeof(float) * (size_t)(nb * L * Ct));
-    v = malloc(sizeof(float) * (size_t)(nb * n));
-    lat_in = cfg_batch ? malloc(sizeof(float) * (size_t)(2 * ni * n)) : NULL;
-    res->initial_latents = malloc(sizeof(float) * (size_t)(ni * n));
-    res->latents = malloc(sizeof(float) * (size_t)(ni * n));
-    if (!embeds || (cfg_batch && !lat_in) || !res->initial_latents || !res->latents || !v) {
-        st = dit_diag_set(diag, DIT_ERR_NOMEM, "out of memory for a %dx%d, %d-frame generation",
-                          gp->width, gp->height, gp->frames);
+    float *embeds = NULL, *lat = NULL, *v = NULL, *z = NULL, *in_lat = NULL, *in_emb = NULL;
+    float *out = NULL, *t = NULL;
+    if (decode && !p->vae) {
+        st = dit_diag_set(diag, DIT_ERR_INVALID_ARG, "this rank has no VAE to decode with");
         goto cleanup;
     }
-    if (cfg) {
-        neg_embeds = embeds + ni * L * Ct;
-        v_neg = v + ni * n;
-    }
-    res->num_images = (int)ni;
-    res->width = gp->width;
-    res->height = gp->height;
-    res->frames = gp->frames;
-    res->channels = 3;
-    res->latents_ndim = dit_gen_latents_shape(info, gp, res->latents_shape);
-    res->latents_shape[0] = ni;
-    res->latent_tokens = nf * h * w;
-    res->latent_dim = C;
-
-    /* Conditioning: the caller's embeddings or UMT5's; the negative side
-     * from its own embeddings or the negative prompt (default ""). */
-    if (gp->prompt_embeds)
-        memcpy(embeds, gp->prompt_embeds, sizeof(float) * (size_t)(L * Ct));
-    else
-        DIT_CHECK(encode_prompt(p, gp->prompt, L, embeds, res, diag));
-    if (cfg && gp->negative_prompt_embeds)
-        memcpy(neg_embeds, gp->negative_prompt_embeds, sizeof(float) * (size_t)(L * Ct));
-    else if (cfg)
-        DIT_CHECK(encode_prompt(p, gp->negative_prompt ? gp->negative_prompt : "", L, neg_embeds,
-                                res, diag));
-    /* prompt_embeds.repeat(1, n, 1): each side's entry 0 copied to 1 .. ni - 1. */
-    for (int64_t k = 1; k < ni; k++) {
-        memcpy(embeds + k * L * Ct, embeds, sizeof(float) * (size_t)(L * Ct));
-        if (cfg)
-            memcpy(neg_embeds + k * L * Ct, neg_embeds, sizeof(float) * (size_t)(L * Ct));
+    /* Per video of the batch: its member's prompt (0 .. T-1), then with CFG
+     * its negative prompt (T .. 2T-1). */
+    embeds = malloc(sizeof(float) * (size_t)(sides * T * L * Ct));
+    in_emb = malloc(sizeof(float) * (size_t)(sides * T * L * Ct));
+    in_lat = malloc(sizeof(float) * (size_t)((cfg_batch ? 2 : 1) * T * N));
+    out = malloc(sizeof(float) * (size_t)(sides * T * N));
+    lat = malloc(sizeof(float) * (size_t)(T * N));
+    v = calloc((size_t)(T * N), sizeof(float));
+    t = calloc((size_t)(2 * T), sizeof(float));
+    if (!embeds || !in_emb || !in_lat || !out || !lat || !v || !t) {
+        st = dit_diag_set(diag, DIT_ERR_NOMEM,
+                          "out of memory for a %dx%d, %d-frame generation of %lld videos",
+                          gp->width, gp->height, gp->frames, (long long)T);
+        goto cleanup;
     }
 
-    /* Initial latents: the caller's, or torch.randn((ni, C, F', h, w)) from
-     * the seed (one draw). */
-    if (gp->latents) {
-        memcpy(res->initial_latents, gp->latents, sizeof(float) * (size_t)(ni * n));
-    } else {
-        dit_mt19937 g;
-        dit_mt19937_seed(&g, gp->seed);
-        dit_torch_randn(&g, res->initial_latents, (size_t)(ni * n));
-    }
-    memcpy(res->latents, res->initial_latents, sizeof(float) * (size_t)(ni * n));
+    for (int m = 0; m < n; m++) {
+        const dit_gen_params *g = &gps[m];
+        dit_gen_result *r = &res[m];
+        const int64_t ni = b.ni[m];
+        float *emb_m = embeds + b.off[m] * L * Ct, *nemb_m = emb_m + T * L * Ct;
+        r->initial_latents = malloc(sizeof(float) * (size_t)(ni * N));
+        r->latents = malloc(sizeof(float) * (size_t)(ni * N));
+        if (!r->initial_latents || !r->latents) {
+            st = dit_diag_set(diag, DIT_ERR_NOMEM, "out of memory for a %dx%d, %d-frame generation",
+                              gp->width, gp->height, gp->frames);
+            goto cleanup;
+        }
+        r->num_images = (int)ni;
+        r->width = gp->width;
+        r->height = gp->height;
+        r->frames = gp->frames;
+        r->channels = 3;
+        r->latents_ndim = dit_gen_latents_shape(info, g, r->latents_shape);
+        r->latents_shape[0] = ni;
+        r->latent_tokens = nf * h * w;
+        r->latent_dim = C;
 
-    DIT_CHECK(dit_scheduler_set_timesteps(p->sched, gp->steps, res->latent_tokens, diag));
-    float t[2 * DIT_GEN_MAX_IMAGES] = {0};
-    /* WanTransformer3DModel.forward's arguments, whole. */
-    dit_named_tensors in = {0};
-    const int64_t sh_lat[5] = {ni, C, nf, h, w}, sh_emb[3] = {ni, L, Ct}, sh_one[1] = {ni};
-    const int64_t sh_lat2[5] = {2 * ni, C, nf, h, w}, sh_emb2[3] = {2 * ni, L, Ct};
-    const int64_t sh_two[1] = {2 * ni};
-    const dit_tensor t_lat = dit_tensor_make(res->latents, DIT_F32, 5, sh_lat);
-    const dit_tensor t_emb = dit_tensor_make(embeds, DIT_F32, 3, sh_emb);
-    const dit_tensor t_nemb = dit_tensor_make(neg_embeds, DIT_F32, 3, sh_emb);
-    const dit_tensor t_t = dit_tensor_make(t, DIT_F32, 1, sh_one);
-    const dit_tensor t_v = dit_tensor_make(v, DIT_F32, 5, sh_lat);
-    const dit_tensor t_vneg = dit_tensor_make(v_neg, DIT_F32, 5, sh_lat);
-    DIT_CHECK(dit_named_tensors_set(&in, "hidden_states", &t_lat));
-    DIT_CHECK(dit_named_tensors_set(&in, "timestep", &t_t));
-    const dit_tensor t_lat2 = dit_tensor_make(lat_in, DIT_F32, 5, sh_lat2);
-    const dit_tensor t_emb2 = dit_tensor_make(embeds, DIT_F32, 3, sh_emb2);
-    const dit_tensor t_t2 = dit_tensor_make(t, DIT_F32, 1, sh_two);
-    const dit_tensor t_v2 = dit_tensor_make(v, DIT_F32, 5, sh_lat2);
-    if (cfg_batch) {
-        DIT_CHECK(dit_named_tensors_set(&in, "hidden_states", &t_lat2));
-        DIT_CHECK(dit_named_tensors_set(&in, "encoder_hidden_states", &t_emb2));
-        DIT_CHECK(dit_named_tensors_set(&in, "timestep", &t_t2));
+        /* Conditioning: the caller's embeddings or UMT5's; the negative side
+         * from its own embeddings or the negative prompt (default ""). */
+        if (g->prompt_embeds)
+            memcpy(emb_m, g->prompt_embeds, sizeof(float) * (size_t)(L * Ct));
+        else
+            DIT_CHECK(encode_prompt(p, g->prompt, L, emb_m, r, diag));
+        if (cfg && g->negative_prompt_embeds)
+            memcpy(nemb_m, g->negative_prompt_embeds, sizeof(float) * (size_t)(L * Ct));
+        else if (cfg)
+            DIT_CHECK(
+                encode_prompt(p, g->negative_prompt ? g->negative_prompt : "", L, nemb_m, r, diag));
+        /* prompt_embeds.repeat(1, n, 1): each side's entry 0 copied to 1 .. ni - 1. */
+        for (int64_t k = 1; k < ni; k++) {
+            memcpy(emb_m + k * L * Ct, emb_m, sizeof(float) * (size_t)(L * Ct));
+            if (cfg)
+                memcpy(nemb_m + k * L * Ct, nemb_m, sizeof(float) * (size_t)(L * Ct));
+        }
+
+        /* Initial latents: the caller's, or torch.randn((ni, C, F', h, w))
+         * from the member's seed (one draw). */
+        if (g->latents) {
+            memcpy(r->initial_latents, g->latents, sizeof(float) * (size_t)(ni * N));
+        } else {
+            dit_mt19937 gen;
+            dit_mt19937_seed(&gen, g->seed);
+            dit_torch_randn(&gen, r->initial_latents, (size_t)(ni * N));
+        }
+        memcpy(lat + b.off[m] * N, r->initial_latents, sizeof(float) * (size_t)(ni * N));
     }
+
+    DIT_CHECK(dit_scheduler_set_timesteps(p->sched, gp->steps, nf * h * w, diag));
+    bool regather = true;
+    int64_t E = 0; /* videos in the forwards */
     const double t_loop = now_ms();
-    res->step_ms_min = INFINITY;
+    double step_min = INFINITY, step_max = 0;
     for (int i = 0; i < gp->steps; i++) {
         const double t0 = now_ms();
+        if (regather) {
+            /* The active members' conditioning: conditional entries, then
+             * unconditional ones. */
+            E = dit_gen_batch_gather(&b, embeds, L * Ct, in_emb);
+            if (cfg)
+                dit_gen_batch_gather(&b, embeds + T * L * Ct, L * Ct, in_emb + E * L * Ct);
+            regather = false;
+        }
+        const int64_t nb = (cfg_batch ? 2 : 1) * E;
+        const int64_t sh_lat[5] = {nb, C, nf, h, w}, sh_emb[3] = {nb, L, Ct}, sh_one[1] = {nb};
+        /* WanTransformer3DModel.forward's arguments, whole. */
+        dit_named_tensors in = {0};
+        const dit_tensor t_lat = dit_tensor_make(in_lat, DIT_F32, 5, sh_lat);
+        const dit_tensor t_emb = dit_tensor_make(in_emb, DIT_F32, 3, sh_emb);
+        const dit_tensor t_nemb = dit_tensor_make(in_emb + E * L * Ct, DIT_F32, 3, sh_emb);
+        const dit_tensor t_t = dit_tensor_make(t, DIT_F32, 1, sh_one);
+        const dit_tensor t_v = dit_tensor_make(out, DIT_F32, 5, sh_lat);
+        const dit_tensor t_vneg = dit_tensor_make(out + E * N, DIT_F32, 5, sh_lat);
+        DIT_CHECK(dit_named_tensors_set(&in, "hidden_states", &t_lat));
+        DIT_CHECK(dit_named_tensors_set(&in, "timestep", &t_t));
+        DIT_CHECK(dit_named_tensors_set(&in, "encoder_hidden_states", &t_emb));
+
         /* UniPC's int64 timestep, which the transformer takes unscaled. */
         const float ts = dit_scheduler_timestep(p->sched, i);
         for (int64_t k = 0; k < nb; k++)
             t[k] = ts;
-        if (cfg_batch) {
-            memcpy(lat_in, res->latents, sizeof(float) * (size_t)(ni * n));
-            memcpy(lat_in + ni * n, res->latents, sizeof(float) * (size_t)(ni * n));
-            DIT_CHECK(den->forward(den->ctx, &in, &t_v2, diag));
-        } else {
-            DIT_CHECK(dit_named_tensors_set(&in, "encoder_hidden_states", &t_emb));
-            DIT_CHECK(den->forward(den->ctx, &in, &t_v, diag));
-        }
+        dit_gen_batch_gather(&b, lat, N, in_lat);
+        if (cfg_batch)
+            memcpy(in_lat + E * N, in_lat, sizeof(float) * (size_t)(E * N));
+        DIT_CHECK(den->forward(den->ctx, &in, &t_v, diag));
         if (cfg && !cfg_batch) {
             DIT_CHECK(dit_named_tensors_set(&in, "encoder_hidden_states", &t_nemb));
             DIT_CHECK(den->forward(den->ctx, &in, &t_vneg, diag));
         }
         if (cfg) {
             /* noise_uncond + guidance_scale * (noise_pred - noise_uncond),
-             * rounded in diffusers' order. */
-            for (int64_t k = 0; k < ni * n; k++) {
-                const float diff = v[k] - v_neg[k];
-                const float scaled = gp->guidance_scale * diff;
-                v[k] = v_neg[k] + scaled;
+             * rounded in diffusers' order, with each member's scale. */
+            int64_t e = 0;
+            for (int m = 0; m < n; m++) {
+                if (!b.active[m])
+                    continue;
+                float *pos = out + e * N;
+                const float *neg = out + (E + e) * N;
+                const float scale = gps[m].guidance_scale;
+                for (int64_t k = 0; k < b.ni[m] * N; k++) {
+                    const float diff = pos[k] - neg[k];
+                    const float scaled = scale * diff;
+                    pos[k] = neg[k] + scaled;
+                }
+                e += b.ni[m];
             }
         }
-        dit_scheduler_step(p->sched, i, res->latents, v, (size_t)(ni * n));
+        dit_gen_batch_scatter(&b, out, N, v);
+        dit_scheduler_step(p->sched, i, lat, v, (size_t)(T * N));
         const double dt = now_ms() - t0;
-        res->step_ms_min = dt < res->step_ms_min ? dt : res->step_ms_min;
-        res->step_ms_max = dt > res->step_ms_max ? dt : res->step_ms_max;
-        if (progress)
-            DIT_CHECK(progress(progress_ctx, i + 1, gp->steps, now_ms() - t_loop));
+        step_min = dt < step_min ? dt : step_min;
+        step_max = dt > step_max ? dt : step_max;
+        for (int m = 0; m < n; m++) {
+            res[m].step_ms_min = step_min;
+            res[m].step_ms_max = step_max;
+        }
+        DIT_CHECK(dit_gen_batch_progress(&b, progress, progress_ctx, i + 1, gp->steps,
+                                         now_ms() - t_loop, res, member_st, v, N, &regather, diag));
     }
-    res->denoise_ms = now_ms() - t_loop;
+    const double denoise_ms = now_ms() - t_loop;
+    for (int m = 0; m < n; m++)
+        if (b.active[m]) {
+            res[m].denoise_ms = denoise_ms;
+            memcpy(res[m].latents, lat + b.off[m] * N, sizeof(float) * (size_t)(b.ni[m] * N));
+        }
 
     if (decode) {
-        const double t0 = now_ms();
         const int64_t F = dit_wan_vae_frames(p->vae, nf);
         const int64_t s = dit_wan_vae_spatial_scale(p->vae);
         const int64_t H = h * s, W = w * s;
@@ -289,30 +325,47 @@ static dit_status wan_pipe_generate(void *pv, const dit_pipeline_info *info,
                               gp->frames);
             goto cleanup;
         }
-        z = malloc(sizeof(float) * (size_t)n);
-        res->image = malloc(sizeof(float) * (size_t)(ni * 3 * F * H * W));
-        if (!z || !res->image) {
+        z = malloc(sizeof(float) * (size_t)N);
+        if (!z) {
             st = dit_diag_set(diag, DIT_ERR_NOMEM, "out of memory for the video");
             goto cleanup;
         }
-        /* One video at a time: the VAE's memory stays that of one. */
-        for (int64_t m = 0; m < ni; m++) {
-            memcpy(z, res->latents + m * n, sizeof(float) * (size_t)n);
-            dit_wan_vae_denormalize(p->vae, z, nf * h * w);
-            const int64_t vs[5] = {1, 3, F, H, W}, zs[5] = {1, C, nf, h, w};
-            const dit_tensor zt = dit_tensor_make(z, DIT_F32, 5, zs);
-            const dit_tensor vt = dit_tensor_make(res->image + m * 3 * F * H * W, DIT_F32, 5, vs);
-            DIT_CHECK(dit_wan_vae_decode(p->vae, &zt, &vt, diag));
+        for (int mb = 0; mb < n; mb++) {
+            if (!b.active[mb])
+                continue;
+            const double t0 = now_ms();
+            dit_gen_result *r = &res[mb];
+            const int64_t ni = b.ni[mb];
+            r->image = malloc(sizeof(float) * (size_t)(ni * 3 * F * H * W));
+            if (!r->image) {
+                st = dit_diag_set(diag, DIT_ERR_NOMEM, "out of memory for the video");
+                goto cleanup;
+            }
+            /* One video at a time: the VAE's memory stays that of one. */
+            for (int64_t m = 0; m < ni; m++) {
+                memcpy(z, r->latents + m * N, sizeof(float) * (size_t)N);
+                dit_wan_vae_denormalize(p->vae, z, nf * h * w);
+                const int64_t vsh[5] = {1, 3, F, H, W}, zs[5] = {1, C, nf, h, w};
+                const dit_tensor zt = dit_tensor_make(z, DIT_F32, 5, zs);
+                const dit_tensor vt =
+                    dit_tensor_make(r->image + m * 3 * F * H * W, DIT_F32, 5, vsh);
+                DIT_CHECK(dit_wan_vae_decode(p->vae, &zt, &vt, diag));
+            }
+            r->vae_ms = now_ms() - t0;
         }
-        res->vae_ms = now_ms() - t0;
     }
 cleanup:
     if (st != DIT_OK)
-        dit_gen_result_free(res);
+        dit_gen_batch_fail(&b, st, res, member_st);
+    dit_gen_batch_free(&b);
     dit_arena_reset(p->arena);
     free(embeds);
+    free(lat);
     free(v);
-    free(lat_in);
+    free(in_lat);
+    free(in_emb);
+    free(out);
+    free(t);
     free(z);
     return st;
 }
@@ -322,5 +375,5 @@ const dit_pipeline_class dit_wan_pipeline_class = {
     .load = wan_pipe_load,
     .free = wan_pipe_free,
     .transformer = wan_pipe_transformer,
-    .generate = wan_pipe_generate,
+    .generate_batch = wan_pipe_generate_batch,
 };

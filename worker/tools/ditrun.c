@@ -54,7 +54,7 @@ static const char *const generate_usage =
     "                       [--latents FILE] [--output-latents FILE]\n"
     "                       [--backend cpu|cuda] [--threads N] [--quiet]\n"
     "                       [--lora PATH[:SCALE]]... [--fuse-lora]\n"
-    "                       [parallel options]\n"
+    "                       [--member 'KEY=VALUE;...']... [parallel options]\n"
     "\n"
     "Text to image (FluxPipeline) or text to video (WanPipeline) with a diffusers\n"
     "pipeline folder, as pipe(prompt, ...) would. Sizes, frames, steps, guidance and\n"
@@ -64,7 +64,13 @@ static const char *const generate_usage =
     ".safetensors (the decoded f32 values: 'image' (3, H, W) or 'video' (3, F, H, W)).\n"
     "Longer prompts are truncated to the tokenizers' limits (--max-sequence-length\n"
     "T5/UMT5 tokens), as diffusers does. A progress line per step (with steps/s and\n"
-    "the time left) and the VAE decode are shown when stderr is a terminal.\n";
+    "the time left) and the VAE decode are shown when stderr is a terminal.\n"
+    "\n"
+    "Batching: each --member 'prompt=a cat;seed=3;guidance=4' adds a request that\n"
+    "runs in the same transformer forwards as the others (as ditd --max-batch does):\n"
+    "the command line's request with those fields changed (';' separates fields, so\n"
+    "a prompt cannot hold one). Member k writes FILE_k.ext (and --output-latents\n"
+    "LAT_k.safetensors); leave=K makes member k leave the batch after step K.\n";
 
 static const char *const main_usage =
     "usage: ditrun <command> [options]\n"
@@ -97,7 +103,23 @@ typedef struct raw_args {
     const char *lora[DITRUN_MAX_LORA];
     int n_lora;
     bool lora_overflow;
+    const char *member[DITRUN_MAX_MEMBERS];
+    int n_member;
 } raw_args;
+
+static int set_member(void *target, const char *val, char *err, size_t cap)
+{
+    raw_args *r = target;
+    if (r->n_member == DITRUN_MAX_MEMBERS) {
+        snprintf(err, cap, "takes at most %d members", DITRUN_MAX_MEMBERS);
+        return -1;
+    }
+    ditrun_member scratch;
+    if (ditrun_member_parse(val, &scratch, err, cap) != 0)
+        return -1;
+    r->member[r->n_member++] = val;
+    return 0;
+}
 
 static int set_lora(void *target, const char *val, char *err, size_t cap)
 {
@@ -325,7 +347,15 @@ static int set_true_cfg(void *target, const char *val, char *err, size_t cap)
         R_INT("num-images", 0, "1", "N",                                                           \
               "images (videos) from one batched generation, as diffusers' num_images_per_prompt; " \
               "N > 1 writes FILE_0.png .. (safetensors: one stacked tensor)",                      \
-              num_images, 1, DIT_GEN_MAX_IMAGES)
+              num_images, 1, DIT_GEN_MAX_IMAGES),                                                  \
+    {                                                                                              \
+        "member", 0, DIT_OPT_CUSTOM, NULL, "'KEY=V;..'",                                           \
+            "a batch member: this request with KEY=VALUE fields changed (prompt, prompt_2, "       \
+            "negative_prompt, negative_prompt_2, seed, guidance, true_cfg, num_images; leave=K "   \
+            "makes it leave after step K); repeat for each member. All members run in the same "   \
+            "forwards; member k writes FILE_k.ext (FILE_k_j.ext for its images)",                  \
+            NULL, 0, 0, 0, set_member, false                                                       \
+    }
 
 static const dit_option forward_opts[] = {
     COMMON_OPTS("a diffusers transformer folder: config.json and "
@@ -431,6 +461,14 @@ static int parse(ditrun_args *a, int argc, char **argv)
     a->gen.seed = r.seed;
     a->latents_path = r.latents;
     a->output_latents = r.output_latents;
+    for (int i = 0; i < r.n_member; i++) {
+        char err[256];
+        if (ditrun_member_parse(r.member[i], &a->members[i], err, sizeof err) != 0)
+            return usage_error(usage, "--member: %s", err);
+    }
+    a->n_members = r.n_member;
+    if (a->n_members > 0 && a->latents_path)
+        return usage_error(usage, "%s", "--latents does not combine with --member");
     if (!a->model)
         return usage_error(usage, "%s", "--model is required");
     if (a->cmd == DITRUN_FORWARD && !a->inputs)

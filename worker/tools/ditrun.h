@@ -15,6 +15,19 @@
 
 #define DITRUN_EXIT_USAGE 2
 #define DITRUN_MAX_LORA 8
+#define DITRUN_MAX_MEMBERS 16
+
+/* One --member of a batched generate: the command line's request with
+ * these fields changed (NULL, NaN, 0: unchanged). Strings point into text. */
+typedef struct ditrun_member {
+    char text[2048];
+    const char *prompt, *prompt_2, *negative_prompt, *negative_prompt_2;
+    bool has_seed;
+    uint64_t seed;
+    float guidance, true_cfg;
+    int num_images;
+    int leave; /* > 0: the member leaves the batch after this step (a test aid) */
+} ditrun_member;
 
 typedef enum ditrun_cmd {
     DITRUN_FORWARD,
@@ -32,6 +45,9 @@ typedef struct ditrun_args {
     dit_gen_params gen;
     const char *latents_path;
     const char *output_latents;
+    /* --member: a batch of these requests in the same forwards (0: none). */
+    ditrun_member members[DITRUN_MAX_MEMBERS];
+    int n_members;
     /* both */
     dit_backend_kind backend;
     int threads, repeat;
@@ -56,6 +72,11 @@ int ditrun_generate_rank(const ditrun_args *a, int rank);
  * request's defaults from it, prints its warnings (unless quiet) and checks
  * that the output's extension suits the result. 0, or the exit code. */
 int ditrun_generate_prepare(ditrun_args *a);
+
+/* Parses one --member spec, 'key=value;key=value' with keys prompt,
+ * prompt_2, negative_prompt, negative_prompt_2, seed, guidance, true_cfg,
+ * num_images and leave; 0, or -1 with the reason in err. */
+int ditrun_member_parse(const char *spec, ditrun_member *m, char *err, size_t cap);
 
 /* Checks what can be checked before any rank starts (layout against model
  * and request): 0, or the exit code to return. */

@@ -61,6 +61,89 @@ static output_kind output_kind_of(const char *path)
     return OUT_UNKNOWN;
 }
 
+int ditrun_member_parse(const char *spec, ditrun_member *m, char *err, size_t cap)
+{
+    memset(m, 0, sizeof *m);
+    m->guidance = m->true_cfg = NAN;
+    if (strlen(spec) >= sizeof m->text) {
+        snprintf(err, cap, "a member spec is at most %zu bytes", sizeof m->text - 1);
+        return -1;
+    }
+    snprintf(m->text, sizeof m->text, "%s", spec);
+    char *save = NULL;
+    for (char *f = strtok_r(m->text, ";", &save); f; f = strtok_r(NULL, ";", &save)) {
+        char *eq = strchr(f, '=');
+        if (!eq) {
+            snprintf(err, cap, "'%s' is not KEY=VALUE", f);
+            return -1;
+        }
+        *eq = '\0';
+        const char *k = f, *v = eq + 1;
+        char *end = NULL;
+        if (strcmp(k, "prompt") == 0) {
+            m->prompt = v;
+        } else if (strcmp(k, "prompt_2") == 0) {
+            m->prompt_2 = v;
+        } else if (strcmp(k, "negative_prompt") == 0) {
+            m->negative_prompt = v;
+        } else if (strcmp(k, "negative_prompt_2") == 0) {
+            m->negative_prompt_2 = v;
+        } else if (strcmp(k, "seed") == 0) {
+            const unsigned long long x = strtoull(v, &end, 10);
+            if (*v == '\0' || *v == '-' || *end != '\0')
+                goto bad;
+            m->seed = (uint64_t)x;
+            m->has_seed = true;
+        } else if (strcmp(k, "guidance") == 0 || strcmp(k, "true_cfg") == 0) {
+            const double x = strtod(v, &end);
+            if (*v == '\0' || *end != '\0' || !isfinite(x))
+                goto bad;
+            *(k[0] == 'g' ? &m->guidance : &m->true_cfg) = (float)x;
+        } else if (strcmp(k, "num_images") == 0 || strcmp(k, "leave") == 0) {
+            const long x = strtol(v, &end, 10);
+            if (*v == '\0' || *end != '\0' || x < 1 || (k[0] == 'n' && x > DIT_GEN_MAX_IMAGES) ||
+                x > 1000)
+                goto bad;
+            *(k[0] == 'n' ? &m->num_images : &m->leave) = (int)x;
+        } else {
+            snprintf(err, cap,
+                     "unknown key '%s' (prompt, prompt_2, negative_prompt, negative_prompt_2, "
+                     "seed, guidance, true_cfg, num_images, leave)",
+                     k);
+            return -1;
+        }
+        continue;
+    bad:
+        snprintf(err, cap, "%s=%s is not a valid value", k, v);
+        return -1;
+    }
+    return 0;
+}
+
+/* The request of member k: the command line's with the member's fields. */
+static dit_gen_params member_params(const ditrun_args *a, int k)
+{
+    const ditrun_member *m = &a->members[k];
+    dit_gen_params gp = a->gen;
+    if (m->prompt)
+        gp.prompt = m->prompt;
+    if (m->prompt_2)
+        gp.prompt_2 = m->prompt_2;
+    if (m->negative_prompt)
+        gp.negative_prompt = m->negative_prompt;
+    if (m->negative_prompt_2)
+        gp.negative_prompt_2 = m->negative_prompt_2;
+    if (m->has_seed)
+        gp.seed = m->seed;
+    if (!isnan(m->guidance))
+        gp.guidance_scale = m->guidance;
+    if (!isnan(m->true_cfg))
+        gp.true_cfg_scale = m->true_cfg;
+    if (m->num_images)
+        gp.num_images = m->num_images;
+    return gp;
+}
+
 int ditrun_generate_prepare(ditrun_args *a)
 {
     dit_diag diag;
@@ -227,6 +310,80 @@ cleanup:
     return st;
 }
 
+typedef struct batch_progress {
+    progress_state ps;
+    const ditrun_args *a;
+} batch_progress;
+
+/* Progress, and leave=K: member k leaves after step K on every rank. */
+static dit_status batch_step(void *ctx, int step, int total, double elapsed_ms, bool *active)
+{
+    const batch_progress *bp = ctx;
+    for (int k = 0; k < bp->a->n_members; k++)
+        if (bp->a->members[k].leave == step)
+            active[k] = false;
+    return show_progress((void *)&bp->ps, step, total, elapsed_ms);
+}
+
+/* --member: the batch in the same forwards, member k's outputs in
+ * FILE_k.ext and LATENTS_k.safetensors (rank 0). */
+static dit_status generate_batch(const ditrun_args *a, dit_pipeline *pipe, const dit_denoiser *den,
+                                 bool lead, dit_diag *diag)
+{
+    dit_status st = DIT_OK;
+    const int n = a->n_members;
+    const dit_pipeline_info *info = dit_pipeline_get_info(pipe);
+    dit_gen_params gps[DITRUN_MAX_MEMBERS];
+    dit_gen_result res[DITRUN_MAX_MEMBERS];
+    dit_status mst[DITRUN_MAX_MEMBERS];
+    memset(res, 0, sizeof res);
+    for (int k = 0; k < n; k++) {
+        gps[k] = member_params(a, k);
+        dit_gen_apply_defaults(info, &gps[k]);
+    }
+    batch_progress bp = {.ps = {.show = lead && !a->quiet && isatty(STDERR_FILENO)}, .a = a};
+    DIT_CHECK(
+        dit_pipeline_generate_batch(pipe, den, n, gps, lead, batch_step, &bp, res, mst, diag));
+    if (!lead)
+        goto cleanup;
+    double denoise_ms = 0, step_min = 0, step_max = 0;
+    for (int k = 0; k < n; k++) {
+        char path[4096];
+        size_t len = 0;
+        if (mst[k] != DIT_OK) {
+            if (!a->quiet)
+                printf("member %d: left the batch after step %d (%s)\n", k, a->members[k].leave,
+                       dit_status_str(mst[k]));
+            continue;
+        }
+        if (a->output_latents) {
+            indexed_path(a->output_latents, k, path, sizeof path);
+            dit_tensor lt =
+                dit_tensor_make(res[k].latents, DIT_F32, res[k].latents_ndim, res[k].latents_shape);
+            dit_st_write_item item = {.name = "latents", .tensor = &lt};
+            DIT_CHECK(dit_st_write(path, &item, 1, diag));
+        }
+        indexed_path(a->output, k, path, sizeof path);
+        DIT_CHECK(write_output(path, &gps[k], &res[k], &len, diag));
+        denoise_ms = res[k].denoise_ms;
+        step_min = res[k].step_ms_min;
+        step_max = res[k].step_ms_max;
+        if (!a->quiet)
+            printf("member %d: %d image%s, seed %llu, guidance %.2f, true cfg %.2f: wrote %s "
+                   "(%zu bytes; text encoders %.1f ms, VAE %.1f ms)\n",
+                   k, res[k].num_images, res[k].num_images > 1 ? "s" : "",
+                   (unsigned long long)gps[k].seed, gps[k].guidance_scale, gps[k].true_cfg_scale,
+                   path, len, res[k].encode_ms, res[k].vae_ms);
+    }
+    if (!a->quiet)
+        printf("batch of %d: %dx%d, %d steps, denoising %.1f ms (%.1f to %.1f ms per step)\n", n,
+               gps[0].width, gps[0].height, gps[0].steps, denoise_ms, step_min, step_max);
+cleanup:
+    for (int k = 0; k < n; k++)
+        dit_gen_result_free(&res[k]);
+    return st;
+}
+
 int ditrun_generate_rank(const ditrun_args *a, int rank)
 {
     dit_diag diag;
@@ -275,6 +432,10 @@ int ditrun_generate_rank(const ditrun_args *a, int rank)
 
     progress_state ps = {.show = lead && !a->quiet && isatty(STDERR_FILENO)};
     const dit_denoiser den = dit_runner_denoiser(runner);
+    if (a->n_members > 0) {
+        DIT_CHECK(generate_batch(a, pipe, &den, lead, &diag));
+        goto cleanup;
+    }
     DIT_CHECK(dit_pipeline_generate(pipe, &den, &gp, lead, show_progress, &ps, &res, &diag));
     if (!lead)
         goto cleanup;

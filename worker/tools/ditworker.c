@@ -108,9 +108,15 @@ typedef struct worker {
     dit_pipeline *pipe;
     dit_runner *runner;
     lora_cache loras;
-    void *flag_buf; /* backend memory for the cancel flag broadcast */
-    /* The job in progress. */
+    void *flag_buf;  /* backend memory for the step decision's broadcast */
+    size_t flag_cap; /* floats flag_buf holds */
+    /* The job in progress: its members (member 0 is the job itself) and
+     * rank 0's step decision [stop, active 0 .. n-1]. */
     uint64_t job_id;
+    int n_members;
+    uint64_t *member_ids;
+    bool *member_cancel;
+    float *flags;
     bool cancel_seen;
     bool shutdown_seen; /* the daemon asked us to exit */
     bool ready;         /* this mesh came up (a joined worker's backoff resets) */
@@ -184,14 +190,36 @@ static void send_done_error(worker *w, uint64_t job_id, dit_status st, const cha
     send_env(w, &env);
 }
 
-/* Called by every rank after every step. Rank 0 reports progress and looks
- * for a cancel request; the decision is broadcast so every rank agrees. */
-static dit_status on_step(void *ctx, int step, int total, double elapsed_ms)
+/* Makes the flag buffer hold n floats (every rank gets the same jobs, so
+ * every rank grows it at the same point). */
+static dit_status flag_buf_reserve(worker *w, size_t n, dit_diag *diag)
+{
+    if (n <= w->flag_cap)
+        return DIT_OK;
+    dit_backend_free(w->be, w->flag_buf);
+    w->flag_buf = NULL;
+    w->flag_cap = 0;
+    dit_status st = dit_backend_alloc(w->be, sizeof(float) * n, &w->flag_buf);
+    if (st != DIT_OK)
+        return dit_diag_set(diag, st, "out of device memory");
+    w->flag_cap = n;
+    return DIT_OK;
+}
+
+/* Called by every rank after every step with the members still active.
+ * Rank 0 reports progress (under the job's id) and reads the daemon's
+ * messages: a Cancel naming a member makes it leave, Shutdown stops the
+ * whole job. It broadcasts its decision, [stop, active member 0, 1, ...]
+ * as floats, so that every rank drops the same members at the same step.
+ * When no member would be left, the job stops with DIT_ERR_CANCELLED (the
+ * single-request behaviour). */
+static dit_status on_step(void *ctx, int step, int total, double elapsed_ms, bool *active)
 {
     worker *w = ctx;
     dit_diag diag;
     dit_diag_clear(&diag);
-    int32_t stop = 0;
+    const int n = w->n_members;
+    float *flags = w->flags; /* n + 1 */
     if (w->rank == 0) {
         Ditserve__Ipc__JobProgress pr = DITSERVE__IPC__JOB_PROGRESS__INIT;
         pr.job_id = w->job_id;
@@ -207,9 +235,10 @@ static dit_status on_step(void *ctx, int step, int total, double elapsed_ms)
         Ditserve__Ipc__Envelope *in = NULL;
         int got;
         while ((got = dit_ipc_poll_fd(w->fd, &w->reader, &in)) == 1) {
-            if (in->msg_case == DITSERVE__IPC__ENVELOPE__MSG_CANCEL &&
-                in->cancel->job_id == w->job_id)
-                w->cancel_seen = true;
+            if (in->msg_case == DITSERVE__IPC__ENVELOPE__MSG_CANCEL)
+                for (int k = 0; k < n; k++)
+                    if (in->cancel->job_id == w->member_ids[k])
+                        w->member_cancel[k] = true;
             /* Shutdown mid-job: stop at this step, then exit. */
             if (in->msg_case == DITSERVE__IPC__ENVELOPE__MSG_SHUTDOWN)
                 w->cancel_seen = w->shutdown_seen = true;
@@ -217,24 +246,31 @@ static dit_status on_step(void *ctx, int step, int total, double elapsed_ms)
         }
         if (got < 0)
             return DIT_ERR_PEER;
-        stop = w->cancel_seen;
+        bool any = false;
+        for (int k = 0; k < n; k++) {
+            flags[1 + k] = active[k] && !w->member_cancel[k] ? 1.0f : 0.0f;
+            any = any || flags[1 + k] != 0.0f;
+        }
+        flags[0] = w->cancel_seen || !any ? 1.0f : 0.0f;
     }
     if (w->world && dit_comm_size(w->world) > 1) {
         /* Through backend memory, so that a device-side comm can send it. */
-        float f = (float)stop;
-        dit_tensor host = dit_tensor_1d(&f, DIT_F32, 1),
-                   dev = dit_tensor_1d(w->flag_buf, DIT_F32, 1);
+        dit_tensor host = dit_tensor_1d(flags, DIT_F32, n + 1),
+                   dev = dit_tensor_1d(w->flag_buf, DIT_F32, n + 1);
         dit_status st = w->be->ops->upload(w->be, &dev, &host);
         if (st == DIT_OK)
-            st = w->world->ops->broadcast(w->world, w->flag_buf, sizeof(float), 0, &diag);
+            st = w->world->ops->broadcast(w->world, w->flag_buf, sizeof(float) * (size_t)(n + 1), 0,
+                                          &diag);
         if (st == DIT_OK)
             st = w->be->ops->download(w->be, &host, &dev);
         if (st != DIT_OK)
             return st;
-        stop = f != 0.0f;
     }
-    if (stop)
+    if (flags[0] != 0.0f)
         return DIT_ERR_CANCELLED;
+    for (int k = 0; k < n; k++)
+        if (flags[1 + k] == 0.0f)
+            active[k] = false;
     if (w->rank == 0 && step == total) {
         /* Rank 0 decodes right after the last step: without this the client
          * would see nothing happen for the whole VAE decode. */
@@ -494,85 +530,221 @@ static dit_status lora_only_job(worker *w, const Ditserve__Ipc__Job *job, dit_di
     return DIT_OK;
 }
 
-/* Runs one job; returns non-zero when the mesh is broken and the worker
- * must exit. */
+/* One member's JobDone fields (status, message, result and timings); the
+ * pointers must outlive the message. */
+static void fill_done(Ditserve__Ipc__JobDone *done, Ditserve__V1__Timings *tm, bool video,
+                      uint64_t job_id, dit_status st, const char *msg, const dit_gen_result *res,
+                      const dit_request *rq, uint8_t *bytes, size_t nbytes, int64_t *image_bytes,
+                      bool with_image_bytes, int64_t *shape, double t_encode)
+{
+    done->job_id = job_id;
+    done->status = (int32_t)st;
+    done->message = st == DIT_OK ? "" : (char *)msg;
+    if (st != DIT_OK)
+        return;
+    /* Raw tensors: (3, H, W) for an image, (3, F, H, W) for a video, each
+     * image its own tensor of that shape. */
+    shape[0] = 3;
+    shape[1] = video ? res->frames : res->height;
+    shape[2] = video ? res->height : res->width;
+    shape[3] = video ? res->width : 0;
+    done->image.data = bytes;
+    done->image.len = nbytes;
+    if (with_image_bytes) {
+        done->n_image_bytes = (size_t)(res->num_images > 1 ? res->num_images : 1);
+        done->image_bytes = image_bytes;
+    }
+    done->width = res->width;
+    done->height = res->height;
+    done->num_frames = res->frames;
+    done->fps = video ? rq->gp.fps : 0;
+    done->seed = rq->gp.seed;
+    done->prompt_truncated = res->prompt_truncated;
+    tm->tokenize_ms = res->tokenize_ms;
+    tm->text_encode_ms = res->encode_ms;
+    tm->denoise_ms = res->denoise_ms;
+    tm->step_ms_min = res->step_ms_min;
+    tm->step_ms_max = res->step_ms_max;
+    tm->vae_ms = res->vae_ms;
+    tm->encode_ms = t_encode;
+    done->timings = tm;
+    if (rq->output_format == DITSERVE__V1__OUTPUT_FORMAT__OUTPUT_FORMAT_RAW_TENSOR) {
+        done->n_shape = video ? 4 : 3;
+        done->shape = shape;
+    }
+}
+
+/* A member's own outcome, kept for its JobDone entry. */
+typedef struct member_out {
+    dit_status st;
+    char msg[DIT_DIAG_MAX];
+    uint8_t *bytes;
+    size_t nbytes;
+    int64_t image_bytes[DIT_GEN_MAX_IMAGES];
+    int64_t shape[4];
+    double t_encode;
+    Ditserve__V1__Timings tm;
+} member_out;
+
+/* Resolves the job's members (member 0: the job's own request, then
+ * Job.batch) into rq[0 .. n-1] and checks that they may share forwards. */
+static dit_status resolve_members(const Ditserve__Ipc__Job *job, const dit_pipeline_info *info,
+                                  int n, dit_request *rq, dit_diag *diag)
+{
+    for (int k = 0; k < n; k++) {
+        const Ditserve__V1__GenerateRequest *req = k ? job->batch[k - 1]->request : job->request;
+        if (!req)
+            return dit_diag_set(diag, DIT_ERR_INVALID_ARG, "batch member %d has no request", k);
+        dit_status st = dit_request_resolve(req, info, 0, &rq[k], diag);
+        if (st != DIT_OK) {
+            if (n > 1)
+                dit_diag_prefix(diag, "batch member %d: ", k);
+            return st;
+        }
+    }
+    /* Defence in depth: the daemon batches only what dit_request_batchable
+     * accepts. */
+    for (int a = 0; a < n; a++)
+        for (int b = a + 1; b < n; b++) {
+            const Ditserve__V1__GenerateRequest *ra = a ? job->batch[a - 1]->request : job->request;
+            const Ditserve__V1__GenerateRequest *rb = job->batch[b - 1]->request;
+            if (!dit_request_batchable(ra, rb, info))
+                return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
+                                    "batch members %d and %d cannot run in the same forwards "
+                                    "(model, size, frames, steps, text length, CFG or LoRA "
+                                    "adapters differ)",
+                                    a, b);
+        }
+    return DIT_OK;
+}
+
+/* Runs one job: its request and, batched, the requests of Job.batch in the
+ * same forwards (member 0 is the job itself). A single job's JobDone
+ * carries its outcome in its own fields. A batched job's JobDone says the
+ * job's status in its own (OK when the generation ran; what failed it as a
+ * whole otherwise: a bad member, a mesh error, every member gone), on every
+ * rank; rank 0's has one entry per member, member 0 first, with that
+ * member's status and result (a member that left says DIT_ERR_CANCELLED).
+ * Returns non-zero when the mesh is broken and the worker must exit. */
 static int run_job(worker *w, const Ditserve__Ipc__Job *job)
 {
     dit_diag diag;
     dit_diag_clear(&diag);
-    dit_request rq;
-    dit_gen_result res;
-    memset(&res, 0, sizeof res);
-    uint8_t *bytes = NULL;
-    size_t nbytes = 0;
+    const int n = job->lora_only ? 1 : 1 + (int)job->n_batch;
+    const size_t nn = (size_t)n;
+    dit_request *rq = calloc(nn, sizeof *rq);
+    dit_gen_result *res = calloc(nn, sizeof *res);
+    dit_gen_params *gps = calloc(nn, sizeof *gps);
+    dit_status *mst = calloc(nn, sizeof *mst);
+    member_out *mo = calloc(nn, sizeof *mo);
+    uint64_t *ids = calloc(nn, sizeof *ids);
+    bool *cancel = calloc(nn, sizeof *cancel);
+    float *flags = calloc(nn + 1, sizeof *flags);
+    Ditserve__Ipc__JobDone *entries = calloc(nn, sizeof *entries);
+    Ditserve__Ipc__JobDone **entry_ptrs = calloc(nn, sizeof *entry_ptrs);
     const dit_pipeline_info *info = dit_pipeline_get_info(w->pipe);
+    const bool video = info->frame_step > 0;
+    bool attached = false;
+    dit_status st = DIT_OK;
+    if (!rq || !res || !gps || !mst || !mo || !ids || !cancel || !flags || !entries ||
+        !entry_ptrs) {
+        st = dit_diag_set(&diag, DIT_ERR_NOMEM, "out of memory for a batch of %d", n);
+        goto report;
+    }
     w->job_id = job->job_id;
     w->cancel_seen = false;
-    double t_encode = 0;
-    int64_t image_bytes[DIT_GEN_MAX_IMAGES] = {0};
-    bool attached = false;
-    memset(&rq, 0, sizeof rq);
-    dit_status st = job->lora_only ? lora_only_job(w, job, &diag)
-                                   : dit_request_resolve(job->request, info, 0, &rq, &diag);
-    if (job->lora_only)
+    w->n_members = n;
+    w->member_ids = ids;
+    w->member_cancel = cancel;
+    w->flags = flags;
+    for (int k = 0; k < n; k++) {
+        ids[k] = k ? job->batch[k - 1]->job_id : job->job_id;
+        mst[k] = DIT_OK;
+    }
+    if (job->lora_only) {
+        st = lora_only_job(w, job, &diag);
         goto report;
+    }
+    st = resolve_members(job, info, n, rq, &diag);
+    if (st == DIT_OK)
+        st = flag_buf_reserve(w, nn + 1, &diag);
     const dit_denoiser den = dit_runner_denoiser(w->runner);
+    /* Job.loras apply to every member. */
     if (st == DIT_OK)
         st = lora_attach_job(w, job, &attached, &diag);
+    for (int k = 0; k < n; k++)
+        gps[k] = rq[k].gp;
     if (st == DIT_OK)
-        st = dit_pipeline_generate(w->pipe, &den, &rq.gp, w->rank == 0, on_step, w, &res, &diag);
+        st = dit_pipeline_generate_batch(w->pipe, &den, n, gps, w->rank == 0, on_step, w, res, mst,
+                                         &diag);
     if (attached)
         dit_lora_detach(lora_sites(w));
-    if (st == DIT_OK && w->rank == 0 && !job->warmup) {
-        double t0 = now_ms();
-        st = encode_result(&res, &rq, &bytes, &nbytes, image_bytes, &diag);
-        t_encode = now_ms() - t0;
+    /* Each finished member's result in its own format, within what one
+     * message can carry in all. */
+    size_t total = 0;
+    for (int k = 0; k < n && st == DIT_OK && w->rank == 0 && !job->warmup; k++) {
+        if (mst[k] != DIT_OK)
+            continue;
+        dit_diag d;
+        dit_diag_clear(&d);
+        const double t0 = now_ms();
+        mst[k] = encode_result(&res[k], &rq[k], &mo[k].bytes, &mo[k].nbytes, mo[k].image_bytes, &d);
+        mo[k].t_encode = now_ms() - t0;
+        if (mst[k] == DIT_OK && total + mo[k].nbytes > DIT_IPC_MAX_RESULT) {
+            mst[k] = dit_diag_set(&d, DIT_ERR_INVALID_ARG,
+                                  "the batch's results would be over %zu bytes, past what a "
+                                  "worker sends",
+                                  (size_t)DIT_IPC_MAX_RESULT);
+            free(mo[k].bytes);
+            mo[k].bytes = NULL;
+            mo[k].nbytes = 0;
+        }
+        total += mo[k].nbytes;
+        if (mst[k] != DIT_OK)
+            snprintf(mo[k].msg, sizeof mo[k].msg, "%s", dit_diag_msg(&d));
     }
 report:;
+    /* A single job's status is the message's own; a batch's message says
+     * the job's, its entries the members'. */
+    const dit_status st0 = st != DIT_OK || n > 1 ? st : mst ? mst[0] : DIT_OK;
+    for (int k = 0; mst && k < n; k++) {
+        mo[k].st = st != DIT_OK ? st : mst[k];
+        if (mo[k].st == DIT_ERR_CANCELLED && mo[k].msg[0] == '\0')
+            snprintf(mo[k].msg, sizeof mo[k].msg, "cancelled");
+        else if (mo[k].msg[0] == '\0')
+            snprintf(mo[k].msg, sizeof mo[k].msg, "%s", dit_diag_msg(&diag));
+    }
     Ditserve__Ipc__JobDone done = DITSERVE__IPC__JOB_DONE__INIT;
-    Ditserve__V1__Timings tm = DITSERVE__V1__TIMINGS__INIT;
+    Ditserve__V1__Timings tm0 = DITSERVE__V1__TIMINGS__INIT;
     Ditserve__Ipc__WorkerMemory mem = DITSERVE__IPC__WORKER_MEMORY__INIT;
+    int64_t shape0[4] = {0};
     read_memory(w, &mem);
     done.memory = &mem;
-    done.job_id = job->job_id;
     done.rank = w->rank;
-    done.status = (int32_t)st;
-    done.message = st == DIT_OK ? "" : (char *)dit_diag_msg(&diag);
-    /* Raw tensors: (3, H, W) for an image, (3, F, H, W) for a video, each
-     * image its own tensor of that shape. */
-    const bool video = dit_pipeline_get_info(w->pipe)->frame_step > 0;
-    int64_t shape[4] = {3, res.height, res.width, 0};
-    if (video) {
-        shape[1] = res.frames;
-        shape[2] = res.height;
-        shape[3] = res.width;
+    if (!mo || n > 1) {
+        done.job_id = job->job_id;
+        done.status = (int32_t)st0;
+        done.message = st0 == DIT_OK ? "" : (char *)dit_diag_msg(&diag);
+    } else {
+        /* Single jobs keep their message: the diag's for a failure,
+         * cancellation included. */
+        const char *msg0 = n == 1 && st != DIT_OK ? dit_diag_msg(&diag) : mo[0].msg;
+        fill_done(&done, &tm0, video, job->job_id, st0, msg0, &res[0], &rq[0], mo[0].bytes,
+                  mo[0].nbytes, mo[0].image_bytes, !job->warmup && w->rank == 0, shape0,
+                  mo[0].t_encode);
     }
-    const int n_images = res.num_images > 1 ? res.num_images : 1;
-    if (st == DIT_OK) {
-        done.image.data = bytes;
-        done.image.len = nbytes;
-        if (!job->warmup && w->rank == 0) {
-            done.n_image_bytes = (size_t)n_images;
-            done.image_bytes = image_bytes;
+    if (mo && n > 1 && w->rank == 0) {
+        for (int k = 0; k < n; k++) {
+            ditserve__ipc__job_done__init(&entries[k]);
+            mo[k].tm = (Ditserve__V1__Timings)DITSERVE__V1__TIMINGS__INIT;
+            fill_done(&entries[k], &mo[k].tm, video, ids[k], mo[k].st, mo[k].msg, &res[k], &rq[k],
+                      mo[k].bytes, mo[k].nbytes, mo[k].image_bytes, !job->warmup, mo[k].shape,
+                      mo[k].t_encode);
+            entries[k].rank = w->rank;
+            entry_ptrs[k] = &entries[k];
         }
-        done.width = res.width;
-        done.height = res.height;
-        done.num_frames = res.frames;
-        done.fps = video ? rq.gp.fps : 0;
-        done.seed = rq.gp.seed;
-        done.prompt_truncated = res.prompt_truncated;
-        tm.tokenize_ms = res.tokenize_ms;
-        tm.text_encode_ms = res.encode_ms;
-        tm.denoise_ms = res.denoise_ms;
-        tm.step_ms_min = res.step_ms_min;
-        tm.step_ms_max = res.step_ms_max;
-        tm.vae_ms = res.vae_ms;
-        tm.encode_ms = t_encode;
-        done.timings = &tm;
-        if (rq.output_format == DITSERVE__V1__OUTPUT_FORMAT__OUTPUT_FORMAT_RAW_TENSOR) {
-            done.n_shape = video ? 4 : 3;
-            done.shape = shape;
-        }
+        done.batch = entry_ptrs;
+        done.n_batch = nn;
     }
     Ditserve__Ipc__Envelope env = DITSERVE__IPC__ENVELOPE__INIT;
     env.msg_case = DITSERVE__IPC__ENVELOPE__MSG_DONE;
@@ -586,9 +758,28 @@ report:;
             w->world->ops->abort(w->world);
         rc = 1;
     }
-    free(bytes);
-    dit_gen_result_free(&res);
-    dit_request_free(&rq);
+    for (int k = 0; k < n; k++) {
+        if (mo)
+            free(mo[k].bytes);
+        if (res)
+            dit_gen_result_free(&res[k]);
+        if (rq)
+            dit_request_free(&rq[k]);
+    }
+    w->n_members = 0;
+    w->member_ids = NULL;
+    w->member_cancel = NULL;
+    w->flags = NULL;
+    free(rq);
+    free(res);
+    free(gps);
+    free(mst);
+    free(mo);
+    free(ids);
+    free(cancel);
+    free(flags);
+    free(entries);
+    free(entry_ptrs);
     return rc;
 }
 
@@ -667,8 +858,8 @@ static dit_status setup(worker *w, const Ditserve__Ipc__Setup *s, dit_diag *diag
         if ((st = dit_mesh_create(&pc, w->world, &w->mesh, diag)) != DIT_OK)
             return st;
     }
-    if ((st = dit_backend_alloc(w->be, sizeof(float), &w->flag_buf)) != DIT_OK)
-        return dit_diag_set(diag, st, "out of device memory");
+    if ((st = flag_buf_reserve(w, 2, diag)) != DIT_OK)
+        return st;
     dit_shard shard = {.tp_degree = pc.tp_degree,
                        .tp_rank = w->mesh ? dit_mesh_tp_rank(w->mesh) : 0};
     if ((st = dit_pipeline_load(w->be, model, &shard, w->rank == 0, &w->pipe, diag)) != DIT_OK)
