@@ -4,6 +4,8 @@
 #include <errno.h>
 #include <math.h>
 #include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -96,6 +98,12 @@ typedef enum op_kind {
     OP_VCANCEL, /* it was deleted */
 } op_kind;
 
+/* A connection libmicrohttpd holds (see on_accept). */
+typedef struct conn_slot {
+    struct conn_slot *prev, *next;
+    int fd;
+} conn_slot;
+
 typedef struct op {
     struct op *next;
     op_kind kind;
@@ -129,6 +137,12 @@ struct dit_http {
     int vcount;          /* in the list */
     int vreserved;       /* created, admission not decided yet */
     int64_t vbytes;      /* finished MP4 bytes held */
+    /* The connections libmicrohttpd holds, accepted and not yet reaped,
+     * for on_accept. nconns counts them all, the list those whose socket is
+     * known. Under cmu. */
+    uv_mutex_t cmu;
+    conn_slot *conns;
+    int nconns;
 };
 
 static void gen_unref(gen *g)
@@ -2424,6 +2438,88 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
 }
 
 /* ------------------------------------------------------------------------ */
+/* Connection limit                                                          */
+
+/* --http-max-connections counts a connection until the server shuts it down,
+ * not until libmicrohttpd reaps it. libmicrohttpd shuts a connection's
+ * sending side the moment it closes it (the client reads its end), but only
+ * counts it out later, once its polling thread has joined the connection's
+ * thread, and that polling thread accepts a waiting client before it reaps.
+ * With its limit alone, a client that connects as soon as it has read the end
+ * of an idle connection would be refused, the closed one still counted.
+ * libmicrohttpd's own limit is therefore twice ours, the room for connections
+ * shut down and not reaped yet, and on_accept applies ours from the sockets'
+ * TCP state. */
+
+/* Whether the server has not shut this connection down yet. Once it has (or
+ * the connection died), the socket leaves ESTABLISHED and CLOSE_WAIT; with
+ * TLS that comes a moment after the close_notify, when the thread ends. */
+static bool conn_open(int fd)
+{
+    struct tcp_info ti;
+    socklen_t len = sizeof ti;
+    if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) != 0)
+        return true; /* cannot tell: it counts */
+    return ti.tcpi_state == TCP_ESTABLISHED || ti.tcpi_state == TCP_CLOSE_WAIT;
+}
+
+/* libmicrohttpd's polling thread, for each connection it accepts below its
+ * own limit. The sockets are looked at only when the count is at the limit,
+ * and only until enough of them are found shut down. */
+static enum MHD_Result on_accept(void *cls, const struct sockaddr *addr, socklen_t addrlen)
+{
+    (void)addr;
+    (void)addrlen;
+    dit_http *h = cls;
+    uv_mutex_lock(&h->cmu);
+    int over = h->nconns - h->cfg.max_connections + 1; /* to find shut down */
+    for (conn_slot *c = h->conns; c && over > 0; c = c->next)
+        if (!conn_open(c->fd))
+            over--;
+    uv_mutex_unlock(&h->cmu);
+    return over > 0 ? MHD_NO : MHD_YES;
+}
+
+/* A connection accepted (its slot in *socket_context) or reaped. One whose
+ * slot could not be made is counted all the same, as open. */
+static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
+                          enum MHD_ConnectionNotificationCode code)
+{
+    dit_http *h = cls;
+    conn_slot *c = *socket_context;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *ci =
+            MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+        if (ci && (c = calloc(1, sizeof *c)))
+            c->fd = ci->connect_fd;
+        uv_mutex_lock(&h->cmu);
+        h->nconns++;
+        if (c) {
+            c->next = h->conns;
+            if (h->conns)
+                h->conns->prev = c;
+            h->conns = c;
+        }
+        uv_mutex_unlock(&h->cmu);
+        *socket_context = c;
+        return;
+    }
+    uv_mutex_lock(&h->cmu);
+    h->nconns--;
+    if (c) {
+        if (c->prev)
+            c->prev->next = c->next;
+        else
+            h->conns = c->next;
+        if (c->next)
+            c->next->prev = c->prev;
+    }
+    uv_mutex_unlock(&h->cmu);
+    free(c);
+    *socket_context = NULL;
+}
+
+/* ------------------------------------------------------------------------ */
 /* Life                                                                      */
 
 static char *read_file(const char *path, dit_diag *diag)
@@ -2510,8 +2606,14 @@ static void free_http(dit_http *h)
         v->refs = 1;
         vdrop_locked(h, v);
     }
+    while (h->conns) { /* none: libmicrohttpd reaps every connection when it stops */
+        conn_slot *c = h->conns;
+        h->conns = c->next;
+        free(c);
+    }
     uv_cond_destroy(&h->vcv);
     uv_mutex_destroy(&h->vmu);
+    uv_mutex_destroy(&h->cmu);
     uv_mutex_destroy(&h->mu);
     free(h);
 }
@@ -2537,6 +2639,7 @@ dit_status dit_http_create(uv_loop_t *loop, struct dit_server *srv, const dit_ht
     h->started = (int64_t)time(NULL);
     uv_mutex_init(&h->mu);
     uv_mutex_init(&h->vmu);
+    uv_mutex_init(&h->cmu);
     uv_cond_init(&h->vcv);
     atomic_init(&h->serving, false);
     atomic_init(&h->stopping, false);
@@ -2581,12 +2684,12 @@ dit_status dit_http_create(uv_loop_t *loop, struct dit_server *srv, const dit_ht
         {MHD_OPTION_END, 0, NULL},
     };
     h->mhd = MHD_start_daemon(
-        flags, (uint16_t)port, NULL, NULL, on_request, h, MHD_OPTION_SOCK_ADDR,
-        (struct sockaddr *)&ss, MHD_OPTION_CONNECTION_LIMIT, (unsigned)cfg->max_connections,
-        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)(cfg->idle_timeout_s + 0.5),
-        MHD_OPTION_NOTIFY_COMPLETED, on_completed, h, MHD_OPTION_THREAD_STACK_SIZE,
-        (size_t)512 * 1024, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)64 * 1024, MHD_OPTION_ARRAY,
-        tls_opts, MHD_OPTION_END);
+        flags, (uint16_t)port, on_accept, h, on_request, h, MHD_OPTION_SOCK_ADDR,
+        (struct sockaddr *)&ss, MHD_OPTION_CONNECTION_LIMIT, 2u * (unsigned)cfg->max_connections,
+        MHD_OPTION_NOTIFY_CONNECTION, on_connection, h, MHD_OPTION_CONNECTION_TIMEOUT,
+        (unsigned)(cfg->idle_timeout_s + 0.5), MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
+        MHD_OPTION_THREAD_STACK_SIZE, (size_t)512 * 1024, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
+        (size_t)64 * 1024, MHD_OPTION_ARRAY, tls_opts, MHD_OPTION_END);
     if (!h->mhd) {
         /* The handle closes on the loop, which frees the rest after it. */
         uv_close((uv_handle_t *)&h->async, free_after_close);
