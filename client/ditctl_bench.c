@@ -35,7 +35,8 @@ static const ctl_help bench_help = {
     "  - the count of requests per final status (OK, RESOURCE_EXHAUSTED, ...);\n"
     "  - the mean server-side timings from Result.timings (queue, tokenize,\n"
     "    text_encode, denoise, vae, encode, total);\n"
-    "  - worker compute = tokenize + text_encode + denoise + vae + encode, and the\n"
+    "  - worker compute = tokenize + text_encode + denoise + vae + encode (+ the\n"
+    "    other members' own stages for a batched request, batch_others), and the\n"
     "    daemon overhead = latency - worker compute (mean and p50), also without the\n"
     "    queue wait and outside the server (latency - server total).\n"
     "Then a table, one row per level: concurrency, requests sent, ok, failed,\n"
@@ -266,7 +267,9 @@ static summary summarize(double *v, size_t n)
 
 static double compute_ms(const Ditserve__V1__Timings *t)
 {
-    return t->tokenize_ms + t->text_encode_ms + t->denoise_ms + t->vae_ms + t->encode_ms;
+    /* A batched request also waited for the other members' own stages. */
+    return t->tokenize_ms + t->text_encode_ms + t->denoise_ms + t->vae_ms + t->encode_ms +
+           t->batch_others_ms;
 }
 
 /* Prints one level's report and fills its row of the closing table. */
@@ -362,7 +365,8 @@ static void report(const bench *b, double wall_s, level_row *row)
             qs = summarize(over_nq, timed), xs = summarize(outside, timed);
     row->timed = timed;
     row->over = qs;
-    printf("worker compute ms (tokenize+text_encode+denoise+vae+encode): mean %.1f  p50 %.1f\n",
+    printf("worker compute ms (tokenize+text_encode+denoise+vae+encode+batch_others): mean %.1f  "
+           "p50 %.1f\n",
            cs.mean, cs.p50);
     printf("daemon overhead ms (latency - worker compute): mean %.1f  p50 %.1f\n", os.mean, os.p50);
     printf("  without the queue wait (latency - compute - queue): mean %.1f  p50 %.1f\n", qs.mean,

@@ -32,6 +32,7 @@ struct job {
     bool was_loaded;         /* UnloadLora: the adapter was loaded when it ran */
     dit_server_mesh *mesh;   /* the mesh running it; NULL while queued */
     int target;              /* the mesh that must run it (startup warm-up), -1: any */
+    int batch_size;          /* requests in the generation it ran in */
 };
 
 #define JOB_OF(it) DIT_QUEUE_ENTRY(it, job, qi)
@@ -437,6 +438,7 @@ static void run_batch(dit_server *s, dit_server_mesh *m, job **b, int n)
     for (int k = 0; k < n; k++) {
         job *j = b[k];
         j->mesh = m;
+        j->batch_size = n;
         j->started_ms = now;
         m->members[k] = j;
         Ditserve__V1__Started st = DITSERVE__V1__STARTED__INIT;
@@ -1089,6 +1091,7 @@ static void send_result(dit_server *s, job *j, const Ditserve__Ipc__JobDone *d)
     res.image_bytes = (int64_t *)sizes;
     res.prompt_truncated = d->prompt_truncated;
     res.timings = &tm;
+    res.batch_size = j->batch_size > 0 ? j->batch_size : 1;
     char *warnings[1] = {j->warning};
     if (j->warning[0]) {
         res.n_warnings = 1;

@@ -1170,7 +1170,8 @@ START_TEST(test_fake_bench)
     HAS(out, " p99 ");
     HAS(out, "server ms (mean of 9): queue 5.0  tokenize 1.0  text_encode 2.0  denoise 20.0  "
              "vae 3.0  encode 1.0  total 40.0\n");
-    HAS(out, "worker compute ms (tokenize+text_encode+denoise+vae+encode): mean 27.0  p50 27.0\n");
+    HAS(out, "worker compute ms (tokenize+text_encode+denoise+vae+encode+batch_others): mean 27.0  "
+             "p50 27.0\n");
     HAS(out, "daemon overhead ms (latency - worker compute): mean ");
     HAS(out, "without the queue wait");
     /* Request ids are numbered. */

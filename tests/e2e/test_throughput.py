@@ -196,6 +196,8 @@ def batch_results():
             assert not isinstance(r, Exception), f"member {k} failed: {r}"
             images, res = r
             assert res.seed == MEMBERS[k]["seed"], res
+            # It ran with two others and waited for their own stages too.
+            assert res.batch_size == 3 and res.timings.batch_others_ms > 0, res
             assert len(images) == len(solo[k]), (k, len(images))
             for i, img in enumerate(images):
                 worst = max(worst, assert_close(img, solo[k][i], f"member {k} image {i}"))

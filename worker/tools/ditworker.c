@@ -535,7 +535,7 @@ static dit_status lora_only_job(worker *w, const Ditserve__Ipc__Job *job, dit_di
 static void fill_done(Ditserve__Ipc__JobDone *done, Ditserve__V1__Timings *tm, bool video,
                       uint64_t job_id, dit_status st, const char *msg, const dit_gen_result *res,
                       const dit_request *rq, uint8_t *bytes, size_t nbytes, int64_t *image_bytes,
-                      bool with_image_bytes, int64_t *shape, double t_encode)
+                      bool with_image_bytes, int64_t *shape, double t_encode, double others_ms)
 {
     done->job_id = job_id;
     done->status = (int32_t)st;
@@ -567,6 +567,7 @@ static void fill_done(Ditserve__Ipc__JobDone *done, Ditserve__V1__Timings *tm, b
     tm->step_ms_max = res->step_ms_max;
     tm->vae_ms = res->vae_ms;
     tm->encode_ms = t_encode;
+    tm->batch_others_ms = others_ms;
     done->timings = tm;
     if (rq->output_format == DITSERVE__V1__OUTPUT_FORMAT__OUTPUT_FORMAT_RAW_TENSOR) {
         done->n_shape = video ? 4 : 3;
@@ -731,15 +732,22 @@ report:;
         const char *msg0 = n == 1 && st != DIT_OK ? dit_diag_msg(&diag) : mo[0].msg;
         fill_done(&done, &tm0, video, job->job_id, st0, msg0, &res[0], &rq[0], mo[0].bytes,
                   mo[0].nbytes, mo[0].image_bytes, !job->warmup && w->rank == 0, shape0,
-                  mo[0].t_encode);
+                  mo[0].t_encode, 0);
     }
     if (mo && n > 1 && w->rank == 0) {
+        /* Each member's own stages; a member's result also waited for the
+         * others'. */
+        double own_all = 0;
+        for (int k = 0; k < n; k++)
+            own_all += res[k].tokenize_ms + res[k].encode_ms + res[k].vae_ms + mo[k].t_encode;
         for (int k = 0; k < n; k++) {
+            const double own =
+                res[k].tokenize_ms + res[k].encode_ms + res[k].vae_ms + mo[k].t_encode;
             ditserve__ipc__job_done__init(&entries[k]);
             mo[k].tm = (Ditserve__V1__Timings)DITSERVE__V1__TIMINGS__INIT;
             fill_done(&entries[k], &mo[k].tm, video, ids[k], mo[k].st, mo[k].msg, &res[k], &rq[k],
                       mo[k].bytes, mo[k].nbytes, mo[k].image_bytes, !job->warmup, mo[k].shape,
-                      mo[k].t_encode);
+                      mo[k].t_encode, own_all - own);
             entries[k].rank = w->rank;
             entry_ptrs[k] = &entries[k];
         }
