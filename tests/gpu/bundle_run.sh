@@ -257,6 +257,15 @@ bench_args=(--backend cuda --flux-dev --graph both --cuda-path both --warmup 2 -
 stage bench_flux_dev 300 "$B/bin/bench_flux_forward" "${bench_args[@]}"
 sed 's/^/   /' "$out/bench_flux_dev.log" | tail -n 40 | tee -a "$out/run.log" > /dev/null
 
+# Request batching (ditd --max-batch) on the GPU: the same FLUX.1-dev-sized
+# forward at batch 2 and 4 (graph replays), to set against batch 1 above:
+# per-image cost = ms per forward / batch.
+for b in 2 4; do
+  stage "bench_batch$b" 240 "$B/bin/bench_flux_forward" --backend cuda --flux-dev --graph on \
+    --warmup 2 --iters 5 --batch "$b" --flop-per-step "$(awk -v b="$b" 'BEGIN {print 74.4e12 * b}')"
+  note "bench_batch${b}_forward" "$(grep -m 1 'forward' "$out/bench_batch$b.log")"
+done
+
 # compute-sanitizer (memcheck) over the smallest cuda test, when time allows.
 san=""
 for c in compute-sanitizer /usr/local/cuda/bin/compute-sanitizer \
