@@ -119,3 +119,33 @@ void dit_gen_batch_fail(const dit_gen_batch *b, dit_status st, dit_gen_result *r
             member_st[m] = st;
     }
 }
+
+void dit_gen_batch_cfg(const dit_gen_batch *b, float *out, int64_t per, const dit_gen_params *gps,
+                       dit_gen_cfg_scale which)
+{
+    int64_t e = 0;
+    for (int m = 0; m < b->n; m++) {
+        if (!b->active[m])
+            continue;
+        float *pos = out + e * per;
+        const float *neg = out + (b->images + e) * per;
+        const float scale =
+            which == DIT_GEN_CFG_TRUE ? gps[m].true_cfg_scale : gps[m].guidance_scale;
+        for (int64_t k = 0; k < b->ni[m] * per; k++) {
+            const float diff = pos[k] - neg[k];
+            const float scaled = scale * diff;
+            pos[k] = neg[k] + scaled;
+        }
+        e += b->ni[m];
+    }
+}
+
+void dit_gen_batch_step_time(dit_gen_result *res, int n, double step_ms, double *min, double *max)
+{
+    *min = step_ms < *min ? step_ms : *min;
+    *max = step_ms > *max ? step_ms : *max;
+    for (int m = 0; m < n; m++) {
+        res[m].step_ms_min = *min;
+        res[m].step_ms_max = *max;
+    }
+}

@@ -57,6 +57,24 @@ dit_status dit_gen_batch_progress(dit_gen_batch *b, dit_gen_batch_progress_fn pr
                                   dit_status *member_st, float *v, int64_t per, bool *changed,
                                   dit_diag *diag);
 
+/* Which request field scales a pipeline's classifier-free guidance. */
+typedef enum dit_gen_cfg_scale {
+    DIT_GEN_CFG_TRUE,     /* true_cfg_scale (FLUX's true CFG) */
+    DIT_GEN_CFG_GUIDANCE, /* guidance_scale (Wan's classic CFG) */
+} dit_gen_cfg_scale;
+
+/* Classifier-free guidance over a forward's output: `out` holds the
+ * active members' conditional images (b->images of `per` floats, member
+ * order), then their unconditional ones in the same order; each
+ * conditional image becomes uncond + scale * (cond - uncond), rounded in
+ * diffusers' order, with its member's scale (gps[m]'s `which` field). */
+void dit_gen_batch_cfg(const dit_gen_batch *b, float *out, int64_t per, const dit_gen_params *gps,
+                       dit_gen_cfg_scale which);
+
+/* Takes one step's time into the running *min and *max (start them at
+ * INFINITY and 0) and writes both into every member's result. */
+void dit_gen_batch_step_time(dit_gen_result *res, int n, double step_ms, double *min, double *max);
+
 /* After a failure: frees every result and sets every member's status. */
 void dit_gen_batch_fail(const dit_gen_batch *b, dit_status st, dit_gen_result *res,
                         dit_status *member_st);

@@ -276,33 +276,11 @@ static dit_status wan_pipe_generate_batch(void *pv, const dit_pipeline_info *inf
             DIT_CHECK(dit_named_tensors_set(&in, "encoder_hidden_states", &t_nemb));
             DIT_CHECK(den->forward(den->ctx, &in, &t_vneg, diag));
         }
-        if (cfg) {
-            /* noise_uncond + guidance_scale * (noise_pred - noise_uncond),
-             * rounded in diffusers' order, with each member's scale. */
-            int64_t e = 0;
-            for (int m = 0; m < n; m++) {
-                if (!b.active[m])
-                    continue;
-                float *pos = out + e * N;
-                const float *neg = out + (E + e) * N;
-                const float scale = gps[m].guidance_scale;
-                for (int64_t k = 0; k < b.ni[m] * N; k++) {
-                    const float diff = pos[k] - neg[k];
-                    const float scaled = scale * diff;
-                    pos[k] = neg[k] + scaled;
-                }
-                e += b.ni[m];
-            }
-        }
+        if (cfg)
+            dit_gen_batch_cfg(&b, out, N, gps, DIT_GEN_CFG_GUIDANCE);
         dit_gen_batch_scatter(&b, out, N, v);
         dit_scheduler_step(p->sched, i, lat, v, (size_t)(T * N));
-        const double dt = now_ms() - t0;
-        step_min = dt < step_min ? dt : step_min;
-        step_max = dt > step_max ? dt : step_max;
-        for (int m = 0; m < n; m++) {
-            res[m].step_ms_min = step_min;
-            res[m].step_ms_max = step_max;
-        }
+        dit_gen_batch_step_time(res, n, now_ms() - t0, &step_min, &step_max);
         DIT_CHECK(dit_gen_batch_progress(&b, progress, progress_ctx, i + 1, gp->steps,
                                          now_ms() - t_loop, res, member_st, v, N, &regather, diag));
     }
