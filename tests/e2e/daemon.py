@@ -193,3 +193,38 @@ class Daemon:
         for name in Daemon.logs:
             os.unlink(name)
         Daemon.logs.clear()
+
+
+SANITIZER_NEEDLES = ("runtime error:", "AddressSanitizer", "LeakSanitizer", "ThreadSanitizer")
+
+
+def run_cases(cases, doc):
+    """The command line every e2e test file has: `FILE CASE` runs one case
+    (meson registers each as a test), `FILE --list` lists them. A case may
+    return 77 (skipped). In the sanitizer build, UBSan and ASan report on
+    ditd's stderr: a report in any daemon's log fails the case. The logs are
+    printed when the case fails and removed in any case."""
+    if len(sys.argv) != 2 or sys.argv[1] not in cases and sys.argv[1] != "--list":
+        print(doc)
+        print("cases:", " ".join(cases))
+        return 2
+    if sys.argv[1] == "--list":
+        print("\n".join(cases))
+        return 0
+    t0 = time.monotonic()
+    try:
+        rc = cases[sys.argv[1]]()
+        for name in Daemon.logs:
+            with open(name, errors="replace") as f:
+                log = f.read()
+            for needle in SANITIZER_NEEDLES:
+                assert needle not in log, f"sanitizer report in {name}:\n{log}"
+    except BaseException:
+        Daemon.dump_logs()
+        raise
+    finally:
+        Daemon.remove_logs()
+    if rc == 77:
+        return 77
+    print(f"{sys.argv[1]}: ok ({time.monotonic() - t0:.1f} s)")
+    return 0

@@ -23,7 +23,7 @@ import grpc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ditapi  # noqa: E402
-from daemon import DEMO, Daemon, alive, children_of, env_path  # noqa: E402
+from daemon import alive, children_of, Daemon, DEMO, env_path, run_cases  # noqa: E402
 
 SMALL = dict(prompt="a red fox in the snow", width=64, height=64, num_inference_steps=2)
 LONG = dict(prompt="a very long job", width=512, height=512, num_inference_steps=1000)
@@ -553,23 +553,7 @@ def free_port():
 
 
 def main():
-    if len(sys.argv) != 2 or sys.argv[1] not in CASES and sys.argv[1] != "--list":
-        print(__doc__)
-        print("cases:", " ".join(CASES))
-        return 2
-    if sys.argv[1] == "--list":
-        print("\n".join(CASES))
-        return 0
-    t0 = time.monotonic()
-    try:
-        CASES[sys.argv[1]]()
-    except BaseException:
-        Daemon.dump_logs()
-        raise
-    finally:
-        Daemon.remove_logs()
-    print(f"{sys.argv[1]}: ok ({time.monotonic() - t0:.1f} s)")
-    return 0
+    return run_cases(CASES, __doc__)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ import openai
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ditapi  # noqa: E402
-from daemon import WAN_DEMO, Daemon  # noqa: E402
+from daemon import Daemon, run_cases, WAN_DEMO  # noqa: E402
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 PROMPT = "a red fox in the snow"
@@ -1145,31 +1145,7 @@ def browser_video():
 
 
 def main():
-    if len(sys.argv) != 2 or sys.argv[1] not in CASES and sys.argv[1] != "--list":
-        print(__doc__)
-        print("cases:", " ".join(CASES))
-        return 2
-    if sys.argv[1] == "--list":
-        print("\n".join(CASES))
-        return 0
-    t0 = time.monotonic()
-    try:
-        rc = CASES[sys.argv[1]]()
-        # In the sanitizer build, UBSan and ASan report on ditd's stderr.
-        for name in Daemon.logs:
-            with open(name, errors="replace") as f:
-                log = f.read()
-            for needle in ("runtime error:", "AddressSanitizer", "LeakSanitizer", "ThreadSanitizer"):
-                assert needle not in log, f"sanitizer report in {name}:\n{log}"
-    except BaseException:
-        Daemon.dump_logs()
-        raise
-    finally:
-        Daemon.remove_logs()
-    if rc == 77:
-        return 77
-    print(f"{sys.argv[1]}: ok ({time.monotonic() - t0:.1f} s)")
-    return 0
+    return run_cases(CASES, __doc__)
 
 
 if __name__ == "__main__":

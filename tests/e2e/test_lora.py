@@ -21,7 +21,7 @@ import grpc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ditapi  # noqa: E402
-from daemon import DEMO, Daemon, env_path  # noqa: E402
+from daemon import Daemon, DEMO, env_path, run_cases  # noqa: E402
 
 CASES = {}
 LORA = os.path.join(env_path("DIT_SOURCE_ROOT"), "tests", "data", "lora")
@@ -449,19 +449,7 @@ def http_loras():
 
 
 def main():
-    if len(sys.argv) == 2 and sys.argv[1] == "--list":
-        print("\n".join(CASES))
-        return 0
-    if len(sys.argv) != 2 or sys.argv[1] not in CASES:
-        print(f"usage: {sys.argv[0]} CASE|--list", file=sys.stderr)
-        return 2
-    try:
-        CASES[sys.argv[1]]()
-    except BaseException:
-        Daemon.dump_logs()
-        raise
-    Daemon.remove_logs()
-    return 0
+    return run_cases(CASES, __doc__)
 
 
 if __name__ == "__main__":

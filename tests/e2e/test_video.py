@@ -16,7 +16,7 @@ import tempfile
 import grpc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from daemon import WAN_DEMO, Daemon, env_path  # noqa: E402
+from daemon import Daemon, env_path, run_cases, WAN_DEMO  # noqa: E402
 
 CASES = {}
 
@@ -205,17 +205,7 @@ def bad_requests():
 
 
 def main():
-    if len(sys.argv) != 2:
-        raise SystemExit(__doc__)
-    if sys.argv[1] == "--list":
-        print("\n".join(CASES))
-        return
-    try:
-        CASES[sys.argv[1]]()
-    except BaseException:
-        Daemon.dump_logs()
-        raise
-    Daemon.remove_logs()
+    return run_cases(CASES, __doc__)
 
 
 if __name__ == "__main__":
