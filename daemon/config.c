@@ -194,7 +194,7 @@ static const dit_option defs[] = {
         "one batched generation; 1: one request at a time",
         "DITD_MAX_BATCH", max_batch, 1, DIT_DAEMON_MAX_BATCH),
     INT("batch-wait-ms", "0", "MS",
-        "hold an idle mesh up to MS milliseconds after the oldest waiting request arrived, "
+        "hold an idle mesh up to MS milliseconds after the first request in queue order arrived, "
         "for more requests to batch with it",
         "DITD_BATCH_WAIT_MS", batch_wait_ms, 0, 10000),
     INT("replicas", "1", "M",
