@@ -120,5 +120,25 @@ def collect(events):
     return kinds, b"".join(chunks), result
 
 
+def collect_images(events):
+    """Reads a Generate stream of one or more images (num_images) into (list
+    of each image's bytes, Result): each image's chunks come in turn
+    (ResultChunk.image_index), offsets within the image, and their sizes
+    must be Result.image_bytes."""
+    images, result = {}, None
+    for ev in events:
+        kind = ev.WhichOneof("event")
+        if kind == "chunk":
+            buf = images.setdefault(ev.chunk.image_index, b"")
+            assert ev.chunk.offset == len(buf), "chunks out of order"
+            images[ev.chunk.image_index] = buf + ev.chunk.data
+        elif kind == "result":
+            result = ev.result
+    assert result is not None, "no result"
+    out = [images[k] for k in sorted(images)]
+    assert [len(x) for x in out] == list(result.image_bytes), (result.image_bytes, len(out))
+    return out, result
+
+
 def desc_path():
     return os.environ["DIT_DESC"]

@@ -68,17 +68,8 @@ def grpc_pngs(d, seed, n, width=64, height=64, steps=2, prompt=PROMPT):
     call = d.api.generate(d.channel)(
         d.api.request(prompt=prompt, width=width, height=height, num_inference_steps=steps,
                       seed=seed, num_images=n), timeout=120)
-    images, res = {}, None
-    for ev in call:
-        kind = ev.WhichOneof("event")
-        if kind == "chunk":
-            buf = images.setdefault(ev.chunk.image_index, b"")
-            assert ev.chunk.offset == len(buf), "chunks out of order"
-            images[ev.chunk.image_index] = buf + ev.chunk.data
-        elif kind == "result":
-            res = ev.result
-    pngs = [images[k] for k in range(n)]
-    assert list(res.image_bytes) == [len(x) for x in pngs] and res.seed == seed, res
+    pngs, res = ditapi.collect_images(call)
+    assert len(pngs) == n and res.seed == seed, res
     assert all(x.startswith(PNG_MAGIC) for x in pngs)
     return pngs
 

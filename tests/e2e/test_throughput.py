@@ -73,24 +73,6 @@ def assert_close(got, want, what, rel=1e-5):
     return worst
 
 
-def collect_images(call):
-    """Reads a Generate stream: (list of each image's bytes, Result); each
-    image's chunks come in turn, offsets within the image."""
-    images, res = {}, None
-    for ev in call:
-        kind = ev.WhichOneof("event")
-        if kind == "chunk":
-            buf = images.setdefault(ev.chunk.image_index, b"")
-            assert ev.chunk.offset == len(buf), "chunks out of order"
-            images[ev.chunk.image_index] = buf + ev.chunk.data
-        elif kind == "result":
-            res = ev.result
-    assert res is not None, "no result"
-    out = [images[k] for k in sorted(images)]
-    assert [len(x) for x in out] == list(res.image_bytes), (res.image_bytes, len(out))
-    return out, res
-
-
 def scraper(d):
     line = d.proc.stdout.readline().decode()
     assert line.startswith("ditd: metrics on http://"), line
@@ -141,7 +123,7 @@ def solo_results(d, members, **shape):
     for m in members:
         call = d.api.generate(d.channel)(
             d.api.request(output_format=RAW, **dict(shape, **m)), timeout=300)
-        out.append(collect_images(call)[0])
+        out.append(ditapi.collect_images(call)[0])
     return out
 
 
@@ -152,7 +134,7 @@ def run_concurrently(d, reqs, timeout=300):
 
     def one(k, call):
         try:
-            results[k] = collect_images(call)
+            results[k] = ditapi.collect_images(call)
         except grpc.RpcError as e:
             results[k] = e
 
@@ -242,7 +224,7 @@ def batch_cancel_deadline():
         expect_code(lambda: ditapi.collect(calls[1]), "CANCELLED")
         expect_code(lambda: ditapi.collect(calls[2]), "DEADLINE_EXCEEDED")
         # The first member still runs after both left.
-        images, res = collect_images(calls[0])
+        images, res = ditapi.collect_images(calls[0])
         worst = assert_close(images[0], solo[0][0], "the remaining member")
         print(f"  the member that stayed: {worst:.3g} from its solo result")
         d.wait_idle(30)
