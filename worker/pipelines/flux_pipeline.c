@@ -410,12 +410,7 @@ static dit_status flux_pipe_generate_batch(void *pv, const dit_pipeline_info *in
         DIT_CHECK(dit_gen_batch_progress(&b, progress, progress_ctx, i + 1, gp->steps,
                                          now_ms() - t_loop, res, member_st, v, N, &regather, diag));
     }
-    const double denoise_ms = now_ms() - t_loop;
-    for (int m = 0; m < n; m++)
-        if (b.active[m]) {
-            res[m].denoise_ms = denoise_ms;
-            memcpy(res[m].latents, lat + b.off[m] * N, sizeof(float) * (size_t)(b.ni[m] * N));
-        }
+    dit_gen_batch_finish(&b, res, lat, N, now_ms() - t_loop);
 
     if (decode) {
         const int64_t H = h * vs, W = w * vs;

@@ -149,3 +149,13 @@ void dit_gen_batch_step_time(dit_gen_result *res, int n, double step_ms, double 
         res[m].step_ms_max = *max;
     }
 }
+
+void dit_gen_batch_finish(const dit_gen_batch *b, dit_gen_result *res, const float *lat,
+                          int64_t per, double denoise_ms)
+{
+    for (int m = 0; m < b->n; m++)
+        if (b->active[m]) {
+            res[m].denoise_ms = denoise_ms;
+            memcpy(res[m].latents, lat + b->off[m] * per, sizeof(float) * (size_t)(b->ni[m] * per));
+        }
+}

@@ -75,6 +75,12 @@ void dit_gen_batch_cfg(const dit_gen_batch *b, float *out, int64_t per, const di
  * INFINITY and 0) and writes both into every member's result. */
 void dit_gen_batch_step_time(dit_gen_result *res, int n, double step_ms, double *min, double *max);
 
+/* After the last step: each member still in the batch gets the denoising
+ * time and its final latents (its ni images of `per` floats from `lat`,
+ * total images). */
+void dit_gen_batch_finish(const dit_gen_batch *b, dit_gen_result *res, const float *lat,
+                          int64_t per, double denoise_ms);
+
 /* After a failure: frees every result and sets every member's status. */
 void dit_gen_batch_fail(const dit_gen_batch *b, dit_status st, dit_gen_result *res,
                         dit_status *member_st);
