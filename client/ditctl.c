@@ -998,6 +998,7 @@ static const command *find_command(const char *name)
 
 int main(int argc, char **argv)
 {
+    dit_tune_malloc();
     ctl_common common;
     memset(&common, 0, sizeof common);
     /* The connection options before the command, and their variables (an

@@ -12,6 +12,7 @@
 #include <uv.h>
 
 #include "config.h"
+#include "core/cli_util.h"
 #include "http.h"
 #include "log.h"
 #include "model_info.h"
@@ -278,6 +279,7 @@ static void on_signal(uv_signal_t *h, int signum)
 
 int main(int argc, char **argv)
 {
+    dit_tune_malloc();
     daemon_state *d = calloc(1, sizeof *d);
     if (!d) {
         fprintf(stderr, "ditd: out of memory\n");

@@ -1,7 +1,8 @@
-/* Command-line helpers shared by ditctl, ditrun and ditd: "did you mean"
- * for mistyped options (their parsers all keep their long options in
- * getopt_long tables) and the check that an output file can be written
- * before the work that produces it starts. Self-contained (no other part of
+/* Command-line helpers shared by ditctl, ditrun, ditd and ditworker: "did
+ * you mean" for mistyped options (their parsers all keep their long options
+ * in getopt_long tables), the check that an output file can be written
+ * before the work that produces it starts, and the allocator settings a
+ * long-running process starts with. Self-contained (no other part of
  * the core), so that ditctl can link it without the compute core.
  *
  * Owner: none; pure functions. */
@@ -31,5 +32,13 @@ const char *dit_suggest_word(const char *arg, const char *const *words);
  * and path is not a folder. Returns 0, or -1 with a message in err
  * ("cannot write PATH: the folder DIR does not exist", ...). */
 int dit_check_output_path(const char *path, char *err, size_t errcap);
+
+/* Sets the C library's allocator up for processes that pass results of
+ * up to tens of MiB through freshly allocated buffers on every request (ditd,
+ * ditworker, ditctl): such buffers stay in the heap (below 32 MiB) and up to
+ * 64 MiB of free heap top is kept, so a result's bytes do not cost a page
+ * fault per page each time they are written. Call it first thing in main;
+ * it does nothing outside glibc. */
+void dit_tune_malloc(void);
 
 #endif

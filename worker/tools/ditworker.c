@@ -40,6 +40,7 @@
 #include "parallel/lora.h"
 #include "parallel/mesh.h"
 #include "pipelines/pipeline.h"
+#include "core/cli_util.h"
 #include "core/options.h"
 #include "serve/join_auth.h"
 #include "serve/request.h"
@@ -1320,6 +1321,7 @@ static const dit_option worker_opts[] = {
 
 int main(int argc, char **argv)
 {
+    dit_tune_malloc();
     worker_args wa = {0};
     const dit_options table = {.prog = "ditworker",
                                .usage = usage,
