@@ -381,14 +381,15 @@ static void pump(dit_rpc_call *c)
     }
 }
 
-void dit_rpc_call_send(dit_rpc_call *c, const uint8_t *msg, size_t len)
+/* Queues `slice` (len bytes) as the call's next message; takes the
+ * caller's reference. */
+static void queue_slice(dit_rpc_call *c, grpc_slice slice, size_t len)
 {
-    if (c->dead || c->finish_requested)
-        return;
     out_msg *m = calloc(1, sizeof *m);
-    if (!m)
+    if (!m) {
+        grpc_slice_unref(slice);
         return;
-    grpc_slice slice = grpc_slice_from_copied_buffer((const char *)msg, len);
+    }
     m->buf = grpc_raw_byte_buffer_create(&slice, 1);
     grpc_slice_unref(slice);
     m->len = len;
@@ -401,6 +402,23 @@ void dit_rpc_call_send(dit_rpc_call *c, const uint8_t *msg, size_t len)
         c->head = m;
     c->tail = m;
     pump(c);
+}
+
+void dit_rpc_call_send(dit_rpc_call *c, const uint8_t *msg, size_t len)
+{
+    if (c->dead || c->finish_requested)
+        return;
+    queue_slice(c, grpc_slice_from_copied_buffer((const char *)msg, len), len);
+}
+
+void dit_rpc_call_send_message(dit_rpc_call *c, const ProtobufCMessage *msg)
+{
+    if (c->dead || c->finish_requested)
+        return;
+    const size_t len = protobuf_c_message_get_packed_size(msg);
+    grpc_slice slice = grpc_slice_malloc(len);
+    protobuf_c_message_pack(msg, GRPC_SLICE_START_PTR(slice));
+    queue_slice(c, slice, len);
 }
 
 void dit_rpc_call_finish(dit_rpc_call *c, grpc_status_code code, const char *details)

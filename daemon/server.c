@@ -58,24 +58,11 @@ static void job_free(job *j)
 /* ------------------------------------------------------------------------ */
 /* Sending                                                                   */
 
-static void send_packed(dit_rpc_call *c, const ProtobufCMessage *m)
-{
-    size_t n = protobuf_c_message_get_packed_size(m);
-    uint8_t *buf = malloc(n ? n : 1);
-    if (!buf) {
-        dit_rpc_call_finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
-        return;
-    }
-    protobuf_c_message_pack(m, buf);
-    dit_rpc_call_send(c, buf, n);
-    free(buf);
-}
-
 static void send_event(job *j, Ditserve__V1__GenerateEvent *ev)
 {
     ev->request_id = j->request_id;
     if (j->call)
-        send_packed(j->call, &ev->base);
+        dit_rpc_call_send_message(j->call, &ev->base);
     else if (j->client.event)
         j->client.event(j->client.ctx, ev);
 }
@@ -116,7 +103,7 @@ static void send_health(dit_rpc_call *c, Grpc__Health__V1__HealthCheckResponse__
 {
     Grpc__Health__V1__HealthCheckResponse r = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
     r.status = st;
-    send_packed(c, &r.base);
+    dit_rpc_call_send_message(c, &r.base);
 }
 
 /* A mesh that may take requests: ready and warmed up (--warmup). */
@@ -1188,7 +1175,7 @@ static void on_list_loras(void *ctx, dit_rpc_call *call, const uint8_t *req, siz
     r.loras = ptrs;
     r.n_loras = n;
     r.cache_limit_bytes = c->lora_cache_bytes;
-    send_packed(call, &r.base);
+    dit_rpc_call_send_message(call, &r.base);
     dit_rpc_call_finish(call, GRPC_STATUS_OK, NULL);
     goto out;
 oom:
@@ -1307,11 +1294,11 @@ static void lora_done(dit_server *s, job *j, dit_status st, grpc_status_code cod
         Ditserve__V1__LoadLoraResponse r = DITSERVE__V1__LOAD_LORA_RESPONSE__INIT;
         r.lora = &li;
         r.elapsed_ms = compute_ms;
-        send_packed(j->call, &r.base);
+        dit_rpc_call_send_message(j->call, &r.base);
     } else {
         Ditserve__V1__UnloadLoraResponse r = DITSERVE__V1__UNLOAD_LORA_RESPONSE__INIT;
         r.was_loaded = j->was_loaded;
-        send_packed(j->call, &r.base);
+        dit_rpc_call_send_message(j->call, &r.base);
     }
     fail_job(j, GRPC_STATUS_OK, NULL);
 }
@@ -1358,7 +1345,7 @@ static void member_done(dit_server *s, dit_server_mesh *m, job *j, dit_status st
                 snprintf(text, sizeof text, "ran %dx%d for %d step(s)", j->width, j->height,
                          j->steps);
             wr.detail = text;
-            send_packed(j->call, &wr.base);
+            dit_rpc_call_send_message(j->call, &wr.base);
             fail_job(j, GRPC_STATUS_OK, NULL);
         } else {
             fail_job(j, code, detail);
@@ -1710,7 +1697,7 @@ static void on_server_info(void *ctx, dit_rpc_call *call, const uint8_t *req, si
     model_msg m;
     fill_model_info(s, &m);
     info.model = &m.info;
-    send_packed(call, &info.base);
+    dit_rpc_call_send_message(call, &info.base);
     dit_rpc_call_finish(call, GRPC_STATUS_OK, NULL);
     free(names);
     free(devices);
@@ -1727,7 +1714,7 @@ static void on_list_models(void *ctx, dit_rpc_call *call, const uint8_t *req, si
     Ditserve__V1__ListModelsResponse resp = DITSERVE__V1__LIST_MODELS_RESPONSE__INIT;
     resp.n_models = 1;
     resp.models = list;
-    send_packed(call, &resp.base);
+    dit_rpc_call_send_message(call, &resp.base);
     dit_rpc_call_finish(call, GRPC_STATUS_OK, NULL);
 }
 

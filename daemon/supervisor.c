@@ -589,11 +589,29 @@ static void handle(conn *c, Ditserve__Ipc__Envelope *env)
         ditserve__ipc__envelope__free_unpacked(env, NULL);
 }
 
+/* Reads land in the connection's reader, sized for the whole frame being
+ * received: a result of several hundred KB arrives in one or two reads and
+ * is not copied again before it is unpacked. A joiner not yet authenticated
+ * gets room for one byte past what it may send before it has. */
 static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 {
-    (void)h;
-    buf->base = malloc(suggested);
-    buf->len = buf->base ? suggested : 0;
+    conn *c = h->data;
+    size_t min = suggested, max = DIT_IPC_MAX_FRAME;
+    if (c->tcp && !dit_joiners_joined(&c->jp)) {
+        min = c->reader.len <= DIT_JOINERS_PREAUTH_BYTES
+                  ? DIT_JOINERS_PREAUTH_BYTES + 1 - c->reader.len
+                  : 1;
+        max = min;
+    }
+    uint8_t *room;
+    size_t n;
+    if (dit_ipc_reader_room(&c->reader, min, max, &room, &n) != 0) {
+        buf->base = NULL;
+        buf->len = 0;
+        return;
+    }
+    buf->base = (char *)room;
+    buf->len = n;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -680,14 +698,13 @@ static void on_read(uv_stream_t *stream, ssize_t n, const uv_buf_t *buf)
     conn *c = stream->data;
     dit_supervisor *s = c->s;
     const bool preauth = c->tcp && !dit_joiners_joined(&c->jp);
-    if (n > 0 && preauth && c->reader.len + (size_t)n > DIT_JOINERS_PREAUTH_BYTES) {
-        free(buf->base);
+    (void)buf; /* it points into c->reader (alloc_cb) */
+    if (n > 0)
+        dit_ipc_reader_commit(&c->reader, (size_t)n);
+    if (n > 0 && preauth && c->reader.len > DIT_JOINERS_PREAUTH_BYTES) {
         dit_joiners_refuse(s->joiners, &c->jp, true, "join request too large");
         return;
     }
-    if (n > 0 && dit_ipc_reader_feed(&c->reader, buf->base, (size_t)n) != 0)
-        n = UV_ENOMEM;
-    free(buf->base);
     if (n < 0) {
         const int rank = c->rank;
         close_conn(c);

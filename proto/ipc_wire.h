@@ -33,6 +33,16 @@ void dit_ipc_reader_free(dit_ipc_reader *r);
 /* Appends received bytes; 0 or -1 when out of memory. */
 int dit_ipc_reader_feed(dit_ipc_reader *r, const void *data, size_t n);
 
+/* Room for the next read to land in place, instead of in a buffer of its
+ * own that dit_ipc_reader_feed would copy: at least `min` free bytes at the
+ * end of the buffer, or, when the frame being received is longer, its
+ * remaining bytes up to `max` more (the cap keeps a length prefix from an
+ * unauthenticated peer from reserving memory it never sends). Sets *room
+ * and *n; 0, or -1 when out of memory. Then dit_ipc_reader_commit with
+ * what the read stored. */
+int dit_ipc_reader_room(dit_ipc_reader *r, size_t min, size_t max, uint8_t **room, size_t *n);
+void dit_ipc_reader_commit(dit_ipc_reader *r, size_t n);
+
 /* Takes the next complete envelope: 1 with *out set (free it with
  * ditserve__ipc__envelope__free_unpacked(*out, NULL)), 0 when more bytes are
  * needed, -1 on a corrupt stream. */
