@@ -171,7 +171,8 @@ def generate():
 def num_images():
     """num_images 2 over a 2-rank ring mesh: each image its own chunks
     (image_index, offsets within the image), Result.image_bytes, both PNGs
-    equal to ditrun generate --num-images 2's; 9 is refused."""
+    equal to ditrun generate --num-images 2's; 9 is refused. num_images 3 on
+    a two-thread worker (encoded in parallel): ditrun's PNGs."""
     d = Daemon("--ring", "2", "--chunk-bytes", "1024", world=2)
     try:
         api = d.api
@@ -217,6 +218,27 @@ def num_images():
         expect_error(lambda: list(api.generate(d.channel)(
             api.request(seed=7, num_images=9, **SMALL), timeout=60)),
             "INVALID_ARGUMENT", "num_images 9 must be between 1 and 8")
+        d.stop()
+    finally:
+        d.close()
+    # One worker with two threads encodes the images in parallel: the same
+    # PNGs, in order, as ditrun's one after the other (ditrun on two threads
+    # too: the forward's last bits may follow the thread count).
+    d = Daemon("--threads", "2")
+    try:
+        images, res = ditapi.collect_images(d.api.generate(d.channel)(
+            d.api.request(seed=11, num_images=3, **SMALL), timeout=120))
+        assert len(images) == 3 and list(res.image_bytes) == [len(p) for p in images], res
+        with tempfile.TemporaryDirectory() as tmp:
+            out = os.path.join(tmp, "p.png")
+            subprocess.run([env_path("DITRUN"), "generate", "--model", DEMO, "--prompt",
+                            SMALL["prompt"], "--width", "64", "--height", "64", "--steps", "4",
+                            "--seed", "11", "--num-images", "3", "--threads", "2",
+                            "--output", out],
+                           check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            for k in range(3):
+                with open(os.path.join(tmp, f"p_{k}.png"), "rb") as f:
+                    assert images[k] == f.read(), f"image {k} differs from ditrun's"
         d.stop()
     finally:
         d.close()

@@ -23,6 +23,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <signal.h>
@@ -108,6 +109,7 @@ typedef struct worker {
     dit_backend *be;
     dit_pipeline *pipe;
     dit_runner *runner;
+    int threads; /* host threads (the cpu backend's, or for encoding results) */
     lora_cache loras;
     void *flag_buf;  /* backend memory for the step decision's broadcast */
     size_t flag_cap; /* floats flag_buf holds */
@@ -327,52 +329,6 @@ static dit_status encode_image(const dit_gen_result *whole, int m, const dit_req
     }
 }
 
-/* Every image's bytes, one after another, and each one's size. */
-static dit_status encode_result(const dit_gen_result *res, const dit_request *rq, uint8_t **bytes,
-                                size_t *nbytes, int64_t *image_bytes, dit_diag *diag)
-{
-    dit_status st = DIT_OK;
-    const int n = res->num_images > 1 ? res->num_images : 1;
-    uint8_t *all = NULL, *one = NULL;
-    size_t len = 0;
-    *bytes = NULL;
-    *nbytes = 0;
-    for (int m = 0; m < n; m++) {
-        size_t k = 0;
-        DIT_CHECK(encode_image(res, m, rq, &one, &k, diag));
-        if (n == 1) {
-            *bytes = one;
-            *nbytes = k;
-            image_bytes[0] = (int64_t)k;
-            return DIT_OK;
-        }
-        if (len + k > DIT_IPC_MAX_RESULT) {
-            st = dit_diag_set(diag, DIT_ERR_INVALID_ARG,
-                              "the %d results would be over %zu bytes, past what a worker sends", n,
-                              (size_t)DIT_IPC_MAX_RESULT);
-            goto cleanup;
-        }
-        uint8_t *grown = realloc(all, len + k);
-        if (!grown) {
-            st = dit_diag_set(diag, DIT_ERR_NOMEM, "out of memory for the result");
-            goto cleanup;
-        }
-        all = grown;
-        memcpy(all + len, one, k);
-        len += k;
-        image_bytes[m] = (int64_t)k;
-        free(one);
-        one = NULL;
-    }
-    *bytes = all;
-    *nbytes = len;
-    all = NULL;
-cleanup:
-    free(one);
-    free(all);
-    return st;
-}
-
 static void lora_cache_free(lora_cache *c)
 {
     for (size_t i = 0; i < c->n; i++) {
@@ -588,6 +544,126 @@ typedef struct member_out {
     Ditserve__V1__Timings tm;
 } member_out;
 
+/* One image of one member, for one thread to encode. */
+typedef struct encode_item {
+    int k, m; /* member, image */
+    dit_status st;
+    uint8_t *bytes;
+    size_t nbytes;
+    double ms;
+    char msg[DIT_DIAG_MAX];
+} encode_item;
+
+/* Puts member k's encoded images (items[0 .. ni-1]) one after another into
+ * mo->bytes with each one's size, if they fit what one message carries
+ * beside the `total` bytes of the members before it; takes the items'
+ * bytes either way. */
+static dit_status join_images(encode_item *items, int ni, size_t total, member_out *mo)
+{
+    dit_status st = DIT_OK;
+    size_t len = 0;
+    mo->t_encode = 0;
+    for (int i = 0; i < ni; i++) {
+        mo->t_encode += items[i].ms;
+        if (st == DIT_OK && items[i].st != DIT_OK) {
+            st = items[i].st;
+            snprintf(mo->msg, sizeof mo->msg, "%s", items[i].msg);
+        }
+        len += items[i].nbytes;
+    }
+    if (st == DIT_OK && ni > 1 && len > DIT_IPC_MAX_RESULT) {
+        st = DIT_ERR_INVALID_ARG;
+        snprintf(mo->msg, sizeof mo->msg,
+                 "the %d results would be over %zu bytes, past what a worker sends", ni,
+                 (size_t)DIT_IPC_MAX_RESULT);
+    } else if (st == DIT_OK && total + len > DIT_IPC_MAX_RESULT) {
+        st = DIT_ERR_INVALID_ARG;
+        snprintf(mo->msg, sizeof mo->msg,
+                 "the batch's results would be over %zu bytes, past what a worker sends",
+                 (size_t)DIT_IPC_MAX_RESULT);
+    }
+    if (st == DIT_OK && ni == 1) {
+        mo->bytes = items[0].bytes;
+        mo->nbytes = items[0].nbytes;
+        mo->image_bytes[0] = (int64_t)items[0].nbytes;
+        items[0].bytes = NULL;
+    } else if (st == DIT_OK) {
+        mo->bytes = malloc(len ? len : 1);
+        if (!mo->bytes) {
+            st = DIT_ERR_NOMEM;
+            snprintf(mo->msg, sizeof mo->msg, "out of memory for the result");
+        }
+        size_t off = 0;
+        for (int i = 0; st == DIT_OK && i < ni; i++) {
+            memcpy(mo->bytes + off, items[i].bytes, items[i].nbytes);
+            mo->image_bytes[i] = (int64_t)items[i].nbytes;
+            off += items[i].nbytes;
+        }
+        mo->nbytes = st == DIT_OK ? len : 0;
+    }
+    for (int i = 0; i < ni; i++) {
+        free(items[i].bytes);
+        items[i].bytes = NULL;
+    }
+    return st;
+}
+
+/* Encodes the images of every member that finished (mst[k] OK) in its
+ * format, spread over `threads` threads one image each (a PNG encodes on
+ * one thread; MP4s go one at a time, libx264 has threads of its own), then
+ * joins each member's into mo[k] in member order, within what one message
+ * carries in all; a member that does not fit, or whose image fails, gets
+ * that status in mst[k] and the message in mo[k].msg. Each mo[k].t_encode
+ * is its own images' time; returns the wall time of the whole. */
+static double encode_members(int threads, bool video, int n, const dit_gen_result *res,
+                             const dit_request *rq, dit_status *mst, member_out *mo)
+{
+    const double t0 = now_ms();
+    int n_items = 0;
+    for (int k = 0; k < n; k++)
+        if (mst[k] == DIT_OK)
+            n_items += res[k].num_images > 1 ? res[k].num_images : 1;
+    encode_item *items = calloc(n_items > 0 ? (size_t)n_items : 1, sizeof *items);
+    if (!items) {
+        for (int k = 0; k < n; k++)
+            if (mst[k] == DIT_OK) {
+                mst[k] = DIT_ERR_NOMEM;
+                snprintf(mo[k].msg, sizeof mo[k].msg, "out of memory for the result");
+            }
+        return now_ms() - t0;
+    }
+    for (int k = 0, i = 0; k < n; k++)
+        for (int m = 0; mst[k] == DIT_OK && m < (res[k].num_images > 1 ? res[k].num_images : 1);
+             m++, i++) {
+            items[i].k = k;
+            items[i].m = m;
+        }
+    int nt = video ? 1 : threads < n_items ? threads : n_items;
+    nt = nt > 0 ? nt : 1;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
+    for (int i = 0; i < n_items; i++) {
+        encode_item *it = &items[i];
+        dit_diag d;
+        dit_diag_clear(&d);
+        const double t = now_ms();
+        it->st = encode_image(&res[it->k], it->m, &rq[it->k], &it->bytes, &it->nbytes, &d);
+        it->ms = now_ms() - t;
+        if (it->st != DIT_OK)
+            snprintf(it->msg, sizeof it->msg, "%s", dit_diag_msg(&d));
+    }
+    size_t total = 0;
+    for (int k = 0, i = 0; k < n; k++) {
+        if (mst[k] != DIT_OK)
+            continue;
+        const int ni = res[k].num_images > 1 ? res[k].num_images : 1;
+        mst[k] = join_images(&items[i], ni, total, &mo[k]);
+        i += ni;
+        total += mo[k].nbytes;
+    }
+    free(items);
+    return now_ms() - t0;
+}
+
 /* Resolves the job's members (member 0: the job's own request, then
  * Job.batch) into rq[0 .. n-1] and checks that they may share forwards. */
 static dit_status resolve_members(const Ditserve__Ipc__Job *job, const dit_pipeline_info *info,
@@ -646,6 +722,7 @@ static int run_job(worker *w, const Ditserve__Ipc__Job *job)
     Ditserve__Ipc__JobDone **entry_ptrs = calloc(nn, sizeof *entry_ptrs);
     const dit_pipeline_info *info = dit_pipeline_get_info(w->pipe);
     const bool video = info->frame_step > 0;
+    double enc_wall = 0; /* the results' encoding, wall time */
     bool attached = false;
     dit_status st = DIT_OK;
     if (!rq || !res || !gps || !mst || !mo || !ids || !cancel || !flags || !entries ||
@@ -681,29 +758,11 @@ static int run_job(worker *w, const Ditserve__Ipc__Job *job)
                                          &diag);
     if (attached)
         dit_lora_detach(lora_sites(w));
-    /* Each finished member's result in its own format, within what one
-     * message can carry in all. */
-    size_t total = 0;
-    for (int k = 0; k < n && st == DIT_OK && w->rank == 0 && !job->warmup; k++) {
-        if (mst[k] != DIT_OK)
-            continue;
-        dit_diag d;
-        dit_diag_clear(&d);
-        const double t0 = now_ms();
-        mst[k] = encode_result(&res[k], &rq[k], &mo[k].bytes, &mo[k].nbytes, mo[k].image_bytes, &d);
-        mo[k].t_encode = now_ms() - t0;
-        if (mst[k] == DIT_OK && total + mo[k].nbytes > DIT_IPC_MAX_RESULT) {
-            mst[k] = dit_diag_set(&d, DIT_ERR_INVALID_ARG,
-                                  "the batch's results would be over %zu bytes, past what a "
-                                  "worker sends",
-                                  (size_t)DIT_IPC_MAX_RESULT);
-            free(mo[k].bytes);
-            mo[k].bytes = NULL;
-            mo[k].nbytes = 0;
-        }
-        total += mo[k].nbytes;
-        if (mst[k] != DIT_OK)
-            snprintf(mo[k].msg, sizeof mo[k].msg, "%s", dit_diag_msg(&d));
+    /* Each finished member's result in its own format. */
+    if (st == DIT_OK && w->rank == 0 && !job->warmup) {
+        enc_wall = encode_members(w->threads, video, n, res, rq, mst, mo);
+        if (n == 1)
+            mo[0].t_encode = enc_wall;
     }
 report:;
     /* A single job's status is the message's own; a batch's message says
@@ -738,9 +797,9 @@ report:;
     if (mo && n > 1 && w->rank == 0) {
         /* Each member's own stages; a member's result also waited for the
          * others'. */
-        double own_all = 0;
+        double own_all = enc_wall;
         for (int k = 0; k < n; k++)
-            own_all += res[k].tokenize_ms + res[k].encode_ms + res[k].vae_ms + mo[k].t_encode;
+            own_all += res[k].tokenize_ms + res[k].encode_ms + res[k].vae_ms;
         for (int k = 0; k < n; k++) {
             const double own =
                 res[k].tokenize_ms + res[k].encode_ms + res[k].vae_ms + mo[k].t_encode;
@@ -845,6 +904,7 @@ static dit_status setup(worker *w, const Ditserve__Ipc__Setup *s, dit_diag *diag
     const char *model = jo && jo->model ? jo->model : s->model_dir;
     dit_backend_config bc = {.n_threads = jo && jo->threads > 0 ? jo->threads : s->threads,
                              .device = device};
+    w->threads = bc.n_threads > 0 ? bc.n_threads : omp_get_max_threads();
     if (dit_backend_kind_parse(s->backend, &bc.kind) != DIT_OK)
         return dit_diag_set(diag, DIT_ERR_INVALID_ARG, "unknown backend '%s'", s->backend);
     dit_status st;
