@@ -12,14 +12,23 @@
 #     --threads T     cores the whole daemon may use (default: nproc); one
 #                     mesh gets T threads, two meshes T/2 each
 #     --batch B       --max-batch of the batching settings (default 4)
-#     --only LABEL    run one setting: batch1, batchB, replicas2, replicas2-batchB
+#     --only LIST     run only these settings (comma-separated): batch1,
+#                     batchB, replicas2, replicas2-batchB
+#     --backend B     ditd --backend (default cpu); on cuda, --threads is the
+#                     host threads of the worker(s) (results' encoding)
+#     --warmup SPEC   ditd --warmup for every setting, e.g. 256x256:8 (on
+#                     cuda: picks the GEMM algorithms and captures the
+#                     step's graph before measuring)
+#     --bin DIR       ditd, ditworker and ditctl in DIR (default: the build
+#                     tree, build/daemon, build/worker, build/client)
+#     --full          ditctl bench's whole report per setting (the server's
+#                     time split per level), not just its table
 #
-# Needs a build in build/ (ditd, ditworker, ditctl). Settings run one at a
-# time and alternate nothing: on a shared machine compare ratios within one
-# run, not absolute rates across runs.
+# Settings run one at a time and alternate nothing: on a shared machine
+# compare ratios within one run, not absolute rates across runs.
 set -euo pipefail
-cd "$(dirname "$0")/../.."
-model=tests/data/demo
+root=$(cd "$(dirname "$0")/../.." && pwd)
+model=$root/tests/data/demo
 n=48
 levels=1,4,16
 size=256x256
@@ -27,6 +36,10 @@ steps=8
 threads=$(nproc)
 batch=4
 only=
+backend=cpu
+warmup=
+bindir=
+full=0
 while [ $# -gt 0 ]; do
   case "$1" in
     -n) n=$2; shift 2 ;;
@@ -36,21 +49,34 @@ while [ $# -gt 0 ]; do
     --threads) threads=$2; shift 2 ;;
     --batch) batch=$2; shift 2 ;;
     --only) only=$2; shift 2 ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    --backend) backend=$2; shift 2 ;;
+    --warmup) warmup=$2; shift 2 ;;
+    --bin) bindir=$2; shift 2 ;;
+    --full) full=1; shift ;;
+    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
     -*) echo "throughput.sh: unknown option $1" >&2; exit 2 ;;
     *) model=$1; shift ;;
   esac
 done
 w=${size%x*}
 h=${size#*x}
+if [ -n "$bindir" ]; then
+  ditd=$bindir/ditd
+  ditctl=$bindir/ditctl
+else
+  ditd=$root/build/daemon/ditd
+  ditctl=$root/build/client/ditctl
+fi
+extra=(--backend "$backend")
+[ -n "$warmup" ] && extra+=(--warmup "$warmup")
 half=$(( threads / 2 > 0 ? threads / 2 : 1 ))
 out=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$out"' EXIT
 
 run() {
   local label=$1; shift
-  [ -n "$only" ] && [ "$only" != "$label" ] && return 0
-  build/daemon/ditd --model "$model" --listen 127.0.0.1:0 "$@" >"$out/stdout" 2>"$out/log" &
+  [ -n "$only" ] && [[ ",$only," != *",$label,"* ]] && return 0
+  "$ditd" --model "$model" --listen 127.0.0.1:0 "${extra[@]}" "$@" >"$out/stdout" 2>"$out/log" &
   local pid=$!
   local port=
   for _ in $(seq 100); do
@@ -61,17 +87,17 @@ run() {
   [ -n "$port" ] || { echo "ditd did not start:"; cat "$out/log"; exit 1; }
   # Every mesh ready (and warmed up) before measuring.
   for _ in $(seq 600); do
-    if build/client/ditctl --target "127.0.0.1:$port" info 2>/dev/null |
+    if "$ditctl" --target "127.0.0.1:$port" info 2>/dev/null |
         awk '/^mesh / && $0 !~ /ready/ {bad=1} END {exit bad}' &&
-        build/client/ditctl --target "127.0.0.1:$port" health >/dev/null 2>&1; then
+        "$ditctl" --target "127.0.0.1:$port" health >/dev/null 2>&1; then
       break
     fi
     sleep 0.1
   done
-  echo "== $label: ditd $*"
-  build/client/ditctl --target "127.0.0.1:$port" bench -n "$n" -c "$levels" --quiet \
+  echo "== $label: ditd ${extra[*]} $*"
+  "$ditctl" --target "127.0.0.1:$port" bench -n "$n" -c "$levels" --quiet \
     --prompt "a lighthouse on a cliff" --width "$w" --height "$h" --steps "$steps" --seed 1 |
-    sed -n '/^concurrency requests/,$p'
+    if [ $full -eq 1 ]; then cat; else sed -n '/^concurrency requests/,$p'; fi
   kill -TERM "$pid"
   wait "$pid" || true
 }

@@ -18,7 +18,8 @@
 #              lib-gz/ holds the largest ones gzipped (run.sh unpacks them)
 #   lib-fallback/  libstdc++ and libgcc_s, used only where the machine has none
 #   tests/data/    the fixtures the tests read
-#   run.sh, ditd_smoke.sh, MANIFEST (commit, options, sizes), gpu-libs.txt
+#   run.sh, ditd_smoke.sh, throughput.sh, MANIFEST (commit, options, sizes),
+#   gpu-libs.txt
 #
 # The bundle must stay under 60 MiB (64 MiB is what can be carried to the GPU
 # machine); the script fails if it is larger, and fails if any program needs a
@@ -145,7 +146,8 @@ mkdir -p "$out/tests/data/tokenizers"
 cp -r "$src/tests/data/tokenizers/t5" "$out/tests/data/tokenizers/"
 cp "$src/tests/gpu/bundle_run.sh" "$out/run.sh"
 cp "$src/tests/gpu/ditd_smoke.sh" "$out/ditd_smoke.sh"
-chmod 0755 "$out/run.sh" "$out/ditd_smoke.sh"
+cp "$src/tests/bench/throughput.sh" "$out/throughput.sh"
+chmod 0755 "$out/run.sh" "$out/ditd_smoke.sh" "$out/throughput.sh"
 
 # Proof, on this machine, that everything resolves inside the bundle: every
 # library a program needs is glibc's, an allowed GPU library, or one the

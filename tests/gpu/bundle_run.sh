@@ -15,7 +15,8 @@
 #         encoder against their references), where a GPU that fails to
 #         initialise fails;
 #         a 512x512 demo generation on cuda, timed (both kernel paths); ditd --backend cuda serving
-#         one generation to ditctl; the FLUX.1-dev-sized forward benchmark,
+#         one generation to ditctl, and under load with batching off and on
+#         (throughput.sh); the FLUX.1-dev-sized forward benchmark,
 #         eager and with CUDA graphs, legacy and fast kernel paths
 #         (DIT_CUDA_PATH); the smallest cuda test under
 #         compute-sanitizer.
@@ -24,7 +25,7 @@
 # 1 when any stage failed, 2 on bad usage.
 set -uo pipefail
 if [ $# -ne 1 ] || [ "$1" = "-h" ] || [ "$1" = "--help" ]; then
-  sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 fi
 mkdir -p "$1" || exit 2
@@ -249,6 +250,18 @@ note generate_wan_cuda_timing "$(grep -m 1 'time:' "$out/generate_wan_cuda.log")
 stage ditd_cuda 240 "$B/ditd_smoke.sh" "$B/bin" "$B/tests/data/demo" "$out" cuda
 note ditd_cuda_latency "$(grep -m 1 '^latency:' "$out/ditd_cuda.log")"
 note ditd_cuda_server_time "$(grep -m 1 '^time:' "$out/ditd_cuda.log")"
+
+# Serving throughput on the GPU: ditd on the demo pipeline with batching off
+# and on (--max-batch 1 and 4), each under ditctl bench at concurrency 1, 4
+# and 16 (256x256, 8 steps, after a warm-up of that shape); the summary gets
+# each setting's row at concurrency 16 (req/s, latency percentiles, overhead).
+stage ditd_throughput 300 "$B/throughput.sh" "$B/tests/data/demo" --bin "$B/bin" \
+  --backend cuda --warmup 256x256:8 --only batch1,batch4 -n 48 --threads 8 --full
+for l in batch1 batch4; do
+  note "ditd_throughput_${l}_c16" "$(awk -v l="$l" '/^== [^ ]+: ditd / { lab = $2; sub(":", "", lab) }
+    lab == l && $1 == "16" && NF >= 11 { $1 = $1; print "req/s " $5 ", p50 " $6 ", p99 " $8 \
+    " ms, overhead " $10 " ms"; exit }' "$out/ditd_throughput.log")"
+done
 
 # The FLUX.1-dev-sized benchmark: random bf16 weights made on the device,
 # eager passes and CUDA-graph replays, both kernel paths.
