@@ -21,6 +21,7 @@
 #include <gnutls/gnutls.h>
 #include <microhttpd.h>
 
+#include "core/utf8.h"
 #include "serve/request.h"
 #include "server.h"
 
@@ -889,32 +890,6 @@ static uint64_t mono_ms(void)
     return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
-/* Length of the well-formed UTF-8 sequence at p (n bytes left), or 0. */
-static size_t utf8_len(const unsigned char *p, size_t n)
-{
-    size_t len;
-    unsigned c = p[0], min;
-    if (c < 0x80)
-        return 1;
-    if ((c & 0xe0) == 0xc0) {
-        len = 2, min = 0x80, c &= 0x1f;
-    } else if ((c & 0xf0) == 0xe0) {
-        len = 3, min = 0x800, c &= 0x0f;
-    } else if ((c & 0xf8) == 0xf0) {
-        len = 4, min = 0x10000, c &= 0x07;
-    } else {
-        return 0;
-    }
-    if (len > n)
-        return 0;
-    for (size_t k = 1; k < len; k++) {
-        if ((p[k] & 0xc0) != 0x80)
-            return 0;
-        c = (c << 6) | (p[k] & 0x3f);
-    }
-    return c < min || c > 0x10ffff || (c >= 0xd800 && c <= 0xdfff) ? 0 : len;
-}
-
 /* The body must be UTF-8 and hold no \u0000 escape (a C string would end
  * there). */
 static const char *body_problem(const char *b, size_t n)
@@ -929,7 +904,7 @@ static const char *body_problem(const char *b, size_t n)
             i += 2;
             continue;
         }
-        const size_t l = utf8_len((const unsigned char *)b + i, n - i);
+        const size_t l = dit_utf8_len(b + i, n - i);
         if (!l)
             return "the body is not UTF-8";
         i += l;
@@ -1698,16 +1673,9 @@ static cJSON *parse_form(struct MHD_Connection *conn, const char *body, size_t l
     const enum MHD_Result end = MHD_destroy_post_processor(pp);
     if (!f.failed && (r != MHD_YES || end != MHD_YES))
         f.failed = !fail(b, 400, NULL, "invalid_form", "the form body is malformed");
-    for (const cJSON *v = f.obj->child; v && !f.failed; v = v->next) {
-        const char *s = v->valuestring;
-        const size_t n = strlen(s);
-        for (size_t i = 0; i < n && !f.failed;) {
-            const size_t l = utf8_len((const unsigned char *)s + i, n - i);
-            if (!l)
-                f.failed = !fail(b, 400, NULL, "invalid_form", "a form value is not UTF-8");
-            i += l ? l : 1;
-        }
-    }
+    for (const cJSON *v = f.obj->child; v && !f.failed; v = v->next)
+        if (!dit_utf8_valid(v->valuestring, strlen(v->valuestring)))
+            f.failed = !fail(b, 400, NULL, "invalid_form", "a form value is not UTF-8");
     if (f.failed) {
         cJSON_Delete(f.obj);
         return NULL;

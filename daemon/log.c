@@ -6,6 +6,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/utf8.h"
+
 static const char *const level_names[] = {"debug", "info", "warn", "error"};
 
 bool dit_log_level_parse(const char *s, dit_log_level *out)
@@ -28,32 +30,6 @@ static void timestamp(char *buf, size_t cap)
     snprintf(buf + n, cap - n, ".%03ldZ", ts.tv_nsec / 1000000);
 }
 
-/* Length of the well-formed UTF-8 sequence at p (n bytes left), or 0. */
-static size_t utf8_len(const unsigned char *p, size_t n)
-{
-    size_t len;
-    unsigned c = p[0], min;
-    if (c < 0x80)
-        return 1;
-    if ((c & 0xe0) == 0xc0) {
-        len = 2, min = 0x80, c &= 0x1f;
-    } else if ((c & 0xf0) == 0xe0) {
-        len = 3, min = 0x800, c &= 0x0f;
-    } else if ((c & 0xf8) == 0xf0) {
-        len = 4, min = 0x10000, c &= 0x07;
-    } else {
-        return 0;
-    }
-    if (len > n)
-        return 0;
-    for (size_t k = 1; k < len; k++) {
-        if ((p[k] & 0xc0) != 0x80)
-            return 0;
-        c = (c << 6) | (p[k] & 0x3f);
-    }
-    return c < min || c > 0x10ffff || (c >= 0xd800 && c <= 0xdfff) ? 0 : len;
-}
-
 /* Copies in (NULL: empty) into out (cap bytes, NUL-terminated) so that it
  * cannot break the line it goes into: control bytes, and bytes that are not
  * UTF-8, escaped (\n, \xNN in text; \uNNNN in JSON, with quotes and
@@ -68,7 +44,7 @@ static void escape(const char *in, char *out, size_t cap, bool json, bool word)
         char tmp[8];
         size_t t = 0, used = 1;
         const unsigned c = *p;
-        const size_t u = utf8_len(p, n);
+        const size_t u = dit_utf8_len((const char *)p, n);
         if (c == '\\' || (json && c == '"')) {
             tmp[t++] = '\\';
             tmp[t++] = (char)c;

@@ -5,7 +5,6 @@ client written against the .proto, in another language and gRPC stack."""
 
 import os
 
-import grpc
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 

@@ -15,7 +15,6 @@ import time
 import grpc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import ditapi  # noqa: E402
 from daemon import Daemon, DEMO, env_path, run_cases  # noqa: E402
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -10,12 +10,10 @@ import json
 import math
 import os
 import re
-import signal
 import socket
 import struct
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 
@@ -23,7 +21,7 @@ import grpc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ditapi  # noqa: E402
-from daemon import alive, children_of, Daemon, DEMO, env_path, run_cases  # noqa: E402
+from daemon import alive, Daemon, DEMO, env_path, run_cases  # noqa: E402
 
 SMALL = dict(prompt="a red fox in the snow", width=64, height=64, num_inference_steps=2)
 LONG = dict(prompt="a very long job", width=512, height=512, num_inference_steps=1000)

@@ -6,47 +6,7 @@
 #include <string.h>
 
 #include "core/tensor.h"
-
-/* Strict UTF-8 (no overlongs, surrogates or code points past U+10FFFF). */
-static bool valid_utf8(const char *s, size_t n)
-{
-    const unsigned char *p = (const unsigned char *)s;
-    size_t i = 0;
-    while (i < n) {
-        unsigned c = p[i];
-        size_t len;
-        unsigned min;
-        if (c < 0x80) {
-            i++;
-            continue;
-        } else if ((c & 0xe0) == 0xc0) {
-            len = 2;
-            min = 0x80;
-            c &= 0x1f;
-        } else if ((c & 0xf0) == 0xe0) {
-            len = 3;
-            min = 0x800;
-            c &= 0x0f;
-        } else if ((c & 0xf8) == 0xf0) {
-            len = 4;
-            min = 0x10000;
-            c &= 0x07;
-        } else {
-            return false;
-        }
-        if (i + len > n)
-            return false;
-        for (size_t k = 1; k < len; k++) {
-            if ((p[i + k] & 0xc0) != 0x80)
-                return false;
-            c = (c << 6) | (p[i + k] & 0x3f);
-        }
-        if (c < min || c > 0x10ffff || (c >= 0xd800 && c <= 0xdfff))
-            return false;
-        i += len;
-    }
-    return true;
-}
+#include "core/utf8.h"
 
 static dit_status check_text(const char *name, const char *s, dit_diag *diag)
 {
@@ -56,7 +16,7 @@ static dit_status check_text(const char *name, const char *s, dit_diag *diag)
     if (n > DIT_REQUEST_MAX_PROMPT_BYTES)
         return dit_diag_set(diag, DIT_ERR_INVALID_ARG, "%s is %zu bytes; at most %d are accepted",
                             name, n, DIT_REQUEST_MAX_PROMPT_BYTES);
-    if (!valid_utf8(s, n))
+    if (!dit_utf8_valid(s, n))
         return dit_diag_set(diag, DIT_ERR_INVALID_ARG, "%s is not valid UTF-8", name);
     return DIT_OK;
 }
@@ -261,7 +221,7 @@ dit_status dit_request_validate(const Ditserve__V1__GenerateRequest *req,
                             "request_id is %zu bytes; at most %d are "
                             "accepted",
                             strlen(req->request_id), DIT_REQUEST_MAX_ID_BYTES);
-    if (req->request_id && !valid_utf8(req->request_id, strlen(req->request_id)))
+    if (req->request_id && !dit_utf8_valid(req->request_id, strlen(req->request_id)))
         return dit_diag_set(diag, DIT_ERR_INVALID_ARG, "request_id is not valid UTF-8");
     if ((st = check_loras(req, diag)) != DIT_OK)
         return st;
