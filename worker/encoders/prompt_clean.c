@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/utf8.h"
 #include "encoders/html_entities.h"
 
 /* A growing output string. */
@@ -81,40 +82,6 @@ static size_t utf8_next(const unsigned char *s, uint32_t *cp)
     *cp = ((uint32_t)(s[0] & 0x07) << 18) | ((uint32_t)(s[1] & 0x3F) << 12) |
           ((uint32_t)(s[2] & 0x3F) << 6) | (s[3] & 0x3F);
     return 4;
-}
-
-/* Strict UTF-8: no overlongs, no surrogates, nothing past U+10FFFF. */
-static bool utf8_valid(const unsigned char *s)
-{
-    while (*s) {
-        const unsigned c = s[0];
-        size_t n;
-        uint32_t min;
-        if (c < 0x80) {
-            s++;
-            continue;
-        } else if (c >= 0xC2 && c <= 0xDF) {
-            n = 2;
-            min = 0x80;
-        } else if (c >= 0xE0 && c <= 0xEF) {
-            n = 3;
-            min = 0x800;
-        } else if (c >= 0xF0 && c <= 0xF4) {
-            n = 4;
-            min = 0x10000;
-        } else {
-            return false;
-        }
-        for (size_t i = 1; i < n; i++)
-            if ((s[i] & 0xC0) != 0x80)
-                return false;
-        uint32_t cp;
-        utf8_next(s, &cp);
-        if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
-            return false;
-        s += n;
-    }
-    return true;
 }
 
 bool dit_unicode_is_space(uint32_t cp)
@@ -269,7 +236,7 @@ static void unescape_into(const unsigned char *s, sbuf *b)
 
 dit_status dit_html_unescape(const char *utf8, char **out, dit_diag *diag)
 {
-    if (!utf8 || !utf8_valid((const unsigned char *)utf8))
+    if (!utf8 || !dit_utf8_valid(utf8, strlen(utf8)))
         return dit_diag_set(diag, DIT_ERR_INVALID_ARG, "prompt is not valid UTF-8");
     sbuf b = {0};
     sb_put(&b, "", 0);
