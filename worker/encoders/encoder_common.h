@@ -1,9 +1,9 @@
-/* What the text encoders (clip_text.c: CLIPTextModel; t5_encoder.c:
- * T5EncoderModel) share beyond the weight loader (loader/weights.h):
- * transformers' activation names, ReLU through the host for backends
- * without it, the check that a checkpoint holds nothing but the model's
- * parameters (less the names a model ignores), and the token-id range
- * check of a forward call.
+/* What the text encoders (clip_text.c: CLIPTextModel; t5_common.c for
+ * T5EncoderModel and UMT5EncoderModel) share beyond the weight loader
+ * (loader/weights.h): transformers' activation names, ReLU through the host
+ * for backends without it, the check that a checkpoint holds nothing but
+ * the model's parameters (less the names a model ignores), and the token-id
+ * range check of a forward call.
  *
  * Errors name the file and tensor, or the caller's `what` ("clip text
  * forward"), as the encoders always have.
