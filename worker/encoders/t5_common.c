@@ -117,20 +117,18 @@ dit_status dit_t5_check_backend(const dit_backend *be, bool need_fill, bool need
                                 const char *model, dit_diag *diag)
 {
     const dit_backend_ops *o = be->ops;
-    const char *missing = !o->embedding           ? "embedding"
-                          : !o->rms_norm          ? "rms_norm"
-                          : !o->linear            ? "linear"
-                          : !o->attention_masked  ? "attention_masked"
-                          : !o->gated_add         ? "gated_add"
-                          : need_fill && !o->fill ? "fill"
-                          : need_copy && !o->copy ? "copy"
-                          : !o->upload            ? "upload"
-                          : !o->download          ? "download"
-                                                  : NULL;
-    if (missing)
-        return dit_diag_set(diag, DIT_ERR_UNSUPPORTED, "backend '%s' has no %s op, which %s needs",
-                            o->name, missing, model);
-    return DIT_OK;
+    const dit_encoder_op need[] = {
+        DIT_ENCODER_OP(o, embedding),
+        DIT_ENCODER_OP(o, rms_norm),
+        DIT_ENCODER_OP(o, linear),
+        DIT_ENCODER_OP(o, attention_masked),
+        DIT_ENCODER_OP(o, gated_add),
+        {!need_fill || o->fill, "fill"}, /* only where the caller uses them */
+        {!need_copy || o->copy, "copy"},
+        DIT_ENCODER_OP(o, upload),
+        DIT_ENCODER_OP(o, download),
+    };
+    return dit_encoder_check_ops(be, need, sizeof need / sizeof need[0], model, diag);
 }
 
 /* ------------------------------------------------------------------------ */
