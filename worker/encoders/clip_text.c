@@ -145,20 +145,13 @@ static void clip_weight_list(dit_clip_text *m, const char *pre, dit_weight_list 
 static dit_status check_backend(const dit_backend *be, dit_diag *diag)
 {
     const dit_backend_ops *o = be->ops;
-    const char *missing = !o->embedding          ? "embedding"
-                          : !o->layer_norm       ? "layer_norm"
-                          : !o->linear           ? "linear"
-                          : !o->attention_masked ? "attention_masked"
-                          : !o->gated_add        ? "gated_add"
-                          : !o->copy             ? "copy"
-                          : !o->upload           ? "upload"
-                          : !o->download         ? "download"
-                                                 : NULL;
-    if (missing)
-        return dit_diag_set(diag, DIT_ERR_UNSUPPORTED,
-                            "backend '%s' has no %s op, which CLIPTextModel needs", o->name,
-                            missing);
-    return DIT_OK;
+    const dit_encoder_op need[] = {
+        DIT_ENCODER_OP(o, embedding), DIT_ENCODER_OP(o, layer_norm),
+        DIT_ENCODER_OP(o, linear),    DIT_ENCODER_OP(o, attention_masked),
+        DIT_ENCODER_OP(o, gated_add), DIT_ENCODER_OP(o, copy),
+        DIT_ENCODER_OP(o, upload),    DIT_ENCODER_OP(o, download),
+    };
+    return dit_encoder_check_ops(be, need, sizeof need / sizeof need[0], "CLIPTextModel", diag);
 }
 
 dit_status dit_clip_text_load(dit_backend *be, const char *dir, dit_clip_text **out, dit_diag *diag)

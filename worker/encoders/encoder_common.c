@@ -75,6 +75,17 @@ dit_status dit_encoder_check_unexpected(const dit_st_set *set, const dit_weight_
     return DIT_OK;
 }
 
+dit_status dit_encoder_check_ops(const dit_backend *be, const dit_encoder_op *need, size_t n,
+                                 const char *model, dit_diag *diag)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!need[i].present)
+            return dit_diag_set(diag, DIT_ERR_UNSUPPORTED,
+                                "backend '%s' has no %s op, which %s needs", be->ops->name,
+                                need[i].name, model);
+    return DIT_OK;
+}
+
 dit_status dit_encoder_check_ids(const int32_t *ids, int64_t B, int64_t S, int64_t vocab,
                                  const char *what, dit_diag *diag)
 {

@@ -1,9 +1,10 @@
-/* What the text encoders (clip_text.c: CLIPTextModel; t5_encoder.c:
- * T5EncoderModel) share beyond the weight loader (loader/weights.h):
- * transformers' activation names, ReLU through the host for backends
- * without it, the check that a checkpoint holds nothing but the model's
- * parameters (less the names a model ignores), and the token-id range
- * check of a forward call.
+/* What the text encoders (clip_text.c: CLIPTextModel; t5_common.c for
+ * T5EncoderModel and UMT5EncoderModel) share beyond the weight loader
+ * (loader/weights.h): transformers' activation names, ReLU through the host
+ * for backends without it, the check that a checkpoint holds nothing but
+ * the model's parameters (less the names a model ignores), the check that
+ * the backend has the ops a model needs, and the token-id range check of a
+ * forward call.
  *
  * Errors name the file and tensor, or the caller's `what` ("clip text
  * forward"), as the encoders always have.
@@ -43,6 +44,20 @@ dit_status dit_encoder_relu_on_host(dit_backend *be, const dit_tensor *t);
 dit_status dit_encoder_check_unexpected(const dit_st_set *set, const dit_weight_list *l,
                                         const char *skip_prefix, const char *const *extra,
                                         size_t n_extra, const char *model, dit_diag *diag);
+
+/* One backend op an encoder needs: whether the backend has it, and its
+ * name for the error. DIT_ENCODER_OP(ops, field) fills both from a
+ * dit_backend_ops field. */
+typedef struct dit_encoder_op {
+    bool present;
+    const char *name;
+} dit_encoder_op;
+#define DIT_ENCODER_OP(ops, field) ((dit_encoder_op){(ops)->field != NULL, #field})
+
+/* DIT_ERR_UNSUPPORTED naming the first of need[0..n) that `be` lacks and
+ * `model` ("CLIPTextModel"): "backend 'cpu' has no fill op, which ... needs". */
+dit_status dit_encoder_check_ops(const dit_backend *be, const dit_encoder_op *need, size_t n,
+                                 const char *model, dit_diag *diag);
 
 /* ids: host (B, S); each must lie in [0, vocab). DIT_ERR_INVALID_ARG naming
  * the first one outside and its position, prefixed by `what`. */
