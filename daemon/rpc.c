@@ -41,6 +41,13 @@ typedef struct conn_acct {
     int refs;
 } conn_acct;
 
+/* A call's state belongs to the loop thread, except its send side, which
+ * the completion-queue thread also touches: when a send completes it starts
+ * the next queued batch itself (the result after its chunk, the status after
+ * the last message) instead of waiting for the loop to pick the completion
+ * up, one thread hand-off less per message. The send side is the fields
+ * under `smu`; the loop still accounts and frees the sent messages when the
+ * completion reaches it, and frees the call only once none is on its way. */
 struct dit_rpc_call {
     dit_rpc_server *srv;
     int method;
@@ -50,11 +57,17 @@ struct dit_rpc_call {
     grpc_byte_buffer *payload;
     rpc_tag new_tag, close_tag, send_tag, recv_tag;
     int cancelled_flag;
-    bool started, close_done, send_busy, recv_busy, md_sent, sending_status;
-    bool sending_msg; /* the batch in flight carries the head message */
-    bool finish_requested, status_done, dead, cancel_notified;
+    bool started, close_done, recv_busy;
+    bool finish_requested, dead, cancel_notified;
     int depth; /* completion handlers on the stack: no freeing under them */
-    out_msg *head, *tail;
+    /* The send side (see above), under smu. */
+    uv_mutex_t smu;
+    out_msg *head, *tail; /* queued, head first; the head is in flight while sending_msg */
+    out_msg *sent;        /* sent, for the loop to account and free */
+    bool send_busy, md_sent, sending_status, status_done, send_stopped;
+    bool sending_msg;         /* the batch in flight carries the head message */
+    int send_events;          /* send completions on their way to the loop */
+    grpc_call_error send_err; /* a batch the completion-queue thread could not start */
     grpc_byte_buffer *recv_buf;
     grpc_status_code code;
     grpc_slice details;
@@ -130,6 +143,9 @@ const char *dit_rpc_status_name(grpc_status_code code)
 /* ------------------------------------------------------------------------ */
 /* Completion-queue thread -> loop                                           */
 
+static void on_send(rpc_tag *t, bool ok);
+static void send_done(dit_rpc_call *c, bool ok);
+
 static void cq_thread(void *arg)
 {
     dit_rpc_server *s = arg;
@@ -139,6 +155,9 @@ static void cq_thread(void *arg)
             break;
         if (ev.type != GRPC_OP_COMPLETE)
             continue;
+        rpc_tag *tag = ev.tag;
+        if (tag->fn == on_send)
+            send_done(CONTAINER(tag, dit_rpc_call, send_tag), ev.success != 0);
         uv_mutex_lock(&s->mu);
         if (s->n_events == s->cap_events) {
             size_t cap = s->cap_events ? s->cap_events * 2 : 64;
@@ -238,12 +257,13 @@ static void call_free(dit_rpc_call *c)
 {
     account(c, -c->unsent);
     acct_put(c->srv, c->acct);
-    while (c->head) {
-        out_msg *m = c->head;
-        c->head = m->next;
-        grpc_byte_buffer_destroy(m->buf);
-        free(m);
-    }
+    for (out_msg **list = &c->head; list; list = list == &c->head ? &c->sent : NULL)
+        while (*list) {
+            out_msg *m = *list;
+            *list = m->next;
+            grpc_byte_buffer_destroy(m->buf);
+            free(m);
+        }
     if (c->payload)
         grpc_byte_buffer_destroy(c->payload);
     if (c->recv_buf)
@@ -256,14 +276,27 @@ static void call_free(dit_rpc_call *c)
         grpc_call_unref(c->call);
     if (c->peer)
         gpr_free(c->peer);
+    uv_mutex_destroy(&c->smu);
     free(c);
+}
+
+/* Nothing more goes out on the call (loop thread). */
+static void mark_dead(dit_rpc_call *c)
+{
+    c->dead = true;
+    uv_mutex_lock(&c->smu);
+    c->send_stopped = true;
+    uv_mutex_unlock(&c->smu);
 }
 
 static void maybe_free(dit_rpc_call *c)
 {
-    if (c->depth > 0 || !c->close_done || c->send_busy || c->recv_busy || !c->finish_requested)
+    if (c->depth > 0 || !c->close_done || c->recv_busy || !c->finish_requested)
         return;
-    if (!c->status_done && !c->dead)
+    uv_mutex_lock(&c->smu);
+    const bool sending = c->send_busy || c->send_events > 0, status_done = c->status_done;
+    uv_mutex_unlock(&c->smu);
+    if (sending || (!status_done && !c->dead))
         return;
     dit_rpc_server *s = c->srv;
     call_free(c);
@@ -304,43 +337,19 @@ static void on_close(rpc_tag *t, bool ok)
     enter(c);
     c->close_done = true;
     if (c->cancelled_flag) {
-        c->dead = true;
+        mark_dead(c);
         notify_cancel(c);
     }
     leave(c);
 }
 
-static void on_send(rpc_tag *t, bool ok)
+/* Starts the next send batch if none is in flight: the queued head
+ * message, with the status when it is the last and the call is finished
+ * (one completion less at the end of every call), or the status alone.
+ * Either thread, smu held. */
+static void pump_locked(dit_rpc_call *c)
 {
-    dit_rpc_call *c = CONTAINER(t, dit_rpc_call, send_tag);
-    enter(c);
-    c->send_busy = false;
-    if (c->sending_msg && c->head) {
-        out_msg *m = c->head;
-        c->head = m->next;
-        if (!c->head)
-            c->tail = NULL;
-        account(c, -(int64_t)m->len);
-        grpc_byte_buffer_destroy(m->buf);
-        free(m);
-    }
-    c->sending_msg = false;
-    if (c->sending_status) {
-        c->sending_status = false;
-        c->status_done = true;
-    }
-    if (!ok) {
-        /* The client went away: nothing more can be sent. */
-        c->dead = true;
-        notify_cancel(c);
-    }
-    pump(c);
-    leave(c);
-}
-
-static void pump(dit_rpc_call *c)
-{
-    if (c->send_busy || c->dead)
+    if (c->send_busy || c->send_stopped)
         return;
     grpc_op ops[3];
     memset(ops, 0, sizeof ops);
@@ -356,8 +365,6 @@ static void pump(dit_rpc_call *c)
         n++;
         c->sending_msg = true;
     }
-    /* The status goes with the last message when it is already known: one
-     * trip through the completion queue less at the end of every call. */
     if ((!c->head || !c->head->next) && c->finish_requested && !c->status_done) {
         ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
         ops[n].data.send_status_from_server.trailing_metadata_count = 0;
@@ -375,10 +382,78 @@ static void pump(dit_rpc_call *c)
         c->send_busy = false;
         c->sending_status = false;
         c->sending_msg = false;
+        c->send_stopped = true;
+        c->send_err = err;
+    }
+}
+
+/* Loop thread: pump_locked, and what a failed start means for the call. */
+static void pump(dit_rpc_call *c)
+{
+    uv_mutex_lock(&c->smu);
+    pump_locked(c);
+    const grpc_call_error err = c->send_err;
+    c->send_err = GRPC_CALL_OK;
+    uv_mutex_unlock(&c->smu);
+    if (err != GRPC_CALL_OK) {
         c->dead = true;
         DIT_LOG(c->srv->log, DIT_LOG_WARN, "grpc", "start_batch failed (%d); dropping the call",
                 (int)err);
     }
+}
+
+/* Completion-queue thread, a send batch done: the message it carried
+ * joins the sent list, and the next batch starts at once. Counts the
+ * completion as on its way to the loop (on_send), which keeps the call. */
+static void send_done(dit_rpc_call *c, bool ok)
+{
+    uv_mutex_lock(&c->smu);
+    c->send_busy = false;
+    if (c->sending_msg && c->head) {
+        out_msg *m = c->head;
+        c->head = m->next;
+        if (!c->head)
+            c->tail = NULL;
+        m->next = c->sent;
+        c->sent = m;
+    }
+    c->sending_msg = false;
+    if (c->sending_status) {
+        c->sending_status = false;
+        c->status_done = true;
+    }
+    if (!ok)
+        c->send_stopped = true; /* the client went away */
+    else
+        pump_locked(c);
+    c->send_events++;
+    uv_mutex_unlock(&c->smu);
+}
+
+/* Loop thread, after send_done: accounts and frees what was sent. */
+static void on_send(rpc_tag *t, bool ok)
+{
+    dit_rpc_call *c = CONTAINER(t, dit_rpc_call, send_tag);
+    enter(c);
+    uv_mutex_lock(&c->smu);
+    out_msg *sent = c->sent;
+    c->sent = NULL;
+    c->send_events--;
+    uv_mutex_unlock(&c->smu);
+    while (sent) {
+        out_msg *m = sent;
+        sent = m->next;
+        account(c, -(int64_t)m->len);
+        grpc_byte_buffer_destroy(m->buf);
+        free(m);
+    }
+    if (!ok) {
+        /* The client went away: nothing more can be sent. */
+        c->dead = true;
+        notify_cancel(c);
+    }
+    pump(c);
+    leave(c);
 }
 
 /* Queues `slice` (len bytes) as the call's next message; takes the
@@ -396,11 +471,13 @@ static void queue_slice(dit_rpc_call *c, grpc_slice slice, size_t len)
     if (!c->acct)
         c->acct = acct_get(c->srv, dit_rpc_call_peer(c));
     account(c, (int64_t)len);
+    uv_mutex_lock(&c->smu);
     if (c->tail)
         c->tail->next = m;
     else
         c->head = m;
     c->tail = m;
+    uv_mutex_unlock(&c->smu);
     pump(c);
 }
 
@@ -425,6 +502,7 @@ void dit_rpc_call_finish(dit_rpc_call *c, grpc_status_code code, const char *det
 {
     if (c->finish_requested)
         return;
+    uv_mutex_lock(&c->smu);
     c->finish_requested = true;
     c->code = code;
     if (details && *details) {
@@ -432,6 +510,7 @@ void dit_rpc_call_finish(dit_rpc_call *c, grpc_status_code code, const char *det
         c->has_details = true;
         c->details_text = strdup(details);
     }
+    uv_mutex_unlock(&c->smu);
     pump(c);
     maybe_free(c);
 }
@@ -470,7 +549,7 @@ void dit_rpc_call_read(dit_rpc_call *c)
     c->recv_busy = true;
     if (grpc_call_start_batch(c->call, &op, 1, &c->recv_tag, NULL) != GRPC_CALL_OK) {
         c->recv_busy = false;
-        c->dead = true;
+        mark_dead(c);
     }
 }
 
@@ -583,7 +662,7 @@ static void dispatch_new_call(dit_rpc_call *c)
     op.data.recv_close_on_server.cancelled = &c->cancelled_flag;
     if (grpc_call_start_batch(c->call, &op, 1, &c->close_tag, NULL) != GRPC_CALL_OK) {
         c->close_done = true;
-        c->dead = true;
+        mark_dead(c);
     }
     const dit_rpc_method *m = &s->methods[c->method];
     if (!authorized(c)) {
@@ -615,6 +694,7 @@ static void request_call(dit_rpc_server *s, int method)
     dit_rpc_call *c = calloc(1, sizeof *c);
     if (!c)
         return;
+    uv_mutex_init(&c->smu);
     c->srv = s;
     c->method = method;
     c->new_tag.fn = on_new_call;
