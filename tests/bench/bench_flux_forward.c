@@ -5,6 +5,7 @@
  *                      [--threads N] [--warmup 1] [--iters 5] [--backend cpu|cuda]
  *                      [--flux-dev] [--graph both|on|off] [--flop-per-step F]
  *                      [--summary FILE] [--cuda-path legacy|fast|both]
+ *                      [--cuda-attn v1|v2|both]
  *
  * Defaults are the mid-size config that tests/bench/bench_diffusers_forward.py
  * times in PyTorch, so the two print comparable lines.
@@ -29,7 +30,13 @@
  *    epilogue or on the CUDA-core fallback kernel (gemm_*);
  *  - graph-vs-eager agreement of the output (graph_vs_eager_max_abs and the
  *    number of values that differ in any bit) and NaN/Inf counts of the
- *    eager and graph outputs (nan_count_eager, nan_count_graph). */
+ *    eager and graph outputs (nan_count_eager, nan_count_graph).
+ *
+ * --cuda-attn (DIT_CUDA_ATTN): the attention kernel of the fast path's bf16
+ * q/k/v, v1 (64 queries a block) or v2 (pipelined, 128 queries); with both,
+ * each fast-path measurement is repeated on v2 with keys prefixed
+ * "fast_attn_v2_" (the legacy path's f32 q/k/v always run v1). A single
+ * kernel prefixes nothing new. */
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
@@ -354,7 +361,7 @@ int main(int argc, char **argv)
     cfg.num_layers = 4;
     cfg.num_single_layers = 8;
     long img = 1024, txt = 128, batch = 1, threads = 0, warmup = 1, iters = 5;
-    const char *graph_mode = "off", *summary_path = NULL, *cuda_path = NULL;
+    const char *graph_mode = "off", *summary_path = NULL, *cuda_path = NULL, *cuda_attn = NULL;
     double flop_override = 0.0;
     dit_backend_kind kind = DIT_BACKEND_CPU;
     static const struct option opts[] = {
@@ -374,6 +381,7 @@ int main(int argc, char **argv)
         {"summary", required_argument, NULL, 'S'},
         {"flop-per-step", required_argument, NULL, 'P'},
         {"cuda-path", required_argument, NULL, 'C'},
+        {"cuda-attn", required_argument, NULL, 'A'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -434,6 +442,9 @@ int main(int argc, char **argv)
         case 'C':
             cuda_path = optarg;
             break;
+        case 'A':
+            cuda_attn = optarg;
+            break;
         default:
             fprintf(stderr, "usage: see the comment at the top of bench_flux_forward.c\n");
             return c == 'h' ? 0 : 2;
@@ -452,6 +463,11 @@ int main(int argc, char **argv)
     if (cuda_path && strcmp(cuda_path, "legacy") != 0 && strcmp(cuda_path, "fast") != 0 &&
         strcmp(cuda_path, "both") != 0) {
         fprintf(stderr, "--cuda-path takes legacy, fast or both\n");
+        return 2;
+    }
+    if (cuda_attn && strcmp(cuda_attn, "v1") != 0 && strcmp(cuda_attn, "v2") != 0 &&
+        strcmp(cuda_attn, "both") != 0) {
+        fprintf(stderr, "--cuda-attn takes v1, v2 or both\n");
         return 2;
     }
     if (iters < 1 || img < 1 || txt < 0 || batch < 1) {
@@ -546,12 +562,15 @@ int main(int argc, char **argv)
                 cfg.attention_head_dim, batch, img, txt, flop,
                 (double)dit_flux_weight_bytes(m) / 1048576.0, t_init);
     /* The cuda paths to measure: the one the backend started with, or what
-     * --cuda-path asks for. */
-    int paths[2] = {-1, -1}, n_paths = 1;
-    int start_path = -1;
+     * --cuda-path asks for; each with the attention kernel the backend
+     * started with or the one --cuda-attn names, and with both, the fast
+     * path once more on v2 (attns[i] 1). */
+    int paths[3] = {-1, -1, -1}, attns[3] = {-1, -1, -1}, n_paths = 1;
+    int start_path = -1, start_attn = -1;
 #ifdef DIT_HAVE_CUDA
     if (dit_backend_is_cuda(be)) {
         start_path = (int)dit_cuda_backend_path(be);
+        start_attn = (int)dit_cuda_backend_attn(be);
         paths[0] = start_path;
         if (cuda_path && strcmp(cuda_path, "both") == 0) {
             paths[0] = DIT_CUDA_PATH_LEGACY;
@@ -562,10 +581,26 @@ int main(int argc, char **argv)
             dit_cuda_path_parse(cuda_path, &p);
             paths[0] = (int)p;
         }
+        const bool both = cuda_attn && strcmp(cuda_attn, "both") == 0;
+        int a0 = start_attn;
+        if (cuda_attn && !both) {
+            dit_cuda_attn k;
+            dit_cuda_attn_parse(cuda_attn, &k);
+            a0 = (int)k;
+        } else if (both) {
+            a0 = DIT_CUDA_ATTN_V1;
+        }
+        for (int i = 0; i < n_paths; i++)
+            attns[i] = a0;
+        if (both && paths[n_paths - 1] == DIT_CUDA_PATH_FAST) {
+            paths[n_paths] = DIT_CUDA_PATH_FAST;
+            attns[n_paths] = DIT_CUDA_ATTN_V2;
+            n_paths++;
+        }
     }
 #else
-    if (cuda_path)
-        fprintf(stderr, "--cuda-path: this build has no cuda backend; ignored\n");
+    if (cuda_path || cuda_attn)
+        fprintf(stderr, "--cuda-path, --cuda-attn: this build has no cuda backend; ignored\n");
 #endif
     bench_ctx bc = {.be = be,
                     .m = m,
@@ -582,12 +617,19 @@ int main(int argc, char **argv)
                     .sum = sum,
                     .n_out = (size_t)dit_tensor_numel(&out)};
     for (int pi = 0; pi < n_paths; pi++) {
-        char prefix[16] = "";
+        char prefix[32] = "";
+        bool extra = false; /* the fast path again, on v2 */
 #ifdef DIT_HAVE_CUDA
         if (paths[pi] >= 0) {
             dit_cuda_backend_set_path(be, (dit_cuda_path)paths[pi]);
-            printf("cuda path: %s\n", dit_cuda_path_name((dit_cuda_path)paths[pi]));
-            if (cuda_path)
+            dit_cuda_backend_set_attn(be, (dit_cuda_attn)attns[pi]);
+            extra = pi > 0 && paths[pi] == paths[pi - 1];
+            printf("cuda path: %s, attention %s\n", dit_cuda_path_name((dit_cuda_path)paths[pi]),
+                   dit_cuda_attn_name((dit_cuda_attn)attns[pi]));
+            if (extra)
+                snprintf(prefix, sizeof prefix, "%s_attn_v2_",
+                         dit_cuda_path_name((dit_cuda_path)paths[pi]));
+            else if (cuda_path)
                 snprintf(prefix, sizeof prefix, "%s_",
                          dit_cuda_path_name((dit_cuda_path)paths[pi]));
         }
@@ -596,14 +638,16 @@ int main(int argc, char **argv)
             goto cleanup;
         /* Unprefixed keys: the path the backend started with, or the only
          * one measured. */
-        if (sum && prefix[0] && (n_paths == 1 || paths[pi] == start_path))
+        if (sum && prefix[0] && !extra && (n_paths == 1 || paths[pi] == start_path))
             write_keys(&bc, "");
         if (sum)
             write_keys(&bc, prefix);
     }
 #ifdef DIT_HAVE_CUDA
-    if (start_path >= 0)
+    if (start_path >= 0) {
         dit_cuda_backend_set_path(be, (dit_cuda_path)start_path);
+        dit_cuda_backend_set_attn(be, (dit_cuda_attn)start_attn);
+    }
 #endif
     dit_flux_set_graphs(m, false);
     printf("weights: %.1f MiB (random, made in %.0f ms); activations: %.1f MiB\n",

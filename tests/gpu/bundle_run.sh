@@ -13,19 +13,20 @@
 #   gpu:  the gpu test binaries (cuda vs cpu op by op, random models, diffusers
 #         golden cases, NCCL, Wan 2.1's transformer, VAE decoder and UMT5
 #         encoder against their references), where a GPU that fails to
-#         initialise fails;
+#         initialise fails; the golden and forward tests once more on the
+#         pipelined attention kernel (DIT_CUDA_ATTN=v2);
 #         a 512x512 demo generation on cuda, timed (both kernel paths); ditd --backend cuda serving
 #         one generation to ditctl, and under load with batching off and on
 #         (throughput.sh); the FLUX.1-dev-sized forward benchmark,
 #         eager and with CUDA graphs, legacy and fast kernel paths
-#         (DIT_CUDA_PATH); the smallest cuda test under
+#         (DIT_CUDA_PATH) and the fast path on attention v2; the smallest cuda test under
 #         compute-sanitizer.
 # OUT_DIR/summary.txt gets "key: value" lines. Exit status: 0 when every stage
 # passed, 77 when the CPU stage passed and there is no GPU ("gpu: none"),
 # 1 when any stage failed, 2 on bad usage.
 set -uo pipefail
 if [ $# -ne 1 ] || [ "$1" = "-h" ] || [ "$1" = "--help" ]; then
-  sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 fi
 mkdir -p "$1" || exit 2
@@ -226,6 +227,16 @@ if [ -x "$B/bin/test_cuda_golden" ]; then
   grep -E "cuda vs|rel " "$out/gpu_cuda_golden_legacy.log" | sed "s/^/cuda_golden_legacy: /" |
     head -n 40 >> "$out/gpu_numbers.txt"
 fi
+# The attention kernel of bf16 q/k/v: DIT_CUDA_ATTN=v2 (pipelined) is not
+# the default yet. test_cuda_ops checks it op by op (bit-identical to v1);
+# here the golden and whole-forward tests run on it as well.
+for t in cuda_golden cuda_forward; do
+  [ -x "$B/bin/test_$t" ] || continue
+  DIT_CUDA_ATTN=v2 stage "gpu_${t}_attn_v2" 240 "$B/bin/test_$t"
+  grep -E "cuda vs|rel |max abs|graph" "$out/gpu_${t}_attn_v2.log" | sed "s/^/${t}_attn_v2: /" |
+    head -n 40 >> "$out/gpu_numbers.txt"
+done
+note attn_v2_flux_size "$(grep -m 1 'flux-size attention bf16' "$out/gpu_cuda_ops.log" 2>/dev/null)"
 worst=$(grep -oE "rel [0-9.e+-]+" "$out/gpu_numbers.txt" 2>/dev/null | awk '{print $2}' |
         sort -g | tail -n 1)
 note gpu_golden_worst_rel "${worst:-n/a}"
@@ -264,9 +275,10 @@ for l in batch1 batch4; do
 done
 
 # The FLUX.1-dev-sized benchmark: random bf16 weights made on the device,
-# eager passes and CUDA-graph replays, both kernel paths.
-bench_args=(--backend cuda --flux-dev --graph both --cuda-path both --warmup 2 --iters 10
-            --flop-per-step 74.4e12 --summary "$summary")
+# eager passes and CUDA-graph replays, both kernel paths, and the fast path
+# once more on the pipelined attention kernel (keys fast_attn_v2_*).
+bench_args=(--backend cuda --flux-dev --graph both --cuda-path both --cuda-attn both --warmup 2
+            --iters 10 --flop-per-step 74.4e12 --summary "$summary")
 stage bench_flux_dev 300 "$B/bin/bench_flux_forward" "${bench_args[@]}"
 sed 's/^/   /' "$out/bench_flux_dev.log" | tail -n 40 | tee -a "$out/run.log" > /dev/null
 

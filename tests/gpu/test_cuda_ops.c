@@ -22,6 +22,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "gpu_util.h"
 
@@ -865,6 +866,198 @@ START_TEST(flux_size_attention_matches_f32_kernel)
 }
 END_TEST
 
+/* FLUX.1-dev's attention at 1024 x 1024 on bf16 q, k, v (the fast path's
+ * operands), bf16 out: the pipelined kernel bit for bit against v1, both
+ * timed (one warm-up call each, then the median of 5). */
+static double attn_time_ms(dit_backend *be, const dit_tensor *out, const dit_tensor *lse,
+                           const dit_tensor *q, const dit_tensor *k, const dit_tensor *v,
+                           float scale)
+{
+    double t[5];
+    GPU_OK(be, be->ops->attention(be, out, lse, q, k, v, scale));
+    GPU_OK(be, be->ops->sync(be));
+    for (int i = 0; i < 5; i++) {
+        struct timespec a, b;
+        clock_gettime(CLOCK_MONOTONIC, &a);
+        GPU_OK(be, be->ops->attention(be, out, lse, q, k, v, scale));
+        GPU_OK(be, be->ops->sync(be));
+        clock_gettime(CLOCK_MONOTONIC, &b);
+        t[i] = (double)(b.tv_sec - a.tv_sec) * 1e3 + (double)(b.tv_nsec - a.tv_nsec) / 1e6;
+    }
+    for (int i = 1; i < 5; i++)
+        for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
+            const double x = t[j];
+            t[j] = t[j - 1];
+            t[j - 1] = x;
+        }
+    return t[2];
+}
+
+START_TEST(flux_size_attention_v2_matches_v1)
+{
+    const int64_t B = 1, S = 4608, H = 24, D = 128;
+    test_rng r = {4609};
+    const int64_t shp[3] = {B, S, 3 * H * D}, sho[3] = {B, S, H * D}, shl[3] = {B, H, S};
+    const size_t np = (size_t)(B * S * 3 * H * D), no = (size_t)(B * S * H * D);
+    float *hp = gpu_rand(&r, np, -3, 3, true);
+    void *pbuf = NULL, *obuf[2] = {NULL, NULL}, *lbuf[2] = {NULL, NULL};
+    GPU_OK(GPU, dit_backend_alloc(GPU, np * 2, &pbuf));
+    dit_tensor proj = dit_tensor_make(pbuf, DIT_BF16, 3, shp);
+    dit_tensor hproj = dit_tensor_make(hp, DIT_F32, 3, shp);
+    GPU_OK(GPU, GPU->ops->upload(GPU, &proj, &hproj));
+    dit_tensor fq = dit_tensor_narrow(&proj, 2, 0, H * D),
+               fk = dit_tensor_narrow(&proj, 2, H * D, H * D);
+    dit_tensor fv = dit_tensor_narrow(&proj, 2, 2 * H * D, H * D);
+    dit_tensor q = dit_tensor_split_last(&fq, D), k = dit_tensor_split_last(&fk, D);
+    dit_tensor v = dit_tensor_split_last(&fv, D);
+    const float scale = 1.0f / sqrtf((float)D);
+    const dit_cuda_attn was = dit_cuda_backend_attn(GPU);
+    dit_tensor o3[2], lse[2];
+    double ms[2];
+    for (int kv = 0; kv < 2; kv++) {
+        GPU_OK(GPU, dit_backend_alloc(GPU, no * 2, &obuf[kv]));
+        GPU_OK(GPU, dit_backend_alloc(GPU, (size_t)(B * H * S) * 4, &lbuf[kv]));
+        o3[kv] = dit_tensor_make(obuf[kv], DIT_BF16, 3, sho);
+        const dit_tensor out = dit_tensor_split_last(&o3[kv], D);
+        lse[kv] = dit_tensor_make(lbuf[kv], DIT_F32, 3, shl);
+        dit_cuda_backend_set_attn(GPU, kv ? DIT_CUDA_ATTN_V2 : DIT_CUDA_ATTN_V1);
+        ms[kv] = attn_time_ms(GPU, &out, &lse[kv], &q, &k, &v, scale);
+    }
+    dit_cuda_backend_set_attn(GPU, was);
+    float *a1 = gpu_fetch(GPU, &o3[0]), *a2 = gpu_fetch(GPU, &o3[1]);
+    float *b1 = gpu_fetch(GPU, &lse[0]), *b2 = gpu_fetch(GPU, &lse[1]);
+    size_t diff = 0, ldiff = 0;
+    for (size_t i = 0; i < no; i++)
+        diff += memcmp(&a1[i], &a2[i], sizeof a1[i]) != 0;
+    for (size_t i = 0; i < (size_t)(B * H * S); i++)
+        ldiff += memcmp(&b1[i], &b2[i], sizeof b1[i]) != 0;
+    const double tflop = 4.0 * (double)S * (double)S * (double)(H * D) / 1e12;
+    printf("flux-size attention bf16 (S %lld, H %lld, D %lld): v2 vs v1 %zu outputs and %zu lse "
+           "values differ; v1 %.3f ms (%.0f TFLOP/s), v2 %.3f ms (%.0f TFLOP/s)\n",
+           (long long)S, (long long)H, (long long)D, diff, ldiff, ms[0], tflop / (ms[0] / 1e3),
+           ms[1], tflop / (ms[1] / 1e3));
+    ck_assert_uint_eq(diff, 0);
+    ck_assert_uint_eq(ldiff, 0);
+    free(a1);
+    free(a2);
+    free(b1);
+    free(b2);
+    for (int kv = 0; kv < 2; kv++) {
+        dit_backend_free(GPU, obuf[kv]);
+        dit_backend_free(GPU, lbuf[kv]);
+    }
+    dit_backend_free(GPU, pbuf);
+    free(hp);
+}
+END_TEST
+
+/* The pipelined kernel (DIT_CUDA_ATTN=v2) against the 64-query one (v1)
+ * and the cpu backend, on bf16 q, k, v as head views of a fused
+ * projection: v2 does v1's arithmetic in v1's order, so every output and
+ * LSE value must be bit-identical to v1's, and within the tensor-core
+ * tolerance of the cpu's. Sequence ends inside and on tile edges (64 keys,
+ * 128 queries), Skv 0, batch 2, bf16 output; `pad` widens the projection's
+ * rows by 4 elements, which leaves them 8- but not 16-byte aligned: v2
+ * cannot take them and the call must run (and be counted) on v1. */
+typedef struct attn2_case {
+    int64_t B, Sq, Skv, H, D;
+    float qscale;
+    bool out_bf16, pad;
+} attn2_case;
+
+static const attn2_case attn2_cases[] = {
+    {1, 1, 1, 1, 64, 1, false, false},      {2, 97, 53, 3, 128, 1, false, false},
+    {1, 128, 64, 2, 128, 1, false, false},  {1, 129, 65, 2, 64, 1, false, false},
+    {1, 300, 333, 2, 128, 3, false, false}, {2, 64, 200, 1, 64, 1, true, false},
+    {1, 9, 0, 2, 128, 1, false, false},     {1, 200, 130, 2, 128, 2, true, false},
+    {1, 77, 91, 1, 64, 1, false, true},     {1, 256, 1000, 2, 128, 4, true, false},
+};
+
+START_TEST(attention_v2_matches_v1_bitwise)
+{
+    const attn2_case *ac = &attn2_cases[_i];
+    test_rng r = {1700 + (uint64_t)_i};
+    const int64_t B = ac->B, Sq = ac->Sq, Skv = ac->Skv, H = ac->H, D = ac->D;
+    const int64_t W = 3 * H * D + (ac->pad ? 4 : 0);
+    const int64_t shq[3] = {B, Sq, W}, shk[3] = {B, Skv, W};
+    const int64_t sho[3] = {B, Sq, H * D}, shl[3] = {B, H, Sq};
+    float *hq = gpu_rand(&r, (size_t)(B * Sq * W), -ac->qscale, ac->qscale, true);
+    float *hk = gpu_rand(&r, (size_t)(B * Skv * W), -1, 1, true);
+    gpu_pair qa = gpu_pair_make(CPU, GPU, DIT_BF16, 3, shq, hq);
+    gpu_pair ka = gpu_pair_make(CPU, GPU, DIT_BF16, 3, shk, hk);
+    const dit_dtype odt = ac->out_bf16 ? DIT_BF16 : DIT_F32;
+    gpu_pair o1 = gpu_pair_make(CPU, GPU, odt, 3, sho, NULL);
+    gpu_pair o2 = gpu_pair_make(CPU, GPU, odt, 3, sho, NULL);
+    gpu_pair l1 = gpu_pair_make(CPU, GPU, DIT_F32, 3, shl, NULL);
+    gpu_pair l2 = gpu_pair_make(CPU, GPU, DIT_F32, 3, shl, NULL);
+    dit_tensor q[2], k[2], v[2], out1[2], out2[2];
+    const dit_tensor *qb[2] = {&qa.c, &qa.g}, *kb[2] = {&ka.c, &ka.g};
+    const dit_tensor *ob1[2] = {&o1.c, &o1.g}, *ob2[2] = {&o2.c, &o2.g};
+    for (int s = 0; s < 2; s++) {
+        dit_tensor f = dit_tensor_narrow(qb[s], 2, 0, H * D);
+        q[s] = dit_tensor_split_last(&f, D);
+        f = dit_tensor_narrow(kb[s], 2, H * D, H * D);
+        k[s] = dit_tensor_split_last(&f, D);
+        f = dit_tensor_narrow(kb[s], 2, 2 * H * D, H * D);
+        v[s] = dit_tensor_split_last(&f, D);
+        out1[s] = dit_tensor_split_last(ob1[s], D);
+        out2[s] = dit_tensor_split_last(ob2[s], D);
+    }
+    const float scale = 1.0f / sqrtf((float)D);
+    GPU_OK(CPU, CPU->ops->attention(CPU, &out1[0], &l1.c, &q[0], &k[0], &v[0], scale));
+    const dit_cuda_attn was = dit_cuda_backend_attn(GPU);
+    dit_cuda_stats st0, st1, st2;
+    dit_cuda_backend_stats(GPU, &st0);
+    dit_cuda_backend_set_attn(GPU, DIT_CUDA_ATTN_V1);
+    GPU_OK(GPU, GPU->ops->attention(GPU, &out1[1], &l1.g, &q[1], &k[1], &v[1], scale));
+    dit_cuda_backend_stats(GPU, &st1);
+    dit_cuda_backend_set_attn(GPU, DIT_CUDA_ATTN_V2);
+    GPU_OK(GPU, GPU->ops->attention(GPU, &out2[1], &l2.g, &q[1], &k[1], &v[1], scale));
+    dit_cuda_backend_stats(GPU, &st2);
+    dit_cuda_backend_set_attn(GPU, was);
+    ck_assert_uint_eq(st1.attn_v1_calls - st0.attn_v1_calls, 1);
+    if (ac->pad) {
+        ck_assert_uint_eq(st2.attn_v1_calls - st1.attn_v1_calls, 1);
+        ck_assert_uint_eq(st2.attn_v2_calls - st1.attn_v2_calls, 0);
+    } else {
+        ck_assert_uint_eq(st2.attn_v2_calls - st1.attn_v2_calls, 1);
+        ck_assert_uint_eq(st2.attn_v1_calls - st1.attn_v1_calls, 0);
+    }
+    char what[128];
+    snprintf(what, sizeof what, "attention v2 B%lld Sq%lld Skv%lld H%lld D%lld -> %s%s",
+             (long long)B, (long long)Sq, (long long)Skv, (long long)H, (long long)D,
+             ac->out_bf16 ? "bf16" : "f32", ac->pad ? " (8-byte rows: v1)" : "");
+    const double tol = 4e-3 + (ac->out_bf16 ? 4e-3 : 0);
+    ck_assert_int_eq(gpu_compare_views(what, CPU, &o1.c, GPU, &o2.g, tol, tol), 0);
+    ck_assert_int_eq(gpu_compare_views("lse v2", CPU, &l1.c, GPU, &l2.g, 1e-4, 1e-5), 0);
+    /* Bit for bit against v1. */
+    const size_t no = (size_t)(B * Sq * H * D), nl = (size_t)(B * H * Sq);
+    float *a1 = gpu_fetch(GPU, &o1.g), *a2 = gpu_fetch(GPU, &o2.g);
+    float *b1 = gpu_fetch(GPU, &l1.g), *b2 = gpu_fetch(GPU, &l2.g);
+    size_t diff = 0, ldiff = 0;
+    for (size_t i = 0; i < no; i++)
+        diff += memcmp(&a1[i], &a2[i], sizeof a1[i]) != 0;
+    for (size_t i = 0; i < nl; i++)
+        ldiff += memcmp(&b1[i], &b2[i], sizeof b1[i]) != 0;
+    printf("%s: %zu of %zu outputs and %zu of %zu lse values differ from v1\n", what, diff, no,
+           ldiff, nl);
+    ck_assert_uint_eq(diff, 0);
+    ck_assert_uint_eq(ldiff, 0);
+    free(a1);
+    free(a2);
+    free(b1);
+    free(b2);
+    gpu_pair_free(CPU, GPU, &qa);
+    gpu_pair_free(CPU, GPU, &ka);
+    gpu_pair_free(CPU, GPU, &o1);
+    gpu_pair_free(CPU, GPU, &o2);
+    gpu_pair_free(CPU, GPU, &l1);
+    gpu_pair_free(CPU, GPU, &l2);
+    free(hq);
+    free(hk);
+}
+END_TEST
+
 START_TEST(attention_masked_matches_cpu)
 {
     test_rng r = {900 + (uint64_t)_i};
@@ -1051,6 +1244,8 @@ int main(void)
     tcase_add_test(tc, embedding_matches_cpu);
     tcase_add_loop_test(tc, attention_matches_cpu, 0,
                         (int)(sizeof attn_cases / sizeof attn_cases[0]));
+    tcase_add_loop_test(tc, attention_v2_matches_v1_bitwise, 0,
+                        (int)(sizeof attn2_cases / sizeof attn2_cases[0]));
     tcase_add_loop_test(tc, attention_masked_matches_cpu, 0, 2);
     tcase_add_test(tc, lse_merge_matches_cpu);
     tcase_add_loop_test(tc, conv2d_matches_cpu, 0, (int)(sizeof conv_cases / sizeof conv_cases[0]));
@@ -1062,6 +1257,7 @@ int main(void)
     TCase *tl = tcase_create("large");
     tcase_set_timeout(tl, 300);
     tcase_add_test(tl, flux_size_attention_matches_f32_kernel);
+    tcase_add_test(tl, flux_size_attention_v2_matches_v1);
     suite_add_tcase(s, tl);
     SRunner *sr = srunner_create(s);
     srunner_set_fork_status(sr, CK_NOFORK);

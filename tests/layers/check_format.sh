@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Checks that every tracked C, CUDA and header file is formatted as the
+# Checks that every tracked C, C++, CUDA and header file is formatted as the
 # repository's .clang-format says (clang-format --dry-run -Werror).
 #
 #   check_format.sh SOURCE_ROOT      exit 0 clean, 1 listing the files that
@@ -18,6 +18,6 @@ while IFS= read -r f; do
     echo "not formatted: $f"
     bad=$((bad + 1))
   fi
-done < <(git ls-files '*.c' '*.h' '*.cu' '*.cuh')
+done < <(git ls-files '*.c' '*.h' '*.cu' '*.cuh' '*.cc')
 echo "$bad file(s) not formatted ($(clang-format --version | head -n 1))"
 [ $bad -eq 0 ]

@@ -12,6 +12,11 @@
  * accumulator and adds P V with P rounded to bf16. Nothing of size Sq x Skv
  * exists. lse = (m + log2 l) ln 2 is the natural-log convention of the cpu op.
  *
+ * Pipelined path (DIT_CUDA_ATTN=v2, bf16 q/k/v at D 64 and 128): the same
+ * arithmetic with 128 queries a block, ldmatrix fragments and cp.async
+ * copies overlapping the MMAs; bit-identical to the path above (see
+ * k_flash_pipe).
+ *
  * Generic path (any D <= 512, e.g. the VAE's single 512-wide head, and every
  * attention_masked call): f32 on CUDA
  * cores, one warp per query row, keys in tiles of 32 staged in shared
@@ -20,67 +25,13 @@
 #include <cmath>
 
 #include "backend/cuda/cuda_internal.cuh"
+#include "backend/cuda/cuda_mma.cuh"
+#include "backend/cuda/flash_attention.cuh"
 
-enum { FA_BQ = 64, FA_BK = 64, FA_WARPS = 4, GEN_BK = 32, GEN_WARPS = 4, GEN_MAXD = 512 };
-
-struct attn_args {
-    const void *q, *k, *v; /* TI: f32, or bf16 on the fast path */
-    void *out;             /* TO: f32, or bf16 */
-    float *lse;
-    const float *bias;     /* (H, Sq, Skv) or NULL */
-    int64_t q_b, q_s, q_h; /* strides in elements */
-    int64_t k_b, k_s, k_h;
-    int64_t v_b, v_s, v_h;
-    int64_t o_b, o_s, o_h;
-    int64_t Sq, Skv, H, D;
-    float scale;
-    bool causal;
-};
+enum { GEN_BK = 32, GEN_WARPS = 4, GEN_MAXD = 512 };
 
 /* ------------------------------------------------------------------------ */
-/* Tensor-core path                                                          */
-
-__device__ __forceinline__ void mma_bf16_16816(float c[4], const uint32_t a[4], uint32_t b0,
-                                               uint32_t b1)
-{
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)
-{
-    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi); /* lo in the low half */
-    return *(uint32_t *)&h;
-}
-
-/* Four consecutive elements as packed bf16 (element 0 in the low half of
- * .x, as in memory): f32 rounded, bf16 as they are. p is 8-byte aligned
- * for bf16 and 16-byte aligned for f32. */
-__device__ __forceinline__ uint2 load4_bf16(const float *p)
-{
-    const float4 v = *(const float4 *)p;
-    uint2 pk;
-    pk.x = pack_bf16(v.x, v.y);
-    pk.y = pack_bf16(v.z, v.w);
-    return pk;
-}
-
-__device__ __forceinline__ uint2 load4_bf16(const __nv_bfloat16 *p)
-{
-    return *(const uint2 *)p;
-}
-
-__device__ __forceinline__ void store2(float *p, float a, float b)
-{
-    *(float2 *)p = make_float2(a, b);
-}
-
-__device__ __forceinline__ void store2(__nv_bfloat16 *p, float a, float b)
-{
-    *(__nv_bfloat162 *)p = __floats2bfloat162_rn(a, b);
-}
+/* Generic f32 path                                                          */
 
 __device__ __forceinline__ float ld1(const float *p)
 {
@@ -101,186 +52,6 @@ __device__ __forceinline__ void st1(__nv_bfloat16 *p, float v)
 {
     *p = __float2bfloat16_rn(v);
 }
-
-template <int D> struct fa_smem {
-    static const int LDQ = D + 8;     /* bf16 row stride of Qs, Ks (conflict-free) */
-    static const int LDV = FA_BK + 8; /* bf16 row stride of Vt */
-    static const int BYTES = (2 * FA_BQ * LDQ + D * LDV) * 2;
-};
-
-/* TI: the type of q, k, v (f32: rounded to bf16 while staged; bf16: staged
- * as they are, half the bytes read); TO: the type of out. */
-template <int D, typename TI, typename TO>
-__global__ void __launch_bounds__(FA_WARPS * 32) k_flash_mma(attn_args a)
-{
-    extern __shared__ __align__(16) unsigned char smem_raw[];
-    typedef fa_smem<D> L;
-    __nv_bfloat16 *Qs = (__nv_bfloat16 *)smem_raw;
-    __nv_bfloat16 *Ks = Qs + FA_BQ * L::LDQ;
-    __nv_bfloat16 *Vt = Ks + FA_BK * L::LDQ;
-
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int g = lane >> 2, t = lane & 3;
-    const int64_t q0 = (int64_t)blockIdx.x * FA_BQ;
-    const int64_t h = blockIdx.y, b = blockIdx.z;
-    const TI *qp = (const TI *)a.q + b * a.q_b + h * a.q_h;
-    const TI *kp = (const TI *)a.k + b * a.k_b + h * a.k_h;
-    const TI *vp = (const TI *)a.v + b * a.v_b + h * a.v_h;
-    const float sl2 = a.scale * 1.4426950408889634f;
-
-    /* Q tile -> bf16 shared memory (rows past Sq are zero). */
-    for (int idx = tid; idx < FA_BQ * D / 4; idx += FA_WARPS * 32) {
-        const int r = idx / (D / 4), c = (idx % (D / 4)) * 4;
-        uint2 pk = make_uint2(0u, 0u);
-        if (q0 + r < a.Sq)
-            pk = load4_bf16(qp + (q0 + r) * a.q_s + c);
-        *(uint2 *)(Qs + r * L::LDQ + c) = pk;
-    }
-    __syncthreads();
-    uint32_t qf[D / 16][4];
-    {
-        const __nv_bfloat16 *q_lo = Qs + (warp * 16 + g) * L::LDQ;
-        const __nv_bfloat16 *q_hi = q_lo + 8 * L::LDQ;
-#pragma unroll
-        for (int kk = 0; kk < D / 16; kk++) {
-            qf[kk][0] = *(const uint32_t *)(q_lo + kk * 16 + t * 2);
-            qf[kk][1] = *(const uint32_t *)(q_hi + kk * 16 + t * 2);
-            qf[kk][2] = *(const uint32_t *)(q_lo + kk * 16 + 8 + t * 2);
-            qf[kk][3] = *(const uint32_t *)(q_hi + kk * 16 + 8 + t * 2);
-        }
-    }
-
-    float o[D / 8][4];
-#pragma unroll
-    for (int i = 0; i < D / 8; i++)
-        o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
-    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
-
-    for (int64_t k0 = 0; k0 < a.Skv; k0 += FA_BK) {
-        __syncthreads(); /* every warp is done with the previous K and V */
-        for (int idx = tid; idx < FA_BK * D / 4; idx += FA_WARPS * 32) {
-            const int r = idx / (D / 4), c = (idx % (D / 4)) * 4;
-            uint2 pk = make_uint2(0u, 0u);
-            if (k0 + r < a.Skv)
-                pk = load4_bf16(kp + (k0 + r) * a.k_s + c);
-            *(uint2 *)(Ks + r * L::LDQ + c) = pk;
-        }
-        /* V transposed; consecutive threads take consecutive keys so the
-         * 16-bit shared stores do not collide on banks. */
-        for (int idx = tid; idx < FA_BK * D / 4; idx += FA_WARPS * 32) {
-            const int r = idx % FA_BK, c = (idx / FA_BK) * 4;
-            uint2 pk = make_uint2(0u, 0u);
-            if (k0 + r < a.Skv)
-                pk = load4_bf16(vp + (k0 + r) * a.v_s + c);
-            const __nv_bfloat16 *e = (const __nv_bfloat16 *)&pk;
-            Vt[(c + 0) * L::LDV + r] = e[0];
-            Vt[(c + 1) * L::LDV + r] = e[1];
-            Vt[(c + 2) * L::LDV + r] = e[2];
-            Vt[(c + 3) * L::LDV + r] = e[3];
-        }
-        __syncthreads();
-
-        /* S = Q K^T for this warp's 16 rows: 8 tiles of 16 x 8. */
-        float s[FA_BK / 8][4];
-#pragma unroll
-        for (int nt = 0; nt < FA_BK / 8; nt++) {
-            s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
-            const __nv_bfloat16 *kr = Ks + (nt * 8 + g) * L::LDQ;
-#pragma unroll
-            for (int kk = 0; kk < D / 16; kk++) {
-                const uint32_t b0 = *(const uint32_t *)(kr + kk * 16 + t * 2);
-                const uint32_t b1 = *(const uint32_t *)(kr + kk * 16 + 8 + t * 2);
-                mma_bf16_16816(s[nt], qf[kk], b0, b1);
-            }
-        }
-        /* Scale to base 2, mask keys past Skv, row maxima. */
-        float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-        for (int nt = 0; nt < FA_BK / 8; nt++) {
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                const bool valid = k0 + nt * 8 + t * 2 + e < a.Skv;
-                s[nt][e] = valid ? s[nt][e] * sl2 : -INFINITY;
-                s[nt][2 + e] = valid ? s[nt][2 + e] * sl2 : -INFINITY;
-                mx0 = fmaxf(mx0, s[nt][e]);
-                mx1 = fmaxf(mx1, s[nt][2 + e]);
-            }
-        }
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-        /* Every tile holds at least one valid key, so the maxima are finite. */
-        const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-        const float c0 = exp2f(m0 - mn0), c1 = exp2f(m1 - mn1); /* 0 on the first tile */
-        m0 = mn0;
-        m1 = mn1;
-        float rs0 = 0.0f, rs1 = 0.0f;
-#pragma unroll
-        for (int nt = 0; nt < FA_BK / 8; nt++) {
-            s[nt][0] = exp2f(s[nt][0] - mn0);
-            s[nt][1] = exp2f(s[nt][1] - mn0);
-            s[nt][2] = exp2f(s[nt][2] - mn1);
-            s[nt][3] = exp2f(s[nt][3] - mn1);
-            rs0 += s[nt][0] + s[nt][1];
-            rs1 += s[nt][2] + s[nt][3];
-        }
-        /* Partial row sums: the 4 threads of a row reduce only at the end. */
-        l0 = l0 * c0 + rs0;
-        l1 = l1 * c1 + rs1;
-#pragma unroll
-        for (int nd = 0; nd < D / 8; nd++) {
-            o[nd][0] *= c0;
-            o[nd][1] *= c0;
-            o[nd][2] *= c1;
-            o[nd][3] *= c1;
-        }
-        /* O += P V: the score accumulators are already in A-fragment order. */
-#pragma unroll
-        for (int kk = 0; kk < FA_BK / 16; kk++) {
-            uint32_t pa[4];
-            pa[0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
-            pa[1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
-            pa[2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-            pa[3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-#pragma unroll
-            for (int nd = 0; nd < D / 8; nd++) {
-                const __nv_bfloat16 *vr = Vt + (nd * 8 + g) * L::LDV + kk * 16;
-                const uint32_t b0 = *(const uint32_t *)(vr + t * 2);
-                const uint32_t b1 = *(const uint32_t *)(vr + 8 + t * 2);
-                mma_bf16_16816(o[nd], pa, b0, b1);
-            }
-        }
-    }
-
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-    const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
-    const int64_t r0 = q0 + warp * 16 + g, r1 = r0 + 8;
-    TO *op0 = (TO *)a.out + b * a.o_b + h * a.o_h + r0 * a.o_s;
-    TO *op1 = op0 + 8 * a.o_s;
-#pragma unroll
-    for (int nd = 0; nd < D / 8; nd++) {
-        const int c = nd * 8 + t * 2;
-        if (r0 < a.Sq)
-            store2(op0 + c, o[nd][0] * inv0, o[nd][1] * inv0);
-        if (r1 < a.Sq)
-            store2(op1 + c, o[nd][2] * inv1, o[nd][3] * inv1);
-    }
-    if (a.lse && t == 0) {
-        const float ln2 = 0.6931471805599453f;
-        float *lp = a.lse + (b * a.H + h) * a.Sq;
-        if (r0 < a.Sq)
-            lp[r0] = l0 > 0.0f ? (m0 + log2f(l0)) * ln2 : -INFINITY;
-        if (r1 < a.Sq)
-            lp[r1] = l1 > 0.0f ? (m1 + log2f(l1)) * ln2 : -INFINITY;
-    }
-}
-
-/* ------------------------------------------------------------------------ */
-/* Generic f32 path                                                          */
 
 static size_t gen_smem_bytes(int64_t D)
 {
@@ -403,11 +174,24 @@ template <int D> static dit_status flash_init(dit_cuda_backend *cb, const char *
     return DIT_OK;
 }
 
+template <int D> static dit_status flash_pipe_init(dit_cuda_backend *cb, const char *op)
+{
+    CUDA_TRY(cb, op,
+             cudaFuncSetAttribute(k_flash_pipe<D, float>,
+                                  cudaFuncAttributeMaxDynamicSharedMemorySize, f2_smem<D>::BYTES));
+    CUDA_TRY(cb, op,
+             cudaFuncSetAttribute(k_flash_pipe<D, __nv_bfloat16>,
+                                  cudaFuncAttributeMaxDynamicSharedMemorySize, f2_smem<D>::BYTES));
+    return DIT_OK;
+}
+
 dit_status dit_cuda_attention_init(dit_cuda_backend *cb)
 {
     const char *op = "attention init";
     DIT_CHECK_RET(flash_init<64>(cb, op));
     DIT_CHECK_RET(flash_init<128>(cb, op));
+    DIT_CHECK_RET(flash_pipe_init<64>(cb, op));
+    DIT_CHECK_RET(flash_pipe_init<128>(cb, op));
     /* The generic kernel's widest head (512) wants ~137 KiB: what the GPU
      * allows per block (sm_86/89 allow less than sm_80/90) caps its D. */
     int optin = 0;
@@ -512,6 +296,30 @@ static dit_status attention_core(dit_cuda_backend *cb, const char *op, const dit
         return dit_cuda_bad(cb, DIT_ERR_UNSUPPORTED, op,
                             "head dim %lld is too wide for this GPU's attention kernels",
                             (long long)D);
+    /* The pipelined kernel: bf16 q, k, v whose rows cp.async can copy in
+     * 16-byte pieces. */
+    const bool pipe = fast && cb->attn == DIT_CUDA_ATTN_V2 && q->dtype == DIT_BF16 &&
+                      aligned_rows(q, 16) && aligned_rows(k, 16) && aligned_rows(v, 16) &&
+                      Sq <= INT32_MAX - F2_BQ && Skv <= INT32_MAX - F2_BK;
+    if (pipe) {
+        const dim3 grid((unsigned)((Sq + F2_BQ - 1) / F2_BQ), (unsigned)H, (unsigned)B);
+        const unsigned threads = F2_WARPS * 32;
+        if (out->dtype == DIT_F32 && D == 64)
+            k_flash_pipe<64, float><<<grid, threads, f2_smem<64>::BYTES, cb->stream>>>(a);
+        else if (out->dtype == DIT_F32)
+            k_flash_pipe<128, float><<<grid, threads, f2_smem<128>::BYTES, cb->stream>>>(a);
+        else if (D == 64)
+            k_flash_pipe<64, __nv_bfloat16><<<grid, threads, f2_smem<64>::BYTES, cb->stream>>>(a);
+        else
+            k_flash_pipe<128, __nv_bfloat16><<<grid, threads, f2_smem<128>::BYTES, cb->stream>>>(a);
+        cb->stats.attn_v2_calls++;
+        CUDA_LAUNCHED(cb, op);
+        return DIT_OK;
+    }
+    if (fast)
+        cb->stats.attn_v1_calls++;
+    else
+        cb->stats.attn_generic_calls++;
     const dim3 fgrid((unsigned)((Sq + FA_BQ - 1) / FA_BQ), (unsigned)H, (unsigned)B);
     const dim3 ggrid((unsigned)((Sq + GEN_WARPS - 1) / GEN_WARPS), (unsigned)H, (unsigned)B);
     if (q->dtype == DIT_F32)

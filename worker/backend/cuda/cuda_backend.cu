@@ -1041,6 +1041,16 @@ extern "C" dit_status dit_cuda_backend_create(int device, dit_backend **out, dit
                                 "cuda backend: DIT_CUDA_PATH is '%s'; it takes legacy or fast", pe);
         }
         cb->path = (int)path;
+        /* v1 by default until the pipelined kernel has run on a GPU (the GPU
+         * check runs every attention test and the benchmark on both). */
+        const char *ae = getenv("DIT_CUDA_ATTN");
+        dit_cuda_attn attn = DIT_CUDA_ATTN_V1;
+        if (ae && ae[0] && dit_cuda_attn_parse(ae, &attn) != DIT_OK) {
+            free(cb);
+            return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
+                                "cuda backend: DIT_CUDA_ATTN is '%s'; it takes v1 or v2", ae);
+        }
+        cb->attn = (int)attn;
     }
     cudaError_t e;
     cublasStatus_t ls;
@@ -1157,4 +1167,33 @@ extern "C" void dit_cuda_backend_set_path(dit_backend *be, dit_cuda_path p)
 extern "C" dit_cuda_path dit_cuda_backend_path(dit_backend *be)
 {
     return dit_backend_is_cuda(be) ? (dit_cuda_path)cuda_of(be)->path : DIT_CUDA_PATH_LEGACY;
+}
+
+extern "C" dit_status dit_cuda_attn_parse(const char *s, dit_cuda_attn *out)
+{
+    if (s && strcmp(s, "v1") == 0) {
+        *out = DIT_CUDA_ATTN_V1;
+        return DIT_OK;
+    }
+    if (s && strcmp(s, "v2") == 0) {
+        *out = DIT_CUDA_ATTN_V2;
+        return DIT_OK;
+    }
+    return DIT_ERR_INVALID_ARG;
+}
+
+extern "C" const char *dit_cuda_attn_name(dit_cuda_attn k)
+{
+    return k == DIT_CUDA_ATTN_V2 ? "v2" : "v1";
+}
+
+extern "C" void dit_cuda_backend_set_attn(dit_backend *be, dit_cuda_attn k)
+{
+    if (dit_backend_is_cuda(be))
+        cuda_of(be)->attn = (int)k;
+}
+
+extern "C" dit_cuda_attn dit_cuda_backend_attn(dit_backend *be)
+{
+    return dit_backend_is_cuda(be) ? (dit_cuda_attn)cuda_of(be)->attn : DIT_CUDA_ATTN_V1;
 }

@@ -68,6 +68,26 @@ const char *dit_cuda_path_name(dit_cuda_path p);
 void dit_cuda_backend_set_path(dit_backend *be, dit_cuda_path p);
 dit_cuda_path dit_cuda_backend_path(dit_backend *be);
 
+/* Which tensor-core kernel attention on bf16 q, k, v at head dims 64 and
+ * 128 uses (f32 q, k, v always take v1). v1: 64 queries a block, operands
+ * staged synchronously, V transposed on the way into shared memory. v2: 128
+ * queries a block (32 rows a warp), ldmatrix fragments, cp.async copies
+ * overlapping the MMAs; the same arithmetic in the same order, so its
+ * output is bit-identical to v1's. The backend starts with the kernel named
+ * by DIT_CUDA_ATTN (v1 or v2; unset: v1), read once at creation; set_attn
+ * switches later (tests and benchmarks run both). v2 also needs 16-byte
+ * aligned rows and falls back to v1 without them. */
+typedef enum dit_cuda_attn {
+    DIT_CUDA_ATTN_V1 = 0,
+    DIT_CUDA_ATTN_V2,
+} dit_cuda_attn;
+
+/* "v1" / "v2"; DIT_ERR_INVALID_ARG otherwise. */
+dit_status dit_cuda_attn_parse(const char *s, dit_cuda_attn *out);
+const char *dit_cuda_attn_name(dit_cuda_attn k);
+void dit_cuda_backend_set_attn(dit_backend *be, dit_cuda_attn k);
+dit_cuda_attn dit_cuda_backend_attn(dit_backend *be);
+
 /* Whether linear with DIT_ACT_GELU_TANH uses cuBLASLt's fused GELU_BIAS
  * epilogue (default) or its own tanh-GELU kernel after the GEMM. */
 void dit_cuda_backend_set_lt_gelu(dit_backend *be, bool on);
@@ -121,6 +141,9 @@ typedef struct dit_cuda_stats {
     uint32_t gemm_shapes;         /* distinct GEMM plans made */
     uint32_t gemm_unfused_shapes;
     uint32_t gemm_fallback_shapes;
+    uint64_t attn_v1_calls;      /* attention on the 64-query tensor-core kernel */
+    uint64_t attn_v2_calls;      /* attention on the pipelined 128-query kernel */
+    uint64_t attn_generic_calls; /* attention and attention_masked on the f32 kernel */
 } dit_cuda_stats;
 
 void dit_cuda_backend_stats(dit_backend *be, dit_cuda_stats *out);

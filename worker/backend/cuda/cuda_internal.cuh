@@ -112,6 +112,7 @@ typedef struct dit_cuda_backend {
     int gemm_force; /* dit_cuda_gemm_force: tests force the slower modes */
     bool attn_f32;  /* tests: every attention on the f32 kernel */
     int path;       /* dit_cuda_path */
+    int attn;       /* dit_cuda_attn */
     cuda_prof prof;
     dit_cuda_wait_check wait_fn; /* set while a comm group enqueues on stream */
     void *wait_ctx;
