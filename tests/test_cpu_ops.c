@@ -509,6 +509,43 @@ START_TEST(embedding_gathers_rows)
 }
 END_TEST
 
+/* y[h][i][j] = table[buckets[j - i + Sq - 1]][h], checked element by
+ * element against the definition, for a square (H, S, S) bias and for
+ * keys narrowed to Skv < Sq (UMT5's masked runs); out-of-range buckets and
+ * a table of the wrong width are refused. */
+START_TEST(relative_bias_matches_definition)
+{
+    enum { H = 3, NB = 7, S = 9 };
+    float table[NB * H];
+    for (int i = 0; i < NB * H; i++)
+        table[i] = 0.25f * (float)i - 1.0f;
+    int32_t buckets[2 * S - 1];
+    for (int r = 0; r < 2 * S - 1; r++)
+        buckets[r] = (r * 5 + 3) % NB;
+    const dit_tensor tt = dit_tensor_2d(table, DIT_F32, NB, H);
+    static float y[H * S * S];
+    for (int skv = S; skv >= 4; skv -= S - 4) {
+        dit_tensor ty = dit_tensor_3d(y, DIT_F32, H, S, skv);
+        memset(y, 0, sizeof y);
+        ck_assert_int_eq(be->ops->relative_bias(be, &ty, &tt, buckets), DIT_OK);
+        for (int h = 0; h < H; h++)
+            for (int i = 0; i < S; i++)
+                for (int j = 0; j < skv; j++)
+                    ck_assert_float_eq(y[(h * S + i) * skv + j],
+                                       table[buckets[j - i + S - 1] * H + h]);
+    }
+    int32_t bad[2 * S - 1];
+    memcpy(bad, buckets, sizeof bad);
+    bad[2 * S - 2] = NB;
+    dit_tensor ty = dit_tensor_3d(y, DIT_F32, H, S, S);
+    ck_assert_int_eq(be->ops->relative_bias(be, &ty, &tt, bad), DIT_ERR_INVALID_ARG);
+    bad[2 * S - 2] = -1;
+    ck_assert_int_eq(be->ops->relative_bias(be, &ty, &tt, bad), DIT_ERR_INVALID_ARG);
+    const dit_tensor narrow = dit_tensor_2d(table, DIT_F32, NB * H / 2, 2);
+    ck_assert_int_eq(be->ops->relative_bias(be, &ty, &narrow, buckets), DIT_ERR_INVALID_ARG);
+}
+END_TEST
+
 START_TEST(masked_attention_matches_reference)
 {
     const int64_t B = 2, S = 70, H = 3, D = 8; /* S spans several query blocks */
@@ -677,6 +714,7 @@ static Suite *cpu_ops_suite(void)
     tcase_add_test(tc, new_activations_match_reference);
     tcase_add_test(tc, layer_norm_affine_and_rms_norm);
     tcase_add_test(tc, embedding_gathers_rows);
+    tcase_add_test(tc, relative_bias_matches_definition);
     tcase_add_test(tc, masked_attention_matches_reference);
     tcase_add_test(tc, conv2d_matches_reference);
     tcase_add_test(tc, group_norm_and_upsample);

@@ -698,6 +698,37 @@ START_TEST(embedding_matches_cpu)
 }
 END_TEST
 
+/* T5's position bias: the same table and buckets on both backends give the
+ * same values exactly (a gather), square and with keys narrowed; a bucket
+ * outside the table is an error. */
+START_TEST(relative_bias_matches_cpu)
+{
+    test_rng r = {750};
+    const int64_t H = 6, NB = 32, S = 77;
+    const int64_t sht[2] = {NB, H};
+    float *ht = gpu_rand(&r, (size_t)(NB * H), -3, 3, false);
+    int32_t bk[2 * 77 - 1];
+    for (int64_t i = 0; i < 2 * S - 1; i++)
+        bk[i] = (int32_t)(test_rng_next(&r) % (uint64_t)NB);
+    gpu_pair t = gpu_pair_make(CPU, GPU, DIT_F32, 2, sht, ht);
+    for (int64_t skv = S; skv >= 20; skv -= S - 20) {
+        const int64_t shy[3] = {H, S, skv};
+        gpu_pair y = gpu_pair_make(CPU, GPU, DIT_F32, 3, shy, NULL);
+        GPU_OK(CPU, CPU->ops->relative_bias(CPU, &y.c, &t.c, bk));
+        GPU_OK(GPU, GPU->ops->relative_bias(GPU, &y.g, &t.g, bk));
+        ck_assert_int_eq(gpu_compare_views("relative_bias", CPU, &y.c, GPU, &y.g, 0, 0), 0);
+        if (skv == S) {
+            bk[5] = (int32_t)NB;
+            ck_assert_int_eq(GPU->ops->relative_bias(GPU, &y.g, &t.g, bk), DIT_ERR_INVALID_ARG);
+            bk[5] = 0;
+        }
+        gpu_pair_free(CPU, GPU, &y);
+    }
+    gpu_pair_free(CPU, GPU, &t);
+    free(ht);
+}
+END_TEST
+
 /* ---- attention ----------------------------------------------------------- */
 
 typedef struct attn_case {
@@ -1242,6 +1273,7 @@ int main(void)
     tcase_add_loop_test(tc, rms_norm_rope_matches_cpu, 0, 3);
     tcase_add_test(tc, gated_add_matches_cpu);
     tcase_add_test(tc, embedding_matches_cpu);
+    tcase_add_test(tc, relative_bias_matches_cpu);
     tcase_add_loop_test(tc, attention_matches_cpu, 0,
                         (int)(sizeof attn_cases / sizeof attn_cases[0]));
     tcase_add_loop_test(tc, attention_v2_matches_v1_bitwise, 0,

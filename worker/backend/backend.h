@@ -184,6 +184,17 @@ typedef struct dit_backend_ops {
     dit_status (*rms_norm_rope_to)(dit_backend *be, const dit_tensor *y, const dit_tensor *x,
                                    const dit_tensor *weight, float eps, const dit_tensor *cos,
                                    const dit_tensor *sin);
+
+    /* ---- Text encoders. ---- */
+
+    /* T5's relative position bias, built where attention reads it:
+     * y[h][i][j] = table[buckets[j - i + Sq - 1]][h] for y (H, Sq, Skv) f32
+     * contiguous and table (n_buckets, H) f32 contiguous, both backend
+     * tensors. buckets (host) holds Sq + Skv - 1 ids, the bucket of the
+     * relative position r = j - i at r + Sq - 1; an id outside
+     * [0, n_buckets) is an error. Not during graph capture. */
+    dit_status (*relative_bias)(dit_backend *be, const dit_tensor *y, const dit_tensor *table,
+                                const int32_t *buckets);
 } dit_backend_ops;
 
 /* Every backend struct starts with this header. */

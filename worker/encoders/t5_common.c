@@ -118,14 +118,11 @@ dit_status dit_t5_check_backend(const dit_backend *be, bool need_fill, bool need
 {
     const dit_backend_ops *o = be->ops;
     const dit_encoder_op need[] = {
-        DIT_ENCODER_OP(o, embedding),
-        DIT_ENCODER_OP(o, rms_norm),
-        DIT_ENCODER_OP(o, linear),
-        DIT_ENCODER_OP(o, attention_masked),
-        DIT_ENCODER_OP(o, gated_add),
+        DIT_ENCODER_OP(o, embedding),     DIT_ENCODER_OP(o, rms_norm),
+        DIT_ENCODER_OP(o, linear),        DIT_ENCODER_OP(o, attention_masked),
+        DIT_ENCODER_OP(o, relative_bias), DIT_ENCODER_OP(o, gated_add),
         {!need_fill || o->fill, "fill"}, /* only where the caller uses them */
-        {!need_copy || o->copy, "copy"},
-        DIT_ENCODER_OP(o, upload),
+        {!need_copy || o->copy, "copy"},  DIT_ENCODER_OP(o, upload),
         DIT_ENCODER_OP(o, download),
     };
     return dit_encoder_check_ops(be, need, sizeof need / sizeof need[0], model, diag);
@@ -255,16 +252,41 @@ int dit_t5_relative_bucket(int64_t rel, int num_buckets, int max_distance)
     return base + (int)large;
 }
 
-void dit_t5_position_bias(const float *tab, int64_t H, int64_t S, int64_t n, const int32_t *bk,
-                          float *bias)
+dit_status dit_t5_rel_tables_load(dit_backend *be, const dit_st_set *set, const char *dir,
+                                  const dit_t5_config *c, int64_t n_tables, dit_tensor *tables,
+                                  void **buf, char (*names)[DIT_T5_REL_BIAS_NAME_CAP],
+                                  dit_diag *diag)
 {
-    for (int64_t h = 0; h < H; h++)
-        for (int64_t i = 0; i < S; i++) {
-            float *row = bias + (h * S + i) * n;
-            const int32_t *b = bk + (S - 1 - i); /* b[j] = bucket(j - i) */
-            for (int64_t j = 0; j < n; j++)
-                row[j] = tab[(int64_t)b[j] * H + h];
-        }
+    dit_status st = DIT_OK;
+    const size_t per = (size_t)(c->n_buckets * c->n_heads);
+    *buf = NULL;
+    float *host = malloc(sizeof *host * (per * (size_t)n_tables + 1));
+    if (!host)
+        return dit_diag_set(diag, DIT_ERR_NOMEM, "%s: out of memory", dir);
+    for (int64_t i = 0; i < n_tables; i++)
+        DIT_CHECK(dit_t5_rel_bias_load(set, dir, c, i, host + per * (size_t)i, names[i], diag));
+    const int64_t shape[2] = {n_tables * c->n_buckets, c->n_heads};
+    *tables = dit_tensor_make(NULL, DIT_F32, 2, shape);
+    if ((st = dit_backend_alloc(be, dit_tensor_nbytes(tables) + 4, buf)) != DIT_OK) {
+        st = dit_diag_set(diag, st, "%s: cannot allocate the position bias tables", dir);
+        goto cleanup;
+    }
+    tables->data = *buf;
+    const dit_tensor h = dit_tensor_make(host, DIT_F32, 2, shape);
+    if ((st = be->ops->upload(be, tables, &h)) != DIT_OK)
+        st = dit_diag_set(diag, st, "%s: uploading the position bias tables failed", dir);
+cleanup:
+    if (st != DIT_OK) {
+        dit_backend_free(be, *buf);
+        *buf = NULL;
+    }
+    free(host);
+    return st;
+}
+
+dit_tensor dit_t5_rel_table_of(const dit_tensor *tables, const dit_t5_config *c, int64_t layer)
+{
+    return dit_tensor_narrow(tables, 0, layer * c->n_buckets, c->n_buckets);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -343,9 +365,8 @@ dit_status dit_t5_forward_begin(dit_backend *be, dit_arena *arena, const dit_t5_
         DIT_T5_OP(be->ops->embedding(be, &x2, &w->embed, ids, B * S));
     }
     if (c->n_layers > 0) {
-        s->host_bias = malloc(sizeof *s->host_bias * (size_t)(H * S * S));
         s->buckets = malloc(sizeof *s->buckets * (size_t)(2 * S - 1));
-        if (!s->host_bias || !s->buckets) {
+        if (!s->buckets) {
             st = dit_diag_set(diag, DIT_ERR_NOMEM, "%s: out of memory", what);
             goto cleanup;
         }
@@ -363,9 +384,7 @@ cleanup:
 void dit_t5_forward_end(dit_t5_scratch *s)
 {
     dit_arena_release(s->arena, s->mark);
-    free(s->host_bias);
     free(s->buckets);
-    s->host_bias = NULL;
     s->buckets = NULL;
 }
 

@@ -115,11 +115,17 @@ void dit_t5_weights_free(dit_backend *be, dit_t5_weights *w);
 dit_status dit_t5_rel_bias_load(const dit_st_set *set, const char *dir, const dit_t5_config *c,
                                 int64_t layer, float *tab, char *name, dit_diag *diag);
 
-/* bias (H, S, n) contiguous on the host: bias[h][i][j] = tab[bk[j - i + S -
- * 1]][h] for keys j < n, where bk[r + S - 1] is the bucket of relative
- * position r (dit_t5_scratch.buckets) and tab a (n_buckets, H) table. */
-void dit_t5_position_bias(const float *tab, int64_t H, int64_t S, int64_t n, const int32_t *bk,
-                          float *bias);
+/* The relative_attention_bias tables of blocks 0 .. n_tables - 1 as one
+ * backend tensor (n_tables * n_buckets, H) f32 in its own allocation
+ * (*buf, freed with dit_backend_free): block i's table is rows
+ * [i * n_buckets, (i + 1) * n_buckets), which dit_t5_rel_table_of views.
+ * The bias each forward needs is built from them on the backend
+ * (relative_bias), never on the host. */
+dit_status dit_t5_rel_tables_load(dit_backend *be, const dit_st_set *set, const char *dir,
+                                  const dit_t5_config *c, int64_t n_tables, dit_tensor *tables,
+                                  void **buf, char (*names)[DIT_T5_REL_BIAS_NAME_CAP],
+                                  dit_diag *diag);
+dit_tensor dit_t5_rel_table_of(const dit_tensor *tables, const dit_t5_config *c, int64_t layer);
 
 /* ------------------------------------------------------------------------ */
 /* Forward                                                                   */
@@ -145,9 +151,8 @@ typedef struct dit_t5_scratch {
     dit_tensor bias;           /* (H, S, S) for the encoder's position bias; none without layers */
     dit_tensor q, k, v;        /* (B, S, inner) views of qkv */
     dit_tensor q4, k4, v4, a4; /* (B, S, H, d_kv) views of q, k, v and attn */
-    /* Host, with layers only: a (H, S, S) bias to upload, and the bucket of
-     * each relative position r in buckets[r + S - 1], r = -(S-1) .. S-1. */
-    float *host_bias;
+    /* Host, with layers only: the bucket of each relative position r in
+     * buckets[r + S - 1], r = -(S-1) .. S-1 (relative_bias's argument). */
     int32_t *buckets;
 } dit_t5_scratch;
 

@@ -18,10 +18,11 @@ struct dit_t5_encoder {
     dit_backend *be;
     dit_t5_config c;
     dit_t5_weights w; /* all inside one backend allocation */
-    /* Block 0's relative_attention_bias (n_buckets, H), kept on the host in
-     * f32 at full checkpoint precision: the (H, S, S) bias is built on the
-     * host from it for each sequence length. */
-    float *rel_bias;
+    /* Block 0's relative_attention_bias (n_buckets, H) on the backend, f32
+     * at full checkpoint precision (its own allocation, rel_buf): each
+     * forward's (H, S, S) bias is built from it there. */
+    dit_tensor rel_table;
+    void *rel_buf;
 };
 
 static const dit_t5_config_kind T5_CONFIG = {
@@ -39,7 +40,7 @@ static const dit_t5_config_kind T5_CONFIG = {
 dit_status dit_t5_encoder_load(dit_backend *be, const char *dir, dit_t5_encoder **out,
                                dit_diag *diag)
 {
-    char path[4096], rel_name[DIT_T5_REL_BIAS_NAME_CAP];
+    char path[4096], rel_name[1][DIT_T5_REL_BIAS_NAME_CAP];
     dit_status st;
     dit_st_set *set = NULL;
     dit_weight_list list;
@@ -53,18 +54,14 @@ dit_status dit_t5_encoder_load(dit_backend *be, const char *dir, dit_t5_encoder 
     snprintf(path, sizeof path, "%s/config.json", dir);
     DIT_CHECK(dit_t5_config_load(path, &T5_CONFIG, &m->c, diag));
     DIT_CHECK(dit_t5_check_backend(be, m->c.gated, false, T5_CONFIG.model, diag));
-    m->rel_bias = calloc((size_t)(m->c.n_buckets * m->c.n_heads), sizeof *m->rel_bias);
-    if (!m->rel_bias) {
-        st = dit_diag_set(diag, DIT_ERR_NOMEM, "%s: out of memory", dir);
-        goto cleanup;
-    }
     DIT_CHECK(dit_st_set_open_dir(dir, "model", &set, diag));
 
     const char *extra[2] = {NULL, NULL};
     DIT_CHECK(dit_t5_weights_load(be, set, dir, &m->c, &m->w, &list, &extra[0], diag));
     if (m->c.n_layers > 0) {
-        DIT_CHECK(dit_t5_rel_bias_load(set, dir, &m->c, 0, m->rel_bias, rel_name, diag));
-        extra[1] = rel_name;
+        DIT_CHECK(dit_t5_rel_tables_load(be, set, dir, &m->c, 1, &m->rel_table, &m->rel_buf,
+                                         rel_name, diag));
+        extra[1] = rel_name[0];
     }
     /* The decoder of a full T5 checkpoint is ignored, as T5EncoderModel
      * ignores it. */
@@ -84,7 +81,7 @@ void dit_t5_encoder_free(dit_t5_encoder *m)
     if (!m)
         return;
     dit_t5_weights_free(m->be, &m->w);
-    free(m->rel_bias);
+    dit_backend_free(m->be, m->rel_buf);
     free(m);
 }
 
@@ -101,7 +98,6 @@ dit_status dit_t5_encoder_forward(dit_t5_encoder *m, dit_arena *arena, const int
     static const char what[] = "t5 encoder forward";
     dit_backend *be = m->be;
     const dit_t5_config *c = &m->c;
-    const int64_t H = c->n_heads;
     dit_t5_scratch s;
 
     dit_status st = dit_t5_check_forward_args(ids, B, S, out, c->d_model, what, diag);
@@ -112,11 +108,9 @@ dit_status dit_t5_encoder_forward(dit_t5_encoder *m, dit_arena *arena, const int
     if (st != DIT_OK)
         return st;
     if (c->n_layers > 0) {
-        /* Block 0's table serves every block: one (H, S, S) bias, uploaded
-         * once. */
-        dit_t5_position_bias(m->rel_bias, H, S, S, s.buckets, s.host_bias);
-        dit_tensor hb = dit_tensor_3d(s.host_bias, DIT_F32, H, S, S);
-        DIT_T5_OP(be->ops->upload(be, &s.bias, &hb));
+        /* Block 0's table serves every block: one (H, S, S) bias, built
+         * once per forward. */
+        DIT_T5_OP(be->ops->relative_bias(be, &s.bias, &m->rel_table, s.buckets));
     }
     for (int64_t i = 0; i < c->n_layers; i++) {
         const dit_t5_block *b = &m->w.blocks[i];

@@ -19,10 +19,11 @@ struct dit_umt5_encoder {
     dit_backend *be;
     dit_t5_config c;
     dit_t5_weights w; /* all inside one backend allocation */
-    /* Every block's own relative_attention_bias (n_buckets, H), n_layers
-     * tables in one allocation, on the host in f32 at full checkpoint
-     * precision: each layer's (H, S, S) bias is built from its table. */
-    float *rel_bias;
+    /* Every block's own relative_attention_bias (n_buckets, H): n_layers
+     * tables in one backend allocation (rel_buf), f32 at full checkpoint
+     * precision; each layer's bias is built from its table there. */
+    dit_tensor rel_tables;
+    void *rel_buf;
 };
 
 static const dit_t5_config_kind UMT5_CONFIG = {
@@ -57,12 +58,10 @@ dit_status dit_umt5_encoder_load(dit_backend *be, const char *dir, dit_umt5_enco
     DIT_CHECK(dit_t5_config_load(path, &UMT5_CONFIG, &m->c, diag));
     DIT_CHECK(dit_t5_check_backend(be, true, true, UMT5_CONFIG.model, diag));
     const int64_t L = m->c.n_layers;
-    const size_t table = (size_t)(m->c.n_buckets * m->c.n_heads);
-    m->rel_bias = calloc(table * (size_t)L + 1, sizeof *m->rel_bias);
     /* extra: each layer's bias table name, then a second embedding copy. */
     extra = calloc((size_t)L + 1, sizeof *extra);
     names = calloc((size_t)L + 1, sizeof *names);
-    if (!m->rel_bias || !extra || !names) {
+    if (!extra || !names) {
         st = dit_diag_set(diag, DIT_ERR_NOMEM, "%s: out of memory", dir);
         goto cleanup;
     }
@@ -71,11 +70,11 @@ dit_status dit_umt5_encoder_load(dit_backend *be, const char *dir, dit_umt5_enco
     DIT_CHECK(dit_t5_weights_load(be, set, dir, &m->c, &m->w, &list, &extra[L], diag));
     /* Every layer's own relative_attention_bias (UMT5Attention is built
      * with has_relative_attention_bias=True in every block). */
-    for (int64_t i = 0; i < L; i++) {
-        DIT_CHECK(dit_t5_rel_bias_load(set, dir, &m->c, i, m->rel_bias + table * (size_t)i,
-                                       names[i], diag));
+    if (L > 0)
+        DIT_CHECK(dit_t5_rel_tables_load(be, set, dir, &m->c, L, &m->rel_tables, &m->rel_buf, names,
+                                         diag));
+    for (int64_t i = 0; i < L; i++)
         extra[i] = names[i];
-    }
     /* Strict: unlike T5EncoderModel's loader, decoder tensors are errors
      * too (a text_encoder/ folder holds the encoder only). */
     DIT_CHECK(dit_encoder_check_unexpected(set, &list, NULL, extra, (size_t)L + 1,
@@ -96,7 +95,7 @@ void dit_umt5_encoder_free(dit_umt5_encoder *m)
     if (!m)
         return;
     dit_t5_weights_free(m->be, &m->w);
-    free(m->rel_bias);
+    dit_backend_free(m->be, m->rel_buf);
     free(m);
 }
 
@@ -116,7 +115,6 @@ dit_status dit_umt5_encoder_forward(dit_umt5_encoder *m, dit_arena *arena, const
     dit_backend *be = m->be;
     const dit_t5_config *c = &m->c;
     const int64_t H = c->n_heads;
-    const size_t table = (size_t)(c->n_buckets * H);
     dit_t5_scratch s;
 
     dit_status st = dit_t5_check_forward_args(ids, B, S, out, c->d_model, what, diag);
@@ -135,7 +133,7 @@ dit_status dit_umt5_encoder_forward(dit_umt5_encoder *m, dit_arena *arena, const
         return st;
     for (int64_t i = 0; i < c->n_layers; i++) {
         const dit_t5_block *blk = &m->w.blocks[i];
-        const float *tab = m->rel_bias + table * (size_t)i; /* this layer's own */
+        const dit_tensor tab = dit_t5_rel_table_of(&m->rel_tables, c, i); /* this layer's own */
         DIT_CHECK(dit_t5_block_attn_in(be, c, blk, &s, what, diag));
         /* One attention call per run of batch entries with the same number
          * of unmasked keys nk: keys narrowed to [0, nk), this layer's bias
@@ -145,10 +143,8 @@ dit_status dit_umt5_encoder_forward(dit_umt5_encoder *m, dit_arena *arena, const
             int64_t b1 = b0 + 1;
             while (b1 < B && (lengths ? lengths[b1] : S) == nk)
                 b1++;
-            dit_t5_position_bias(tab, H, S, nk, s.buckets, s.host_bias);
             dit_tensor bv = dit_tensor_3d(s.bias.data, DIT_F32, H, S, nk);
-            dit_tensor hb = dit_tensor_3d(s.host_bias, DIT_F32, H, S, nk);
-            DIT_T5_OP(be->ops->upload(be, &bv, &hb));
+            DIT_T5_OP(be->ops->relative_bias(be, &bv, &tab, s.buckets));
             dit_tensor qb = dit_tensor_narrow(&s.q4, 0, b0, b1 - b0);
             dit_tensor kb = dit_tensor_narrow(&s.k4, 0, b0, b1 - b0);
             dit_tensor vb = dit_tensor_narrow(&s.v4, 0, b0, b1 - b0);

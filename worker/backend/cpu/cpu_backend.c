@@ -143,6 +143,7 @@ static const dit_backend_ops cpu_ops = {
     .layer_norm = dit_cpu_layer_norm,
     .rms_norm = dit_cpu_rms_norm,
     .embedding = dit_cpu_embedding,
+    .relative_bias = dit_cpu_relative_bias,
     .conv2d = dit_cpu_conv2d,
     .group_norm = dit_cpu_group_norm,
     .upsample2x = dit_cpu_upsample2x,

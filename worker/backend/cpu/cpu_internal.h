@@ -39,6 +39,8 @@ dit_status dit_cpu_layer_norm(dit_backend *be, const dit_tensor *y, const dit_te
                               const dit_tensor *weight, const dit_tensor *bias, float eps);
 dit_status dit_cpu_rms_norm(dit_backend *be, const dit_tensor *y, const dit_tensor *x,
                             const dit_tensor *weight, float eps);
+dit_status dit_cpu_relative_bias(dit_backend *be, const dit_tensor *y, const dit_tensor *table,
+                                 const int32_t *buckets);
 dit_status dit_cpu_embedding(dit_backend *be, const dit_tensor *y, const dit_tensor *table,
                              const int32_t *ids, int64_t n);
 dit_status dit_cpu_conv2d(dit_backend *be, const dit_tensor *y, const dit_tensor *x,

@@ -333,6 +333,31 @@ dit_status dit_cpu_rms_norm(dit_backend *be, const dit_tensor *y, const dit_tens
     return DIT_OK;
 }
 
+dit_status dit_cpu_relative_bias(dit_backend *be, const dit_tensor *y, const dit_tensor *table,
+                                 const int32_t *buckets)
+{
+    if (!y || !table || !buckets || y->dtype != DIT_F32 || y->ndim != 3 ||
+        !dit_tensor_is_contiguous(y) || table->dtype != DIT_F32 || table->ndim != 2 ||
+        !dit_tensor_is_contiguous(table) || table->ne[1] != y->ne[0])
+        return DIT_ERR_INVALID_ARG;
+    const int64_t H = y->ne[0], Sq = y->ne[1], Skv = y->ne[2], nb = table->ne[0];
+    if (Sq == 0 || Skv == 0)
+        return DIT_OK;
+    for (int64_t r = 0; r < Sq + Skv - 1; r++)
+        if (buckets[r] < 0 || buckets[r] >= nb)
+            return DIT_ERR_INVALID_ARG;
+    const float *tab = table->data;
+#pragma omp parallel for num_threads(dit_cpu_threads(be)) schedule(static)
+    for (int64_t hi = 0; hi < H * Sq; hi++) {
+        const int64_t h = hi / Sq, i = hi % Sq;
+        float *row = (float *)y->data + hi * Skv;
+        const int32_t *b = buckets + (Sq - 1 - i); /* b[j]: the bucket of j - i */
+        for (int64_t j = 0; j < Skv; j++)
+            row[j] = tab[(int64_t)b[j] * H + h];
+    }
+    return DIT_OK;
+}
+
 dit_status dit_cpu_embedding(dit_backend *be, const dit_tensor *y, const dit_tensor *table,
                              const int32_t *ids, int64_t n)
 {

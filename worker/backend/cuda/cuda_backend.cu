@@ -1010,6 +1010,7 @@ static const dit_backend_ops cuda_ops = {
     /* .last_error = */ cuda_last_error,
     /* .operand_dtype = */ cuda_operand_dtype,
     /* .rms_norm_rope_to = */ prof_rms_norm_rope_to,
+    /* .relative_bias = */ dit_cuda_relative_bias,
 };
 
 extern "C" dit_status dit_cuda_backend_create(int device, dit_backend **out, dit_diag *diag)

@@ -391,6 +391,55 @@ extern "C" dit_status dit_cuda_embedding(dit_backend *be, const dit_tensor *y,
     return DIT_OK;
 }
 
+/* y (H, Sq, Skv) contiguous: y[h][i][j] = table[b[j - i + Sq - 1] * H + h]. */
+__global__ void k_relative_bias(float *y, const float *table, const int32_t *b, int64_t H,
+                                int64_t Sq, int64_t Skv)
+{
+    const int64_t total = H * Sq * Skv;
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total;
+         e += (int64_t)gridDim.x * blockDim.x) {
+        int64_t hi, j;
+        cuda_divmod(e, Skv, hi, j);
+        int64_t h, i;
+        cuda_divmod(hi, Sq, h, i);
+        y[e] = table[(int64_t)b[j - i + Sq - 1] * H + h];
+    }
+}
+
+extern "C" dit_status dit_cuda_relative_bias(dit_backend *be, const dit_tensor *y,
+                                             const dit_tensor *table, const int32_t *buckets)
+{
+    dit_cuda_backend *cb = cuda_of(be);
+    const char *op = "relative_bias";
+    if (!y || !table || !buckets || y->dtype != DIT_F32 || y->ndim != 3 ||
+        !dit_tensor_is_contiguous(y) || table->dtype != DIT_F32 || table->ndim != 2 ||
+        !dit_tensor_is_contiguous(table) || table->ne[1] != y->ne[0])
+        return dit_cuda_bad(cb, DIT_ERR_INVALID_ARG, op,
+                            "y (H, Sq, Skv) f32 contiguous, table (n_buckets, H) f32 contiguous");
+    const int64_t H = y->ne[0], Sq = y->ne[1], Skv = y->ne[2], nb = table->ne[0];
+    if (H == 0 || Sq == 0 || Skv == 0)
+        return DIT_OK;
+    const int64_t nr = Sq + Skv - 1;
+    for (int64_t r = 0; r < nr; r++)
+        if (buckets[r] < 0 || buckets[r] >= nb)
+            return dit_cuda_bad(cb, DIT_ERR_INVALID_ARG, op, "bucket %d at %lld outside [0, %lld)",
+                                (int)buckets[r], (long long)r, (long long)nb);
+    if (cb->capturing)
+        return dit_cuda_bad(cb, DIT_ERR_UNSUPPORTED, op, "host buckets during graph capture");
+    void *db = NULL;
+    dit_status st = dit_cuda_scratch(cb, CUDA_SCRATCH_MISC, (size_t)nr * sizeof(int32_t), &db, op);
+    if (st != DIT_OK)
+        return st;
+    /* Pageable source: staged before the call returns, so `buckets` may go. */
+    CUDA_TRY(cb, op,
+             cudaMemcpyAsync(db, buckets, (size_t)nr * sizeof(int32_t), cudaMemcpyHostToDevice,
+                             cb->stream));
+    k_relative_bias<<<cuda_blocks(H * Sq * Skv, 256), 256, 0, cb->stream>>>(
+        (float *)y->data, (const float *)table->data, (const int32_t *)db, H, Sq, Skv);
+    CUDA_LAUNCHED(cb, op);
+    return DIT_OK;
+}
+
 /* ------------------------------------------------------------------------ */
 /* VAE image ops (NCHW, contiguous)                                          */
 
