@@ -32,6 +32,34 @@ static dit_backend *g_cpu, *g_gpu;
 #define CPU g_cpu
 #define GPU g_gpu
 
+/* q, k, v as (B, S, H, D) head views of fused projections (B, S, >= 3 H D),
+ * as the models make them: q from the first H D columns of qp, k and v from
+ * the second and third H D of kp (which may be qp). */
+static void qkv_views(const dit_tensor *qp, const dit_tensor *kp, int64_t H, int64_t D,
+                      dit_tensor *q, dit_tensor *k, dit_tensor *v)
+{
+    dit_tensor f = dit_tensor_narrow(qp, 2, 0, H * D);
+    *q = dit_tensor_split_last(&f, D);
+    f = dit_tensor_narrow(kp, 2, H * D, H * D);
+    *k = dit_tensor_split_last(&f, D);
+    f = dit_tensor_narrow(kp, 2, 2 * H * D, H * D);
+    *v = dit_tensor_split_last(&f, D);
+}
+
+/* How many values of two views on the gpu differ in any bit (downloaded as
+ * f32, which bf16 values are exactly). */
+static size_t gpu_bit_differences(const dit_tensor *a, const dit_tensor *b)
+{
+    const size_t n = (size_t)dit_tensor_numel(a);
+    float *x = gpu_fetch(GPU, a), *y = gpu_fetch(GPU, b);
+    size_t d = 0;
+    for (size_t i = 0; i < n; i++)
+        d += memcmp(&x[i], &y[i], sizeof x[i]) != 0;
+    free(x);
+    free(y);
+    return d;
+}
+
 /* ---- memory ops ---------------------------------------------------------- */
 
 START_TEST(upload_download_copy_fill_roundtrip)
@@ -516,12 +544,7 @@ START_TEST(bf16_operands_match_cpu)
         dit_tensor q[2], k[2], vv[2], out[2];
         const dit_tensor *pb[2] = {&p.c, &p.g}, *ob[2] = {&o.c, &o.g};
         for (int s = 0; s < 2; s++) {
-            dit_tensor f = dit_tensor_narrow(pb[s], 2, 0, H * D);
-            q[s] = dit_tensor_split_last(&f, D);
-            f = dit_tensor_narrow(pb[s], 2, H * D, H * D);
-            k[s] = dit_tensor_split_last(&f, D);
-            f = dit_tensor_narrow(pb[s], 2, 2 * H * D, H * D);
-            vv[s] = dit_tensor_split_last(&f, D);
+            qkv_views(pb[s], pb[s], H, D, &q[s], &k[s], &vv[s]);
             out[s] = dit_tensor_split_last(ob[s], D);
         }
         const float scale = 1.0f / sqrtf((float)D);
@@ -762,12 +785,7 @@ START_TEST(attention_matches_cpu)
         const dit_tensor *qb[2] = {&qa.c, &qa.g}, *kb[2] = {&ka.c, &ka.g};
         const dit_tensor *ob[2] = {&o.c, &o.g};
         for (int s = 0; s < 2; s++) {
-            dit_tensor f = dit_tensor_narrow(qb[s], 2, 0, H * D);
-            q[s] = dit_tensor_split_last(&f, D);
-            f = dit_tensor_narrow(kb[s], 2, H * D, H * D);
-            k[s] = dit_tensor_split_last(&f, D);
-            f = dit_tensor_narrow(kb[s], 2, 2 * H * D, H * D);
-            v[s] = dit_tensor_split_last(&f, D);
+            qkv_views(qb[s], kb[s], H, D, &q[s], &k[s], &v[s]);
             out[s] = dit_tensor_split_last(ob[s], D);
         }
         const float scale = 1.0f / sqrtf((float)D);
@@ -817,11 +835,8 @@ START_TEST(flux_size_attention_matches_f32_kernel)
     dit_tensor proj = dit_tensor_make(pbuf, DIT_F32, 3, shp);
     dit_tensor hproj = dit_tensor_make(hp, DIT_F32, 3, shp);
     GPU_OK(GPU, GPU->ops->upload(GPU, &proj, &hproj));
-    dit_tensor fq = dit_tensor_narrow(&proj, 2, 0, H * D),
-               fk = dit_tensor_narrow(&proj, 2, H * D, H * D);
-    dit_tensor fv = dit_tensor_narrow(&proj, 2, 2 * H * D, H * D);
-    dit_tensor q = dit_tensor_split_last(&fq, D), k = dit_tensor_split_last(&fk, D);
-    dit_tensor v = dit_tensor_split_last(&fv, D);
+    dit_tensor q, k, v;
+    qkv_views(&proj, &proj, H, D, &q, &k, &v);
     dit_tensor out[2], lse[2];
     float *ho[2], *hl[2];
     for (int f32 = 0; f32 < 2; f32++) {
@@ -936,11 +951,8 @@ START_TEST(flux_size_attention_v2_matches_v1)
     dit_tensor proj = dit_tensor_make(pbuf, DIT_BF16, 3, shp);
     dit_tensor hproj = dit_tensor_make(hp, DIT_F32, 3, shp);
     GPU_OK(GPU, GPU->ops->upload(GPU, &proj, &hproj));
-    dit_tensor fq = dit_tensor_narrow(&proj, 2, 0, H * D),
-               fk = dit_tensor_narrow(&proj, 2, H * D, H * D);
-    dit_tensor fv = dit_tensor_narrow(&proj, 2, 2 * H * D, H * D);
-    dit_tensor q = dit_tensor_split_last(&fq, D), k = dit_tensor_split_last(&fk, D);
-    dit_tensor v = dit_tensor_split_last(&fv, D);
+    dit_tensor q, k, v;
+    qkv_views(&proj, &proj, H, D, &q, &k, &v);
     const float scale = 1.0f / sqrtf((float)D);
     const dit_cuda_attn was = dit_cuda_backend_attn(GPU);
     dit_tensor o3[2], lse[2];
@@ -955,13 +967,8 @@ START_TEST(flux_size_attention_v2_matches_v1)
         ms[kv] = attn_time_ms(GPU, &out, &lse[kv], &q, &k, &v, scale);
     }
     dit_cuda_backend_set_attn(GPU, was);
-    float *a1 = gpu_fetch(GPU, &o3[0]), *a2 = gpu_fetch(GPU, &o3[1]);
-    float *b1 = gpu_fetch(GPU, &lse[0]), *b2 = gpu_fetch(GPU, &lse[1]);
-    size_t diff = 0, ldiff = 0;
-    for (size_t i = 0; i < no; i++)
-        diff += memcmp(&a1[i], &a2[i], sizeof a1[i]) != 0;
-    for (size_t i = 0; i < (size_t)(B * H * S); i++)
-        ldiff += memcmp(&b1[i], &b2[i], sizeof b1[i]) != 0;
+    const size_t diff = gpu_bit_differences(&o3[0], &o3[1]);
+    const size_t ldiff = gpu_bit_differences(&lse[0], &lse[1]);
     const double tflop = 4.0 * (double)S * (double)S * (double)(H * D) / 1e12;
     printf("flux-size attention bf16 (S %lld, H %lld, D %lld): v2 vs v1 %zu outputs and %zu lse "
            "values differ; v1 %.3f ms (%.0f TFLOP/s), v2 %.3f ms (%.0f TFLOP/s)\n",
@@ -969,10 +976,6 @@ START_TEST(flux_size_attention_v2_matches_v1)
            ms[1], tflop / (ms[1] / 1e3));
     ck_assert_uint_eq(diff, 0);
     ck_assert_uint_eq(ldiff, 0);
-    free(a1);
-    free(a2);
-    free(b1);
-    free(b2);
     for (int kv = 0; kv < 2; kv++) {
         dit_backend_free(GPU, obuf[kv]);
         dit_backend_free(GPU, lbuf[kv]);
@@ -1025,12 +1028,7 @@ START_TEST(attention_v2_matches_v1_bitwise)
     const dit_tensor *qb[2] = {&qa.c, &qa.g}, *kb[2] = {&ka.c, &ka.g};
     const dit_tensor *ob1[2] = {&o1.c, &o1.g}, *ob2[2] = {&o2.c, &o2.g};
     for (int s = 0; s < 2; s++) {
-        dit_tensor f = dit_tensor_narrow(qb[s], 2, 0, H * D);
-        q[s] = dit_tensor_split_last(&f, D);
-        f = dit_tensor_narrow(kb[s], 2, H * D, H * D);
-        k[s] = dit_tensor_split_last(&f, D);
-        f = dit_tensor_narrow(kb[s], 2, 2 * H * D, H * D);
-        v[s] = dit_tensor_split_last(&f, D);
+        qkv_views(qb[s], kb[s], H, D, &q[s], &k[s], &v[s]);
         out1[s] = dit_tensor_split_last(ob1[s], D);
         out2[s] = dit_tensor_split_last(ob2[s], D);
     }
@@ -1063,21 +1061,12 @@ START_TEST(attention_v2_matches_v1_bitwise)
     ck_assert_int_eq(gpu_compare_views("lse v2", CPU, &l1.c, GPU, &l2.g, 1e-4, 1e-5), 0);
     /* Bit for bit against v1. */
     const size_t no = (size_t)(B * Sq * H * D), nl = (size_t)(B * H * Sq);
-    float *a1 = gpu_fetch(GPU, &o1.g), *a2 = gpu_fetch(GPU, &o2.g);
-    float *b1 = gpu_fetch(GPU, &l1.g), *b2 = gpu_fetch(GPU, &l2.g);
-    size_t diff = 0, ldiff = 0;
-    for (size_t i = 0; i < no; i++)
-        diff += memcmp(&a1[i], &a2[i], sizeof a1[i]) != 0;
-    for (size_t i = 0; i < nl; i++)
-        ldiff += memcmp(&b1[i], &b2[i], sizeof b1[i]) != 0;
+    const size_t diff = gpu_bit_differences(&o1.g, &o2.g),
+                 ldiff = gpu_bit_differences(&l1.g, &l2.g);
     printf("%s: %zu of %zu outputs and %zu of %zu lse values differ from v1\n", what, diff, no,
            ldiff, nl);
     ck_assert_uint_eq(diff, 0);
     ck_assert_uint_eq(ldiff, 0);
-    free(a1);
-    free(a2);
-    free(b1);
-    free(b2);
     gpu_pair_free(CPU, GPU, &qa);
     gpu_pair_free(CPU, GPU, &ka);
     gpu_pair_free(CPU, GPU, &o1);

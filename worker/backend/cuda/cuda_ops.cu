@@ -359,6 +359,37 @@ __global__ void k_embedding(cuda_view y, const char *table, int tdt, int64_t C, 
     }
 }
 
+/* n host int32 values (the ids of a gather) must lie in [0, limit); `what`
+ * names them in the error. */
+static dit_status check_ids(dit_cuda_backend *cb, const int32_t *ids, int64_t n, int64_t limit,
+                            const char *what, const char *op)
+{
+    for (int64_t i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= limit)
+            return dit_cuda_bad(cb, DIT_ERR_INVALID_ARG, op, "%s %d at %lld outside [0, %lld)",
+                                what, (int)ids[i], (long long)i, (long long)limit);
+    return DIT_OK;
+}
+
+/* check_ids, then the ids copied into the MISC scratch for the kernel that
+ * follows on the stream. Not during graph capture: the copy reads host
+ * memory at enqueue time. */
+static dit_status upload_ids(dit_cuda_backend *cb, const int32_t *ids, int64_t n, int64_t limit,
+                             const char *what, const int32_t **out, const char *op)
+{
+    DIT_CHECK_RET(check_ids(cb, ids, n, limit, what, op));
+    if (cb->capturing)
+        return dit_cuda_bad(cb, DIT_ERR_UNSUPPORTED, op, "host %ss during graph capture", what);
+    void *d = NULL;
+    DIT_CHECK_RET(dit_cuda_scratch(cb, CUDA_SCRATCH_MISC, (size_t)n * sizeof(int32_t), &d, op));
+    /* Pageable source: staged before the call returns, so `ids` may go. */
+    CUDA_TRY(
+        cb, op,
+        cudaMemcpyAsync(d, ids, (size_t)n * sizeof(int32_t), cudaMemcpyHostToDevice, cb->stream));
+    *out = (const int32_t *)d;
+    return DIT_OK;
+}
+
 extern "C" dit_status dit_cuda_embedding(dit_backend *be, const dit_tensor *y,
                                          const dit_tensor *table, const int32_t *ids, int64_t n)
 {
@@ -369,24 +400,14 @@ extern "C" dit_status dit_cuda_embedding(dit_backend *be, const dit_tensor *y,
         (table->dtype != DIT_F32 && table->dtype != DIT_BF16 && table->dtype != DIT_F16))
         return dit_cuda_bad(cb, DIT_ERR_INVALID_ARG, op, "y (n, C) f32, table (V, C)");
     const int64_t V = table->ne[0], C = table->ne[1];
-    for (int64_t i = 0; i < n; i++)
-        if (ids[i] < 0 || ids[i] >= V)
-            return dit_cuda_bad(cb, DIT_ERR_INVALID_ARG, op, "id %d at %lld outside [0, %lld)",
-                                (int)ids[i], (long long)i, (long long)V);
     if (n == 0 || C == 0)
-        return DIT_OK;
-    if (cb->capturing)
-        return dit_cuda_bad(cb, DIT_ERR_UNSUPPORTED, op, "host ids during graph capture");
-    void *dids = NULL;
-    dit_status st = dit_cuda_scratch(cb, CUDA_SCRATCH_MISC, (size_t)n * sizeof(int32_t), &dids, op);
+        return check_ids(cb, ids, n, V, "id", op);
+    const int32_t *dids = NULL;
+    dit_status st = upload_ids(cb, ids, n, V, "id", &dids, op);
     if (st != DIT_OK)
         return st;
-    /* Pageable source: staged before the call returns, so `ids` may go. */
-    CUDA_TRY(cb, op,
-             cudaMemcpyAsync(dids, ids, (size_t)n * sizeof(int32_t), cudaMemcpyHostToDevice,
-                             cb->stream));
     k_embedding<<<cuda_blocks(n * C, 256), 256, 0, cb->stream>>>(
-        cuda_view_of(y), (const char *)table->data, (int)table->dtype, C, (const int32_t *)dids, n);
+        cuda_view_of(y), (const char *)table->data, (int)table->dtype, C, dids, n);
     CUDA_LAUNCHED(cb, op);
     return DIT_OK;
 }
@@ -419,23 +440,12 @@ extern "C" dit_status dit_cuda_relative_bias(dit_backend *be, const dit_tensor *
     const int64_t H = y->ne[0], Sq = y->ne[1], Skv = y->ne[2], nb = table->ne[0];
     if (H == 0 || Sq == 0 || Skv == 0)
         return DIT_OK;
-    const int64_t nr = Sq + Skv - 1;
-    for (int64_t r = 0; r < nr; r++)
-        if (buckets[r] < 0 || buckets[r] >= nb)
-            return dit_cuda_bad(cb, DIT_ERR_INVALID_ARG, op, "bucket %d at %lld outside [0, %lld)",
-                                (int)buckets[r], (long long)r, (long long)nb);
-    if (cb->capturing)
-        return dit_cuda_bad(cb, DIT_ERR_UNSUPPORTED, op, "host buckets during graph capture");
-    void *db = NULL;
-    dit_status st = dit_cuda_scratch(cb, CUDA_SCRATCH_MISC, (size_t)nr * sizeof(int32_t), &db, op);
+    const int32_t *db = NULL;
+    dit_status st = upload_ids(cb, buckets, Sq + Skv - 1, nb, "bucket", &db, op);
     if (st != DIT_OK)
         return st;
-    /* Pageable source: staged before the call returns, so `buckets` may go. */
-    CUDA_TRY(cb, op,
-             cudaMemcpyAsync(db, buckets, (size_t)nr * sizeof(int32_t), cudaMemcpyHostToDevice,
-                             cb->stream));
     k_relative_bias<<<cuda_blocks(H * Sq * Skv, 256), 256, 0, cb->stream>>>(
-        (float *)y->data, (const float *)table->data, (const int32_t *)db, H, Sq, Skv);
+        (float *)y->data, (const float *)table->data, db, H, Sq, Skv);
     CUDA_LAUNCHED(cb, op);
     return DIT_OK;
 }

@@ -68,6 +68,109 @@ __device__ __forceinline__ void store2(__nv_bfloat16 *p, float a, float b)
 }
 
 /* ------------------------------------------------------------------------ */
+/* The online softmax both tensor-core kernels run, per 16-row MMA tile      */
+
+/* One key tile (keys k0 .. k0 + 63) of a 16-row tile whose rows g and g + 8
+ * this thread shares with its quad: s, the tile's Q K^T accumulators,
+ * becomes P (base-2 exponentials of scale * log2(e) scaled scores, keys at
+ * or past Skv masked to 0); m0/m1 and l0/l1, the running maxima and the
+ * thread's partial row sums (the quad reduces them only in fa_store_rows),
+ * are updated; o, the 16 x D output accumulators, is rescaled. IDX (int64_t
+ * or int) only sets the width of the index arithmetic. */
+template <int D, typename IDX>
+__device__ __forceinline__ void fa_softmax_tile(float (&s)[FA_BK / 8][4], float (&o)[D / 8][4],
+                                                float &m0, float &m1, float &l0, float &l1, IDX k0,
+                                                IDX Skv, int t, float sl2)
+{
+    /* Scale to base 2, mask keys past Skv, row maxima. */
+    float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < FA_BK / 8; nt++) {
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const bool valid = k0 + nt * 8 + t * 2 + e < Skv;
+            s[nt][e] = valid ? s[nt][e] * sl2 : -INFINITY;
+            s[nt][2 + e] = valid ? s[nt][2 + e] * sl2 : -INFINITY;
+            mx0 = fmaxf(mx0, s[nt][e]);
+            mx1 = fmaxf(mx1, s[nt][2 + e]);
+        }
+    }
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    /* Every tile holds at least one valid key, so the maxima are finite. */
+    const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+    const float c0 = exp2f(m0 - mn0), c1 = exp2f(m1 - mn1); /* 0 on the first tile */
+    m0 = mn0;
+    m1 = mn1;
+    float rs0 = 0.0f, rs1 = 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < FA_BK / 8; nt++) {
+        s[nt][0] = exp2f(s[nt][0] - mn0);
+        s[nt][1] = exp2f(s[nt][1] - mn0);
+        s[nt][2] = exp2f(s[nt][2] - mn1);
+        s[nt][3] = exp2f(s[nt][3] - mn1);
+        rs0 += s[nt][0] + s[nt][1];
+        rs1 += s[nt][2] + s[nt][3];
+    }
+    l0 = l0 * c0 + rs0;
+    l1 = l1 * c1 + rs1;
+#pragma unroll
+    for (int nd = 0; nd < D / 8; nd++) {
+        o[nd][0] *= c0;
+        o[nd][1] *= c0;
+        o[nd][2] *= c1;
+        o[nd][3] *= c1;
+    }
+}
+
+/* P as the A fragments of k-chunk kk (keys 16 kk .. 16 kk + 15): the score
+ * accumulators are already in A-fragment order. */
+__device__ __forceinline__ void fa_p_fragment(const float (&s)[FA_BK / 8][4], int kk,
+                                              uint32_t pa[4])
+{
+    pa[0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
+    pa[1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
+    pa[2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+    pa[3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+}
+
+/* Rows r0 and r0 + 8 of (batch b, head h): the quad's row sums reduced,
+ * out = o / l (rows at or past Sq skipped), and the natural-log LSE
+ * (m + log2 l) ln 2 of the cpu op (-inf for a row without keys). */
+template <int D, typename TO, typename IDX>
+__device__ __forceinline__ void fa_store_rows(const attn_args &a, const float (&o)[D / 8][4],
+                                              float m0, float m1, float l0, float l1, IDX r0,
+                                              IDX Sq, int t, int64_t b, int64_t h)
+{
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
+    const IDX r1 = r0 + 8;
+    TO *op0 = (TO *)a.out + b * a.o_b + h * a.o_h + (int64_t)r0 * a.o_s;
+    TO *op1 = op0 + 8 * a.o_s;
+#pragma unroll
+    for (int nd = 0; nd < D / 8; nd++) {
+        const int c = nd * 8 + t * 2;
+        if (r0 < Sq)
+            store2(op0 + c, o[nd][0] * inv0, o[nd][1] * inv0);
+        if (r1 < Sq)
+            store2(op1 + c, o[nd][2] * inv1, o[nd][3] * inv1);
+    }
+    if (a.lse && t == 0) {
+        const float ln2 = 0.6931471805599453f;
+        float *lp = a.lse + (b * a.H + h) * a.Sq;
+        if (r0 < Sq)
+            lp[r0] = l0 > 0.0f ? (m0 + log2f(l0)) * ln2 : -INFINITY;
+        if (r1 < Sq)
+            lp[r1] = l1 > 0.0f ? (m1 + log2f(l1)) * ln2 : -INFINITY;
+    }
+}
+
+/* ------------------------------------------------------------------------ */
 /* v1: 64 queries a block                                                    */
 
 template <int D> struct fa_smem {
@@ -161,56 +264,12 @@ __global__ void __launch_bounds__(FA_WARPS * 32) k_flash_mma(attn_args a)
                 mma_bf16_16816(s[nt], qf[kk], b0, b1);
             }
         }
-        /* Scale to base 2, mask keys past Skv, row maxima. */
-        float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-        for (int nt = 0; nt < FA_BK / 8; nt++) {
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                const bool valid = k0 + nt * 8 + t * 2 + e < a.Skv;
-                s[nt][e] = valid ? s[nt][e] * sl2 : -INFINITY;
-                s[nt][2 + e] = valid ? s[nt][2 + e] * sl2 : -INFINITY;
-                mx0 = fmaxf(mx0, s[nt][e]);
-                mx1 = fmaxf(mx1, s[nt][2 + e]);
-            }
-        }
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-        /* Every tile holds at least one valid key, so the maxima are finite. */
-        const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-        const float c0 = exp2f(m0 - mn0), c1 = exp2f(m1 - mn1); /* 0 on the first tile */
-        m0 = mn0;
-        m1 = mn1;
-        float rs0 = 0.0f, rs1 = 0.0f;
-#pragma unroll
-        for (int nt = 0; nt < FA_BK / 8; nt++) {
-            s[nt][0] = exp2f(s[nt][0] - mn0);
-            s[nt][1] = exp2f(s[nt][1] - mn0);
-            s[nt][2] = exp2f(s[nt][2] - mn1);
-            s[nt][3] = exp2f(s[nt][3] - mn1);
-            rs0 += s[nt][0] + s[nt][1];
-            rs1 += s[nt][2] + s[nt][3];
-        }
-        /* Partial row sums: the 4 threads of a row reduce only at the end. */
-        l0 = l0 * c0 + rs0;
-        l1 = l1 * c1 + rs1;
-#pragma unroll
-        for (int nd = 0; nd < D / 8; nd++) {
-            o[nd][0] *= c0;
-            o[nd][1] *= c0;
-            o[nd][2] *= c1;
-            o[nd][3] *= c1;
-        }
-        /* O += P V: the score accumulators are already in A-fragment order. */
+        fa_softmax_tile<D>(s, o, m0, m1, l0, l1, k0, a.Skv, t, sl2);
+        /* O += P V. */
 #pragma unroll
         for (int kk = 0; kk < FA_BK / 16; kk++) {
             uint32_t pa[4];
-            pa[0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
-            pa[1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
-            pa[2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-            pa[3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+            fa_p_fragment(s, kk, pa);
 #pragma unroll
             for (int nd = 0; nd < D / 8; nd++) {
                 const __nv_bfloat16 *vr = Vt + (nd * 8 + g) * L::LDV + kk * 16;
@@ -221,30 +280,7 @@ __global__ void __launch_bounds__(FA_WARPS * 32) k_flash_mma(attn_args a)
         }
     }
 
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-    const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
-    const int64_t r0 = q0 + warp * 16 + g, r1 = r0 + 8;
-    TO *op0 = (TO *)a.out + b * a.o_b + h * a.o_h + r0 * a.o_s;
-    TO *op1 = op0 + 8 * a.o_s;
-#pragma unroll
-    for (int nd = 0; nd < D / 8; nd++) {
-        const int c = nd * 8 + t * 2;
-        if (r0 < a.Sq)
-            store2(op0 + c, o[nd][0] * inv0, o[nd][1] * inv0);
-        if (r1 < a.Sq)
-            store2(op1 + c, o[nd][2] * inv1, o[nd][3] * inv1);
-    }
-    if (a.lse && t == 0) {
-        const float ln2 = 0.6931471805599453f;
-        float *lp = a.lse + (b * a.H + h) * a.Sq;
-        if (r0 < a.Sq)
-            lp[r0] = l0 > 0.0f ? (m0 + log2f(l0)) * ln2 : -INFINITY;
-        if (r1 < a.Sq)
-            lp[r1] = l1 > 0.0f ? (m1 + log2f(l1)) * ln2 : -INFINITY;
-    }
+    fa_store_rows<D, TO>(a, o, m0, m1, l0, l1, q0 + warp * 16 + g, a.Sq, t, b, h);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -267,6 +303,7 @@ __global__ void __launch_bounds__(FA_WARPS * 32) k_flash_mma(attn_args a)
  * 16-byte aligned rows (row, head and batch strides multiples of 8). */
 
 enum { F2_BQ = 128, F2_BK = 64, F2_WARPS = 4 };
+static_assert((int)F2_BK == (int)FA_BK, "v2 runs v1's softmax on v1's key tiles");
 
 template <int D> struct f2_smem {
     static const int LD = D + 8; /* bf16 row stride of every tile */
@@ -377,62 +414,18 @@ __global__ void __launch_bounds__(F2_WARPS * 32) k_flash_pipe(attn_args a)
         }
 
 #pragma unroll
-        for (int mi = 0; mi < 2; mi++) {
-            /* As k_flash_mma: base-2 scores, keys past Skv masked, row
-             * maxima over the quad, rescale, exponentials, partial sums. */
-            float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-            for (int nt = 0; nt < F2_BK / 8; nt++) {
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    const bool valid = k0 + nt * 8 + t * 2 + e < Skv;
-                    s[mi][nt][e] = valid ? s[mi][nt][e] * sl2 : -INFINITY;
-                    s[mi][nt][2 + e] = valid ? s[mi][nt][2 + e] * sl2 : -INFINITY;
-                    mx0 = fmaxf(mx0, s[mi][nt][e]);
-                    mx1 = fmaxf(mx1, s[mi][nt][2 + e]);
-                }
-            }
-            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-            const float mn0 = fmaxf(m[mi][0], mx0), mn1 = fmaxf(m[mi][1], mx1);
-            const float c0 = exp2f(m[mi][0] - mn0), c1 = exp2f(m[mi][1] - mn1);
-            m[mi][0] = mn0;
-            m[mi][1] = mn1;
-            float rs0 = 0.0f, rs1 = 0.0f;
-#pragma unroll
-            for (int nt = 0; nt < F2_BK / 8; nt++) {
-                s[mi][nt][0] = exp2f(s[mi][nt][0] - mn0);
-                s[mi][nt][1] = exp2f(s[mi][nt][1] - mn0);
-                s[mi][nt][2] = exp2f(s[mi][nt][2] - mn1);
-                s[mi][nt][3] = exp2f(s[mi][nt][3] - mn1);
-                rs0 += s[mi][nt][0] + s[mi][nt][1];
-                rs1 += s[mi][nt][2] + s[mi][nt][3];
-            }
-            l[mi][0] = l[mi][0] * c0 + rs0;
-            l[mi][1] = l[mi][1] * c1 + rs1;
-#pragma unroll
-            for (int nd = 0; nd < D / 8; nd++) {
-                o[mi][nd][0] *= c0;
-                o[mi][nd][1] *= c0;
-                o[mi][nd][2] *= c1;
-                o[mi][nd][3] *= c1;
-            }
-        }
+        for (int mi = 0; mi < 2; mi++)
+            fa_softmax_tile<D>(s[mi], o[mi], m[mi][0], m[mi][1], l[mi][0], l[mi][1], k0, Skv, t,
+                               sl2);
 
-        /* O += P V: P in A-fragment order already, V's B tiles by
-         * ldmatrix.trans, each feeding both 16-row tiles. */
+            /* O += P V: P in A-fragment order already, V's B tiles by
+             * ldmatrix.trans, each feeding both 16-row tiles. */
 #pragma unroll
         for (int kk = 0; kk < F2_BK / 16; kk++) {
             uint32_t pa[2][4];
 #pragma unroll
-            for (int mi = 0; mi < 2; mi++) {
-                pa[mi][0] = pack_bf16(s[mi][2 * kk][0], s[mi][2 * kk][1]);
-                pa[mi][1] = pack_bf16(s[mi][2 * kk][2], s[mi][2 * kk][3]);
-                pa[mi][2] = pack_bf16(s[mi][2 * kk + 1][0], s[mi][2 * kk + 1][1]);
-                pa[mi][3] = pack_bf16(s[mi][2 * kk + 1][2], s[mi][2 * kk + 1][3]);
-            }
+            for (int mi = 0; mi < 2; mi++)
+                fa_p_fragment(s[mi], kk, pa[mi]);
 #pragma unroll
             for (int nd = 0; nd < D / 8; nd += 2) {
                 uint32_t vb[4];
@@ -448,33 +441,9 @@ __global__ void __launch_bounds__(F2_WARPS * 32) k_flash_pipe(attn_args a)
     cp_async_wait_all(); /* Skv == 0: the prologue's copies are still in flight */
 
 #pragma unroll
-    for (int mi = 0; mi < 2; mi++) {
-        float l0 = l[mi][0], l1 = l[mi][1];
-        l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-        l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-        l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-        l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-        const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
-        const int r0 = q0 + warp * 32 + mi * 16 + g, r1 = r0 + 8;
-        TO *op0 = (TO *)a.out + b * a.o_b + h * a.o_h + (int64_t)r0 * a.o_s;
-        TO *op1 = op0 + 8 * a.o_s;
-#pragma unroll
-        for (int nd = 0; nd < D / 8; nd++) {
-            const int c = nd * 8 + t * 2;
-            if (r0 < Sq)
-                store2(op0 + c, o[mi][nd][0] * inv0, o[mi][nd][1] * inv0);
-            if (r1 < Sq)
-                store2(op1 + c, o[mi][nd][2] * inv1, o[mi][nd][3] * inv1);
-        }
-        if (a.lse && t == 0) {
-            const float ln2 = 0.6931471805599453f;
-            float *lp = a.lse + (b * a.H + h) * a.Sq;
-            if (r0 < Sq)
-                lp[r0] = l0 > 0.0f ? (m[mi][0] + log2f(l0)) * ln2 : -INFINITY;
-            if (r1 < Sq)
-                lp[r1] = l1 > 0.0f ? (m[mi][1] + log2f(l1)) * ln2 : -INFINITY;
-        }
-    }
+    for (int mi = 0; mi < 2; mi++)
+        fa_store_rows<D, TO>(a, o[mi], m[mi][0], m[mi][1], l[mi][0], l[mi][1],
+                             q0 + warp * 32 + mi * 16 + g, Sq, t, b, h);
 }
 
 #endif
