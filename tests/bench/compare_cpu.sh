@@ -8,6 +8,6 @@ cd "$(dirname "$0")/../.."
 threads=${1:-$(nproc)}
 rounds=${2:-3}
 for r in $(seq "$rounds"); do
-  build/tests/bench_flux_forward --threads "$threads" --iters 3 | grep 'ditserve forward'
+  build/tests/bench_flux_forward --threads "$threads" --iters 3 | grep 'eager forward' | sed 's/^/ditserve /'
   python3 tests/bench/bench_diffusers_forward.py --threads "$threads" --iters 3 | grep 'diffusers forward'
 done
