@@ -237,6 +237,7 @@ for t in cuda_golden cuda_forward; do
     head -n 40 >> "$out/gpu_numbers.txt"
 done
 note attn_v2_flux_size "$(grep -m 1 'flux-size attention bf16' "$out/gpu_cuda_ops.log" 2>/dev/null)"
+note vae_attention_qpw "$(grep -m 1 'vae-size attention' "$out/gpu_cuda_ops.log" 2>/dev/null)"
 worst=$(grep -oE "rel [0-9.e+-]+" "$out/gpu_numbers.txt" 2>/dev/null | awk '{print $2}' |
         sort -g | tail -n 1)
 note gpu_golden_worst_rel "${worst:-n/a}"

@@ -6,6 +6,7 @@
  * the warp have arrived, as on the hardware.
  *
  * What it models, and how:
+ *  - __shfl_xor_sync, __shfl_sync: full-warp exchanges.
  *  - mma_bf16_16816, ldsm_x4, ldsm_x4_trans: the fragment layouts stated in
  *    backend/cuda/cuda_mma.cuh (from the PTX ISA). The MMA's products of
  *    bf16 values are exact in f32 and summed in k order, so results agree
@@ -153,7 +154,7 @@ struct warp_slot {
     uint32_t out[32][4];
 };
 
-enum op_kind { OP_SHFL = 1, OP_LDSM, OP_LDSM_T, OP_MMA };
+enum op_kind { OP_SHFL = 1, OP_SHFL_IDX, OP_LDSM, OP_LDSM_T, OP_MMA };
 
 struct block_state {
     dim3 grid, block, bidx;
@@ -439,6 +440,22 @@ static inline float __shfl_xor_sync(unsigned mask, float v, int lane_mask)
                 emu::die("__shfl_xor_sync lanes disagree on the lane mask");
             s.out[l][0] = s.in[l ^ (int)s.in[l][1]][0];
         }
+    });
+    float r;
+    memcpy(&r, &out[0], 4);
+    return r;
+}
+
+static inline float __shfl_sync(unsigned mask, float v, int src_lane)
+{
+    if (mask != 0xffffffffu)
+        emu::die("__shfl_sync with a partial mask");
+    uint32_t in[2], out[1];
+    memcpy(&in[0], &v, 4);
+    in[1] = (uint32_t)src_lane;
+    emu::warp_op(emu::OP_SHFL_IDX, in, 2, out, 1, [](emu::warp_slot &s) {
+        for (int l = 0; l < 32; l++)
+            s.out[l][0] = s.in[s.in[l][1] & 31][0];
     });
     float r;
     memcpy(&r, &out[0], 4);

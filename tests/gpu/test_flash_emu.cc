@@ -12,7 +12,10 @@
  *    a difference is a wrong fragment, a wrong address or a missing wait or
  *    barrier.
  * Shapes: sequence ends inside and on tile edges, Skv 0, batch 2, several
- * heads, head dims 64 and 128, f32 and bf16 outputs, with the LSE. */
+ * heads, head dims 64 and 128, f32 and bf16 outputs, with the LSE.
+ *  - The generic f32 kernel (any head dim, bias, causal mask) with one and
+ *    with four queries a warp, against float64 and against each other bit
+ *    for bit. */
 #include <check.h>
 
 #include <cmath>
@@ -248,7 +251,110 @@ template <int D, typename TO> void check_case(const emu_case &c, int idx)
     printf("; v2 bit-identical to v1 (4 schedules)\n");
 }
 
+/* ---- The generic f32 kernel ---------------------------------------------- */
+
+struct gen_case {
+    int64_t Sq, Skv, H, D;
+    bool bias, causal;
+};
+
+const gen_case gen_cases[] = {
+    {37, 53, 2, 16, false, false},  {77, 77, 2, 64, false, true},  {45, 61, 3, 80, true, false},
+    {50, 50, 1, 512, false, false}, {33, 70, 1, 384, true, false}, {20, 20, 2, 32, true, true},
+};
+
+/* q (Sq, H, D), k and v (Skv, H, D) f32 contiguous, batch 1, an optional
+ * (H, Sq, Skv) bias; out and lse of k_attn_generic<QPW>. */
+template <int QPW>
+result run_generic(const gen_case &c, const std::vector<float> &q, const std::vector<float> &k,
+                   const std::vector<float> &v, const std::vector<float> &bias)
+{
+    std::vector<float> out((size_t)(c.Sq * c.H * c.D)), lse((size_t)(c.H * c.Sq));
+    attn_args a;
+    memset(&a, 0, sizeof a);
+    a.q = q.data(), a.k = k.data(), a.v = v.data(), a.out = out.data(), a.lse = lse.data();
+    a.bias = c.bias ? bias.data() : nullptr;
+    a.q_b = c.Sq * c.H * c.D, a.q_s = c.H * c.D, a.q_h = c.D;
+    a.k_b = a.v_b = c.Skv * c.H * c.D, a.k_s = a.v_s = c.H * c.D, a.k_h = a.v_h = c.D;
+    a.o_b = a.q_b, a.o_s = a.q_s, a.o_h = a.q_h;
+    a.Sq = c.Sq, a.Skv = c.Skv, a.H = c.H, a.D = c.D;
+    a.scale = 1.0f / sqrtf((float)c.D);
+    a.causal = c.causal;
+    const int64_t per = GEN_WARPS * QPW;
+    const dim3 grid((unsigned)((c.Sq + per - 1) / per), (unsigned)c.H, 1);
+    emu::launch(grid, dim3(GEN_WARPS * 32), gen_smem_bytes(c.D, QPW), emu::COPY_AT_ISSUE,
+                emu::SCHED_WARP_GREEDY, 5, [a] { k_attn_generic<QPW, float, float>(a); });
+    return result{out, lse};
+}
+
 } /* namespace */
+
+/* The generic kernel with one query a warp (the launch every narrow head
+ * gets) and with four (the VAEs' wide heads): both against float64, and
+ * the two bit for bit, since a query's arithmetic does not depend on how
+ * many queries share its warp. Bias, causal mask, head dims 16 to 512. */
+START_TEST(generic_kernel_emulated)
+{
+    const gen_case &c = gen_cases[_i];
+    rng r{7000 + (uint64_t)_i};
+    std::vector<float> q((size_t)(c.Sq * c.H * c.D)), k((size_t)(c.Skv * c.H * c.D)), v(k.size()),
+        bias((size_t)(c.H * c.Sq * c.Skv));
+    for (float &x : q)
+        x = r.next(-1, 1);
+    for (float &x : k)
+        x = r.next(-1, 1);
+    for (float &x : v)
+        x = r.next(-1, 1);
+    for (float &x : bias)
+        x = r.next(-2, 2);
+    const result one = run_generic<1>(c, q, k, v, bias);
+    const result four = run_generic<4>(c, q, k, v, bias);
+    double eo = 0, el = 0;
+    const double scale = 1.0 / sqrt((double)c.D);
+    for (int64_t h = 0; h < c.H; h++)
+        for (int64_t i = 0; i < c.Sq; i++) {
+            std::vector<double> p((size_t)c.Skv, -INFINITY);
+            double mx = -INFINITY;
+            for (int64_t j = 0; j < c.Skv; j++) {
+                if (c.causal && j > i)
+                    continue;
+                double acc = 0;
+                for (int64_t d = 0; d < c.D; d++)
+                    acc += (double)q[(size_t)((i * c.H + h) * c.D + d)] *
+                           k[(size_t)((j * c.H + h) * c.D + d)];
+                p[(size_t)j] =
+                    acc * scale + (c.bias ? bias[(size_t)((h * c.Sq + i) * c.Skv + j)] : 0);
+                mx = fmax(mx, p[(size_t)j]);
+            }
+            double sum = 0;
+            for (double &x : p)
+                sum += x = std::isinf(x) ? 0.0 : exp(x - mx);
+            for (int64_t d = 0; d < c.D; d++) {
+                double ov = 0;
+                for (int64_t j = 0; j < c.Skv; j++)
+                    ov += p[(size_t)j] * v[(size_t)((j * c.H + h) * c.D + d)];
+                ov /= sum;
+                const double got = one.out[(size_t)((i * c.H + h) * c.D + d)];
+                eo = fmax(eo, fabs(got - ov));
+                ck_assert_msg(fabs(got - ov) <= 2e-5 + 1e-4 * fabs(ov),
+                              "out (%lld, %lld, %lld): %.9g vs %.9g", (long long)h, (long long)i,
+                              (long long)d, got, ov);
+            }
+            const double lref = mx + log(sum), lgot = one.lse[(size_t)(h * c.Sq + i)];
+            el = fmax(el, fabs(lgot - lref));
+            ck_assert_msg(fabs(lgot - lref) <= 2e-5 + 1e-5 * fabs(lref), "lse %.9g vs %.9g", lgot,
+                          lref);
+        }
+    const size_t d_out = count_bit_differences(one.out, four.out);
+    const size_t d_lse = count_bit_differences(one.lse, four.lse);
+    printf("emulated generic attention Sq%lld Skv%lld H%lld D%lld%s%s: vs float64 max abs %.3g "
+           "(lse %.3g); 4 queries a warp vs 1: %zu outputs and %zu lse differ\n",
+           (long long)c.Sq, (long long)c.Skv, (long long)c.H, (long long)c.D, c.bias ? " bias" : "",
+           c.causal ? " causal" : "", eo, el, d_out, d_lse);
+    ck_assert_uint_eq(d_out, 0);
+    ck_assert_uint_eq(d_lse, 0);
+}
+END_TEST
 
 START_TEST(flash_kernels_emulated)
 {
@@ -270,6 +376,8 @@ int main(void)
     TCase *tc = tcase_create("kernels");
     tcase_set_timeout(tc, 600);
     tcase_add_loop_test(tc, flash_kernels_emulated, 0, (int)(sizeof cases / sizeof cases[0]));
+    tcase_add_loop_test(tc, generic_kernel_emulated, 0,
+                        (int)(sizeof gen_cases / sizeof gen_cases[0]));
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     /* No fork: the emulator's coroutines and stacks stay in one process. */

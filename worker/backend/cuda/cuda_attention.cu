@@ -28,134 +28,30 @@
 #include "backend/cuda/cuda_mma.cuh"
 #include "backend/cuda/flash_attention.cuh"
 
-enum { GEN_BK = 32, GEN_WARPS = 4, GEN_MAXD = 512 };
-
-/* ------------------------------------------------------------------------ */
-/* Generic f32 path                                                          */
-
-__device__ __forceinline__ float ld1(const float *p)
-{
-    return *p;
-}
-
-__device__ __forceinline__ float ld1(const __nv_bfloat16 *p)
-{
-    return __bfloat162float(*p);
-}
-
-__device__ __forceinline__ void st1(float *p, float v)
-{
-    *p = v;
-}
-
-__device__ __forceinline__ void st1(__nv_bfloat16 *p, float v)
-{
-    *p = __float2bfloat16_rn(v);
-}
-
-static size_t gen_smem_bytes(int64_t D)
-{
-    /* K and V tiles with rows padded by one float, plus one q row per warp. */
-    return (size_t)(2 * GEN_BK * (D + 1) + GEN_WARPS * D) * sizeof(float);
-}
-
-template <typename TI, typename TO>
-__global__ void __launch_bounds__(GEN_WARPS * 32) k_attn_generic(attn_args a)
-{
-    extern __shared__ float gsm[];
-    const int64_t D = a.D, ld = D + 1;
-    float *Kt = gsm, *Vs = Kt + GEN_BK * ld, *Qr = Vs + GEN_BK * ld;
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int64_t h = blockIdx.y, b = blockIdx.z;
-    const int64_t qbase = (int64_t)blockIdx.x * GEN_WARPS;
-    const int64_t qi = qbase + warp;
-    const bool active = qi < a.Sq;
-    const TI *kp = (const TI *)a.k + b * a.k_b + h * a.k_h;
-    const TI *vp = (const TI *)a.v + b * a.v_b + h * a.v_h;
-    float *qrow = Qr + warp * D;
-    if (active) {
-        const TI *qp = (const TI *)a.q + b * a.q_b + h * a.q_h + qi * a.q_s;
-        for (int64_t d = lane; d < D; d += 32)
-            qrow[d] = ld1(qp + d);
-    }
-    float o[GEN_MAXD / 32];
-#pragma unroll
-    for (int i = 0; i < GEN_MAXD / 32; i++)
-        o[i] = 0.0f;
-    float m = -INFINITY, l = 0.0f;
-    int64_t kv_end = a.Skv;
-    if (a.causal) {
-        const int64_t last = qbase + GEN_WARPS; /* keys <= the block's last query */
-        kv_end = last < kv_end ? last : kv_end;
-    }
-    for (int64_t k0 = 0; k0 < kv_end; k0 += GEN_BK) {
-        __syncthreads();
-        for (int64_t idx = tid; idx < GEN_BK * D; idx += GEN_WARPS * 32) {
-            const int64_t r = idx / D, c = idx % D;
-            const bool ok = k0 + r < a.Skv;
-            Kt[r * ld + c] = ok ? ld1(kp + (k0 + r) * a.k_s + c) : 0.0f;
-            Vs[r * ld + c] = ok ? ld1(vp + (k0 + r) * a.v_s + c) : 0.0f;
-        }
-        __syncthreads();
-        if (!active)
-            continue;
-        const int64_t j = k0 + lane;
-        float s = -INFINITY;
-        if (j < a.Skv && !(a.causal && j > qi)) {
-            float acc = 0.0f;
-            const float *kr = Kt + lane * ld;
-            for (int64_t d = 0; d < D; d++)
-                acc += qrow[d] * kr[d];
-            s = acc * a.scale;
-            if (a.bias)
-                s += a.bias[(h * a.Sq + qi) * a.Skv + j];
-        }
-        float mx = s;
-        for (int off = 16; off > 0; off >>= 1)
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-        const float mn = fmaxf(m, mx);
-        if (mn == -INFINITY)
-            continue; /* everything so far is masked */
-        const float corr = m == -INFINITY ? 0.0f : expf(m - mn);
-        const float p = s == -INFINITY ? 0.0f : expf(s - mn);
-        float ps = p;
-        for (int off = 16; off > 0; off >>= 1)
-            ps += __shfl_xor_sync(0xffffffffu, ps, off);
-        l = l * corr + ps;
-        m = mn;
-#pragma unroll
-        for (int i = 0; i < GEN_MAXD / 32; i++)
-            o[i] *= corr;
-        const int nk = (int)(a.Skv - k0 < GEN_BK ? a.Skv - k0 : GEN_BK);
-        for (int jj = 0; jj < nk; jj++) {
-            const float pj = __shfl_sync(0xffffffffu, p, jj);
-            if (pj == 0.0f)
-                continue;
-            const float *vr = Vs + jj * ld;
-#pragma unroll
-            for (int i = 0; i < GEN_MAXD / 32; i++) {
-                const int64_t d = lane + 32 * i;
-                if (d < D)
-                    o[i] += pj * vr[d];
-            }
-        }
-    }
-    if (!active)
-        return;
-    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-    TO *op = (TO *)a.out + b * a.o_b + h * a.o_h + qi * a.o_s;
-#pragma unroll
-    for (int i = 0; i < GEN_MAXD / 32; i++) {
-        const int64_t d = lane + 32 * i;
-        if (d < D)
-            st1(op + d, o[i] * inv);
-    }
-    if (a.lse && lane == 0)
-        a.lse[(b * a.H + h) * a.Sq + qi] = l > 0.0f ? m + logf(l) : -INFINITY;
-}
-
 /* ------------------------------------------------------------------------ */
 /* Host side                                                                 */
+
+/* The generic kernel with GEN_QPW_WIDE queries a warp serves heads wider
+ * than GEN_WIDE_D (the VAEs' single 384- and 512-wide heads over thousands
+ * of tokens), where staging K and V per query dominates; narrower heads
+ * (text encoders, the demo's 16) keep one query a warp and more blocks. */
+enum { GEN_QPW_WIDE = 4, GEN_WIDE_D = 128 };
+
+template <int QPW> static dit_status generic_init(dit_cuda_backend *cb, const char *op)
+{
+    const size_t want = gen_smem_bytes(GEN_MAXD, QPW);
+    const int bytes = (int)(want < cb->gen_smem_max ? want : cb->gen_smem_max);
+    CUDA_TRY(cb, op,
+             cudaFuncSetAttribute(k_attn_generic<QPW, float, float>,
+                                  cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+    CUDA_TRY(cb, op,
+             cudaFuncSetAttribute(k_attn_generic<QPW, __nv_bfloat16, float>,
+                                  cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+    CUDA_TRY(cb, op,
+             cudaFuncSetAttribute(k_attn_generic<QPW, __nv_bfloat16, __nv_bfloat16>,
+                                  cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+    return DIT_OK;
+}
 
 /* The (input, output) type pairs the kernels are built for: f32 -> f32
  * (legacy path, text encoders, VAE), bf16 -> f32 and bf16 -> bf16 (fast
@@ -192,25 +88,15 @@ dit_status dit_cuda_attention_init(dit_cuda_backend *cb)
     DIT_CHECK_RET(flash_init<128>(cb, op));
     DIT_CHECK_RET(flash_pipe_init<64>(cb, op));
     DIT_CHECK_RET(flash_pipe_init<128>(cb, op));
-    /* The generic kernel's widest head (512) wants ~137 KiB: what the GPU
-     * allows per block (sm_86/89 allow less than sm_80/90) caps its D. */
+    /* The generic kernel's widest head (512) wants ~128 KiB for its tiles
+     * (and 32 KiB more for four queries a warp): what the GPU allows per
+     * block (sm_86/89 allow less than sm_80/90) caps its D. */
     int optin = 0;
     CUDA_TRY(cb, op,
              cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, cb->device));
-    size_t want = gen_smem_bytes(GEN_MAXD);
-    cb->gen_smem_max = want < (size_t)optin ? want : (size_t)optin;
-    CUDA_TRY(cb, op,
-             cudaFuncSetAttribute(k_attn_generic<float, float>,
-                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  (int)cb->gen_smem_max));
-    CUDA_TRY(cb, op,
-             cudaFuncSetAttribute(k_attn_generic<__nv_bfloat16, float>,
-                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  (int)cb->gen_smem_max));
-    CUDA_TRY(cb, op,
-             cudaFuncSetAttribute(k_attn_generic<__nv_bfloat16, __nv_bfloat16>,
-                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  (int)cb->gen_smem_max));
+    cb->gen_smem_max = (size_t)optin;
+    DIT_CHECK_RET(generic_init<1>(cb, op));
+    DIT_CHECK_RET(generic_init<GEN_QPW_WIDE>(cb, op));
     return DIT_OK;
 }
 
@@ -234,16 +120,23 @@ static bool aligned_rows(const dit_tensor *t, int bytes)
            t->nb[1] % bytes == 0 && t->nb[2] % bytes == 0;
 }
 
+/* v1 (fast) or the generic kernel with qpw queries a warp, over a
+ * (ceil(Sq / queries a block), H, B) grid. */
 template <typename TI, typename TO>
-static void launch_attention(dit_cuda_backend *cb, bool fast, int64_t D, dim3 fgrid, dim3 ggrid,
+static void launch_attention(dit_cuda_backend *cb, bool fast, int qpw, int64_t B,
                              const attn_args &a)
 {
-    if (fast && D == 64)
-        k_flash_mma<64, TI, TO><<<fgrid, FA_WARPS * 32, fa_smem<64>::BYTES, cb->stream>>>(a);
+    const int64_t per = fast ? FA_BQ : GEN_WARPS * qpw;
+    const dim3 grid((unsigned)((a.Sq + per - 1) / per), (unsigned)a.H, (unsigned)B);
+    if (fast && a.D == 64)
+        k_flash_mma<64, TI, TO><<<grid, FA_WARPS * 32, fa_smem<64>::BYTES, cb->stream>>>(a);
     else if (fast)
-        k_flash_mma<128, TI, TO><<<fgrid, FA_WARPS * 32, fa_smem<128>::BYTES, cb->stream>>>(a);
+        k_flash_mma<128, TI, TO><<<grid, FA_WARPS * 32, fa_smem<128>::BYTES, cb->stream>>>(a);
+    else if (qpw == GEN_QPW_WIDE)
+        k_attn_generic<GEN_QPW_WIDE, TI, TO>
+            <<<grid, GEN_WARPS * 32, gen_smem_bytes(a.D, GEN_QPW_WIDE), cb->stream>>>(a);
     else
-        k_attn_generic<TI, TO><<<ggrid, GEN_WARPS * 32, gen_smem_bytes(D), cb->stream>>>(a);
+        k_attn_generic<1, TI, TO><<<grid, GEN_WARPS * 32, gen_smem_bytes(a.D, 1), cb->stream>>>(a);
 }
 
 static dit_status attention_core(dit_cuda_backend *cb, const char *op, const dit_tensor *out,
@@ -292,10 +185,14 @@ static dit_status attention_core(dit_cuda_backend *cb, const char *op, const dit
     const bool fast = !cb->attn_f32 && !bias && !causal && (D == 64 || D == 128) &&
                       aligned_rows(q, in_al) && aligned_rows(k, in_al) && aligned_rows(v, in_al) &&
                       aligned_rows(out, out_al);
-    if (!fast && (D > GEN_MAXD || gen_smem_bytes(D) > cb->gen_smem_max))
+    if (!fast && (D > GEN_MAXD || gen_smem_bytes(D, 1) > cb->gen_smem_max))
         return dit_cuda_bad(cb, DIT_ERR_UNSUPPORTED, op,
                             "head dim %lld is too wide for this GPU's attention kernels",
                             (long long)D);
+    const int qpw =
+        cb->gen_qpw != 1 && D > GEN_WIDE_D && gen_smem_bytes(D, GEN_QPW_WIDE) <= cb->gen_smem_max
+            ? GEN_QPW_WIDE
+            : 1;
     /* The pipelined kernel: bf16 q, k, v whose rows cp.async can copy in
      * 16-byte pieces. */
     const bool pipe = fast && cb->attn == DIT_CUDA_ATTN_V2 && q->dtype == DIT_BF16 &&
@@ -320,14 +217,12 @@ static dit_status attention_core(dit_cuda_backend *cb, const char *op, const dit
         cb->stats.attn_v1_calls++;
     else
         cb->stats.attn_generic_calls++;
-    const dim3 fgrid((unsigned)((Sq + FA_BQ - 1) / FA_BQ), (unsigned)H, (unsigned)B);
-    const dim3 ggrid((unsigned)((Sq + GEN_WARPS - 1) / GEN_WARPS), (unsigned)H, (unsigned)B);
     if (q->dtype == DIT_F32)
-        launch_attention<float, float>(cb, fast, D, fgrid, ggrid, a);
+        launch_attention<float, float>(cb, fast, qpw, B, a);
     else if (out->dtype == DIT_F32)
-        launch_attention<__nv_bfloat16, float>(cb, fast, D, fgrid, ggrid, a);
+        launch_attention<__nv_bfloat16, float>(cb, fast, qpw, B, a);
     else
-        launch_attention<__nv_bfloat16, __nv_bfloat16>(cb, fast, D, fgrid, ggrid, a);
+        launch_attention<__nv_bfloat16, __nv_bfloat16>(cb, fast, qpw, B, a);
     CUDA_LAUNCHED(cb, op);
     return DIT_OK;
 }
@@ -409,4 +304,10 @@ extern "C" void dit_cuda_backend_set_attention_f32(dit_backend *be, bool on)
 {
     if (dit_backend_is_cuda(be))
         cuda_of(be)->attn_f32 = on;
+}
+
+extern "C" void dit_cuda_backend_set_generic_qpw(dit_backend *be, int qpw)
+{
+    if (dit_backend_is_cuda(be))
+        cuda_of(be)->gen_qpw = qpw == 1 ? 1 : 0;
 }

@@ -119,6 +119,13 @@ void dit_cuda_backend_profile_stop(dit_backend *be);
  * sizes the cpu backend is too slow for). */
 void dit_cuda_backend_set_attention_f32(dit_backend *be, bool on);
 
+/* The f32 kernel's queries a warp for heads wider than 128 (the VAEs'):
+ * 0, the default, takes four where shared memory allows (K and V tiles
+ * staged once for 16 queries instead of 4); 1 forces one, the launch of
+ * narrower heads. Either gives the same bits; tests and benchmarks time
+ * both. */
+void dit_cuda_backend_set_generic_qpw(dit_backend *be, int qpw);
+
 /* Host waits on the compute stream (download, sync, frees, staging) while
  * an NCCL group enqueues on it: instead of cudaStreamSynchronize, which
  * never returns when a kernel waits on a dead peer, the backend polls the

@@ -82,7 +82,8 @@ typedef struct dit_cuda_backend {
     dit_backend base; /* must stay first */
     int device;
     int sm_count;
-    size_t gen_smem_max; /* dynamic shared memory of the generic attention kernel */
+    size_t gen_smem_max; /* dynamic shared memory a block may have (the generic attention
+                            kernel's limit) */
     cudaStream_t stream;
     cublasLtHandle_t lt;
     void *lt_ws;
@@ -111,6 +112,7 @@ typedef struct dit_cuda_backend {
     bool lt_gelu;   /* use cuBLASLt's GELU_BIAS epilogue for DIT_ACT_GELU_TANH */
     int gemm_force; /* dit_cuda_gemm_force: tests force the slower modes */
     bool attn_f32;  /* tests: every attention on the f32 kernel */
+    int gen_qpw;    /* tests: 1 forces one query a warp on the f32 kernel; 0 auto */
     int path;       /* dit_cuda_path */
     int attn;       /* dit_cuda_attn */
     cuda_prof prof;

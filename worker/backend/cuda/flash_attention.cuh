@@ -446,4 +446,191 @@ __global__ void __launch_bounds__(F2_WARPS * 32) k_flash_pipe(attn_args a)
                              q0 + warp * 32 + mi * 16 + g, Sq, t, b, h);
 }
 
+/* ------------------------------------------------------------------------ */
+/* Generic f32 path                                                          */
+/*
+ * Any D <= GEN_MAXD, an optional additive bias and causal mask. Lane j of a
+ * warp scores key k0 + j of each 32-key tile staged in shared memory (f32,
+ * rows padded by one float); an online softmax with natural exponentials.
+ * A warp owns QPW queries and runs each over the staged tile, so a block of
+ * GEN_WARPS warps stages K and V once for GEN_WARPS * QPW queries: at the
+ * VAE's D = 512 a tile is 128 KiB, and with QPW = 1 the tiles read per
+ * query are what bounds the kernel. Every query sees the same operations in
+ * the same order whatever QPW is (the other queries only share the loads),
+ * so QPW changes no bit of the output. */
+
+enum { GEN_BK = 32, GEN_WARPS = 4, GEN_MAXD = 512 };
+
+/* Dynamic shared memory of k_attn_generic<QPW> at head dim D: the K and V
+ * tiles and one q row per query. */
+static inline size_t gen_smem_bytes(int64_t D, int qpw)
+{
+    return (size_t)(2 * GEN_BK * (D + 1) + GEN_WARPS * qpw * D) * sizeof(float);
+}
+
+__device__ __forceinline__ float ld1(const float *p)
+{
+    return *p;
+}
+
+__device__ __forceinline__ float ld1(const __nv_bfloat16 *p)
+{
+    return __bfloat162float(*p);
+}
+
+__device__ __forceinline__ void st1(float *p, float v)
+{
+    *p = v;
+}
+
+__device__ __forceinline__ void st1(__nv_bfloat16 *p, float v)
+{
+    *p = __float2bfloat16_rn(v);
+}
+
+template <int QPW, typename TI, typename TO>
+__global__ void __launch_bounds__(GEN_WARPS * 32) k_attn_generic(attn_args a)
+{
+    DIT_DYN_SMEM(gsm_raw);
+    float *gsm = (float *)gsm_raw;
+    const int64_t D = a.D, ld = D + 1;
+    float *Kt = gsm, *Vs = Kt + GEN_BK * ld, *Qr = Vs + GEN_BK * ld;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int64_t h = blockIdx.y, b = blockIdx.z;
+    const int64_t qbase = (int64_t)blockIdx.x * GEN_WARPS * QPW;
+    const TI *kp = (const TI *)a.k + b * a.k_b + h * a.k_h;
+    const TI *vp = (const TI *)a.v + b * a.v_b + h * a.v_h;
+    /* This warp's queries qi[r] = qbase + warp * QPW + r, their q rows, and
+     * per query the running max m, denominator l and output o. */
+    int64_t qi[QPW];
+    bool active[QPW];
+    const float *qrow[QPW];
+    float o[QPW][GEN_MAXD / 32], m[QPW], l[QPW];
+#pragma unroll
+    for (int r = 0; r < QPW; r++) {
+        qi[r] = qbase + warp * QPW + r;
+        active[r] = qi[r] < a.Sq;
+        float *q = Qr + (warp * QPW + r) * D;
+        qrow[r] = q;
+        if (active[r]) {
+            const TI *qp = (const TI *)a.q + b * a.q_b + h * a.q_h + qi[r] * a.q_s;
+            for (int64_t d = lane; d < D; d += 32)
+                q[d] = ld1(qp + d);
+        }
+#pragma unroll
+        for (int i = 0; i < GEN_MAXD / 32; i++)
+            o[r][i] = 0.0f;
+        m[r] = -INFINITY;
+        l[r] = 0.0f;
+    }
+    bool any = false; /* warp-uniform */
+#pragma unroll
+    for (int r = 0; r < QPW; r++)
+        any = any || active[r];
+    int64_t kv_end = a.Skv;
+    if (a.causal) {
+        const int64_t last = qbase + GEN_WARPS * QPW; /* keys <= the block's last query */
+        kv_end = last < kv_end ? last : kv_end;
+    }
+    for (int64_t k0 = 0; k0 < kv_end; k0 += GEN_BK) {
+        __syncthreads();
+        for (int64_t idx = tid; idx < GEN_BK * D; idx += GEN_WARPS * 32) {
+            const int64_t r = idx / D, c = idx % D;
+            const bool ok = k0 + r < a.Skv;
+            Kt[r * ld + c] = ok ? ld1(kp + (k0 + r) * a.k_s + c) : 0.0f;
+            Vs[r * ld + c] = ok ? ld1(vp + (k0 + r) * a.v_s + c) : 0.0f;
+        }
+        __syncthreads();
+        if (!any)
+            continue;
+        /* Scores of key j for every query: one pass over the key's row. */
+        const int64_t j = k0 + lane;
+        const float *kr = Kt + lane * ld;
+        float acc[QPW];
+#pragma unroll
+        for (int r = 0; r < QPW; r++)
+            acc[r] = 0.0f;
+        for (int64_t d = 0; d < D; d++) {
+            const float kd = kr[d];
+#pragma unroll
+            for (int r = 0; r < QPW; r++)
+                acc[r] += qrow[r][d] * kd;
+        }
+        /* The softmax update of each query; live[r]: whether query r takes
+         * this tile (not when it is inactive or everything so far is masked). */
+        float p[QPW];
+        bool live[QPW];
+#pragma unroll
+        for (int r = 0; r < QPW; r++) {
+            live[r] = false;
+            p[r] = 0.0f;
+            if (!active[r])
+                continue;
+            float s = -INFINITY;
+            if (j < a.Skv && !(a.causal && j > qi[r])) {
+                s = acc[r] * a.scale;
+                if (a.bias)
+                    s += a.bias[(h * a.Sq + qi[r]) * a.Skv + j];
+            }
+            float mx = s;
+            for (int off = 16; off > 0; off >>= 1)
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+            const float mn = fmaxf(m[r], mx);
+            if (mn == -INFINITY)
+                continue; /* everything so far is masked */
+            const float corr = m[r] == -INFINITY ? 0.0f : expf(m[r] - mn);
+            p[r] = s == -INFINITY ? 0.0f : expf(s - mn);
+            float ps = p[r];
+            for (int off = 16; off > 0; off >>= 1)
+                ps += __shfl_xor_sync(0xffffffffu, ps, off);
+            l[r] = l[r] * corr + ps;
+            m[r] = mn;
+#pragma unroll
+            for (int i = 0; i < GEN_MAXD / 32; i++)
+                o[r][i] *= corr;
+            live[r] = true;
+        }
+        /* o += p v, key by key; a zero weight adds nothing (not even a -0). */
+        const int nk = (int)(a.Skv - k0 < (int64_t)GEN_BK ? a.Skv - k0 : (int64_t)GEN_BK);
+        for (int jj = 0; jj < nk; jj++) {
+            float pj[QPW];
+            bool anyp = false;
+#pragma unroll
+            for (int r = 0; r < QPW; r++) {
+                pj[r] = live[r] ? __shfl_sync(0xffffffffu, p[r], jj) : 0.0f;
+                anyp = anyp || pj[r] != 0.0f;
+            }
+            if (!anyp)
+                continue;
+            const float *vr = Vs + jj * ld;
+#pragma unroll
+            for (int i = 0; i < GEN_MAXD / 32; i++) {
+                const int64_t d = lane + 32 * i;
+                if (d < D) {
+                    const float vd = vr[d];
+#pragma unroll
+                    for (int r = 0; r < QPW; r++)
+                        if (pj[r] != 0.0f)
+                            o[r][i] += pj[r] * vd;
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < QPW; r++) {
+        if (!active[r])
+            continue;
+        const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+        TO *op = (TO *)a.out + b * a.o_b + h * a.o_h + qi[r] * a.o_s;
+#pragma unroll
+        for (int i = 0; i < GEN_MAXD / 32; i++) {
+            const int64_t d = lane + 32 * i;
+            if (d < D)
+                st1(op + d, o[r][i] * inv);
+        }
+        if (a.lse && lane == 0)
+            a.lse[(b * a.H + h) * a.Sq + qi[r]] = l[r] > 0.0f ? m[r] + logf(l[r]) : -INFINITY;
+    }
+}
+
 #endif
