@@ -20,13 +20,14 @@
 #         (throughput.sh); the FLUX.1-dev-sized forward benchmark,
 #         eager and with CUDA graphs, legacy and fast kernel paths
 #         (DIT_CUDA_PATH) and the fast path on attention v2; the smallest cuda test under
-#         compute-sanitizer.
+#         compute-sanitizer, and attention v2's cases under memcheck, racecheck
+#         and synccheck.
 # OUT_DIR/summary.txt gets "key: value" lines. Exit status: 0 when every stage
 # passed, 77 when the CPU stage passed and there is no GPU ("gpu: none"),
 # 1 when any stage failed, 2 on bad usage.
 set -uo pipefail
 if [ $# -ne 1 ] || [ "$1" = "-h" ] || [ "$1" = "--help" ]; then
-  sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 fi
 mkdir -p "$1" || exit 2
@@ -312,6 +313,20 @@ else
   CK_RUN_CASE=parity stage sanitizer 150 "$san" --tool memcheck --error-exitcode 9 \
     --leak-check no "$B/bin/$small"
   note sanitizer_errors "$(grep -m 1 -oE 'ERROR SUMMARY: [0-9]+ errors?' "$out/sanitizer.log")"
+  # The pipelined attention kernel (cp.async, ldmatrix, barriers) under
+  # memcheck, racecheck (shared-memory hazards between its warps) and
+  # synccheck (barrier use), each while the run is inside its budget.
+  for tool in memcheck racecheck synccheck; do
+    if [ "$(elapsed)" -gt "$budget_s" ]; then
+      note "sanitizer_attn_v2_${tool}_status" "skipped (past the ${budget_s} s budget)"
+      continue
+    fi
+    CK_RUN_CASE=attn_v2 stage "sanitizer_attn_v2_$tool" 120 "$san" --tool "$tool" \
+      --error-exitcode 9 "$B/bin/$small"
+    note "sanitizer_attn_v2_${tool}_errors" \
+      "$(grep -m 1 -oE '(ERROR|RACECHECK) SUMMARY: [0-9]+ (errors?|hazards?)' \
+        "$out/sanitizer_attn_v2_$tool.log")"
+  done
 fi
 
 note total_seconds "$(elapsed)"

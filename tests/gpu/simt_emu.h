@@ -16,7 +16,9 @@
  *    thread's cp.async.wait_group; the emulator lands it at one end or the
  *    other (emu_copies), so a kernel that reads a tile before waiting for
  *    it, or overwrites one another warp still reads, gives other numbers in
- *    one of the two modes. Zero fill when the source size is 0.
+ *    one of the two modes. wait_group 0 lands only committed groups (a copy
+ *    issued after the last commit_group stays in flight). Zero fill when
+ *    the source size is 0; a source that is not 16-byte aligned aborts.
  *  - Scheduling (emu_schedule): all threads in turn, shuffled from a seed
  *    every round, or one warp as far as it gets before the next: a missing
  *    barrier or wait shows as different numbers in one of them.
@@ -134,6 +136,7 @@ struct pending_copy {
     void *dst;
     const void *src;
     bool valid;
+    bool committed; /* in a group cp.async.commit_group closed */
 };
 
 struct thread_ctx {
@@ -271,7 +274,7 @@ static void thread_entry()
     b->body();
     thread_ctx &t = b->th[b->cur];
     if (!t.pending.empty())
-        die("a thread exited with cp.async copies it never waited for");
+        die("a thread exited with cp.async copies it never waited for (or never committed)");
     t.done = true;
     b->events++;
 #ifdef EMU_ASAN
@@ -563,23 +566,34 @@ static inline void mma_bf16_16816(float c[4], const uint32_t a[4], uint32_t b0, 
 static inline void cp_async16(void *dst, const void *src, bool valid)
 {
     emu::check_smem(dst, 16, "cp.async destination outside shared memory or not 16-byte aligned");
-    const emu::pending_copy c{dst, src, valid};
+    if (valid && ((uintptr_t)src % 16) != 0)
+        emu::die("cp.async source not 16-byte aligned");
+    const emu::pending_copy c{dst, src, valid, false};
     if (emu::running()->mode == emu::COPY_AT_ISSUE)
         emu::do_copy(c);
     else
         emu::self().pending.push_back(c);
 }
 
+/* Closes the thread's group of copies issued since the last commit. */
 static inline void cp_async_commit()
 {
+    for (emu::pending_copy &c : emu::self().pending)
+        c.committed = true;
 }
 
+/* cp.async.wait_group 0: every committed group lands; copies not yet
+ * committed are not waited for (they stay pending, as on the hardware). */
 static inline void cp_async_wait_all()
 {
-    std::vector<emu::pending_copy> &p = emu::self().pending;
-    for (const emu::pending_copy &c : p)
-        emu::do_copy(c);
-    p.clear();
+    std::vector<emu::pending_copy> &p = emu::self().pending, left;
+    for (const emu::pending_copy &c : p) {
+        if (c.committed)
+            emu::do_copy(c);
+        else
+            left.push_back(c);
+    }
+    p.swap(left);
 }
 
 #endif

@@ -1342,14 +1342,20 @@ int main(void)
     tcase_add_test(tc, relative_bias_matches_cpu);
     tcase_add_loop_test(tc, attention_matches_cpu, 0,
                         (int)(sizeof attn_cases / sizeof attn_cases[0]));
-    tcase_add_loop_test(tc, attention_v2_matches_v1_bitwise, 0,
-                        (int)(sizeof attn2_cases / sizeof attn2_cases[0]));
     tcase_add_loop_test(tc, attention_masked_matches_cpu, 0, 2);
     tcase_add_test(tc, lse_merge_matches_cpu);
     tcase_add_loop_test(tc, conv2d_matches_cpu, 0, (int)(sizeof conv_cases / sizeof conv_cases[0]));
     tcase_add_test(tc, group_norm_and_upsample_match_cpu);
     tcase_add_test(tc, bad_arguments_are_errors_with_messages);
     suite_add_tcase(s, tc);
+    /* The pipelined attention kernel, in a case of its own so that the GPU
+     * check can run it alone under compute-sanitizer's racecheck and
+     * synccheck (CK_RUN_CASE=attn_v2). */
+    TCase *t2 = tcase_create("attn_v2");
+    tcase_set_timeout(t2, 300);
+    tcase_add_loop_test(t2, attention_v2_matches_v1_bitwise, 0,
+                        (int)(sizeof attn2_cases / sizeof attn2_cases[0]));
+    suite_add_tcase(s, t2);
     /* Its own case, so that a slow run (compute-sanitizer) can leave it
      * out with CK_RUN_CASE=parity. */
     TCase *tl = tcase_create("large");

@@ -341,7 +341,7 @@ dit_status dit_cpu_relative_bias(dit_backend *be, const dit_tensor *y, const dit
         !dit_tensor_is_contiguous(table) || table->ne[1] != y->ne[0])
         return DIT_ERR_INVALID_ARG;
     const int64_t H = y->ne[0], Sq = y->ne[1], Skv = y->ne[2], nb = table->ne[0];
-    if (Sq == 0 || Skv == 0)
+    if (H == 0 || Sq == 0 || Skv == 0)
         return DIT_OK;
     for (int64_t r = 0; r < Sq + Skv - 1; r++)
         if (buckets[r] < 0 || buckets[r] >= nb)
