@@ -36,7 +36,8 @@
  * q/k/v, v1 (64 queries a block) or v2 (pipelined, 128 queries); with both,
  * each fast-path measurement is repeated on v2 with keys prefixed
  * "fast_attn_v2_" (the legacy path's f32 q/k/v always run v1). A single
- * kernel prefixes nothing new. */
+ * kernel prefixes nothing new; every set of keys has a cuda_attn key
+ * naming the kernel it ran. */
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
@@ -637,11 +638,22 @@ int main(int argc, char **argv)
         if (measure(&bc) != 0)
             goto cleanup;
         /* Unprefixed keys: the path the backend started with, or the only
-         * one measured. */
-        if (sum && prefix[0] && !extra && (n_paths == 1 || paths[pi] == start_path))
+         * one measured. Each set says which attention kernel it ran. */
+        const char *attn_name = "";
+#ifdef DIT_HAVE_CUDA
+        if (attns[pi] >= 0)
+            attn_name = dit_cuda_attn_name((dit_cuda_attn)attns[pi]);
+#endif
+        if (sum && prefix[0] && !extra && (n_paths == 1 || paths[pi] == start_path)) {
             write_keys(&bc, "");
-        if (sum)
+            if (attn_name[0])
+                fprintf(sum, "cuda_attn: %s\n", attn_name);
+        }
+        if (sum) {
             write_keys(&bc, prefix);
+            if (attn_name[0])
+                fprintf(sum, "%scuda_attn: %s\n", prefix, attn_name);
+        }
     }
 #ifdef DIT_HAVE_CUDA
     if (start_path >= 0) {
