@@ -5,7 +5,7 @@
  *                      [--threads N] [--warmup 1] [--iters 5] [--backend cpu|cuda]
  *                      [--flux-dev] [--graph both|on|off] [--flop-per-step F]
  *                      [--summary FILE] [--cuda-path legacy|fast|both]
- *                      [--cuda-attn v1|v2|both]
+ *                      [--cuda-attn v1|v2|cudnn|both|all]
  *
  * Defaults are the mid-size config that tests/bench/bench_diffusers_forward.py
  * times in PyTorch, so the two print comparable lines.
@@ -33,9 +33,10 @@
  *    eager and graph outputs (nan_count_eager, nan_count_graph).
  *
  * --cuda-attn (DIT_CUDA_ATTN): the attention kernel of the fast path's bf16
- * q/k/v, v1 (64 queries a block) or v2 (pipelined, 128 queries); with both,
- * each fast-path measurement is repeated on v2 with keys prefixed
- * "fast_attn_v2_" (the legacy path's f32 q/k/v always run v1). A single
+ * q/k/v, v1 (64 queries a block), v2 (pipelined, 128 queries) or cudnn
+ * (cuDNN's SDPA); with both, each fast-path measurement is repeated on v2
+ * with keys prefixed "fast_attn_v2_", with all on v2 and then on cudnn
+ * ("fast_attn_cudnn_"); the legacy path's f32 q/k/v always run v1. A single
  * kernel prefixes nothing new; every set of keys has a cuda_attn key
  * naming the kernel it ran. */
 #include <getopt.h>
@@ -75,6 +76,7 @@ typedef struct bench_result {
     double prof[2][6]; /* [double, single][gemm, attention, elementwise, cast, span, host] */
     bool have_stats;
     unsigned long long gemm_calls, gemm_unfused, gemm_fallback, fb_shapes, unf_shapes;
+    unsigned long long attn_calls[4]; /* v1, v2, cudnn, cudnn's fallbacks to v1 */
     bool have_agree;
     double agree_max_abs;
     size_t agree_differ;
@@ -296,9 +298,16 @@ static int measure(bench_ctx *b)
         /* Shapes count since creation: plans made by any pass so far. */
         b->r.fb_shapes = st.gemm_fallback_shapes;
         b->r.unf_shapes = st.gemm_unfused_shapes;
+        b->r.attn_calls[0] = st.attn_v1_calls;
+        b->r.attn_calls[1] = st.attn_v2_calls;
+        b->r.attn_calls[2] = st.attn_cudnn_calls;
+        b->r.attn_calls[3] = st.attn_cudnn_fallback_calls;
         printf("gemms per eager forward: %llu, of which %llu without their fused epilogue and "
                "%llu on the CUDA-core fallback\n",
                b->r.gemm_calls, b->r.gemm_unfused, b->r.gemm_fallback);
+        printf("attention calls per eager forward: v1 %llu, v2 %llu, cudnn %llu (cudnn's "
+               "fallbacks to v1 %llu)\n",
+               b->r.attn_calls[0], b->r.attn_calls[1], b->r.attn_calls[2], b->r.attn_calls[3]);
         if (profile_blocks(b) != 0) {
             fprintf(stderr, "bench_flux_forward: block profile failed: %s\n",
                     be->ops->last_error ? be->ops->last_error(be) : "");
@@ -345,6 +354,12 @@ static void write_keys(bench_ctx *b, const char *px)
                 "%sgemm_unfused_shapes: %llu\n%sgemm_fallback_shapes: %llu\n",
                 px, r->gemm_calls, px, r->gemm_unfused, px, r->gemm_fallback, px, r->unf_shapes, px,
                 r->fb_shapes);
+    if (r->have_stats)
+        fprintf(f,
+                "%sattn_v1_calls: %llu\n%sattn_v2_calls: %llu\n%sattn_cudnn_calls: %llu\n"
+                "%sattn_cudnn_fallback_calls: %llu\n",
+                px, r->attn_calls[0], px, r->attn_calls[1], px, r->attn_calls[2], px,
+                r->attn_calls[3]);
     if (r->have_prof) {
         static const char *blk[2] = {"double_block", "single_block"};
         static const char *part[6] = {"gemm", "attention", "elementwise", "cast", "span", "host"};
@@ -467,8 +482,9 @@ int main(int argc, char **argv)
         return 2;
     }
     if (cuda_attn && strcmp(cuda_attn, "v1") != 0 && strcmp(cuda_attn, "v2") != 0 &&
-        strcmp(cuda_attn, "both") != 0) {
-        fprintf(stderr, "--cuda-attn takes v1, v2 or both\n");
+        strcmp(cuda_attn, "cudnn") != 0 && strcmp(cuda_attn, "both") != 0 &&
+        strcmp(cuda_attn, "all") != 0) {
+        fprintf(stderr, "--cuda-attn takes v1, v2, cudnn, both or all\n");
         return 2;
     }
     if (iters < 1 || img < 1 || txt < 0 || batch < 1) {
@@ -565,8 +581,8 @@ int main(int argc, char **argv)
     /* The cuda paths to measure: the one the backend started with, or what
      * --cuda-path asks for; each with the attention kernel the backend
      * started with or the one --cuda-attn names, and with both, the fast
-     * path once more on v2 (attns[i] 1). */
-    int paths[3] = {-1, -1, -1}, attns[3] = {-1, -1, -1}, n_paths = 1;
+     * path once more on v2, with all on v2 and on cudnn. */
+    int paths[4] = {-1, -1, -1, -1}, attns[4] = {-1, -1, -1, -1}, n_paths = 1;
     int start_path = -1, start_attn = -1;
 #ifdef DIT_HAVE_CUDA
     if (dit_backend_is_cuda(be)) {
@@ -582,7 +598,8 @@ int main(int argc, char **argv)
             dit_cuda_path_parse(cuda_path, &p);
             paths[0] = (int)p;
         }
-        const bool both = cuda_attn && strcmp(cuda_attn, "both") == 0;
+        const bool all = cuda_attn && strcmp(cuda_attn, "all") == 0;
+        const bool both = all || (cuda_attn && strcmp(cuda_attn, "both") == 0);
         int a0 = start_attn;
         if (cuda_attn && !both) {
             dit_cuda_attn k;
@@ -597,6 +614,11 @@ int main(int argc, char **argv)
             paths[n_paths] = DIT_CUDA_PATH_FAST;
             attns[n_paths] = DIT_CUDA_ATTN_V2;
             n_paths++;
+            if (all) {
+                paths[n_paths] = DIT_CUDA_PATH_FAST;
+                attns[n_paths] = DIT_CUDA_ATTN_CUDNN;
+                n_paths++;
+            }
         }
     }
 #else
@@ -619,17 +641,26 @@ int main(int argc, char **argv)
                     .n_out = (size_t)dit_tensor_numel(&out)};
     for (int pi = 0; pi < n_paths; pi++) {
         char prefix[32] = "";
-        bool extra = false; /* the fast path again, on v2 */
+        bool extra = false; /* the fast path again, on another attention kernel */
 #ifdef DIT_HAVE_CUDA
         if (paths[pi] >= 0) {
             dit_cuda_backend_set_path(be, (dit_cuda_path)paths[pi]);
             dit_cuda_backend_set_attn(be, (dit_cuda_attn)attns[pi]);
             extra = pi > 0 && paths[pi] == paths[pi - 1];
+            if (attns[pi] == DIT_CUDA_ATTN_CUDNN) {
+                /* Say which cuDNN (or why none) before timing it. */
+                char why[400];
+                dit_cuda_backend_cudnn(be, why, sizeof why);
+                printf("cudnn: %s\n", why);
+                if (sum)
+                    fprintf(sum, "%scudnn: %s\n", extra ? "fast_attn_cudnn_" : "", why);
+            }
             printf("cuda path: %s, attention %s\n", dit_cuda_path_name((dit_cuda_path)paths[pi]),
                    dit_cuda_attn_name((dit_cuda_attn)attns[pi]));
             if (extra)
-                snprintf(prefix, sizeof prefix, "%s_attn_v2_",
-                         dit_cuda_path_name((dit_cuda_path)paths[pi]));
+                snprintf(prefix, sizeof prefix, "%s_attn_%s_",
+                         dit_cuda_path_name((dit_cuda_path)paths[pi]),
+                         dit_cuda_attn_name((dit_cuda_attn)attns[pi]));
             else if (cuda_path)
                 snprintf(prefix, sizeof prefix, "%s_",
                          dit_cuda_path_name((dit_cuda_path)paths[pi]));

@@ -14,20 +14,21 @@
 #         golden cases, NCCL, Wan 2.1's transformer, VAE decoder and UMT5
 #         encoder against their references), where a GPU that fails to
 #         initialise fails; the golden and forward tests once more on the
-#         pipelined attention kernel (DIT_CUDA_ATTN=v2);
+#         pipelined attention kernel (DIT_CUDA_ATTN=v2) and on cuDNN's SDPA
+#         (DIT_CUDA_ATTN=cudnn, libcudnn.so.9 from the machine);
 #         a 512x512 demo generation on cuda, timed (both kernel paths); ditd --backend cuda serving
 #         one generation to ditctl, and under load with batching off and on
 #         (throughput.sh); the FLUX.1-dev-sized forward benchmark,
 #         eager and with CUDA graphs, legacy and fast kernel paths
-#         (DIT_CUDA_PATH) and the fast path on attention v2; the smallest cuda test under
-#         compute-sanitizer, and attention v2's cases under memcheck, racecheck
-#         and synccheck.
+#         (DIT_CUDA_PATH) and the fast path on attention v2 and on cudnn; the
+#         smallest cuda test under compute-sanitizer, and attention v2's cases
+#         under memcheck, racecheck and synccheck.
 # OUT_DIR/summary.txt gets "key: value" lines. Exit status: 0 when every stage
 # passed, 77 when the CPU stage passed and there is no GPU ("gpu: none"),
 # 1 when any stage failed, 2 on bad usage.
 set -uo pipefail
 if [ $# -ne 1 ] || [ "$1" = "-h" ] || [ "$1" = "--help" ]; then
-  sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 fi
 mkdir -p "$1" || exit 2
@@ -155,6 +156,19 @@ while read -r so; do
     missing_gpu_libs+=("$so")
   fi
 done < "$B/gpu-libs.txt"
+# Optional: cuDNN (DIT_CUDA_ATTN=cudnn dlopen's libcudnn.so.9; torch ships
+# it as nvidia-cudnn-cu13) and NVRTC, which cuDNN's runtime-compiled
+# attention engine loads. Nothing links them: without them only the cudnn
+# stages fail, each saying why.
+for so in libcudnn.so.9 libnvrtc.so.13; do
+  key=$(echo "$so" | sed 's/\.so.*//; s/^lib//')
+  if d=$(find_lib "$so"); then
+    note "lib_$key" "$d/$so"
+    case ":$gpu_dirs:" in *":$d:"*) ;; *) gpu_dirs="$gpu_dirs:$d" ;; esac
+  else
+    note "lib_$key" "not found (optional)"
+  fi
+done
 export LD_LIBRARY_PATH="$libpath$gpu_dirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 say "libraries: bundle ($B/lib, unpacked $scratch/lib); GPU:${gpu_dirs:- none found}"
 [ ${#missing_gpu_libs[@]} -eq 0 ] || say "GPU libraries not found: ${missing_gpu_libs[*]}"
@@ -237,7 +251,22 @@ for t in cuda_golden cuda_forward; do
   grep -E "cuda vs|rel |max abs|graph" "$out/gpu_${t}_attn_v2.log" | sed "s/^/${t}_attn_v2: /" |
     head -n 40 >> "$out/gpu_numbers.txt"
 done
-note attn_v2_flux_size "$(grep -m 1 'flux-size attention bf16' "$out/gpu_cuda_ops.log" 2>/dev/null)"
+# cuDNN's SDPA (DIT_CUDA_ATTN=cudnn): its operation as the library checks
+# it (no device needed), then the golden and whole-forward tests on it
+# (test_cuda_ops' attn_cudnn case checks it op by op against the cpu).
+if [ -x "$B/bin/test_cudnn_sdpa" ]; then
+  stage gpu_cudnn_sdpa 60 "$B/bin/test_cudnn_sdpa"
+  note cudnn_version "$(grep -m 1 '^cudnn_sdpa:' "$out/gpu_cudnn_sdpa.log" 2>/dev/null)"
+fi
+for t in cuda_golden cuda_forward; do
+  [ -x "$B/bin/test_$t" ] || continue
+  DIT_CUDA_ATTN=cudnn stage "gpu_${t}_attn_cudnn" 240 "$B/bin/test_$t"
+  grep -E "cuda vs|rel |max abs|graph|cudnn" "$out/gpu_${t}_attn_cudnn.log" |
+    sed "s/^/${t}_attn_cudnn: /" | head -n 40 >> "$out/gpu_numbers.txt"
+done
+note attn_v2_flux_size "$(grep -m 1 'v2 vs v1' "$out/gpu_cuda_ops.log" 2>/dev/null)"
+note attn_cudnn_flux_size "$(grep -m 1 'cudnn vs v1' "$out/gpu_cuda_ops.log" 2>/dev/null)"
+note attn_cudnn_shapes_refused "$(grep -c 'cuDNN has no SDPA plan' "$out"/*.log 2>/dev/null | awk -F: '{s += $2} END {print s + 0}')"
 note vae_attention_qpw "$(grep -m 1 'vae-size attention' "$out/gpu_cuda_ops.log" 2>/dev/null)"
 worst=$(grep -oE "rel [0-9.e+-]+" "$out/gpu_numbers.txt" 2>/dev/null | awk '{print $2}' |
         sort -g | tail -n 1)
@@ -278,8 +307,9 @@ done
 
 # The FLUX.1-dev-sized benchmark: random bf16 weights made on the device,
 # eager passes and CUDA-graph replays, both kernel paths, and the fast path
-# once more on the pipelined attention kernel (keys fast_attn_v2_*).
-bench_args=(--backend cuda --flux-dev --graph both --cuda-path both --cuda-attn both --warmup 2
+# once more on the pipelined attention kernel (keys fast_attn_v2_*) and on
+# cuDNN's SDPA (fast_attn_cudnn_*).
+bench_args=(--backend cuda --flux-dev --graph both --cuda-path both --cuda-attn all --warmup 2
             --iters 10 --flop-per-step 74.4e12 --summary "$summary")
 stage bench_flux_dev 300 "$B/bin/bench_flux_forward" "${bench_args[@]}"
 sed 's/^/   /' "$out/bench_flux_dev.log" | tail -n 40 | tee -a "$out/run.log" > /dev/null

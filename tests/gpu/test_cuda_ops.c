@@ -1062,6 +1062,108 @@ START_TEST(flux_size_attention_v2_matches_v1)
 }
 END_TEST
 
+/* FLUX.1-dev's attention at 1024² on cuDNN's SDPA against v1: bf16 q, k, v
+ * as head views of the fused projection, bf16 outputs, the LSE; both
+ * timed, and 32 rows against float64. */
+START_TEST(flux_size_attention_cudnn)
+{
+    const int64_t B = 1, S = 4608, H = 24, D = 128;
+    test_rng r = {4610};
+    const int64_t shp[3] = {B, S, 3 * H * D}, sho[3] = {B, S, H * D}, shl[3] = {B, H, S};
+    const size_t np = (size_t)(B * S * 3 * H * D), no = (size_t)(B * S * H * D);
+    float *hp = gpu_rand(&r, np, -1, 1, true);
+    for (int64_t t = 0; t < S; t++)
+        for (int64_t c = 0; c < H * D; c++)
+            hp[t * 3 * H * D + c] = dit_bf16_to_f32(dit_f32_to_bf16(3.0f * hp[t * 3 * H * D + c]));
+    void *pbuf = NULL, *obuf[2] = {NULL, NULL}, *lbuf[2] = {NULL, NULL};
+    GPU_OK(GPU, dit_backend_alloc(GPU, np * 2, &pbuf));
+    dit_tensor proj = dit_tensor_make(pbuf, DIT_BF16, 3, shp);
+    dit_tensor hproj = dit_tensor_make(hp, DIT_F32, 3, shp);
+    GPU_OK(GPU, GPU->ops->upload(GPU, &proj, &hproj));
+    dit_tensor q, k, v;
+    qkv_views(&proj, &proj, H, D, &q, &k, &v);
+    const float scale = 1.0f / sqrtf((float)D);
+    const dit_cuda_attn was = dit_cuda_backend_attn(GPU);
+    dit_tensor o3[2], lse[2];
+    float *ho[2], *hl[2];
+    double ms[2];
+    dit_cuda_stats st0, st1;
+    for (int kv = 0; kv < 2; kv++) {
+        GPU_OK(GPU, dit_backend_alloc(GPU, no * 2, &obuf[kv]));
+        GPU_OK(GPU, dit_backend_alloc(GPU, (size_t)(B * H * S) * 4, &lbuf[kv]));
+        o3[kv] = dit_tensor_make(obuf[kv], DIT_BF16, 3, sho);
+        const dit_tensor out = dit_tensor_split_last(&o3[kv], D);
+        lse[kv] = dit_tensor_make(lbuf[kv], DIT_F32, 3, shl);
+        dit_cuda_backend_set_attn(GPU, kv ? DIT_CUDA_ATTN_CUDNN : DIT_CUDA_ATTN_V1);
+        dit_cuda_backend_stats(GPU, &st0);
+        ms[kv] = attn_time_ms(GPU, &out, &lse[kv], &q, &k, &v, scale);
+        dit_cuda_backend_stats(GPU, &st1);
+        if (kv)
+            ck_assert_uint_eq(st1.attn_cudnn_calls - st0.attn_cudnn_calls, 6);
+        ho[kv] = gpu_fetch(GPU, &o3[kv]);
+        hl[kv] = gpu_fetch(GPU, &lse[kv]);
+    }
+    dit_cuda_backend_set_attn(GPU, was);
+    double eo = 0, ref = 0, el = 0;
+    for (size_t i = 0; i < no; i++) {
+        const double d = fabs((double)ho[0][i] - ho[1][i]);
+        eo = isnan(d) ? INFINITY : fmax(eo, d);
+        ref = fmax(ref, fabs(ho[0][i]));
+    }
+    for (size_t i = 0; i < (size_t)(B * H * S); i++) {
+        const double d = fabs((double)hl[0][i] - hl[1][i]);
+        el = isnan(d) ? INFINITY : fmax(el, d);
+    }
+    double e64[2] = {0, 0};
+    double *p = malloc((size_t)S * sizeof *p);
+    ck_assert_ptr_nonnull(p);
+    for (int t = 0; t < 32; t++) {
+        const int64_t i = (int64_t)(test_rng_next(&r) % (uint64_t)S);
+        const int64_t h = (int64_t)(test_rng_next(&r) % (uint64_t)H);
+        const float *qi = hp + i * 3 * H * D + h * D;
+        double mx = -INFINITY, sum = 0;
+        for (int64_t j = 0; j < S; j++) {
+            const float *kj = hp + j * 3 * H * D + H * D + h * D;
+            double acc = 0;
+            for (int64_t d = 0; d < D; d++)
+                acc += (double)qi[d] * kj[d];
+            p[j] = acc / sqrt((double)D);
+            mx = fmax(mx, p[j]);
+        }
+        for (int64_t j = 0; j < S; j++)
+            sum += p[j] = exp(p[j] - mx);
+        for (int64_t d = 0; d < D; d++) {
+            double o = 0;
+            for (int64_t j = 0; j < S; j++)
+                o += p[j] * hp[j * 3 * H * D + 2 * H * D + h * D + d];
+            for (int kv = 0; kv < 2; kv++)
+                e64[kv] = fmax(e64[kv], fabs(o / sum - ho[kv][(i * H + h) * D + d]));
+        }
+    }
+    free(p);
+    const double tflop = 4.0 * (double)S * (double)S * (double)(H * D) / 1e12;
+    printf("flux-size attention bf16 (S %lld, H %lld, D %lld): cudnn vs v1 max abs %.3g of "
+           "max|out| %.3g, lse %.3g; vs float64 rows: v1 %.3g, cudnn %.3g; v1 %.3f ms (%.0f "
+           "TFLOP/s), cudnn %.3f ms (%.0f TFLOP/s)\n",
+           (long long)S, (long long)H, (long long)D, eo, ref, el, e64[0], e64[1], ms[0],
+           tflop / (ms[0] / 1e3), ms[1], tflop / (ms[1] / 1e3));
+    /* bf16 outputs: each kernel rounds to bf16 (2^-9 relative) after its
+     * own f32 sums and its own rounding of P; 8e-3 of max|out| is the
+     * bf16-output tolerance of the parity cases. */
+    ck_assert_msg(eo <= 8e-3 * ref, "cudnn vs v1 %.3g (max|out| %.3g)", eo, ref);
+    ck_assert_msg(e64[1] <= 8e-3 * ref, "cudnn vs float64 %.3g (max|out| %.3g)", e64[1], ref);
+    ck_assert_msg(el <= 1e-4, "cudnn lse vs v1 %.3g", el);
+    for (int kv = 0; kv < 2; kv++) {
+        free(ho[kv]);
+        free(hl[kv]);
+        dit_backend_free(GPU, obuf[kv]);
+        dit_backend_free(GPU, lbuf[kv]);
+    }
+    dit_backend_free(GPU, pbuf);
+    free(hp);
+}
+END_TEST
+
 /* The pipelined kernel (DIT_CUDA_ATTN=v2) against the 64-query one (v1)
  * and the cpu backend, on bf16 q, k, v as head views of a fused
  * projection: v2 does v1's arithmetic in v1's order, so every output and
@@ -1082,6 +1184,8 @@ static const attn2_case attn2_cases[] = {
     {1, 300, 333, 2, 128, 3, false, false}, {2, 64, 200, 1, 64, 1, true, false},
     {1, 9, 0, 2, 128, 1, false, false},     {1, 200, 130, 2, 128, 2, true, false},
     {1, 77, 91, 1, 64, 1, false, true},     {1, 256, 1000, 2, 128, 4, true, false},
+    {2, 97, 53, 3, 128, 1, true, false},    {1, 129, 65, 2, 64, 1, true, false},
+    {1, 300, 333, 2, 128, 3, true, false},
 };
 
 START_TEST(attention_v2_matches_v1_bitwise)
@@ -1152,6 +1256,72 @@ START_TEST(attention_v2_matches_v1_bitwise)
     gpu_pair_free(CPU, GPU, &l2);
     free(hq);
     free(hk);
+}
+END_TEST
+
+/* DIT_CUDA_ATTN=cudnn: cuDNN's SDPA forward against the cpu backend on the
+ * v2 cases. It takes bf16 outputs with 16-byte aligned rows and at least
+ * one key; the rest (f32 outputs, 8-byte rows, Skv 0) must run, and be
+ * counted, on v1. Its own kernel: within the tensor-core tolerance of the
+ * cpu, not bit-identical to v1. */
+START_TEST(attention_cudnn_matches_cpu)
+{
+    const attn2_case *ac = &attn2_cases[_i];
+    test_rng r = {1800 + (uint64_t)_i};
+    const int64_t B = ac->B, Sq = ac->Sq, Skv = ac->Skv, H = ac->H, D = ac->D;
+    const int64_t W = 3 * H * D + (ac->pad ? 4 : 0);
+    const int64_t shq[3] = {B, Sq, W}, shk[3] = {B, Skv, W};
+    const int64_t sho[3] = {B, Sq, H * D}, shl[3] = {B, H, Sq};
+    float *hq = gpu_rand(&r, (size_t)(B * Sq * W), -ac->qscale, ac->qscale, true);
+    float *hk = gpu_rand(&r, (size_t)(B * Skv * W), -1, 1, true);
+    gpu_pair qa = gpu_pair_make(CPU, GPU, DIT_BF16, 3, shq, hq);
+    gpu_pair ka = gpu_pair_make(CPU, GPU, DIT_BF16, 3, shk, hk);
+    const dit_dtype odt = ac->out_bf16 ? DIT_BF16 : DIT_F32;
+    gpu_pair o = gpu_pair_make(CPU, GPU, odt, 3, sho, NULL);
+    gpu_pair l = gpu_pair_make(CPU, GPU, DIT_F32, 3, shl, NULL);
+    dit_tensor q[2], k[2], v[2], out[2];
+    const dit_tensor *qb[2] = {&qa.c, &qa.g}, *kb[2] = {&ka.c, &ka.g}, *ob[2] = {&o.c, &o.g};
+    for (int s = 0; s < 2; s++) {
+        qkv_views(qb[s], kb[s], H, D, &q[s], &k[s], &v[s]);
+        out[s] = dit_tensor_split_last(ob[s], D);
+    }
+    const float scale = 1.0f / sqrtf((float)D);
+    GPU_OK(CPU, CPU->ops->attention(CPU, &out[0], &l.c, &q[0], &k[0], &v[0], scale));
+    const dit_cuda_attn was = dit_cuda_backend_attn(GPU);
+    dit_cuda_stats st0, st1;
+    dit_cuda_backend_stats(GPU, &st0);
+    dit_cuda_backend_set_attn(GPU, DIT_CUDA_ATTN_CUDNN);
+    GPU_OK(GPU, GPU->ops->attention(GPU, &out[1], &l.g, &q[1], &k[1], &v[1], scale));
+    dit_cuda_backend_stats(GPU, &st1);
+    dit_cuda_backend_set_attn(GPU, was);
+    const bool takes = ac->out_bf16 && !ac->pad && Skv > 0;
+    ck_assert_uint_eq(st1.attn_cudnn_calls - st0.attn_cudnn_calls, takes ? 1 : 0);
+    ck_assert_uint_eq(st1.attn_v1_calls - st0.attn_v1_calls, takes ? 0 : 1);
+    ck_assert_uint_eq(st1.attn_cudnn_fallback_calls - st0.attn_cudnn_fallback_calls, 0);
+    char what[128];
+    snprintf(what, sizeof what, "attention cudnn B%lld Sq%lld Skv%lld H%lld D%lld -> %s%s",
+             (long long)B, (long long)Sq, (long long)Skv, (long long)H, (long long)D,
+             ac->out_bf16 ? "bf16" : "f32", takes ? "" : " (v1)");
+    const double tol = 4e-3 + (ac->out_bf16 ? 4e-3 : 0);
+    ck_assert_int_eq(gpu_compare_views(what, CPU, &o.c, GPU, &o.g, tol, tol), 0);
+    ck_assert_int_eq(gpu_compare_views("lse cudnn", CPU, &l.c, GPU, &l.g, 1e-4, 1e-5), 0);
+    gpu_pair_free(CPU, GPU, &qa);
+    gpu_pair_free(CPU, GPU, &ka);
+    gpu_pair_free(CPU, GPU, &o);
+    gpu_pair_free(CPU, GPU, &l);
+    free(hq);
+    free(hk);
+}
+END_TEST
+
+/* cuDNN loads on this machine (9.13.1 or newer): the other cudnn cases
+ * would otherwise fail on their call counts alone. */
+START_TEST(cudnn_loads)
+{
+    char why[512];
+    const dit_status st = dit_cuda_backend_cudnn(GPU, why, sizeof why);
+    printf("cudnn: %s\n", why);
+    ck_assert_msg(st == DIT_OK, "DIT_CUDA_ATTN=cudnn cannot be used: %s", why);
 }
 END_TEST
 
@@ -1356,12 +1526,20 @@ int main(void)
     tcase_add_loop_test(t2, attention_v2_matches_v1_bitwise, 0,
                         (int)(sizeof attn2_cases / sizeof attn2_cases[0]));
     suite_add_tcase(s, t2);
+    /* cuDNN's SDPA (DIT_CUDA_ATTN=cudnn). */
+    TCase *tn = tcase_create("attn_cudnn");
+    tcase_set_timeout(tn, 300);
+    tcase_add_test(tn, cudnn_loads);
+    tcase_add_loop_test(tn, attention_cudnn_matches_cpu, 0,
+                        (int)(sizeof attn2_cases / sizeof attn2_cases[0]));
+    suite_add_tcase(s, tn);
     /* Its own case, so that a slow run (compute-sanitizer) can leave it
      * out with CK_RUN_CASE=parity. */
     TCase *tl = tcase_create("large");
     tcase_set_timeout(tl, 300);
     tcase_add_test(tl, flux_size_attention_matches_f32_kernel);
     tcase_add_test(tl, flux_size_attention_v2_matches_v1);
+    tcase_add_test(tl, flux_size_attention_cudnn);
     tcase_add_test(tl, vae_size_attention_qpw_matches);
     suite_add_tcase(s, tl);
     SRunner *sr = srunner_create(s);

@@ -17,6 +17,9 @@
  * copies overlapping the MMAs; bit-identical to the path above (see
  * k_flash_pipe).
  *
+ * cuDNN path (DIT_CUDA_ATTN=cudnn, bf16 q/k/v and out): cuDNN's fused SDPA
+ * forward, see cuda_cudnn.cu.
+ *
  * Generic path (any D <= 512, e.g. the VAE's single 512-wide head, and every
  * attention_masked call): f32 on CUDA
  * cores, one warp per query row, keys in tiles of 32 staged in shared
@@ -193,6 +196,14 @@ static dit_status attention_core(dit_cuda_backend *cb, const char *op, const dit
         cb->gen_qpw != 1 && D > GEN_WIDE_D && gen_smem_bytes(D, GEN_QPW_WIDE) <= cb->gen_smem_max
             ? GEN_QPW_WIDE
             : 1;
+    /* cuDNN's SDPA (DIT_CUDA_ATTN=cudnn): bf16 q, k, v and out; what it
+     * cannot take, or has no plan for, runs on v1. */
+    if (fast && cb->attn == DIT_CUDA_ATTN_CUDNN && dit_cuda_cudnn_eligible(out, lse, q, k, v)) {
+        bool ran = false;
+        DIT_CHECK_RET(dit_cuda_cudnn_attention(cb, op, out, lse, q, k, v, scale, &ran));
+        if (ran)
+            return DIT_OK;
+    }
     /* The pipelined kernel: bf16 q, k, v whose rows cp.async can copy in
      * 16-byte pieces. */
     const bool pipe = fast && cb->attn == DIT_CUDA_ATTN_V2 && q->dtype == DIT_BF16 &&

@@ -775,6 +775,7 @@ static void cuda_destroy(dit_backend *be)
     if (cb->stream)
         cudaStreamSynchronize(cb->stream);
     dit_cuda_gemm_cache_clear(cb);
+    dit_cuda_cudnn_destroy(cb);
     prof_free(cb);
     if (cb->lt)
         cublasLtDestroy(cb->lt);
@@ -1049,7 +1050,8 @@ extern "C" dit_status dit_cuda_backend_create(int device, dit_backend **out, dit
         if (ae && ae[0] && dit_cuda_attn_parse(ae, &attn) != DIT_OK) {
             free(cb);
             return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
-                                "cuda backend: DIT_CUDA_ATTN is '%s'; it takes v1 or v2", ae);
+                                "cuda backend: DIT_CUDA_ATTN is '%s'; it takes v1, v2 or cudnn",
+                                ae);
         }
         cb->attn = (int)attn;
     }
@@ -1090,6 +1092,15 @@ extern "C" dit_status dit_cuda_backend_create(int device, dit_backend **out, dit
     }
     if ((st = dit_cuda_attention_init(cb)) != DIT_OK)
         goto fail;
+    if (cb->attn == DIT_CUDA_ATTN_CUDNN) {
+        /* Asked for by name: a missing or too old cuDNN is an error here,
+         * not a silent v1. */
+        char why[400];
+        if ((st = dit_cuda_cudnn_open(cb, why, sizeof why)) != DIT_OK) {
+            dit_cuda_bad(cb, st, "create", "DIT_CUDA_ATTN=cudnn: %s", why);
+            goto fail;
+        }
+    }
     *out = &cb->base;
     return DIT_OK;
 fail:
@@ -1180,12 +1191,16 @@ extern "C" dit_status dit_cuda_attn_parse(const char *s, dit_cuda_attn *out)
         *out = DIT_CUDA_ATTN_V2;
         return DIT_OK;
     }
+    if (s && strcmp(s, "cudnn") == 0) {
+        *out = DIT_CUDA_ATTN_CUDNN;
+        return DIT_OK;
+    }
     return DIT_ERR_INVALID_ARG;
 }
 
 extern "C" const char *dit_cuda_attn_name(dit_cuda_attn k)
 {
-    return k == DIT_CUDA_ATTN_V2 ? "v2" : "v1";
+    return k == DIT_CUDA_ATTN_V2 ? "v2" : k == DIT_CUDA_ATTN_CUDNN ? "cudnn" : "v1";
 }
 
 extern "C" void dit_cuda_backend_set_attn(dit_backend *be, dit_cuda_attn k)
@@ -1197,4 +1212,13 @@ extern "C" void dit_cuda_backend_set_attn(dit_backend *be, dit_cuda_attn k)
 extern "C" dit_cuda_attn dit_cuda_backend_attn(dit_backend *be)
 {
     return dit_backend_is_cuda(be) ? (dit_cuda_attn)cuda_of(be)->attn : DIT_CUDA_ATTN_V1;
+}
+
+extern "C" dit_status dit_cuda_backend_cudnn(dit_backend *be, char *why, size_t n)
+{
+    if (!dit_backend_is_cuda(be)) {
+        snprintf(why, n, "not a cuda backend");
+        return DIT_ERR_INVALID_ARG;
+    }
+    return dit_cuda_cudnn_open(cuda_of(be), why, n);
 }

@@ -73,20 +73,40 @@ dit_cuda_path dit_cuda_backend_path(dit_backend *be);
  * staged synchronously, V transposed on the way into shared memory. v2: 128
  * queries a block (32 rows a warp), ldmatrix fragments, cp.async copies
  * overlapping the MMAs; the same arithmetic in the same order, so its
- * output is bit-identical to v1's. The backend starts with the kernel named
- * by DIT_CUDA_ATTN (v1 or v2; unset: v1), read once at creation; set_attn
- * switches later (tests and benchmarks run both). v2 also needs 16-byte
- * aligned rows and falls back to v1 without them. */
+ * output is bit-identical to v1's. cudnn: cuDNN's fused SDPA forward
+ * (9.13.1 or newer, loaded at run time from libcudnn.so.9) for calls with
+ * bf16 q, k, v and out; its own kernel, so its numbers differ from v1's
+ * within the bf16 tolerance. The backend starts with the kernel named by
+ * DIT_CUDA_ATTN (v1, v2 or cudnn; unset: v1), read once at creation;
+ * set_attn switches later (tests and benchmarks run each). v2 also needs
+ * 16-byte aligned rows and falls back to v1 without them; calls cudnn
+ * cannot take run on v1 (dit_cuda_stats counts them). */
 typedef enum dit_cuda_attn {
     DIT_CUDA_ATTN_V1 = 0,
     DIT_CUDA_ATTN_V2,
+    DIT_CUDA_ATTN_CUDNN,
 } dit_cuda_attn;
 
-/* "v1" / "v2"; DIT_ERR_INVALID_ARG otherwise. */
+/* "v1" / "v2" / "cudnn"; DIT_ERR_INVALID_ARG otherwise. */
 dit_status dit_cuda_attn_parse(const char *s, dit_cuda_attn *out);
 const char *dit_cuda_attn_name(dit_cuda_attn k);
 void dit_cuda_backend_set_attn(dit_backend *be, dit_cuda_attn k);
 dit_cuda_attn dit_cuda_backend_attn(dit_backend *be);
+
+/* Loads cuDNN for DIT_CUDA_ATTN=cudnn now (it is otherwise loaded on first
+ * use) and writes "cuDNN 9.x.y", or why it cannot be used, into why.
+ * DIT_ERR_UNSUPPORTED when it cannot. */
+dit_status dit_cuda_backend_cudnn(dit_backend *be, char *why, size_t n);
+
+/* Whether cuDNN takes the SDPA forward operation the cudnn kernel would
+ * build for attention(out, lse, q, k, v) (bf16 (B, S, H, D) tensors; data
+ * pointers are not read): loads libcudnn.so.9, makes the tensor and
+ * operation descriptors and finalises them, which checks sizes, strides and
+ * types against cuDNN's rules without a device. DIT_OK when it does;
+ * DIT_ERR_INVALID_ARG with cuDNN's reason when it refuses;
+ * DIT_ERR_UNSUPPORTED when the library cannot be loaded or is too old. */
+dit_status dit_cudnn_sdpa_check(const dit_tensor *out, const dit_tensor *lse, const dit_tensor *q,
+                                const dit_tensor *k, const dit_tensor *v, char *why, size_t n);
 
 /* Whether linear with DIT_ACT_GELU_TANH uses cuBLASLt's fused GELU_BIAS
  * epilogue (default) or its own tanh-GELU kernel after the GEMM. */
@@ -148,9 +168,13 @@ typedef struct dit_cuda_stats {
     uint32_t gemm_shapes;         /* distinct GEMM plans made */
     uint32_t gemm_unfused_shapes;
     uint32_t gemm_fallback_shapes;
-    uint64_t attn_v1_calls;      /* attention on the 64-query tensor-core kernel */
-    uint64_t attn_v2_calls;      /* attention on the pipelined 128-query kernel */
-    uint64_t attn_generic_calls; /* attention and attention_masked on the f32 kernel */
+    uint64_t attn_v1_calls;             /* attention on the 64-query tensor-core kernel */
+    uint64_t attn_v2_calls;             /* attention on the pipelined 128-query kernel */
+    uint64_t attn_generic_calls;        /* attention and attention_masked on the f32 kernel */
+    uint64_t attn_cudnn_calls;          /* attention on cuDNN's SDPA (DIT_CUDA_ATTN=cudnn) */
+    uint64_t attn_cudnn_fallback_calls; /* calls cudnn could take that ran on v1 instead */
+    uint32_t cudnn_shapes;              /* cuDNN SDPA shapes planned */
+    uint32_t cudnn_unsupported_shapes;  /* of which had no plan (they run on v1) */
 } dit_cuda_stats;
 
 void dit_cuda_backend_stats(dit_backend *be, dit_cuda_stats *out);

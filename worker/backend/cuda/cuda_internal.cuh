@@ -56,7 +56,8 @@ enum {
     CUDA_SCRATCH_W,
     CUDA_SCRATCH_COL,
     CUDA_SCRATCH_MISC,
-    CUDA_SCRATCH_OUT, /* f32 GEMM results rounded into a bf16 output */
+    CUDA_SCRATCH_OUT,   /* f32 GEMM results rounded into a bf16 output */
+    CUDA_SCRATCH_CUDNN, /* cuDNN's attention workspace */
     CUDA_SCRATCH_N
 };
 
@@ -77,6 +78,9 @@ struct cuda_alloc_rec {
     void *p;
     size_t bytes;
 };
+
+/* cuDNN, loaded on first use (cuda_cudnn.cu). */
+struct cuda_cudnn;
 
 typedef struct dit_cuda_backend {
     dit_backend base; /* must stay first */
@@ -109,12 +113,13 @@ typedef struct dit_cuda_backend {
     int live_graphs;
     void **retired;
     size_t n_retired, cap_retired;
-    bool lt_gelu;   /* use cuBLASLt's GELU_BIAS epilogue for DIT_ACT_GELU_TANH */
-    int gemm_force; /* dit_cuda_gemm_force: tests force the slower modes */
-    bool attn_f32;  /* tests: every attention on the f32 kernel */
-    int gen_qpw;    /* tests: 1 forces one query a warp on the f32 kernel; 0 auto */
-    int path;       /* dit_cuda_path */
-    int attn;       /* dit_cuda_attn */
+    bool lt_gelu;    /* use cuBLASLt's GELU_BIAS epilogue for DIT_ACT_GELU_TANH */
+    int gemm_force;  /* dit_cuda_gemm_force: tests force the slower modes */
+    bool attn_f32;   /* tests: every attention on the f32 kernel */
+    int gen_qpw;     /* tests: 1 forces one query a warp on the f32 kernel; 0 auto */
+    int path;        /* dit_cuda_path */
+    int attn;        /* dit_cuda_attn */
+    cuda_cudnn *dnn; /* NULL until DIT_CUDA_ATTN=cudnn first needs it */
     cuda_prof prof;
     dit_cuda_wait_check wait_fn; /* set while a comm group enqueues on stream */
     void *wait_ctx;
@@ -140,6 +145,20 @@ dit_status dit_cuda_bad(dit_cuda_backend *cb, dit_status st, const char *op, con
  * (dit_cuda_backend_set_wait_check), a poll that the group can cut short
  * when a peer is dead or the wait passes its timeout. */
 dit_status dit_cuda_stream_wait(dit_cuda_backend *cb, const char *op);
+
+/* Attention on cuDNN's SDPA forward (cuda_cudnn.cu). eligible: the call's
+ * tensors are what it takes (bf16 q, k, v and out with 16-byte aligned
+ * rows, a 16-byte aligned lse). attention: *ran false (and DIT_OK) when the call must run on v1
+ * instead: cuDNN missing or too old, no plan for the shape, or a shape
+ * first met during graph capture; counted in the stats. open: loads cuDNN
+ * now, writing its version or why it cannot be used into why. */
+bool dit_cuda_cudnn_eligible(const dit_tensor *out, const dit_tensor *lse, const dit_tensor *q,
+                             const dit_tensor *k, const dit_tensor *v);
+dit_status dit_cuda_cudnn_attention(dit_cuda_backend *cb, const char *op, const dit_tensor *out,
+                                    const dit_tensor *lse, const dit_tensor *q, const dit_tensor *k,
+                                    const dit_tensor *v, float scale, bool *ran);
+dit_status dit_cuda_cudnn_open(dit_cuda_backend *cb, char *why, size_t n);
+void dit_cuda_cudnn_destroy(dit_cuda_backend *cb);
 
 /* Profiler marks around an op (no-ops unless profiling, and never while
  * capturing a graph): begin returns a slot for end, or -1. */
