@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <png.h>
+#include <zlib.h>
 
 /* Larger than any image this server makes, small enough that H * W * 3
  * fits comfortably in size_t and int. */
@@ -126,6 +127,12 @@ static bool encode_rows(png_structp png, png_infop info, png_ctx *c, const uint8
     png_set_write_fn(png, c, on_write, on_flush);
     png_set_IHDR(png, info, (png_uint_32)W, (png_uint_32)H, 8, PNG_COLOR_TYPE_RGB,
                  PNG_INTERLACE_NONE, PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
+    /* The Paeth filter on every row, then deflate with run-length matches
+     * only (Z_RLE): on photographic images as large as libpng's default
+     * (all five filters tried per row, then deflate level 6) to within 2 %,
+     * in a fifth to a seventh of the time (README, "PNG encoding"). */
+    png_set_filter(png, PNG_FILTER_TYPE_BASE, PNG_FILTER_PAETH);
+    png_set_compression_strategy(png, Z_RLE);
     png_write_info(png, info);
     for (int64_t y = 0; y < H; y++)
         png_write_row(png, rgb + (size_t)y * (size_t)W * 3);
