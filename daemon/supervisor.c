@@ -519,8 +519,10 @@ static void handle(conn *c, Ditserve__Ipc__Envelope *env)
         if (c->rank == 0 && env->ready->device)
             snprintf(s->device, sizeof s->device, "%s", env->ready->device);
         DIT_LOG(s->log, DIT_LOG_INFO, s->name,
-                "rank %d ready (%.0f ms to load, %.1f MiB of weights)", c->rank,
-                env->ready->load_ms, (double)env->ready->weight_bytes / 1048576.0);
+                "rank %d ready (%.0f ms to load, %.1f MiB of weights%s%.*s)", c->rank,
+                env->ready->load_ms, (double)env->ready->weight_bytes / 1048576.0,
+                env->ready->blas && env->ready->blas[0] ? "; " : "", 160,
+                env->ready->blas ? env->ready->blas : "");
         if (s->rank_ready[c->rank]) {
             drop_conn(c, "a second ready");
             break;

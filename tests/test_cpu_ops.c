@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "backend/backend.h"
+#include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_math.h"
 #include "test_util.h"
 
@@ -130,6 +131,26 @@ START_TEST(linear_matches_reference)
     check_linear(3, 9, 12, 64, 70, 20, 5, false, DIT_ACT_SILU, 0.0f);   /* strided, gaps */
     check_linear(2, 65, 48, 129, 129, 48, 0, true, DIT_ACT_NONE, 1.0f); /* accumulate */
     check_linear(1, 1, 1, 1, 1, 1, 0, true, DIT_ACT_NONE, 0.0f);
+}
+END_TEST
+
+/* OpenBLAS's fallback kernels on a CPU with AVX2/AVX-512 are replaced; a
+ * core it chose itself, a CPU without AVX2 + FMA, or a name we do not know
+ * are left alone. */
+START_TEST(blas_core_advice)
+{
+    ck_assert_str_eq(dit_cpu_blas_core_advice("Prescott", true, true), "SkylakeX");
+    ck_assert_str_eq(dit_cpu_blas_core_advice("Prescott", true, false), "Haswell");
+    ck_assert_str_eq(dit_cpu_blas_core_advice("nehalem", true, false), "Haswell");
+    ck_assert_str_eq(dit_cpu_blas_core_advice("Sandybridge", true, true), "SkylakeX");
+    ck_assert_ptr_null(dit_cpu_blas_core_advice("Prescott", false, false));
+    ck_assert_ptr_null(dit_cpu_blas_core_advice("Sandybridge", false, false));
+    ck_assert_ptr_null(dit_cpu_blas_core_advice("Haswell", true, true));
+    ck_assert_ptr_null(dit_cpu_blas_core_advice("Zen", true, true));
+    ck_assert_ptr_null(dit_cpu_blas_core_advice("SkylakeX", true, true));
+    ck_assert_ptr_null(dit_cpu_blas_core_advice("Cooperlake", true, true));
+    ck_assert_ptr_null(dit_cpu_blas_core_advice("SomeFutureCore", true, true));
+    ck_assert_ptr_null(dit_cpu_blas_core_advice(NULL, true, true));
 }
 END_TEST
 
@@ -704,6 +725,7 @@ static Suite *cpu_ops_suite(void)
     tcase_add_test(tc, gelu_and_silu_match_reference);
     tcase_add_test(tc, linear_matches_reference);
     tcase_add_test(tc, linear_rejects_bad_shapes);
+    tcase_add_test(tc, blas_core_advice);
     tcase_add_test(tc, layer_norm_mod_matches_reference);
     tcase_add_test(tc, rms_norm_rope_matches_reference);
     tcase_add_test(tc, gated_add_matches_reference);

@@ -16,6 +16,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "backend/cpu/cpu_backend.h"
 #include "backend/backend.h"
 #include "pipelines/pipeline.h"
 #include "runtime/runner.h"
@@ -54,6 +55,7 @@ static dit_status on_step(void *ctx, int step, int total, double elapsed_ms, boo
 
 int main(int argc, char **argv)
 {
+    dit_cpu_blas_core_fix(argv, true);
     const char *model = NULL, *batches = "1,2,4";
     long threads = 0, width = 256, height = 256, steps = 5, warmup = 1;
     bool true_cfg = false;

@@ -48,6 +48,7 @@
 
 #include <stdbool.h>
 
+#include "backend/cpu/cpu_backend.h"
 #include "backend/backend.h"
 #ifdef DIT_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
@@ -372,6 +373,7 @@ static void write_keys(bench_ctx *b, const char *px)
 
 int main(int argc, char **argv)
 {
+    dit_cpu_blas_core_fix(argv, true);
     dit_flux_config cfg = dit_flux_config_flux1_dev();
     cfg.num_attention_heads = 8;
     cfg.num_layers = 4;
@@ -624,6 +626,8 @@ int main(int argc, char **argv)
 #else
     if (cuda_path || cuda_attn)
         fprintf(stderr, "--cuda-path, --cuda-attn: this build has no cuda backend; ignored\n");
+    (void)attns;
+    (void)start_attn;
 #endif
     bench_ctx bc = {.be = be,
                     .m = m,

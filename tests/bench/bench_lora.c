@@ -29,6 +29,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "backend/cpu/cpu_backend.h"
 #include "backend/arena.h"
 #include "backend/backend.h"
 #include "loader/safetensors.h"
@@ -367,6 +368,7 @@ cleanup:
 
 int main(int argc, char **argv)
 {
+    dit_cpu_blas_core_fix(argv, true);
     opts o = {.rank = 16, .img = 1024, .txt = 128, .iters = 5, .load = true};
     o.cfg = dit_flux_config_flux1_dev();
     o.cfg.num_attention_heads = 8;

@@ -20,6 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "backend/cpu/cpu_backend.h"
 #include "comm/shm/comm_shm.h"
 #include "models/flux/flux.h"
 #include "models/flux/flux_model.h"
@@ -208,6 +209,7 @@ static void formulas(const bench_cfg *bc, const layout *lo, double *attn_mib, do
 
 int main(int argc, char **argv)
 {
+    dit_cpu_blas_core_fix(argv, true);
     bench_cfg bc = {.img = 1024, .txt = 128, .iters = 3, .threads = 0};
     bc.mc = dit_flux_config_flux1_dev();
     bc.mc.num_attention_heads = 8;

@@ -30,6 +30,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "backend/cpu/cpu_backend.h"
 #include "comm/shm/comm_shm.h"
 #include "models/model.h"
 #include "models/wan/wan_config.h"
@@ -204,6 +205,7 @@ static void print_big(const layout *los, int n_lo)
 
 int main(int argc, char **argv)
 {
+    dit_cpu_blas_core_fix(argv, true);
     const char *model_dir = NULL, *inputs = NULL;
     char layouts_arg[256] = "ring8,ulysses8,ring2xulysses4";
     int threads = 1;

@@ -26,6 +26,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "backend/cpu/cpu_backend.h"
 #include "backend/backend.h"
 #include "vae/autoencoder_kl_wan.h"
 
@@ -119,6 +120,7 @@ cleanup:
 
 int main(int argc, char **argv)
 {
+    dit_cpu_blas_core_fix(argv, true);
     const char *dir = NULL;
     char frames[128] = "2";
     long h = 60, w = 104;

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "comm/shm/comm_shm.h"
+#include "backend/cpu/cpu_backend.h"
 #include "core/cli_util.h"
 #include "core/options.h"
 #include "tools/ditrun.h"
@@ -516,6 +517,7 @@ static int run(ditrun_cmd cmd, int argc, char **argv)
 
 int main(int argc, char **argv)
 {
+    dit_cpu_blas_core_fix(argv, true);
     if (argc < 2)
         return usage_error(main_usage, "%s", "a command is required");
     const char *cmd = argv[1];

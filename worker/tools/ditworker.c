@@ -36,6 +36,7 @@
 
 #include "comm/shm/comm_shm.h"
 #include "media/mp4.h"
+#include "backend/cpu/cpu_backend.h"
 #include "media/png.h"
 #include "ipc_wire.h"
 #include "parallel/lora.h"
@@ -1053,6 +1054,9 @@ static int serve(worker *w)
     ready.rank = w->rank;
     ready.load_ms = now_ms() - t0;
     ready.device = (char *)w->be->ops->name;
+    char blas[160];
+    dit_cpu_blas_describe(blas, sizeof blas);
+    ready.blas = blas;
     const dit_model *tm = dit_pipeline_transformer(w->pipe);
     ready.weight_bytes = (int64_t)tm->cls->weight_bytes(tm->impl);
     Ditserve__Ipc__WorkerMemory mem = DITSERVE__IPC__WORKER_MEMORY__INIT;
@@ -1384,6 +1388,7 @@ static const dit_option worker_opts[] = {
 
 int main(int argc, char **argv)
 {
+    dit_cpu_blas_core_fix(argv, false);
     dit_tune_malloc();
     worker_args wa = {0};
     const dit_options table = {.prog = "ditworker",
