@@ -126,50 +126,85 @@ static dit_model *flux_pipe_transformer(void *p)
     return ((flux_pipe *)p)->transformer;
 }
 
-/* CLIP pooled output (pooled_dim) and T5 hidden states (len, d_model) of
- * one prompt, on the host. */
-static dit_status encode_prompt(flux_pipe *p, const char *prompt, const char *prompt_2, int max_len,
-                                float *pooled, float *embeds, bool *truncated, double *tok_ms,
-                                double *enc_ms, dit_diag *diag)
+/* Prompts one CLIP and one T5 forward encode together: several requests'
+ * prompts (and their negative prompts) share a forward, at most this many,
+ * which bounds the encoders' activations (T5-XXL's feed-forward at 512
+ * tokens is 21 MB a prompt). */
+enum { ENCODE_BATCH = 8 };
+
+/* One prompt of an encoder batch: its texts, and where its CLIP pooled
+ * output (pooled_dim) and T5 hidden states (len, d_model) go on the host. */
+typedef struct prompt_job {
+    const char *prompt, *prompt_2;
+    float *pooled, *embeds;
+    bool *truncated;
+    double *tok_ms, *enc_ms; /* the member's; its share of the forwards' time is added */
+} prompt_job;
+
+/* Encodes jobs[0 .. n) in forwards of up to ENCODE_BATCH prompts. Each
+ * prompt's rows are computed on their own (CLIP and T5 mix no rows of a
+ * batch), so a prompt's embeddings do not depend on its company beyond the
+ * GEMMs' last bits. A forward's time is shared equally by its prompts. */
+static dit_status encode_prompts(flux_pipe *p, const prompt_job *jobs, int n, int max_len,
+                                 dit_diag *diag)
 {
     dit_status st = DIT_OK;
     dit_backend *be = p->be;
     const int clip_len = dit_clip_tokenizer_max_length(p->tok);
-    int32_t *ids = malloc(sizeof(int32_t) * (size_t)(clip_len > max_len ? clip_len : max_len));
-    if (!ids)
-        return dit_diag_set(diag, DIT_ERR_NOMEM, "out of memory");
-    int n = 0;
-    bool cut = false;
-    dit_tensor pooled_t, emb_t;
     const int64_t hidden = dit_clip_text_hidden_size(p->clip), d = dit_t5_encoder_d_model(p->t5);
-
-    double t0 = now_ms();
-    DIT_CHECK(dit_clip_tokenizer_encode(p->tok, prompt, ids, clip_len, &n, &cut, diag));
-    *truncated = *truncated || cut;
-    *tok_ms += now_ms() - t0;
-    t0 = now_ms();
-    const int64_t ps[2] = {1, hidden};
-    DIT_CHECK(dit_arena_tensor(p->arena, DIT_F32, 2, ps, &pooled_t));
-    DIT_CHECK(dit_clip_text_forward(p->clip, p->arena, ids, 1, clip_len, &pooled_t, NULL, diag));
-    dit_tensor hp = dit_tensor_2d(pooled, DIT_F32, 1, hidden);
-    DIT_CHECK(be->ops->download(be, &hp, &pooled_t));
-    *enc_ms += now_ms() - t0;
-
-    t0 = now_ms();
-    DIT_CHECK(dit_t5_tokenizer_encode(p->tok2, prompt_2 ? prompt_2 : prompt, ids, max_len, &n, &cut,
-                                      diag));
-    *truncated = *truncated || cut;
-    *tok_ms += now_ms() - t0;
-    t0 = now_ms();
-    const int64_t es[3] = {1, max_len, d};
-    DIT_CHECK(dit_arena_tensor(p->arena, DIT_F32, 3, es, &emb_t));
-    DIT_CHECK(dit_t5_encoder_forward(p->t5, p->arena, ids, 1, max_len, &emb_t, diag));
-    dit_tensor he = dit_tensor_3d(embeds, DIT_F32, 1, max_len, d);
-    DIT_CHECK(be->ops->download(be, &he, &emb_t));
-    *enc_ms += now_ms() - t0;
+    int32_t *ids_clip = malloc(sizeof(int32_t) * (size_t)ENCODE_BATCH * (size_t)clip_len);
+    int32_t *ids_t5 = malloc(sizeof(int32_t) * (size_t)ENCODE_BATCH * (size_t)max_len);
+    float *pooled = malloc(sizeof(float) * (size_t)(ENCODE_BATCH * hidden));
+    float *embeds = malloc(sizeof(float) * (size_t)ENCODE_BATCH * (size_t)max_len * (size_t)d);
+    if (!ids_clip || !ids_t5 || !pooled || !embeds) {
+        st = dit_diag_set(diag, DIT_ERR_NOMEM, "out of memory for the text encoders");
+        goto cleanup;
+    }
+    for (int j0 = 0; j0 < n; j0 += ENCODE_BATCH) {
+        const int nb = n - j0 < ENCODE_BATCH ? n - j0 : ENCODE_BATCH;
+        for (int j = 0; j < nb; j++) {
+            const prompt_job *pj = &jobs[j0 + j];
+            int got = 0;
+            bool cut = false;
+            const double t0 = now_ms();
+            DIT_CHECK(dit_clip_tokenizer_encode(p->tok, pj->prompt, ids_clip + j * clip_len,
+                                                clip_len, &got, &cut, diag));
+            *pj->truncated = *pj->truncated || cut;
+            cut = false;
+            DIT_CHECK(dit_t5_tokenizer_encode(p->tok2, pj->prompt_2 ? pj->prompt_2 : pj->prompt,
+                                              ids_t5 + (size_t)j * (size_t)max_len, max_len, &got,
+                                              &cut, diag));
+            *pj->truncated = *pj->truncated || cut;
+            *pj->tok_ms += now_ms() - t0;
+        }
+        const double t0 = now_ms();
+        dit_tensor pooled_t, emb_t;
+        const int64_t ps[2] = {nb, hidden}, es[3] = {nb, max_len, d};
+        DIT_CHECK(dit_arena_tensor(p->arena, DIT_F32, 2, ps, &pooled_t));
+        DIT_CHECK(dit_clip_text_forward(p->clip, p->arena, ids_clip, nb, clip_len, &pooled_t, NULL,
+                                        diag));
+        dit_tensor hp = dit_tensor_2d(pooled, DIT_F32, nb, hidden);
+        DIT_CHECK(be->ops->download(be, &hp, &pooled_t));
+        DIT_CHECK(dit_arena_tensor(p->arena, DIT_F32, 3, es, &emb_t));
+        DIT_CHECK(dit_t5_encoder_forward(p->t5, p->arena, ids_t5, nb, max_len, &emb_t, diag));
+        dit_tensor he = dit_tensor_3d(embeds, DIT_F32, nb, max_len, d);
+        DIT_CHECK(be->ops->download(be, &he, &emb_t));
+        dit_arena_reset(p->arena);
+        const double share = (now_ms() - t0) / nb;
+        for (int j = 0; j < nb; j++) {
+            const prompt_job *pj = &jobs[j0 + j];
+            memcpy(pj->pooled, pooled + j * hidden, sizeof(float) * (size_t)hidden);
+            memcpy(pj->embeds, embeds + (size_t)j * (size_t)max_len * (size_t)d,
+                   sizeof(float) * (size_t)max_len * (size_t)d);
+            *pj->enc_ms += share;
+        }
+    }
 cleanup:
     dit_arena_reset(p->arena);
-    free(ids);
+    free(ids_clip);
+    free(ids_t5);
+    free(pooled);
+    free(embeds);
     return st;
 }
 
@@ -233,6 +268,7 @@ static dit_status flux_pipe_generate_batch(void *pv, const dit_pipeline_info *in
     float *embeds = NULL, *pooled = NULL, *ids = NULL, *noise = NULL, *lat = NULL, *v = NULL;
     float *in_lat = NULL, *in_emb = NULL, *in_pool = NULL, *out = NULL, *t = NULL, *guid = NULL;
     float *z = NULL;
+    prompt_job *jobs = NULL;
     if (decode && !p->vae) {
         st = dit_diag_set(diag, DIT_ERR_INVALID_ARG, "this rank has no VAE to decode with");
         goto cleanup;
@@ -257,6 +293,38 @@ static dit_status flux_pipe_generate_batch(void *pv, const dit_pipeline_info *in
                          gp->width, gp->height, (long long)T);
         goto cleanup;
     }
+
+    /* The prompts of the members that bring no embeddings, encoded together
+     * (each member's conditional prompt, then with CFG its negative one),
+     * into entry 0 of each member's images on each side. */
+    jobs = malloc(sizeof *jobs * (size_t)(2 * n));
+    if (!jobs) {
+        st = dit_diag_set(diag, DIT_ERR_NOMEM, "out of memory");
+        goto cleanup;
+    }
+    int n_jobs = 0;
+    for (int m = 0; m < n; m++) {
+        const dit_gen_params *g = &gps[m];
+        if (g->prompt_embeds)
+            continue;
+        dit_gen_result *r = &res[m];
+        float *emb_m = embeds + b.off[m] * L * Cj, *pool_m = pooled + b.off[m] * Cp;
+        jobs[n_jobs++] =
+            (prompt_job){g->prompt,       g->prompt_2,  pool_m, emb_m, &r->prompt_truncated,
+                         &r->tokenize_ms, &r->encode_ms};
+        if (cfg)
+            jobs[n_jobs++] =
+                (prompt_job){g->negative_prompt,
+                             g->negative_prompt_2 ? g->negative_prompt_2 : g->negative_prompt,
+                             pool_m + T * Cp,
+                             emb_m + T * L * Cj,
+                             &r->prompt_truncated,
+                             &r->tokenize_ms,
+                             &r->encode_ms};
+    }
+    /* L tokens: the batch's text length, which every member has
+     * (dit_gen_batch_compatible), whoever brings embeddings. */
+    DIT_CHECK(encode_prompts(p, jobs, n_jobs, (int)L, diag));
 
     for (int m = 0; m < n; m++) {
         const dit_gen_params *g = &gps[m];
@@ -283,7 +351,8 @@ static dit_status flux_pipe_generate_batch(void *pv, const dit_pipeline_info *in
         r->latents_shape[1] = tokens;
         r->latents_shape[2] = dim;
 
-        /* Conditioning. */
+        /* Conditioning: the member's own embeddings (the others were
+         * encoded above). */
         if (g->prompt_embeds) {
             memcpy(emb_m, g->prompt_embeds, sizeof(float) * (size_t)(L * Cj));
             memcpy(pool_m, g->pooled_prompt_embeds, sizeof(float) * (size_t)Cp);
@@ -291,16 +360,6 @@ static dit_status flux_pipe_generate_batch(void *pv, const dit_pipeline_info *in
                 memcpy(nemb_m, g->negative_prompt_embeds, sizeof(float) * (size_t)(L * Cj));
                 memcpy(npool_m, g->negative_pooled_prompt_embeds, sizeof(float) * (size_t)Cp);
             }
-        } else {
-            /* L tokens: the batch's text length, which every member has
-             * (dit_gen_batch_compatible), whoever brings embeddings. */
-            DIT_CHECK(encode_prompt(p, g->prompt, g->prompt_2, (int)L, pool_m, emb_m,
-                                    &r->prompt_truncated, &r->tokenize_ms, &r->encode_ms, diag));
-            if (cfg)
-                DIT_CHECK(encode_prompt(
-                    p, g->negative_prompt,
-                    g->negative_prompt_2 ? g->negative_prompt_2 : g->negative_prompt, (int)L,
-                    npool_m, nemb_m, &r->prompt_truncated, &r->tokenize_ms, &r->encode_ms, diag));
         }
         /* prompt_embeds.repeat(1, n, 1): each side's entry 0 copied to 1 .. ni - 1. */
         for (int64_t k = 1; k < ni; k++) {
@@ -457,6 +516,7 @@ cleanup:
         dit_gen_batch_fail(&b, st, res, member_st);
     dit_gen_batch_free(&b);
     dit_arena_reset(p->arena);
+    free(jobs);
     free(embeds);
     free(pooled);
     free(ids);
