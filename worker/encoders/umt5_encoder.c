@@ -205,7 +205,7 @@ dit_status dit_umt5_prompt_embeds(dit_umt5_encoder *m, const dit_t5_tokenizer *t
         if (st == DIT_OK)
             st = dit_t5_tokenizer_encode(tok, clean, ids + b * L, (int)L, &n, &cut, diag);
         if (truncated && cut)
-            *truncated = true;
+            truncated[b] = true;
         free(clean);
         clean = NULL;
         if (st != DIT_OK) {

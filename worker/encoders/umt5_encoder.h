@@ -58,8 +58,9 @@ dit_status dit_umt5_encoder_forward(dit_umt5_encoder *m, dit_arena *arena, const
  * L = max_sequence_length (</s> kept), the masked forward, then rows at and
  * after each prompt's token count (</s> included in the count) set to 0.
  * out: backend (B, L, d_model) f32. n_tokens: host (B) receiving each
- * prompt's token count, or NULL. truncated, when not NULL, is set to true
- * if a prompt had more than L tokens (cut as transformers cuts it).
+ * prompt's token count, or NULL. truncated: host (B), or NULL; entry b is
+ * set to true when prompt b had more than L tokens (cut as transformers
+ * cuts it) and left as it was otherwise.
  *
  * The forward runs over S = the largest token count rather than L: with the
  * mask, rows before a prompt's count depend neither on the padding tokens

@@ -294,37 +294,36 @@ static dit_status flux_pipe_generate_batch(void *pv, const dit_pipeline_info *in
         goto cleanup;
     }
 
-    /* The prompts of the members that bring no embeddings, encoded together
-     * (each member's conditional prompt, then with CFG its negative one),
-     * into entry 0 of each member's images on each side. */
-    jobs = malloc(sizeof *jobs * (size_t)(2 * n));
+    /* The prompts of the members that bring no embeddings, encoded
+     * together one side at a time (the members' prompts, then with CFG their
+     * negative prompts), each into entry 0 of the member's images on that
+     * side. Sides are never mixed in a forward, so a request alone encodes
+     * as it always did (each prompt a forward of one). */
+    jobs = malloc(sizeof *jobs * (size_t)(n > 0 ? n : 1));
     if (!jobs) {
         st = dit_diag_set(diag, DIT_ERR_NOMEM, "out of memory");
         goto cleanup;
     }
-    int n_jobs = 0;
-    for (int m = 0; m < n; m++) {
-        const dit_gen_params *g = &gps[m];
-        if (g->prompt_embeds)
-            continue;
-        dit_gen_result *r = &res[m];
-        float *emb_m = embeds + b.off[m] * L * Cj, *pool_m = pooled + b.off[m] * Cp;
-        jobs[n_jobs++] =
-            (prompt_job){g->prompt,       g->prompt_2,  pool_m, emb_m, &r->prompt_truncated,
-                         &r->tokenize_ms, &r->encode_ms};
-        if (cfg)
-            jobs[n_jobs++] =
-                (prompt_job){g->negative_prompt,
-                             g->negative_prompt_2 ? g->negative_prompt_2 : g->negative_prompt,
-                             pool_m + T * Cp,
-                             emb_m + T * L * Cj,
-                             &r->prompt_truncated,
-                             &r->tokenize_ms,
-                             &r->encode_ms};
+    for (int side = 0; side < (cfg ? 2 : 1); side++) {
+        int n_jobs = 0;
+        for (int m = 0; m < n; m++) {
+            const dit_gen_params *g = &gps[m];
+            if (g->prompt_embeds)
+                continue;
+            dit_gen_result *r = &res[m];
+            float *emb_m = embeds + (side * T + b.off[m]) * L * Cj;
+            float *pool_m = pooled + (side * T + b.off[m]) * Cp;
+            const char *p1 = side ? g->negative_prompt : g->prompt;
+            const char *p2 =
+                side ? (g->negative_prompt_2 ? g->negative_prompt_2 : g->negative_prompt)
+                     : g->prompt_2;
+            jobs[n_jobs++] = (prompt_job){
+                p1, p2, pool_m, emb_m, &r->prompt_truncated, &r->tokenize_ms, &r->encode_ms};
+        }
+        /* L tokens: the batch's text length, which every member has
+         * (dit_gen_batch_compatible), whoever brings embeddings. */
+        DIT_CHECK(encode_prompts(p, jobs, n_jobs, (int)L, diag));
     }
-    /* L tokens: the batch's text length, which every member has
-     * (dit_gen_batch_compatible), whoever brings embeddings. */
-    DIT_CHECK(encode_prompts(p, jobs, n_jobs, (int)L, diag));
 
     for (int m = 0; m < n; m++) {
         const dit_gen_params *g = &gps[m];

@@ -109,24 +109,58 @@ static dit_model *wan_pipe_transformer(void *p)
     return ((wan_pipe *)p)->transformer;
 }
 
-/* One prompt's embeddings (L, d_model) on the host, as
- * WanPipeline._get_t5_prompt_embeds makes them. */
-static dit_status encode_prompt(wan_pipe *p, const char *prompt, int64_t L, float *embeds,
-                                dit_gen_result *res, dit_diag *diag)
+/* Prompts one UMT5 forward encodes together (several requests' prompts
+ * and negative prompts), at most this many: it bounds UMT5-XXL's
+ * activations at 512 tokens. */
+enum { ENCODE_BATCH = 8 };
+
+/* One prompt of an encoder batch: its text, where its embeddings (L,
+ * d_model) go on the host, and its member's result (truncation, time). */
+typedef struct prompt_job {
+    const char *prompt;
+    float *embeds;
+    dit_gen_result *res;
+} prompt_job;
+
+/* jobs[0 .. n) as WanPipeline._get_t5_prompt_embeds makes them, in forwards
+ * of up to ENCODE_BATCH prompts (masked, so a prompt's rows do not depend
+ * on the others beyond the GEMMs' last bits). A forward's time is shared
+ * equally by its prompts' members. */
+static dit_status encode_prompts(wan_pipe *p, const prompt_job *jobs, int n, int64_t L,
+                                 dit_diag *diag)
 {
     dit_status st = DIT_OK;
     const int64_t d = dit_umt5_encoder_d_model(p->umt5);
-    const double t0 = now_ms();
-    dit_tensor emb;
-    const int64_t es[3] = {1, L, d};
-    DIT_CHECK(dit_arena_tensor(p->arena, DIT_F32, 3, es, &emb));
-    DIT_CHECK(dit_umt5_prompt_embeds(p->umt5, p->tok, p->arena, &prompt, 1, (int)L, &emb, NULL,
-                                     &res->prompt_truncated, diag));
-    dit_tensor host = dit_tensor_3d(embeds, DIT_F32, 1, L, d);
-    DIT_CHECK(p->be->ops->download(p->be, &host, &emb));
+    float *host = malloc(sizeof(float) * (size_t)ENCODE_BATCH * (size_t)L * (size_t)d);
+    if (!host)
+        return dit_diag_set(diag, DIT_ERR_NOMEM, "out of memory for the text encoder");
+    for (int j0 = 0; j0 < n; j0 += ENCODE_BATCH) {
+        const int nb = n - j0 < ENCODE_BATCH ? n - j0 : ENCODE_BATCH;
+        const char *texts[ENCODE_BATCH];
+        bool cut[ENCODE_BATCH] = {false};
+        for (int j = 0; j < nb; j++)
+            texts[j] = jobs[j0 + j].prompt;
+        const double t0 = now_ms();
+        dit_tensor emb;
+        const int64_t es[3] = {nb, L, d};
+        DIT_CHECK(dit_arena_tensor(p->arena, DIT_F32, 3, es, &emb));
+        DIT_CHECK(dit_umt5_prompt_embeds(p->umt5, p->tok, p->arena, texts, nb, (int)L, &emb, NULL,
+                                         cut, diag));
+        dit_tensor h = dit_tensor_3d(host, DIT_F32, nb, L, d);
+        DIT_CHECK(p->be->ops->download(p->be, &h, &emb));
+        dit_arena_reset(p->arena);
+        const double share = (now_ms() - t0) / nb;
+        for (int j = 0; j < nb; j++) {
+            const prompt_job *pj = &jobs[j0 + j];
+            memcpy(pj->embeds, host + (size_t)j * (size_t)L * (size_t)d,
+                   sizeof(float) * (size_t)L * (size_t)d);
+            pj->res->prompt_truncated = pj->res->prompt_truncated || cut[j];
+            pj->res->encode_ms += share;
+        }
+    }
 cleanup:
-    res->encode_ms += now_ms() - t0;
     dit_arena_reset(p->arena);
+    free(host);
     return st;
 }
 
@@ -163,6 +197,7 @@ static dit_status wan_pipe_generate_batch(void *pv, const dit_pipeline_info *inf
 
     float *embeds = NULL, *lat = NULL, *v = NULL, *z = NULL, *in_lat = NULL, *in_emb = NULL;
     float *out = NULL, *t = NULL;
+    prompt_job *jobs = NULL;
     if (decode && !p->vae) {
         st = dit_diag_set(diag, DIT_ERR_INVALID_ARG, "this rank has no VAE to decode with");
         goto cleanup;
@@ -181,6 +216,31 @@ static dit_status wan_pipe_generate_batch(void *pv, const dit_pipeline_info *inf
                           "out of memory for a %dx%d, %d-frame generation of %lld videos",
                           gp->width, gp->height, gp->frames, (long long)T);
         goto cleanup;
+    }
+
+    /* The prompts UMT5 encodes, the members' together, one side at a
+     * time: their prompts unless they bring embeddings, then with CFG their
+     * negative prompts (default "") unless they bring those, each into
+     * entry 0 of the member's videos. Sides are never mixed in a forward,
+     * so a request alone encodes as it always did (prompt, then negative
+     * prompt, each a forward of one). */
+    jobs = malloc(sizeof *jobs * (size_t)(n > 0 ? n : 1));
+    if (!jobs) {
+        st = dit_diag_set(diag, DIT_ERR_NOMEM, "out of memory");
+        goto cleanup;
+    }
+    for (int side = 0; side < (cfg ? 2 : 1); side++) {
+        int n_jobs = 0;
+        for (int m = 0; m < n; m++) {
+            const dit_gen_params *g = &gps[m];
+            float *emb_m = embeds + b.off[m] * L * Ct + side * T * L * Ct;
+            if (side == 0 && !g->prompt_embeds)
+                jobs[n_jobs++] = (prompt_job){g->prompt, emb_m, &res[m]};
+            else if (side == 1 && !g->negative_prompt_embeds)
+                jobs[n_jobs++] =
+                    (prompt_job){g->negative_prompt ? g->negative_prompt : "", emb_m, &res[m]};
+        }
+        DIT_CHECK(encode_prompts(p, jobs, n_jobs, L, diag));
     }
 
     for (int m = 0; m < n; m++) {
@@ -209,13 +269,8 @@ static dit_status wan_pipe_generate_batch(void *pv, const dit_pipeline_info *inf
          * from its own embeddings or the negative prompt (default ""). */
         if (g->prompt_embeds)
             memcpy(emb_m, g->prompt_embeds, sizeof(float) * (size_t)(L * Ct));
-        else
-            DIT_CHECK(encode_prompt(p, g->prompt, L, emb_m, r, diag));
         if (cfg && g->negative_prompt_embeds)
             memcpy(nemb_m, g->negative_prompt_embeds, sizeof(float) * (size_t)(L * Ct));
-        else if (cfg)
-            DIT_CHECK(
-                encode_prompt(p, g->negative_prompt ? g->negative_prompt : "", L, nemb_m, r, diag));
         /* prompt_embeds.repeat(1, n, 1): each side's entry 0 copied to 1 .. ni - 1. */
         for (int64_t k = 1; k < ni; k++) {
             memcpy(emb_m + k * L * Ct, emb_m, sizeof(float) * (size_t)(L * Ct));
@@ -332,6 +387,7 @@ cleanup:
         dit_gen_batch_fail(&b, st, res, member_st);
     dit_gen_batch_free(&b);
     dit_arena_reset(p->arena);
+    free(jobs);
     free(embeds);
     free(lat);
     free(v);
