@@ -1109,6 +1109,11 @@ def browser_video():
             if state[0] >= 1 or state[4] or "HTTP" in state[5]:
                 break
             time.sleep(0.02)
+        # The page sets 100 before it fetches the clip, which may happen
+        # between this loop's two reads: read the bar once more.
+        p = drv.execute_script("return document.getElementById('progress').value;")
+        if seen[-1] != p:
+            seen.append(p)
         assert state and state[0] >= 1 and not state[4], (state, seen)
         assert state[1] > 0 and state[2:4] == [96, 64], state
         # 17 frames at 8 fps.
