@@ -515,9 +515,22 @@ static int run(ditrun_cmd cmd, int argc, char **argv)
     return ditrun_launch(&a, argc, argv);
 }
 
+/* Whether the command line asks for help or the version, when no BLAS runs
+ * and OpenBLAS's kernels do not matter. Any such argument counts (a prompt
+ * that is literally "-h" too): a false yes costs only the kernel check. */
+static bool help_only(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0 ||
+            strcmp(argv[i], "help") == 0 || strcmp(argv[i], "--version") == 0)
+            return true;
+    return false;
+}
+
 int main(int argc, char **argv)
 {
-    dit_cpu_blas_core_fix(argv, true);
+    if (!help_only(argc, argv))
+        dit_cpu_blas_core_fix(argv, true);
     if (argc < 2)
         return usage_error(main_usage, "%s", "a command is required");
     const char *cmd = argv[1];
