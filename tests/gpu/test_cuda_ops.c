@@ -813,6 +813,76 @@ START_TEST(attention_matches_cpu)
 }
 END_TEST
 
+/* A fused (S, 3 H D) q|k|v projection of random bf16-exact values, q
+ * scaled up 3x: scores of a few units, a softmax that is neither flat nor
+ * one-hot, like normalised q/k after RMSNorm. */
+static float *flux_proj(test_rng *r, int64_t S, int64_t H, int64_t D)
+{
+    float *hp = gpu_rand(r, (size_t)(S * 3 * H * D), -1, 1, true);
+    for (int64_t t = 0; t < S; t++)
+        for (int64_t c = 0; c < H * D; c++)
+            hp[t * 3 * H * D + c] = dit_bf16_to_f32(dit_f32_to_bf16(3.0f * hp[t * 3 * H * D + c]));
+    return hp;
+}
+
+/* Max |a - b| over n values (a NaN anywhere: infinity) and max |a|. */
+static double max_abs_diff(const float *a, const float *b, size_t n)
+{
+    double e = 0;
+    for (size_t i = 0; i < n; i++) {
+        const double d = fabs((double)a[i] - b[i]);
+        e = isnan(d) ? INFINITY : fmax(e, d);
+    }
+    return e;
+}
+
+static double max_abs(const float *a, size_t n)
+{
+    double m = 0;
+    for (size_t i = 0; i < n; i++)
+        m = fmax(m, fabs(a[i]));
+    return m;
+}
+
+/* Max |error| over `rows` random (query, head) rows of n_out outputs ho[k]
+ * (each (S, H, D), batch 1) against float64 attention of flux_proj's hp,
+ * into e64[k]. */
+static void flux_f64_rows(test_rng *r, const float *hp, int64_t S, int64_t H, int64_t D, int rows,
+                          float *const *ho, int n_out, double *e64)
+{
+    double *p = malloc((size_t)S * sizeof *p);
+    ck_assert_ptr_nonnull(p);
+    for (int k = 0; k < n_out; k++)
+        e64[k] = 0;
+    for (int t = 0; t < rows; t++) {
+        const int64_t i = (int64_t)(test_rng_next(r) % (uint64_t)S);
+        const int64_t h = (int64_t)(test_rng_next(r) % (uint64_t)H);
+        const float *qi = hp + i * 3 * H * D + h * D;
+        double mx = -INFINITY, sum = 0;
+        for (int64_t j = 0; j < S; j++) {
+            const float *kj = hp + j * 3 * H * D + H * D + h * D;
+            double acc = 0;
+            for (int64_t d = 0; d < D; d++)
+                acc += (double)qi[d] * kj[d];
+            p[j] = acc / sqrt((double)D);
+            mx = fmax(mx, p[j]);
+        }
+        for (int64_t j = 0; j < S; j++) {
+            p[j] = exp(p[j] - mx);
+            sum += p[j];
+        }
+        for (int64_t d = 0; d < D; d++) {
+            double o = 0;
+            for (int64_t j = 0; j < S; j++)
+                o += p[j] * hp[j * 3 * H * D + 2 * H * D + h * D + d];
+            o /= sum;
+            for (int k = 0; k < n_out; k++)
+                e64[k] = fmax(e64[k], fabs(o - ho[k][(i * H + h) * D + d]));
+        }
+    }
+    free(p);
+}
+
 /* FLUX.1-dev's attention at 1024 x 1024: B 1, S 4096 + 512, H 24, D 128,
  * q/k/v as head views of the fused (S, 3 H D) projection. Too large for
  * the cpu backend here, so the tensor-core kernel is compared with the f32
@@ -825,12 +895,7 @@ START_TEST(flux_size_attention_matches_f32_kernel)
     test_rng r = {4608};
     const int64_t shp[3] = {B, S, 3 * H * D}, sho[3] = {B, S, H * D}, shl[3] = {B, H, S};
     const size_t np = (size_t)(B * S * 3 * H * D), no = (size_t)(B * S * H * D);
-    /* q scaled up a little: scores of a few units, a softmax that is
-     * neither flat nor one-hot, like normalised q/k after RMSNorm. */
-    float *hp = gpu_rand(&r, np, -1, 1, true);
-    for (int64_t t = 0; t < S; t++)
-        for (int64_t c = 0; c < H * D; c++)
-            hp[t * 3 * H * D + c] = dit_bf16_to_f32(dit_f32_to_bf16(3.0f * hp[t * 3 * H * D + c]));
+    float *hp = flux_proj(&r, S, H, D);
     void *pbuf = NULL, *obuf[2] = {NULL, NULL}, *lbuf[2] = {NULL, NULL};
     GPU_OK(GPU, dit_backend_alloc(GPU, np * 4, &pbuf));
     dit_tensor proj = dit_tensor_make(pbuf, DIT_F32, 3, shp);
@@ -853,48 +918,11 @@ START_TEST(flux_size_attention_matches_f32_kernel)
         ho[f32] = gpu_fetch(GPU, &o3);
         hl[f32] = gpu_fetch(GPU, &lse[f32]);
     }
-    double eo = 0, ref = 0, el = 0;
-    for (size_t i = 0; i < no; i++) {
-        const double d = fabs((double)ho[0][i] - ho[1][i]);
-        eo = isnan(d) ? INFINITY : fmax(eo, d);
-        ref = fmax(ref, fabs(ho[1][i]));
-    }
-    for (size_t i = 0; i < (size_t)(B * H * S); i++) {
-        const double d = fabs((double)hl[0][i] - hl[1][i]);
-        el = isnan(d) ? INFINITY : fmax(el, d);
-    }
+    const double eo = max_abs_diff(ho[0], ho[1], no), ref = max_abs(ho[1], no);
+    const double el = max_abs_diff(hl[0], hl[1], (size_t)(B * H * S));
     /* float64 reference rows. */
-    double e64[2] = {0, 0};
-    double *p = malloc((size_t)S * sizeof *p);
-    ck_assert_ptr_nonnull(p);
-    for (int t = 0; t < 48; t++) {
-        const int64_t i = (int64_t)(test_rng_next(&r) % (uint64_t)S);
-        const int64_t h = (int64_t)(test_rng_next(&r) % (uint64_t)H);
-        const float *qi = hp + i * 3 * H * D + h * D;
-        double mx = -INFINITY;
-        for (int64_t j = 0; j < S; j++) {
-            const float *kj = hp + j * 3 * H * D + H * D + h * D;
-            double acc = 0;
-            for (int64_t d = 0; d < D; d++)
-                acc += (double)qi[d] * kj[d];
-            p[j] = acc / sqrt((double)D);
-            mx = fmax(mx, p[j]);
-        }
-        double sum = 0;
-        for (int64_t j = 0; j < S; j++) {
-            p[j] = exp(p[j] - mx);
-            sum += p[j];
-        }
-        for (int64_t d = 0; d < D; d++) {
-            double o = 0;
-            for (int64_t j = 0; j < S; j++)
-                o += p[j] * hp[j * 3 * H * D + 2 * H * D + h * D + d];
-            o /= sum;
-            for (int f32 = 0; f32 < 2; f32++)
-                e64[f32] = fmax(e64[f32], fabs(o - ho[f32][(i * H + h) * D + d]));
-        }
-    }
-    free(p);
+    double e64[2];
+    flux_f64_rows(&r, hp, S, H, D, 48, ho, 2, e64);
     printf("flux-size attention (S %lld, H %lld, D %lld): tensor-core vs f32 kernel max abs %.3g "
            "(max|out| %.3g), lse max abs %.3g; vs float64 rows: tensor-core %.3g, f32 %.3g\n",
            (long long)S, (long long)H, (long long)D, eo, ref, el, e64[0], e64[1]);
@@ -1071,10 +1099,7 @@ START_TEST(flux_size_attention_cudnn)
     test_rng r = {4610};
     const int64_t shp[3] = {B, S, 3 * H * D}, sho[3] = {B, S, H * D}, shl[3] = {B, H, S};
     const size_t np = (size_t)(B * S * 3 * H * D), no = (size_t)(B * S * H * D);
-    float *hp = gpu_rand(&r, np, -1, 1, true);
-    for (int64_t t = 0; t < S; t++)
-        for (int64_t c = 0; c < H * D; c++)
-            hp[t * 3 * H * D + c] = dit_bf16_to_f32(dit_f32_to_bf16(3.0f * hp[t * 3 * H * D + c]));
+    float *hp = flux_proj(&r, S, H, D);
     void *pbuf = NULL, *obuf[2] = {NULL, NULL}, *lbuf[2] = {NULL, NULL};
     GPU_OK(GPU, dit_backend_alloc(GPU, np * 2, &pbuf));
     dit_tensor proj = dit_tensor_make(pbuf, DIT_BF16, 3, shp);
@@ -1104,43 +1129,10 @@ START_TEST(flux_size_attention_cudnn)
         hl[kv] = gpu_fetch(GPU, &lse[kv]);
     }
     dit_cuda_backend_set_attn(GPU, was);
-    double eo = 0, ref = 0, el = 0;
-    for (size_t i = 0; i < no; i++) {
-        const double d = fabs((double)ho[0][i] - ho[1][i]);
-        eo = isnan(d) ? INFINITY : fmax(eo, d);
-        ref = fmax(ref, fabs(ho[0][i]));
-    }
-    for (size_t i = 0; i < (size_t)(B * H * S); i++) {
-        const double d = fabs((double)hl[0][i] - hl[1][i]);
-        el = isnan(d) ? INFINITY : fmax(el, d);
-    }
-    double e64[2] = {0, 0};
-    double *p = malloc((size_t)S * sizeof *p);
-    ck_assert_ptr_nonnull(p);
-    for (int t = 0; t < 32; t++) {
-        const int64_t i = (int64_t)(test_rng_next(&r) % (uint64_t)S);
-        const int64_t h = (int64_t)(test_rng_next(&r) % (uint64_t)H);
-        const float *qi = hp + i * 3 * H * D + h * D;
-        double mx = -INFINITY, sum = 0;
-        for (int64_t j = 0; j < S; j++) {
-            const float *kj = hp + j * 3 * H * D + H * D + h * D;
-            double acc = 0;
-            for (int64_t d = 0; d < D; d++)
-                acc += (double)qi[d] * kj[d];
-            p[j] = acc / sqrt((double)D);
-            mx = fmax(mx, p[j]);
-        }
-        for (int64_t j = 0; j < S; j++)
-            sum += p[j] = exp(p[j] - mx);
-        for (int64_t d = 0; d < D; d++) {
-            double o = 0;
-            for (int64_t j = 0; j < S; j++)
-                o += p[j] * hp[j * 3 * H * D + 2 * H * D + h * D + d];
-            for (int kv = 0; kv < 2; kv++)
-                e64[kv] = fmax(e64[kv], fabs(o / sum - ho[kv][(i * H + h) * D + d]));
-        }
-    }
-    free(p);
+    const double eo = max_abs_diff(ho[0], ho[1], no), ref = max_abs(ho[0], no);
+    const double el = max_abs_diff(hl[0], hl[1], (size_t)(B * H * S));
+    double e64[2];
+    flux_f64_rows(&r, hp, S, H, D, 32, ho, 2, e64);
     const double tflop = 4.0 * (double)S * (double)S * (double)(H * D) / 1e12;
     printf("flux-size attention bf16 (S %lld, H %lld, D %lld): cudnn vs v1 max abs %.3g of "
            "max|out| %.3g, lse %.3g; vs float64 rows: v1 %.3g, cudnn %.3g; v1 %.3f ms (%.0f "
@@ -1188,28 +1180,53 @@ static const attn2_case attn2_cases[] = {
     {1, 300, 333, 2, 128, 3, true, false},
 };
 
+/* A case's bf16 inputs on both backends: q from a (B, Sq, W) projection, k
+ * and v from a (B, Skv, W) one (W = 3 H D, plus 4 with pad), as head
+ * views; [0] cpu, [1] gpu. */
+typedef struct attn2_inputs {
+    float *hq, *hk;
+    gpu_pair qa, ka;
+    dit_tensor q[2], k[2], v[2];
+} attn2_inputs;
+
+static void attn2_inputs_make(const attn2_case *ac, uint64_t seed, attn2_inputs *in)
+{
+    test_rng r = {seed};
+    const int64_t W = 3 * ac->H * ac->D + (ac->pad ? 4 : 0);
+    const int64_t shq[3] = {ac->B, ac->Sq, W}, shk[3] = {ac->B, ac->Skv, W};
+    in->hq = gpu_rand(&r, (size_t)(ac->B * ac->Sq * W), -ac->qscale, ac->qscale, true);
+    in->hk = gpu_rand(&r, (size_t)(ac->B * ac->Skv * W), -1, 1, true);
+    in->qa = gpu_pair_make(CPU, GPU, DIT_BF16, 3, shq, in->hq);
+    in->ka = gpu_pair_make(CPU, GPU, DIT_BF16, 3, shk, in->hk);
+    const dit_tensor *qb[2] = {&in->qa.c, &in->qa.g}, *kb[2] = {&in->ka.c, &in->ka.g};
+    for (int s = 0; s < 2; s++)
+        qkv_views(qb[s], kb[s], ac->H, ac->D, &in->q[s], &in->k[s], &in->v[s]);
+}
+
+static void attn2_inputs_free(attn2_inputs *in)
+{
+    gpu_pair_free(CPU, GPU, &in->qa);
+    gpu_pair_free(CPU, GPU, &in->ka);
+    free(in->hq);
+    free(in->hk);
+}
+
 START_TEST(attention_v2_matches_v1_bitwise)
 {
     const attn2_case *ac = &attn2_cases[_i];
-    test_rng r = {1700 + (uint64_t)_i};
     const int64_t B = ac->B, Sq = ac->Sq, Skv = ac->Skv, H = ac->H, D = ac->D;
-    const int64_t W = 3 * H * D + (ac->pad ? 4 : 0);
-    const int64_t shq[3] = {B, Sq, W}, shk[3] = {B, Skv, W};
     const int64_t sho[3] = {B, Sq, H * D}, shl[3] = {B, H, Sq};
-    float *hq = gpu_rand(&r, (size_t)(B * Sq * W), -ac->qscale, ac->qscale, true);
-    float *hk = gpu_rand(&r, (size_t)(B * Skv * W), -1, 1, true);
-    gpu_pair qa = gpu_pair_make(CPU, GPU, DIT_BF16, 3, shq, hq);
-    gpu_pair ka = gpu_pair_make(CPU, GPU, DIT_BF16, 3, shk, hk);
+    attn2_inputs in;
+    attn2_inputs_make(ac, 1700 + (uint64_t)_i, &in);
     const dit_dtype odt = ac->out_bf16 ? DIT_BF16 : DIT_F32;
     gpu_pair o1 = gpu_pair_make(CPU, GPU, odt, 3, sho, NULL);
     gpu_pair o2 = gpu_pair_make(CPU, GPU, odt, 3, sho, NULL);
     gpu_pair l1 = gpu_pair_make(CPU, GPU, DIT_F32, 3, shl, NULL);
     gpu_pair l2 = gpu_pair_make(CPU, GPU, DIT_F32, 3, shl, NULL);
-    dit_tensor q[2], k[2], v[2], out1[2], out2[2];
-    const dit_tensor *qb[2] = {&qa.c, &qa.g}, *kb[2] = {&ka.c, &ka.g};
+    const dit_tensor *q = in.q, *k = in.k, *v = in.v;
+    dit_tensor out1[2], out2[2];
     const dit_tensor *ob1[2] = {&o1.c, &o1.g}, *ob2[2] = {&o2.c, &o2.g};
     for (int s = 0; s < 2; s++) {
-        qkv_views(qb[s], kb[s], H, D, &q[s], &k[s], &v[s]);
         out1[s] = dit_tensor_split_last(ob1[s], D);
         out2[s] = dit_tensor_split_last(ob2[s], D);
     }
@@ -1248,14 +1265,11 @@ START_TEST(attention_v2_matches_v1_bitwise)
            ldiff, nl);
     ck_assert_uint_eq(diff, 0);
     ck_assert_uint_eq(ldiff, 0);
-    gpu_pair_free(CPU, GPU, &qa);
-    gpu_pair_free(CPU, GPU, &ka);
+    attn2_inputs_free(&in);
     gpu_pair_free(CPU, GPU, &o1);
     gpu_pair_free(CPU, GPU, &o2);
     gpu_pair_free(CPU, GPU, &l1);
     gpu_pair_free(CPU, GPU, &l2);
-    free(hq);
-    free(hk);
 }
 END_TEST
 
@@ -1267,24 +1281,15 @@ END_TEST
 START_TEST(attention_cudnn_matches_cpu)
 {
     const attn2_case *ac = &attn2_cases[_i];
-    test_rng r = {1800 + (uint64_t)_i};
     const int64_t B = ac->B, Sq = ac->Sq, Skv = ac->Skv, H = ac->H, D = ac->D;
-    const int64_t W = 3 * H * D + (ac->pad ? 4 : 0);
-    const int64_t shq[3] = {B, Sq, W}, shk[3] = {B, Skv, W};
     const int64_t sho[3] = {B, Sq, H * D}, shl[3] = {B, H, Sq};
-    float *hq = gpu_rand(&r, (size_t)(B * Sq * W), -ac->qscale, ac->qscale, true);
-    float *hk = gpu_rand(&r, (size_t)(B * Skv * W), -1, 1, true);
-    gpu_pair qa = gpu_pair_make(CPU, GPU, DIT_BF16, 3, shq, hq);
-    gpu_pair ka = gpu_pair_make(CPU, GPU, DIT_BF16, 3, shk, hk);
+    attn2_inputs in;
+    attn2_inputs_make(ac, 1800 + (uint64_t)_i, &in);
     const dit_dtype odt = ac->out_bf16 ? DIT_BF16 : DIT_F32;
     gpu_pair o = gpu_pair_make(CPU, GPU, odt, 3, sho, NULL);
     gpu_pair l = gpu_pair_make(CPU, GPU, DIT_F32, 3, shl, NULL);
-    dit_tensor q[2], k[2], v[2], out[2];
-    const dit_tensor *qb[2] = {&qa.c, &qa.g}, *kb[2] = {&ka.c, &ka.g}, *ob[2] = {&o.c, &o.g};
-    for (int s = 0; s < 2; s++) {
-        qkv_views(qb[s], kb[s], H, D, &q[s], &k[s], &v[s]);
-        out[s] = dit_tensor_split_last(ob[s], D);
-    }
+    const dit_tensor *q = in.q, *k = in.k, *v = in.v;
+    dit_tensor out[2] = {dit_tensor_split_last(&o.c, D), dit_tensor_split_last(&o.g, D)};
     const float scale = 1.0f / sqrtf((float)D);
     GPU_OK(CPU, CPU->ops->attention(CPU, &out[0], &l.c, &q[0], &k[0], &v[0], scale));
     const dit_cuda_attn was = dit_cuda_backend_attn(GPU);
@@ -1305,12 +1310,9 @@ START_TEST(attention_cudnn_matches_cpu)
     const double tol = 4e-3 + (ac->out_bf16 ? 4e-3 : 0);
     ck_assert_int_eq(gpu_compare_views(what, CPU, &o.c, GPU, &o.g, tol, tol), 0);
     ck_assert_int_eq(gpu_compare_views("lse cudnn", CPU, &l.c, GPU, &l.g, 1e-4, 1e-5), 0);
-    gpu_pair_free(CPU, GPU, &qa);
-    gpu_pair_free(CPU, GPU, &ka);
+    attn2_inputs_free(&in);
     gpu_pair_free(CPU, GPU, &o);
     gpu_pair_free(CPU, GPU, &l);
-    free(hq);
-    free(hk);
 }
 END_TEST
 
