@@ -668,6 +668,11 @@ START_TEST(conv2d_matches_reference)
     check_conv(1, 4, 8, 8, 6, 3, 2, 1);
     check_conv(1, 5, 6, 5, 3, 1, 1, 0); /* pointwise path */
     check_conv(1, 2, 5, 5, 2, 3, 1, 0); /* no padding */
+    /* Rows cut on both sides (a kernel wider than the padding; padding
+     * wider than the row), the stride-1 copy's edge cases. */
+    check_conv(1, 2, 4, 3, 2, 5, 1, 1);
+    check_conv(1, 2, 3, 2, 3, 3, 1, 2);
+    check_conv(2, 3, 6, 1, 2, 3, 1, 1);
 }
 END_TEST
 

@@ -63,6 +63,18 @@ dit_status dit_cpu_conv2d(dit_backend *be, const dit_tensor *y, const dit_tensor
                             continue;
                         }
                         const float *src = xb + (c * H + iy) * W;
+                        if (stride == 1) {
+                            /* ix = ox - pad + j: zeros left of the row, a
+                             * copy of its [lo - pad + j, hi - pad + j), zeros
+                             * right of it. */
+                            int64_t lo = pad - j, hi = W + pad - j;
+                            lo = lo < 0 ? 0 : (lo > Wo ? Wo : lo);
+                            hi = hi < lo ? lo : (hi > Wo ? Wo : hi);
+                            memset(d, 0, sizeof(float) * (size_t)lo);
+                            memcpy(d + lo, src + lo - pad + j, sizeof(float) * (size_t)(hi - lo));
+                            memset(d + hi, 0, sizeof(float) * (size_t)(Wo - hi));
+                            continue;
+                        }
                         for (int64_t ox = 0; ox < Wo; ox++) {
                             const int64_t ix = ox * stride - pad + j;
                             d[ox] = ix >= 0 && ix < W ? src[ix] : 0.0f;
