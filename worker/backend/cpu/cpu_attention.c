@@ -112,7 +112,10 @@ static dit_status attention_core(dit_backend *be, const dit_tensor *out, const d
                 }
                 for (int64_t i = 0; i < bq; i++) {
                     float *srow = s_blk + i * bk;
+                    /* The maximum is exact in any order: vectorised, the
+                     * same value (NaN scores are skipped either way). */
                     float mx = m[i];
+#pragma omp simd reduction(max : mx)
                     for (int64_t j = 0; j < bk; j++)
                         mx = srow[j] > mx ? srow[j] : mx;
                     float rowsum = 0.0f;
