@@ -154,7 +154,10 @@ static dit_status wan_check(const dit_pipeline_info *info, const dit_gen_params 
                             mult, WAN_MAX_SIDE);
     const int fs = info->frame_step;
     if (gp->frames < 1 || gp->frames > WAN_MAX_FRAMES || (gp->frames - 1) % fs != 0) {
-        const int lo = gp->frames < 1 ? 1 : 1 + (gp->frames - 1) / fs * fs;
+        /* The valid counts around it, within 1 .. WAN_MAX_FRAMES (so no
+         * sum below can pass INT_MAX whatever the request asked). */
+        const int near = gp->frames > WAN_MAX_FRAMES ? WAN_MAX_FRAMES : gp->frames;
+        const int lo = near < 1 ? 1 : 1 + (near - 1) / fs * fs;
         const int hi = lo + fs > WAN_MAX_FRAMES ? lo : lo + fs;
         return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
                             "num_frames %d: WanPipeline makes %d k + 1 frames (1, %d, %d, ... %d; "
