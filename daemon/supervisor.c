@@ -613,7 +613,9 @@ static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
         return;
     }
     buf->base = (char *)room;
-    buf->len = n;
+    /* The room may be the buffer's whole free end: a peer that has not
+     * joined gets no more than it is allowed. */
+    buf->len = n > max ? max : n;
 }
 
 /* ------------------------------------------------------------------------ */
