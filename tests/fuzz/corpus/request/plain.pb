@@ -1,0 +1,1 @@
+a lighthouse0€8€@Z

@@ -1,0 +1,179 @@
+#!/usr/bin/env python3
+"""Writes the binary seed inputs of the fuzz targets (tests/fuzz/corpus/):
+GenerateRequest messages for fuzz_request and IPC frames for fuzz_join,
+encoded with the real .proto files (protoc makes their descriptor set), so
+the mutations start from messages the daemon reads in practice, and small
+safetensors files for fuzz_safetensors. The text seeds (prompts, log
+fields) are kept as written.
+
+    python3 tests/fuzz/make_seeds.py  # rewrites corpus/{request,join,safetensors}
+
+Needs protoc and python3-protobuf (deploy/install-deps.sh installs both)."""
+
+import json
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+
+
+def messages():
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "all.desc")
+        subprocess.run(["protoc", "-I", os.path.join(ROOT, "proto"), "-I", "/usr/include",
+                        "--include_imports", "--descriptor_set_out=" + out,
+                        "ditserve/v1/generation.proto", "ditserve/ipc/ipc.proto"], check=True)
+        with open(out, "rb") as f:
+            fds = descriptor_pb2.FileDescriptorSet.FromString(f.read())
+    pool = descriptor_pool.DescriptorPool()
+    for fd in fds.file:
+        pool.Add(fd)
+
+    def cls(name):
+        d = pool.FindMessageTypeByName(name)
+        if hasattr(message_factory, "GetMessageClass"):
+            return message_factory.GetMessageClass(d)
+        return message_factory.MessageFactory(pool).GetPrototype(d)
+
+    return cls
+
+
+def write(folder, name, data):
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, name), "wb") as f:
+        f.write(data)
+
+
+def f32_tensor(t, shape):
+    n = 1
+    for s in shape:
+        n *= s
+    t.dtype = 1  # DTYPE_F32
+    t.shape.extend(shape)
+    t.data = struct.pack("<%df" % n, *[((i * 37) % 19 - 9) / 10 for i in range(n)])
+
+
+def request_seeds(cls, folder):
+    Req = cls("ditserve.v1.GenerateRequest")
+
+    r = Req(prompt="a lighthouse", width=256, height=256, num_inference_steps=8)
+    r.seed.value = 1
+    write(folder, "plain.pb", r.SerializeToString())
+
+    r = Req(prompt="a cat", negative_prompt="blurry", width=64, height=48,
+            num_inference_steps=2, request_id="req-1", priority=3, num_images=2,
+            max_sequence_length=32, output_format=2)
+    r.true_cfg_scale.value = 4.0
+    r.guidance_scale.value = 3.5
+    write(folder, "true_cfg.pb", r.SerializeToString())
+
+    # The demo FLUX pipeline: joint_attention_dim 32, pooled_projection_dim 32.
+    r = Req(width=32, height=32, num_inference_steps=1)
+    f32_tensor(r.prompt_embeds, [1, 8, 32])
+    f32_tensor(r.pooled_prompt_embeds, [1, 32])
+    f32_tensor(r.latents, [1, 16, 16])
+    write(folder, "embeds.pb", r.SerializeToString())
+
+    r = Req(prompt="x", model="demo", prompt_2="t5 side", negative_prompt_2="n2")
+    lora = r.loras.add()
+    lora.name = "style_a"
+    lora.scale = 0.8
+    lora = r.loras.add()
+    lora.name = "b.v2-1"
+    lora.scale = -1.5
+    write(folder, "loras.pb", r.SerializeToString())
+
+    # The Wan demo pipeline: frames 4k + 1, text_dim 32.
+    r = Req(prompt="waves", negative_prompt="still", width=64, height=64, num_frames=5, fps=8,
+            num_inference_steps=2, output_format=3)
+    r.guidance_scale.value = 5.0
+    write(folder, "video.pb", r.SerializeToString())
+
+    # Found by fuzz_request: the Wan frame-count message overflowed an int.
+    r = Req(prompt="waves", width=64, height=64, num_frames=(1 << 31) - 1)
+    write(folder, "wan_frames_overflow.pb", r.SerializeToString())
+
+    r = Req(width=-16, height=1 << 30, num_inference_steps=100000, num_images=-1,
+            max_sequence_length=1 << 20, num_frames=-3, fps=-1, priority=-(1 << 31))
+    r.guidance_scale.value = float("nan")
+    r.seed.value = (1 << 64) - 1
+    write(folder, "out_of_range.pb", r.SerializeToString())
+
+
+def frame(env):
+    body = env.SerializeToString()
+    return struct.pack("<I", len(body)) + body
+
+
+def join_seeds(cls, folder):
+    Env = cls("ditserve.ipc.Envelope")
+    e = Env()
+    e.join.protocol = 1
+    e.join.nonce = bytes(range(32))
+    e.join.mac = bytes(range(32, 64))
+    e.join.rank = -1
+    e.join.host_id = "node-7 1b2c3d4e-boot"
+    e.join.pid = 4242
+    good = frame(e)
+    write(folder, "join.bin", good)
+
+    e2 = Env()
+    e2.CopyFrom(e)
+    e2.join.rank = 3
+    e2.join.protocol = 2
+    e2.join.nonce = b"short"
+    write(folder, "join_bad_fields.bin", frame(e2))
+
+    h = Env()
+    h.hello.SetInParent()
+    write(folder, "hello.bin", frame(h))
+    write(folder, "empty_envelope.bin", frame(Env()))
+    write(folder, "two_frames.bin", good + good)
+    write(folder, "huge_length.bin", struct.pack("<I", 0xFFFFFFF0) + good[4:])
+
+
+def safetensors(tensors, metadata=None):
+    """tensors: name -> (dtype, shape, raw bytes), laid out in name order."""
+    header, data = {}, b""
+    for name in sorted(tensors):
+        dtype, shape, raw = tensors[name]
+        header[name] = {"dtype": dtype, "shape": shape,
+                        "data_offsets": [len(data), len(data) + len(raw)]}
+        data += raw
+    if metadata:
+        header["__metadata__"] = metadata
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # the data 8-byte aligned, as writers pad it
+    return struct.pack("<Q", len(text)) + text + data
+
+
+def safetensors_seeds(folder):
+    f32 = lambda *v: struct.pack("<%df" % len(v), *v)
+    write(folder, "f32.safetensors", safetensors({"w": ("F32", [2, 3], f32(1, -2, 3.5, 0, 1e-3, 7))}))
+    write(folder, "mixed.safetensors", safetensors({
+        "a.weight": ("BF16", [2, 2], bytes([0x80, 0x3f, 0x00, 0xc0, 0x49, 0x40, 0x00, 0x00])),
+        "a.bias": ("F16", [3], bytes([0x00, 0x3c, 0x00, 0xbc, 0x00, 0x7c])),
+        "b.weight": ("F8_E4M3", [2, 4], bytes([0x38, 0xb8, 0x7e, 0x00, 0x01, 0x40, 0x7f, 0xff])),
+        "b.weight_scale": ("F32", [], f32(0.25)),
+        "empty": ("F32", [0, 5], b""),
+    }, {"format": "pt", "lora_alpha": "8"}))
+    write(folder, "scalar_only.safetensors", safetensors({"s": ("F32", [1, 1], f32(2.0))}))
+    write(folder, "empty_header.safetensors", safetensors({}))
+
+
+def main():
+    safetensors_seeds(os.path.join(HERE, "corpus", "safetensors"))
+    cls = messages()
+    request_seeds(cls, os.path.join(HERE, "corpus", "request"))
+    join_seeds(cls, os.path.join(HERE, "corpus", "join"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
