@@ -9,19 +9,21 @@ or the mistake did, over loopback.
 import json
 import math
 import os
+import random
 import re
 import socket
 import struct
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 
 import grpc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ditapi  # noqa: E402
-from daemon import alive, Daemon, DEMO, env_path, run_cases  # noqa: E402
+from daemon import alive, children_of, Daemon, DEMO, env_path, run_cases  # noqa: E402
 
 SMALL = dict(prompt="a red fox in the snow", width=64, height=64, num_inference_steps=2)
 LONG = dict(prompt="a very long job", width=512, height=512, num_inference_steps=1000)
@@ -539,6 +541,194 @@ def metrics_idle():
     finally:
         for s in socks:
             s.close()
+        d.close()
+
+
+# Values a hostile client tries in every field: boundaries, wrong signs,
+# overflow, non-finite numbers, long and odd strings.
+FUZZ_INTS = [0, 1, -1, 2, 16, 17, 48, 64, 65, 128, 129, 1000, 1001, 4096, 2**31 - 1, -2**31]
+FUZZ_FLOATS = [0.0, 1.0, -1.0, 1.5, 3.5, 100.0, 101.0, math.nan, math.inf, -math.inf, 1e30, 1e-45]
+FUZZ_STRINGS = ["", "demo", "style_a", "../../etc/passwd", "x" * 129, "x" * 70000, "caf\u00e9",
+                "a\u2028b", "\u65e5\u672c", "%s%n", "\"}", "a\\b", "\x01\x7f", "\ud7ff\ue000"]
+# Codes a bad request may get; UNKNOWN, INTERNAL, UNAVAILABLE and the like
+# would be the daemon failing.
+FUZZ_GRPC_OK = {"OK", "INVALID_ARGUMENT", "NOT_FOUND", "OUT_OF_RANGE", "RESOURCE_EXHAUSTED",
+                "FAILED_PRECONDITION", "DEADLINE_EXCEEDED"}
+
+
+def fuzz_grpc_request(api, rng):
+    """A GenerateRequest from SMALL with one to four fields set to values
+    from the pools above (tensors with random dtypes, shapes and lengths)."""
+    r = api.request(seed=rng.randrange(2**64), **SMALL)
+    fields = ["model", "prompt", "prompt_2", "negative_prompt", "negative_prompt_2", "width",
+              "height", "num_inference_steps", "guidance_scale", "true_cfg_scale", "seed",
+              "output_format", "priority", "request_id", "max_sequence_length", "prompt_embeds",
+              "pooled_prompt_embeds", "negative_prompt_embeds", "latents", "num_frames", "fps",
+              "loras", "num_images"]
+    for name in rng.sample(fields, rng.randint(1, 4)):
+        f = r.DESCRIPTOR.fields_by_name[name]
+        if name in ("guidance_scale", "true_cfg_scale"):
+            getattr(r, name).value = rng.choice(FUZZ_FLOATS)
+        elif name == "seed":
+            getattr(r, name).value = rng.choice([0, 1, 2**64 - 1, 2**63])
+        elif name == "loras":
+            for _ in range(rng.randint(0, 10)):
+                u = r.loras.add()
+                u.name = rng.choice(FUZZ_STRINGS)
+                u.scale = rng.choice(FUZZ_FLOATS)
+        elif f.message_type is not None:  # a Tensor
+            t = getattr(r, name)
+            t.dtype = rng.randint(0, 5)
+            t.shape.extend(rng.choice(FUZZ_INTS + [32, 8, 256]) for _ in range(rng.randint(0, 5)))
+            t.data = bytes(rng.getrandbits(8) for _ in range(rng.choice([0, 4, 128, 1024, 2048])))
+        elif f.type == f.TYPE_STRING:
+            setattr(r, name, rng.choice(FUZZ_STRINGS))
+        elif f.type == f.TYPE_ENUM:
+            setattr(r, name, rng.randint(-1, 5))
+        else:
+            setattr(r, name, rng.choice(FUZZ_INTS))
+    return r
+
+
+def fuzz_bytes(data, rng):
+    """data with a few bytes flipped, cut or repeated."""
+    b = bytearray(data)
+    for _ in range(rng.randint(1, 4)):
+        op = rng.randrange(3)
+        if op == 0 and b:
+            b[rng.randrange(len(b))] ^= 1 << rng.randrange(8)
+        elif op == 1 and b:
+            del b[rng.randrange(len(b)):]
+        elif b:
+            i = rng.randrange(len(b))
+            b[i:i] = b[i:i + rng.randint(1, 8)]
+    return bytes(b)
+
+
+FUZZ_JSON_VALUES = [None, True, False, 0, 1, -1, 2, 1.5, 2**53 + 1, 1e300, "", "auto", "64x64",
+                    "0x0", "-64x64", "64x64x64", "99999999999x1", "b64_json", "url", "png", "x" * 5000,
+                    [], [1, 2], {}, {"name": "style_a", "scale": 1}, [{"name": "../x"}],
+                    [{"name": "style_a", "scale": "1"}], "\u00e9", "\ud7ff"]
+FUZZ_HTTP_KEYS = ["model", "prompt", "negative_prompt", "n", "size", "response_format",
+                  "output_format", "stream", "partial_images", "user", "seed",
+                  "num_inference_steps", "guidance_scale", "true_cfg_scale", "priority", "loras",
+                  "seconds", "fps", "num_frames", "quality", "x" * 300]
+
+
+def fuzz_http_request(rng):
+    """(method, path, headers, body bytes): mostly generation requests with
+    fields of the wrong type or out of range, some broken as bytes, some on
+    other methods and paths, with other content types."""
+    body = {"prompt": "a red fox", "size": "64x64", "num_inference_steps": 2,
+            "response_format": "b64_json", "seed": rng.randrange(1000)}
+    for key in rng.sample(FUZZ_HTTP_KEYS, rng.randint(0, 3)):
+        body[key] = rng.choice(FUZZ_JSON_VALUES)
+    raw = json.dumps(body).encode()
+    kind = rng.randrange(10)
+    if kind == 0:
+        raw = fuzz_bytes(raw, rng)
+    elif kind == 1:  # invalid UTF-8 or a NUL inside a string
+        i = raw.find(b'"', 2) + 1  # inside the first key or string
+        raw = raw[:i] + rng.choice([b"\xff", b"\xc0\xaf", b"\xed\xa0\x80", b"\\u0000", b"\x00"]) + raw[i:]
+    elif kind == 2:  # deep nesting
+        depth = rng.choice([100, 10000])
+        raw = b'{"prompt": ' + b"[" * depth + b"]" * depth + b"}"
+    method, path = "POST", "/v1/images/generations"
+    if rng.randrange(8) == 0:
+        method = rng.choice(["GET", "PUT", "DELETE", "PATCH", "OPTIONS", "HEAD", "BREW"])
+    if rng.randrange(8) == 0:
+        path = rng.choice(["/v1/models", "/v1/models/%00", "/v1/videos", "/v1/videos/../../etc",
+                           "/v1/videos?limit=-1&after=%ff", "/v1/videos/video_x/content",
+                           "/health", "/%ff%fe", "/v1/images/generations?x=" + "a" * 6000,
+                           "/metrics", "//v1//images/generations"])
+    ctype = rng.choice(["application/json"] * 6 + [
+        "text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=zz",
+        "application/json; charset=latin1", None])
+    headers = {"Content-Type": ctype} if ctype else {}
+    return method, path, headers, raw
+
+
+def http_raw(url, method, path, headers, body, timeout):
+    """One request on its own connection; the status, or None when the
+    daemon closed without answering, or "timeout"."""
+    u = urllib.parse.urlsplit(url)
+    s = socket.create_connection((u.hostname, u.port), timeout=timeout)
+    try:
+        head = f"{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+        for k, v in headers.items():
+            head += f"{k}: {v}\r\n"
+        head += f"Content-Length: {len(body)}\r\n\r\n"
+        s.sendall(head.encode("latin-1") + body)
+        data = b""
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    except socket.timeout:
+        return "timeout", b""
+    finally:
+        s.close()
+    if not data.startswith(b"HTTP/1."):
+        return None, data
+    head, _, rest = data.partition(b"\r\n\r\n")
+    return int(head.split()[1]), (head, rest)
+
+
+@case
+def fuzz_api():
+    """Hostile requests in bulk, from a fixed seed (so a failure repeats):
+    400 GenerateRequests with fields set to boundary, random and wrong
+    values, 100 byte-mutated ones, and 400 HTTP requests (fields of the
+    wrong type, broken JSON, invalid UTF-8, deep nesting, other methods,
+    paths and content types). Each gets an answer: a gRPC status a bad
+    request may get, with details; an HTTP status below 500 (or 503 when
+    the queue is full), with an OpenAI-shaped JSON error for 4xx. The
+    workers never restart, and the same request gives the same image before
+    and after."""
+    d = Daemon("--http-listen", "127.0.0.1:0", "--max-pixels", str(128 * 128), "--max-queue", "64")
+    try:
+        api = d.api
+        rng = random.Random(20261201)
+        probe = dict(seed=5, **SMALL)
+        _, before, _ = d.generate(timeout=60, **probe)
+        codes = {}
+        base = api.request(seed=1, **SMALL).SerializeToString()
+        for i in range(500):
+            payload = (fuzz_grpc_request(api, rng).SerializeToString() if i < 400
+                       else fuzz_bytes(base, rng))
+            try:
+                list(d.channel.unary_stream("/ditserve.v1.Generation/Generate")(payload, timeout=10))
+                code, details = "OK", ""
+            except grpc.RpcError as e:
+                code, details = e.code().name, e.details() or ""
+            assert code in FUZZ_GRPC_OK, f"request {i} ({payload[:200]!r}): {code} {details!r}"
+            assert code in ("OK", "DEADLINE_EXCEEDED") or details, f"request {i}: {code} without details"
+            codes[code] = codes.get(code, 0) + 1
+        statuses = {}
+        for i in range(400):
+            method, path, headers, body = fuzz_http_request(rng)
+            status, got = http_raw(d.http_url, method, path, headers, body, timeout=30)
+            what = f"HTTP request {i}: {method} {path[:80]} {headers} {body[:200]!r}"
+            assert status not in (None, "timeout"), f"{what}: no answer ({got!r:.200})"
+            assert status < 500 or status == 503, f"{what}: {status} {got!r:.300}"
+            if 400 <= status < 500 and method != "HEAD":
+                hdr, rest = got
+                assert b"application/json" in hdr.lower(), f"{what}: {hdr!r}"
+                err = json.loads(rest)["error"]
+                assert err["message"] and err["type"] and err["code"], f"{what}: {err}"
+            statuses[status] = statuses.get(status, 0) + 1
+        print("gRPC codes:", dict(sorted(codes.items())), "HTTP statuses:", dict(sorted(statuses.items())))
+        # Most were refused, some ran: the pools reach both sides.
+        assert codes.get("INVALID_ARGUMENT", 0) > 100 and codes.get("OK", 0) > 20, codes
+        assert statuses.get(400, 0) > 100 and statuses.get(200, 0) > 20, statuses
+        d.wait_idle(60)
+        assert children_of(d.proc.pid) == d.workers, "a worker was restarted"
+        _, after, _ = d.generate(timeout=60, **probe)
+        assert after == before, "the same request gave another image after the fuzzing"
+        d.stop()
+        no_sanitizer_reports(d)
+    finally:
         d.close()
 
 
