@@ -10,6 +10,7 @@ fields) are kept as written.
 
 Needs protoc and python3-protobuf (deploy/install-deps.sh installs both)."""
 
+import base64
 import json
 import os
 import struct
@@ -167,7 +168,29 @@ def safetensors_seeds(folder):
     write(folder, "empty_header.safetensors", safetensors({}))
 
 
+def tokenizer_seeds(folder):
+    """fuzz_tokenizer's modes: 0 a raw charsmap, 1 a T5 tokenizer.json, 2 a
+    CLIP one, from the fixtures."""
+    data = os.path.join(ROOT, "tests", "data")
+    with open(os.path.join(data, "tokenizers", "t5", "tokenizer.json"), "rb") as f:
+        t5 = json.load(f)
+    write(folder, "t5_charsmap.bin",
+          b"\x00" + base64.b64decode(t5["normalizer"]["precompiled_charsmap"]))
+    # A trie of one unit, and a size that does not fit.
+    write(folder, "t5_charsmap_tiny.bin", b"\x00" + struct.pack("<II", 4, 0) + b"a\x00")
+    write(folder, "t5_charsmap_bad_size.bin", b"\x00" + struct.pack("<II", 4096, 0))
+    small = dict(t5)
+    small["normalizer"] = {"type": "Sequence", "normalizers": [
+        {"type": "Replace", "pattern": {"String": "  "}, "content": " "}, {"type": "Strip",
+                                                                        "strip_left": True,
+                                                                        "strip_right": True}]}
+    write(folder, "t5_replace_strip.bin", b"\x01" + json.dumps(small).encode())
+    with open(os.path.join(data, "demo", "tokenizer", "tokenizer.json"), "rb") as f:
+        write(folder, "clip.bin", b"\x02" + f.read())
+
+
 def main():
+    tokenizer_seeds(os.path.join(HERE, "corpus", "tokenizer"))
     safetensors_seeds(os.path.join(HERE, "corpus", "safetensors"))
     cls = messages()
     request_seeds(cls, os.path.join(HERE, "corpus", "request"))
