@@ -16,6 +16,7 @@
 #ifndef DIT_TESTS_FUZZ_H
 #define DIT_TESTS_FUZZ_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -40,6 +41,12 @@ typedef struct dit_fuzz_target {
 
 /* Every target source defines this one constant. */
 extern const dit_fuzz_target dit_fuzz_target_def;
+
+/* A scratch file (dir false) or folder under $TMPDIR (else /tmp), named
+ * fuzz-STEM-XXXXXX, its path written to path (cap bytes, 256 is enough):
+ * the file's descriptor (0 for a folder), or -1 after printing why. The
+ * target removes it in its teardown. */
+int dit_fuzz_scratch(char *path, size_t cap, const char *stem, bool dir);
 
 #define DIT_FUZZ_FAIL(...)                                                                         \
     do {                                                                                           \

@@ -23,7 +23,7 @@
 #define OUT_MAX 65536
 
 typedef struct log_ctx {
-    char path[64];
+    char path[256];
     int fd;
     char out[OUT_MAX + 1];
 } log_ctx;
@@ -44,11 +44,8 @@ static void *setup(const char *root)
     log_ctx *c = calloc(1, sizeof *c);
     if (!c)
         return NULL;
-    const char *tmp = getenv("TMPDIR");
-    snprintf(c->path, sizeof c->path, "%.40s/fuzz-log-XXXXXX", tmp && *tmp ? tmp : "/tmp");
-    c->fd = mkstemp(c->path);
+    c->fd = dit_fuzz_scratch(c->path, sizeof c->path, "log", false);
     if (c->fd < 0) {
-        perror("fuzz_log: mkstemp");
         free(c);
         return NULL;
     }

@@ -17,7 +17,7 @@
 #include "loader/safetensors.h"
 
 typedef struct st_ctx {
-    char path[64];
+    char path[256];
     int fd;
     float *buf;
     size_t buf_cap;
@@ -40,11 +40,8 @@ static void *setup(const char *root)
     st_ctx *c = calloc(1, sizeof *c);
     if (!c)
         return NULL;
-    const char *tmp = getenv("TMPDIR");
-    snprintf(c->path, sizeof c->path, "%.40s/fuzz-st-XXXXXX", tmp && *tmp ? tmp : "/tmp");
-    c->fd = mkstemp(c->path);
+    c->fd = dit_fuzz_scratch(c->path, sizeof c->path, "st", false);
     if (c->fd < 0) {
-        perror("fuzz_safetensors: mkstemp");
         free(c);
         return NULL;
     }

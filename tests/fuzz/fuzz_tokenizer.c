@@ -27,7 +27,7 @@
 #define ROW 24
 
 typedef struct tok_ctx {
-    char dir[64], json_path[96], config_path[96];
+    char dir[256], json_path[300], config_path[300];
     cJSON *t5_template; /* the fixture's tokenizer.json */
     char *config;       /* the fixture's tokenizer_config.json */
     size_t config_len;
@@ -96,9 +96,7 @@ static void *setup(const char *root)
     free(text);
     snprintf(path, sizeof path, "%s/tests/data/tokenizers/t5/tokenizer_config.json", root);
     c->config = read_all(path, &c->config_len);
-    const char *tmp = getenv("TMPDIR");
-    snprintf(c->dir, sizeof c->dir, "%.40s/fuzz-tok-XXXXXX", tmp && *tmp ? tmp : "/tmp");
-    if (!c->t5_template || !c->config || !mkdtemp(c->dir)) {
+    if (!c->t5_template || !c->config || dit_fuzz_scratch(c->dir, sizeof c->dir, "tok", true) < 0) {
         fprintf(stderr, "fuzz_tokenizer: cannot read the fixtures under %s or make a folder\n",
                 root);
         cJSON_Delete(c->t5_template);
