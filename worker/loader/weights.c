@@ -146,6 +146,24 @@ cleanup:
 /* ------------------------------------------------------------------------ */
 /* Sliced loading                                                            */
 
+dit_status dit_weight_check_blocks(const dit_st_set *set, const char *prefix, int n,
+                                   const char *key, const char *dir, dit_diag *diag)
+{
+    if (n <= 0)
+        return DIT_OK;
+    char want[160];
+    const int len = snprintf(want, sizeof want, "%s.%d.", prefix, n - 1);
+    if (len <= 0 || (size_t)len >= sizeof want)
+        return dit_diag_set(diag, DIT_ERR_INVALID_ARG, "block prefix '%s' too long", prefix);
+    for (size_t i = 0, count = dit_st_set_count(set); i < count; i++)
+        if (strncmp(dit_st_set_at(set, i)->name, want, (size_t)len) == 0)
+            return DIT_OK;
+    return dit_diag_set(diag, DIT_ERR_FORMAT,
+                        "%s: config.json has %s %d, but the checkpoint has no tensor '%s*' "
+                        "(does config.json belong to these weights?)",
+                        dir, key, n, want);
+}
+
 void dit_weight_plan_init(dit_weight_plan *p, dit_dtype mat_dtype)
 {
     memset(p, 0, sizeof *p);
@@ -156,6 +174,7 @@ void dit_weight_plan_free(dit_weight_plan *p)
 {
     free(p->items);
     free(p->tensors);
+    dit_weight_plan_init(p, p->mat_dtype); /* empty again: a second free is harmless */
 }
 
 /* Reserves space for a destination tensor; its data pointer holds the byte

@@ -84,6 +84,7 @@ typedef struct dit_weight_plan {
 
 /* Empty plan; matrices are reserved in `mat_dtype`. */
 void dit_weight_plan_init(dit_weight_plan *p, dit_dtype mat_dtype);
+/* Frees what the plan holds and leaves it empty. */
 void dit_weight_plan_free(dit_weight_plan *p);
 
 /* Reserves a destination tensor (1 or 2 dims); its data pointer holds the
@@ -102,6 +103,14 @@ void dit_weight_plan_vector(dit_weight_plan *p, dit_tensor *dst, const char *nam
 
 /* Points every reserved tensor into `base` (p->bytes bytes). */
 void dit_weight_plan_place(dit_weight_plan *p, void *base);
+
+/* Whether `set` holds block n - 1 of a stack of n blocks named
+ * "<prefix>.<i>." (n from config.json's `key`): DIT_ERR_FORMAT naming both
+ * otherwise. Checked before a plan is built, so that a config asking for
+ * more blocks than its checkpoint holds is refused at once instead of
+ * planning (and reserving) weights the file cannot have. */
+dit_status dit_weight_check_blocks(const dit_st_set *set, const char *prefix, int n,
+                                   const char *key, const char *dir, dit_diag *diag);
 
 /* Loads every piece from `set` (`dir` and `model_class` for messages). */
 dit_status dit_weight_plan_load(dit_weight_plan *p, dit_backend *be, const dit_st_set *set,

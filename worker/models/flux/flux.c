@@ -213,8 +213,7 @@ static dit_status flux_alloc(dit_backend *be, const dit_flux_config *cfg,
     if (st != DIT_OK) {
         st = dit_diag_set(diag, st, "flux: cannot allocate %.1f MiB of weights",
                           (double)plan->bytes / 1048576.0);
-        dit_flux_destroy(m);
-        dit_weight_plan_free(plan);
+        dit_flux_destroy(m); /* the plan is the caller's to free */
         return st;
     }
     m->weight_bytes = plan->bytes;
@@ -237,6 +236,10 @@ dit_status dit_flux_load(dit_backend *be, const char *dir, const dit_flux_shard 
     snprintf(path, sizeof path, "%s/config.json", dir);
     DIT_CHECK(dit_flux_config_load(path, &cfg, diag));
     DIT_CHECK(dit_st_set_open_dir(dir, "diffusion_pytorch_model", &set, diag));
+    DIT_CHECK(dit_weight_check_blocks(set, "transformer_blocks", cfg.num_layers, "num_layers", dir,
+                                      diag));
+    DIT_CHECK(dit_weight_check_blocks(set, "single_transformer_blocks", cfg.num_single_layers,
+                                      "num_single_layers", dir, diag));
     DIT_CHECK(flux_alloc(be, &cfg, shard, &m, &plan, diag));
     DIT_CHECK(dit_weight_plan_load(&plan, be, set, dir, "FluxTransformer2DModel", diag));
     *out = m;

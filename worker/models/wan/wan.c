@@ -136,6 +136,7 @@ dit_status dit_wan_load(dit_backend *be, const char *dir, const dit_shard *shard
         goto cleanup;
     }
     DIT_CHECK(dit_st_set_open_dir(dir, "diffusion_pytorch_model", &set, diag));
+    DIT_CHECK(dit_weight_check_blocks(set, "blocks", cfg.num_layers, "num_layers", dir, diag));
     m = calloc(1, sizeof *m);
     if (!m) {
         st = dit_diag_set(diag, DIT_ERR_NOMEM, "wan: out of memory");
