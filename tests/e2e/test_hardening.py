@@ -698,7 +698,7 @@ def fuzz_api():
             payload = (fuzz_grpc_request(api, rng).SerializeToString() if i < 400
                        else fuzz_bytes(base, rng))
             try:
-                list(d.channel.unary_stream("/ditserve.v1.Generation/Generate")(payload, timeout=10))
+                list(d.channel.unary_stream("/ditserve.v1.Generation/Generate")(payload, timeout=3))
                 code, details = "OK", ""
             except grpc.RpcError as e:
                 code, details = e.code().name, e.details() or ""

@@ -189,7 +189,33 @@ def tokenizer_seeds(folder):
         write(folder, "clip.bin", b"\x02" + f.read())
 
 
+def config_seeds(folder):
+    """fuzz_config: 0 + a config for the demo FLUX weights, 1 + one for the
+    demo Wan weights; the real ones, and variants that keep the weights'
+    shapes (heads x head_dim) or break the rules between fields."""
+    data = os.path.join(ROOT, "tests", "data")
+    with open(os.path.join(data, "demo", "transformer", "config.json")) as f:
+        flux = json.load(f)
+    with open(os.path.join(data, "wan_demo", "transformer", "config.json")) as f:
+        wan = json.load(f)
+    write(folder, "flux.bin", b"\x00" + json.dumps(flux).encode())
+    write(folder, "wan.bin", b"\x01" + json.dumps(wan).encode())
+    swapped = dict(flux, num_attention_heads=4, attention_head_dim=8, axes_dims_rope=[2, 3, 3])
+    write(folder, "flux_heads_swapped.bin", b"\x00" + json.dumps(swapped).encode())
+    huge = dict(flux, num_attention_heads=1 << 20, attention_head_dim=1 << 20,
+                axes_dims_rope=[1 << 20, 1 << 20, 1 << 20])
+    write(folder, "flux_huge.bin", b"\x00" + json.dumps(huge).encode())
+    # Weights that cannot be allocated (65536 heads of 16: inner width 2^20,
+    # the largest config.json may ask for): the error path of
+    # flux_alloc, which freed the plan twice.
+    write(folder, "flux_weights_too_large.bin", b"\x00" + json.dumps(
+        dict(flux, num_attention_heads=1 << 16)).encode())
+    write(folder, "wan_swapped.bin", b"\x01" + json.dumps(
+        dict(wan, num_attention_heads=1, attention_head_dim=32, patch_size=[1, 1, 4])).encode())
+
+
 def main():
+    config_seeds(os.path.join(HERE, "corpus", "config"))
     tokenizer_seeds(os.path.join(HERE, "corpus", "tokenizer"))
     safetensors_seeds(os.path.join(HERE, "corpus", "safetensors"))
     cls = messages()
