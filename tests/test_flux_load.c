@@ -176,6 +176,51 @@ START_TEST(config_that_disagrees_with_weights)
 }
 END_TEST
 
+/* A config that describes a far larger model than its checkpoint (87381
+ * heads of 12: an inner width just under config.json's limit of 2^20,
+ * terabytes of weights) is refused for the checkpoint's shapes, before any
+ * of that memory is asked for. */
+START_TEST(wide_config_is_refused_before_allocating)
+{
+    char p[1100];
+    snprintf(p, sizeof p, "%s/config.json", src_dir);
+    char *text = read_text(p);
+    char *at = strstr(text, "\"num_attention_heads\": 2,");
+    ck_assert_ptr_nonnull(at);
+    char edited[4096];
+    snprintf(edited, sizeof edited, "%.*s\"num_attention_heads\": 87381,%s", (int)(at - text), text,
+             at + strlen("\"num_attention_heads\": 2,"));
+    free(text);
+    write_file("config.json", edited);
+    write_weights(EDIT_NONE, "");
+    expect_error(DIT_ERR_FORMAT, "has shape", "config.json implies");
+}
+END_TEST
+
+/* Weights that cannot be allocated are an error with a message (the plan
+ * was freed twice on this path once). */
+START_TEST(weights_too_large_are_reported)
+{
+    dit_flux_config cfg = {.patch_size = 1,
+                           .in_channels = 8,
+                           .out_channels = 8,
+                           .num_layers = 1,
+                           .num_single_layers = 1,
+                           .attention_head_dim = 12,
+                           .num_attention_heads = 87381,
+                           .joint_attention_dim = 16,
+                           .pooled_projection_dim = 12,
+                           .n_axes = 3,
+                           .axes_dims_rope = {4, 4, 4}};
+    dit_diag diag;
+    dit_diag_clear(&diag);
+    dit_flux *m = NULL;
+    ck_assert_int_eq(dit_flux_create_random(be, &cfg, NULL, 1, &m, &diag), DIT_ERR_NOMEM);
+    ck_assert_ptr_null(m);
+    ck_assert_ptr_nonnull(strstr(diag.msg, "cannot allocate"));
+}
+END_TEST
+
 START_TEST(bad_configs)
 {
     write_weights(EDIT_NONE, "");
@@ -228,6 +273,8 @@ int main(void)
     tcase_add_test(tc, unexpected_tensor_is_named);
     tcase_add_test(tc, wrong_shape_is_named);
     tcase_add_test(tc, config_that_disagrees_with_weights);
+    tcase_add_test(tc, wide_config_is_refused_before_allocating);
+    tcase_add_test(tc, weights_too_large_are_reported);
     tcase_add_test(tc, bad_configs);
     tcase_add_test(tc, missing_folder_names_the_path);
     tcase_add_test(tc, tensor_parallel_degree_must_divide_heads);

@@ -276,8 +276,9 @@ static void shape_str(const int64_t *s, int ndim, char *buf, size_t cap)
         snprintf(buf, cap, "(%lld, %lld)", (long long)s[0], (long long)s[1]);
 }
 
-dit_status dit_weight_plan_load(dit_weight_plan *p, dit_backend *be, const dit_st_set *set,
-                                const char *dir, const char *model_class, dit_diag *diag)
+/* Every piece against set, uploaded through be (NULL: checked only). */
+static dit_status plan_walk(const dit_weight_plan *p, dit_backend *be, const dit_st_set *set,
+                            const char *dir, const char *model_class, dit_diag *diag)
 {
     if (p->bad)
         return dit_diag_set(diag, DIT_ERR_INTERNAL, "%s: %s", dir, p->bad_msg);
@@ -311,7 +312,7 @@ dit_status dit_weight_plan_load(dit_weight_plan *p, dit_backend *be, const dit_s
                               w->name, got, want);
             goto cleanup;
         }
-        if (!w->dst)
+        if (!be || !w->dst)
             continue;
         dit_tensor src = piece_src(w, &view);
         dit_tensor dst = piece_dst(w);
@@ -343,6 +344,18 @@ dit_status dit_weight_plan_load(dit_weight_plan *p, dit_backend *be, const dit_s
 cleanup:
     free(used);
     return st;
+}
+
+dit_status dit_weight_plan_check(const dit_weight_plan *p, const dit_st_set *set, const char *dir,
+                                 const char *model_class, dit_diag *diag)
+{
+    return plan_walk(p, NULL, set, dir, model_class, diag);
+}
+
+dit_status dit_weight_plan_load(dit_weight_plan *p, dit_backend *be, const dit_st_set *set,
+                                const char *dir, const char *model_class, dit_diag *diag)
+{
+    return plan_walk(p, be, set, dir, model_class, diag);
 }
 
 /* splitmix64: a tiny, well-mixed generator for reproducible random weights. */

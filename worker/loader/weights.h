@@ -112,6 +112,14 @@ void dit_weight_plan_place(dit_weight_plan *p, void *base);
 dit_status dit_weight_check_blocks(const dit_st_set *set, const char *prefix, int n,
                                    const char *key, const char *dir, dit_diag *diag);
 
+/* Checks the plan against `set` as dit_weight_plan_load does (every piece
+ * present with its shape, no tensor the plan does not read), touching no
+ * destination: called before the weights are allocated, so that a config
+ * that disagrees with its checkpoint is refused for that, whatever size of
+ * model it describes, instead of first reserving that model's memory. */
+dit_status dit_weight_plan_check(const dit_weight_plan *p, const dit_st_set *set, const char *dir,
+                                 const char *model_class, dit_diag *diag);
+
 /* Loads every piece from `set` (`dir` and `model_class` for messages). */
 dit_status dit_weight_plan_load(dit_weight_plan *p, dit_backend *be, const dit_st_set *set,
                                 const char *dir, const char *model_class, dit_diag *diag);

@@ -174,9 +174,11 @@ static dit_status plan_build(dit_weight_plan *p, dit_flux *m)
     return p->oom ? DIT_ERR_NOMEM : DIT_OK;
 }
 
+/* The model object and its weights' memory, planned from cfg; with a
+ * checkpoint (`set`, from `dir`), the plan is checked against it first. */
 static dit_status flux_alloc(dit_backend *be, const dit_flux_config *cfg,
-                             const dit_flux_shard *shard, dit_flux **out, dit_weight_plan *plan,
-                             dit_diag *diag)
+                             const dit_flux_shard *shard, const dit_st_set *set, const char *dir,
+                             dit_flux **out, dit_weight_plan *plan, dit_diag *diag)
 {
     dit_flux_shard sh = shard ? *shard : (dit_flux_shard){.tp_degree = 1, .tp_rank = 0};
     if (sh.tp_degree < 1 || sh.tp_rank < 0 || sh.tp_rank >= sh.tp_degree)
@@ -208,12 +210,19 @@ static dit_status flux_alloc(dit_backend *be, const dit_flux_config *cfg,
                                        : DIT_ERR_NOMEM;
     if (st == DIT_OK)
         st = plan_build(plan, m);
+    if (st == DIT_OK && set) {
+        st = dit_weight_plan_check(plan, set, dir, "FluxTransformer2DModel", diag);
+        if (st != DIT_OK) {
+            dit_flux_destroy(m); /* the plan is the caller's to free */
+            return st;
+        }
+    }
     if (st == DIT_OK)
         st = dit_backend_alloc(be, plan->bytes, &m->weights);
     if (st != DIT_OK) {
         st = dit_diag_set(diag, st, "flux: cannot allocate %.1f MiB of weights",
                           (double)plan->bytes / 1048576.0);
-        dit_flux_destroy(m); /* the plan is the caller's to free */
+        dit_flux_destroy(m);
         return st;
     }
     m->weight_bytes = plan->bytes;
@@ -240,7 +249,7 @@ dit_status dit_flux_load(dit_backend *be, const char *dir, const dit_flux_shard 
                                       diag));
     DIT_CHECK(dit_weight_check_blocks(set, "single_transformer_blocks", cfg.num_single_layers,
                                       "num_single_layers", dir, diag));
-    DIT_CHECK(flux_alloc(be, &cfg, shard, &m, &plan, diag));
+    DIT_CHECK(flux_alloc(be, &cfg, shard, set, dir, &m, &plan, diag));
     DIT_CHECK(dit_weight_plan_load(&plan, be, set, dir, "FluxTransformer2DModel", diag));
     *out = m;
     m = NULL;
@@ -261,7 +270,7 @@ dit_status dit_flux_create_random(dit_backend *be, const dit_flux_config *cfg_in
     memset(&plan, 0, sizeof plan);
     dit_status st;
     DIT_CHECK(dit_flux_config_finish(&cfg, "random model config", diag));
-    DIT_CHECK(flux_alloc(be, &cfg, shard, &m, &plan, diag));
+    DIT_CHECK(flux_alloc(be, &cfg, shard, NULL, NULL, &m, &plan, diag));
     DIT_CHECK(dit_weight_plan_randomize(&plan, be, seed, diag));
     *out = m;
     m = NULL;

@@ -154,6 +154,7 @@ dit_status dit_wan_load(dit_backend *be, const char *dir, const dit_shard *shard
     dit_weight_plan_init(&plan, be->ops->weight_dtype);
     DIT_CHECK(dit_lora_sites_create(NULL, &m->lora, diag));
     DIT_CHECK(plan_build(&plan, m));
+    DIT_CHECK(dit_weight_plan_check(&plan, set, dir, "WanTransformer3DModel", diag));
     st = dit_backend_alloc(be, plan.bytes, &m->weights);
     if (st != DIT_OK) {
         st = dit_diag_set(diag, st, "wan: cannot allocate %.1f MiB of weights",
