@@ -131,15 +131,20 @@ static void launch_attention(dit_cuda_backend *cb, bool fast, int qpw, int64_t B
 {
     const int64_t per = fast ? FA_BQ : GEN_WARPS * qpw;
     const dim3 grid((unsigned)((a.Sq + per - 1) / per), (unsigned)a.H, (unsigned)B);
-    if (fast && a.D == 64)
-        k_flash_mma<64, TI, TO><<<grid, FA_WARPS * 32, fa_smem<64>::BYTES, cb->stream>>>(a);
-    else if (fast)
-        k_flash_mma<128, TI, TO><<<grid, FA_WARPS * 32, fa_smem<128>::BYTES, cb->stream>>>(a);
-    else if (qpw == GEN_QPW_WIDE)
-        k_attn_generic<GEN_QPW_WIDE, TI, TO>
-            <<<grid, GEN_WARPS * 32, gen_smem_bytes(a.D, GEN_QPW_WIDE), cb->stream>>>(a);
-    else
-        k_attn_generic<1, TI, TO><<<grid, GEN_WARPS * 32, gen_smem_bytes(a.D, 1), cb->stream>>>(a);
+    /* One launch through a kernel pointer (DIT_CUDA_LAUNCH takes no
+     * template argument list with commas). */
+    void (*kern)(attn_args) = k_attn_generic<1, TI, TO>;
+    unsigned threads = GEN_WARPS * 32;
+    size_t smem = gen_smem_bytes(a.D, 1);
+    if (fast) {
+        kern = a.D == 64 ? k_flash_mma<64, TI, TO> : k_flash_mma<128, TI, TO>;
+        threads = FA_WARPS * 32;
+        smem = a.D == 64 ? fa_smem<64>::BYTES : fa_smem<128>::BYTES;
+    } else if (qpw == GEN_QPW_WIDE) {
+        kern = k_attn_generic<GEN_QPW_WIDE, TI, TO>;
+        smem = gen_smem_bytes(a.D, GEN_QPW_WIDE);
+    }
+    DIT_CUDA_LAUNCH(kern, grid, threads, smem, cb->stream, a);
 }
 
 static dit_status attention_core(dit_cuda_backend *cb, const char *op, const dit_tensor *out,
@@ -212,14 +217,12 @@ static dit_status attention_core(dit_cuda_backend *cb, const char *op, const dit
     if (pipe) {
         const dim3 grid((unsigned)((Sq + F2_BQ - 1) / F2_BQ), (unsigned)H, (unsigned)B);
         const unsigned threads = F2_WARPS * 32;
-        if (out->dtype == DIT_F32 && D == 64)
-            k_flash_pipe<64, float><<<grid, threads, f2_smem<64>::BYTES, cb->stream>>>(a);
-        else if (out->dtype == DIT_F32)
-            k_flash_pipe<128, float><<<grid, threads, f2_smem<128>::BYTES, cb->stream>>>(a);
-        else if (D == 64)
-            k_flash_pipe<64, __nv_bfloat16><<<grid, threads, f2_smem<64>::BYTES, cb->stream>>>(a);
-        else
-            k_flash_pipe<128, __nv_bfloat16><<<grid, threads, f2_smem<128>::BYTES, cb->stream>>>(a);
+        void (*kern)(attn_args) =
+            out->dtype == DIT_F32
+                ? (D == 64 ? k_flash_pipe<64, float> : k_flash_pipe<128, float>)
+                : (D == 64 ? k_flash_pipe<64, __nv_bfloat16> : k_flash_pipe<128, __nv_bfloat16>);
+        DIT_CUDA_LAUNCH(kern, grid, threads, D == 64 ? f2_smem<64>::BYTES : f2_smem<128>::BYTES,
+                        cb->stream, a);
         cb->stats.attn_v2_calls++;
         CUDA_LAUNCHED(cb, op);
         return DIT_OK;
@@ -304,9 +307,9 @@ extern "C" dit_status dit_cuda_lse_merge(dit_backend *be, const dit_tensor *out,
     if (rows == 0)
         return DIT_OK;
     const int warps = 8;
-    k_lse_merge<<<(unsigned)((rows + warps - 1) / warps), 32 * warps, 0, cb->stream>>>(
-        cuda_view_of(out), (float *)lse->data, cuda_view_of(out_b), (const float *)lse_b->data, S,
-        H, rows);
+    DIT_CUDA_LAUNCH(k_lse_merge, (unsigned)((rows + warps - 1) / warps), 32 * warps, 0, cb->stream,
+                    cuda_view_of(out), (float *)lse->data, cuda_view_of(out_b),
+                    (const float *)lse_b->data, S, H, rows);
     CUDA_LAUNCHED(cb, op);
     return DIT_OK;
 }

@@ -372,8 +372,8 @@ dit_status dit_cuda_rows_from_dense(dit_cuda_backend *cb, const cuda_view &dst, 
     const int64_t n = nrows * dst.ne[3];
     if (n == 0)
         return DIT_OK;
-    k_rows_from_dense<<<cuda_blocks(n, 256), 256, 0, cb->stream>>>(dst, row0, nrows,
-                                                                   (const char *)src, (int)st);
+    DIT_CUDA_LAUNCH(k_rows_from_dense, cuda_blocks(n, 256), 256, 0, cb->stream, dst, row0, nrows,
+                    (const char *)src, (int)st);
     CUDA_LAUNCHED(cb, op);
     return DIT_OK;
 }
@@ -578,8 +578,8 @@ static dit_status cuda_download(dit_backend *be, const dit_tensor *dst, const di
         return st;
     for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
         const int64_t nr = rows - r0 < chunk ? rows - r0 : chunk;
-        k_rows_to_dense<<<cuda_blocks(nr * cols, 256), 256, 0, cb->stream>>>(
-            (char *)cb->stage, (int)dst->dtype, s, r0, nr);
+        DIT_CUDA_LAUNCH(k_rows_to_dense, cuda_blocks(nr * cols, 256), 256, 0, cb->stream,
+                        (char *)cb->stage, (int)dst->dtype, s, r0, nr);
         CUDA_LAUNCHED(cb, op);
         CUDA_TRY(cb, op,
                  cudaMemcpyAsync(cb->pinned, cb->stage, (size_t)(nr * cols) * de,
@@ -610,7 +610,7 @@ static dit_status cuda_copy(dit_backend *be, const dit_tensor *dst, const dit_te
     const cuda_view d = cuda_view_of(dst), s = cuda_view_of(src);
     /* Row by row with cudaMemcpy2DAsync when only the outer strides differ
      * would be faster; the generic kernel is memory-bound anyway. */
-    k_copy_view<<<cuda_blocks(n, 256), 256, 0, cb->stream>>>(d, s);
+    DIT_CUDA_LAUNCH(k_copy_view, cuda_blocks(n, 256), 256, 0, cb->stream, d, s);
     CUDA_LAUNCHED(cb, op);
     return DIT_OK;
 }
@@ -623,7 +623,7 @@ static dit_status cuda_fill(dit_backend *be, const dit_tensor *dst, float value)
     const int64_t n = dit_tensor_numel(dst);
     if (n == 0)
         return DIT_OK;
-    k_fill_view<<<cuda_blocks(n, 256), 256, 0, cb->stream>>>(cuda_view_of(dst), value);
+    DIT_CUDA_LAUNCH(k_fill_view, cuda_blocks(n, 256), 256, 0, cb->stream, cuda_view_of(dst), value);
     CUDA_LAUNCHED(cb, "fill");
     return DIT_OK;
 }
@@ -669,7 +669,8 @@ static dit_status cuda_init_uniform(dit_backend *be, const dit_tensor *dst, uint
         v.nb[3] = (int64_t)dit_dtype_size(dst->dtype);
         cuda_view_strides(v);
     }
-    k_init_uniform<<<cuda_blocks(n, 256), 256, 0, cb->stream>>>(v, base, row0, col0, a);
+    DIT_CUDA_LAUNCH(k_init_uniform, cuda_blocks(n, 256), 256, 0, cb->stream, v, base, row0, col0,
+                    a);
     CUDA_LAUNCHED(cb, "init_uniform");
     return DIT_OK;
 }

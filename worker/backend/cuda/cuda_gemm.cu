@@ -153,11 +153,11 @@ static dit_status bias_act_t(dit_cuda_backend *cb, void *y, dit_dtype dt, int64_
     if (rows * N == 0 || (!bias && act == DIT_ACT_NONE))
         return DIT_OK;
     if (dt == DIT_BF16)
-        k_bias_act<__nv_bfloat16><<<cuda_blocks(rows * N, 256), 256, 0, cb->stream>>>(
-            (__nv_bfloat16 *)y, rows, N, ldy, bias, (int)act);
+        DIT_CUDA_LAUNCH(k_bias_act<__nv_bfloat16>, cuda_blocks(rows * N, 256), 256, 0, cb->stream,
+                        (__nv_bfloat16 *)y, rows, N, ldy, bias, (int)act);
     else
-        k_bias_act<float><<<cuda_blocks(rows * N, 256), 256, 0, cb->stream>>>((float *)y, rows, N,
-                                                                              ldy, bias, (int)act);
+        DIT_CUDA_LAUNCH(k_bias_act<float>, cuda_blocks(rows * N, 256), 256, 0, cb->stream,
+                        (float *)y, rows, N, ldy, bias, (int)act);
     CUDA_LAUNCHED(cb, op);
     return DIT_OK;
 }
@@ -417,11 +417,11 @@ dit_status dit_cuda_gemm_t(dit_cuda_backend *cb, bool transa, bool transb, int64
     const bool d_bf16 = dt == DIT_BF16;
     if (k == 0) {
         if (d_bf16)
-            k_scale_rows<__nv_bfloat16><<<cuda_blocks(m * n, 256), 256, 0, cb->stream>>>(
-                (__nv_bfloat16 *)D, n, m, ldc, beta);
+            DIT_CUDA_LAUNCH(k_scale_rows<__nv_bfloat16>, cuda_blocks(m * n, 256), 256, 0,
+                            cb->stream, (__nv_bfloat16 *)D, n, m, ldc, beta);
         else
-            k_scale_rows<float>
-                <<<cuda_blocks(m * n, 256), 256, 0, cb->stream>>>((float *)D, n, m, ldc, beta);
+            DIT_CUDA_LAUNCH(k_scale_rows<float>, cuda_blocks(m * n, 256), 256, 0, cb->stream,
+                            (float *)D, n, m, ldc, beta);
         CUDA_LAUNCHED(cb, op);
         /* D is column-major m x n: its "rows" for bias_act are the n columns. */
         return bias_act_t(cb, D, dt, n, m, ldc, bias, act, op);
@@ -443,8 +443,8 @@ dit_status dit_cuda_gemm_t(dit_cuda_backend *cb, bool transa, bool transb, int64
         if (st != DIT_OK)
             return st;
         /* D is column-major m x n: n "rows" of m elements, ldc apart. */
-        k_round_rows_bf16<<<cuda_blocks(m * n, 256), 256, 0, cb->stream>>>((const float *)tmp, n, m,
-                                                                           (__nv_bfloat16 *)D, ldc);
+        DIT_CUDA_LAUNCH(k_round_rows_bf16, cuda_blocks(m * n, 256), 256, 0, cb->stream,
+                        (const float *)tmp, n, m, (__nv_bfloat16 *)D, ldc);
         CUDA_LAUNCHED(cb, op);
         return DIT_OK;
     }
@@ -512,11 +512,12 @@ dit_status dit_cuda_gemm_t(dit_cuda_backend *cb, bool transa, bool transb, int64
     } else {
         dim3 grid((unsigned)((n + FB_T - 1) / FB_T), (unsigned)((m + FB_T - 1) / FB_T));
         if (d_bf16)
-            k_gemm_fallback<__nv_bfloat16><<<grid, dim3(FB_T, FB_T), 0, cb->stream>>>(
-                transa, transb, m, n, k, A, lda, B, ldb, (__nv_bfloat16 *)D, ldc, bias, beta);
+            DIT_CUDA_LAUNCH(k_gemm_fallback<__nv_bfloat16>, grid, dim3(FB_T, FB_T), 0, cb->stream,
+                            transa, transb, m, n, k, A, lda, B, ldb, (__nv_bfloat16 *)D, ldc, bias,
+                            beta);
         else
-            k_gemm_fallback<float><<<grid, dim3(FB_T, FB_T), 0, cb->stream>>>(
-                transa, transb, m, n, k, A, lda, B, ldb, (float *)D, ldc, bias, beta);
+            DIT_CUDA_LAUNCH(k_gemm_fallback<float>, grid, dim3(FB_T, FB_T), 0, cb->stream, transa,
+                            transb, m, n, k, A, lda, B, ldb, (float *)D, ldc, bias, beta);
         CUDA_LAUNCHED(cb, op);
         cb->stats.gemm_fallback_calls++;
     }
@@ -567,7 +568,8 @@ dit_status dit_cuda_as_bf16(dit_cuda_backend *cb, const dit_tensor *t, int slot,
     if (st != DIT_OK)
         return st;
     if (rows * cols > 0) {
-        k_rows_to_bf16<<<(unsigned)rows, 256, 0, cb->stream>>>((__nv_bfloat16 *)p, v, cols);
+        DIT_CUDA_LAUNCH(k_rows_to_bf16, (unsigned)rows, 256, 0, cb->stream, (__nv_bfloat16 *)p, v,
+                        cols);
         CUDA_LAUNCHED(cb, op);
     }
     *out = (const __nv_bfloat16 *)p;
@@ -639,7 +641,8 @@ extern "C" dit_status dit_cuda_linear(dit_backend *be, const dit_tensor *y, cons
             if (st != DIT_OK)
                 return st;
             const int slot = dit_cuda_prof_begin(cb, CUDA_PROF_CAST);
-            k_rows_to_bf16<<<(unsigned)(B * M), 256, 0, cb->stream>>>((__nv_bfloat16 *)p, xv, K);
+            DIT_CUDA_LAUNCH(k_rows_to_bf16, (unsigned)(B * M), 256, 0, cb->stream,
+                            (__nv_bfloat16 *)p, xv, K);
             dit_cuda_prof_end(cb, slot);
             CUDA_LAUNCHED(cb, op);
             xb = (const __nv_bfloat16 *)p;

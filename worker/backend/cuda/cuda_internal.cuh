@@ -173,6 +173,15 @@ void dit_cuda_prof_end(dit_cuda_backend *cb, int slot);
             return s_;                                                                             \
     } while (0)
 
+/* Launches kernel k (a name, or a pointer to one) with grid, block,
+ * dynamic shared memory and stream: the <<< >>> launch under nvcc. The
+ * host build of these sources on the SIMT emulator (tests/gpu/emu) defines
+ * it first, as a call into the emulated runtime. */
+#ifndef DIT_CUDA_LAUNCH
+#define DIT_CUDA_LAUNCH(k, grid, block, smem, stream, ...)                                         \
+    k<<<(grid), (block), (smem), (stream)>>>(__VA_ARGS__)
+#endif
+
 /* Checks the launch of the kernel just issued. */
 #define CUDA_LAUNCHED(cb, op)                                                                      \
     do {                                                                                           \

@@ -74,8 +74,8 @@ extern "C" dit_status dit_cuda_activate(dit_backend *be, const dit_tensor *y, co
     const int64_t n = dit_tensor_numel(x);
     if (n == 0 || (act == DIT_ACT_NONE && x->data == y->data && dit_tensor_is_contiguous(x)))
         return DIT_OK;
-    k_activate<<<cuda_blocks(n, 256), 256, 0, cb->stream>>>(cuda_view_of(y), cuda_view_of(x),
-                                                            (int)act);
+    DIT_CUDA_LAUNCH(k_activate, cuda_blocks(n, 256), 256, 0, cb->stream, cuda_view_of(y),
+                    cuda_view_of(x), (int)act);
     CUDA_LAUNCHED(cb, "activate");
     return DIT_OK;
 }
@@ -150,11 +150,12 @@ extern "C" dit_status dit_cuda_layer_norm_mod(dit_backend *be, const dit_tensor 
     const float *scp = scale ? (const float *)scale->data : NULL;
     const int64_t shl = shift ? shift->nb[0] / 4 : 0, scl = scale ? scale->nb[0] / 4 : 0;
     if (y->dtype == DIT_BF16)
-        k_layer_norm<__nv_bfloat16><<<(unsigned)(B * S), row_threads(C), 0, cb->stream>>>(
-            cuda_view_of(y), cuda_view_of(x), S, shp, shl, scp, scl, eps, true);
+        DIT_CUDA_LAUNCH(k_layer_norm<__nv_bfloat16>, (unsigned)(B * S), row_threads(C), 0,
+                        cb->stream, cuda_view_of(y), cuda_view_of(x), S, shp, shl, scp, scl, eps,
+                        true);
     else
-        k_layer_norm<float><<<(unsigned)(B * S), row_threads(C), 0, cb->stream>>>(
-            cuda_view_of(y), cuda_view_of(x), S, shp, shl, scp, scl, eps, true);
+        DIT_CUDA_LAUNCH(k_layer_norm<float>, (unsigned)(B * S), row_threads(C), 0, cb->stream,
+                        cuda_view_of(y), cuda_view_of(x), S, shp, shl, scp, scl, eps, true);
     CUDA_LAUNCHED(cb, op);
     return DIT_OK;
 }
@@ -174,9 +175,10 @@ extern "C" dit_status dit_cuda_layer_norm(dit_backend *be, const dit_tensor *y, 
     const int64_t rows = x->ne[0] * x->ne[1];
     if (rows == 0)
         return DIT_OK;
-    k_layer_norm<float><<<(unsigned)rows, row_threads(C), 0, cb->stream>>>(
-        cuda_view_of(y), cuda_view_of(x), 1, weight ? (const float *)weight->data : NULL, 0,
-        bias ? (const float *)bias->data : NULL, 0, eps, false);
+    DIT_CUDA_LAUNCH(k_layer_norm<float>, (unsigned)rows, row_threads(C), 0, cb->stream,
+                    cuda_view_of(y), cuda_view_of(x), 1,
+                    weight ? (const float *)weight->data : NULL, 0,
+                    bias ? (const float *)bias->data : NULL, 0, eps, false);
     CUDA_LAUNCHED(cb, op);
     return DIT_OK;
 }
@@ -208,8 +210,8 @@ extern "C" dit_status dit_cuda_rms_norm(dit_backend *be, const dit_tensor *y, co
     const int64_t rows = x->ne[0] * x->ne[1];
     if (rows == 0)
         return DIT_OK;
-    k_rms_norm<<<(unsigned)rows, row_threads(C), 0, cb->stream>>>(cuda_view_of(y), cuda_view_of(x),
-                                                                  (const float *)weight->data, eps);
+    DIT_CUDA_LAUNCH(k_rms_norm, (unsigned)rows, row_threads(C), 0, cb->stream, cuda_view_of(y),
+                    cuda_view_of(x), (const float *)weight->data, eps);
     CUDA_LAUNCHED(cb, op);
     return DIT_OK;
 }
@@ -283,11 +285,11 @@ static dit_status rms_norm_rope_core(dit_cuda_backend *cb, const char *op, const
                 *sp = sin ? (const float *)sin->data : NULL;
     const int64_t cld = cos ? cos->nb[0] / 4 : 0, sld = sin ? sin->nb[0] / 4 : 0;
     if (y->dtype == DIT_BF16)
-        k_rms_norm_rope<__nv_bfloat16><<<blocks, 32 * warps, 0, cb->stream>>>(
-            cuda_view_of(y), cuda_view_of(x), S, H, wp, eps, cp, cld, sp, sld, rows);
+        DIT_CUDA_LAUNCH(k_rms_norm_rope<__nv_bfloat16>, blocks, 32 * warps, 0, cb->stream,
+                        cuda_view_of(y), cuda_view_of(x), S, H, wp, eps, cp, cld, sp, sld, rows);
     else
-        k_rms_norm_rope<float><<<blocks, 32 * warps, 0, cb->stream>>>(
-            cuda_view_of(y), cuda_view_of(x), S, H, wp, eps, cp, cld, sp, sld, rows);
+        DIT_CUDA_LAUNCH(k_rms_norm_rope<float>, blocks, 32 * warps, 0, cb->stream, cuda_view_of(y),
+                        cuda_view_of(x), S, H, wp, eps, cp, cld, sp, sld, rows);
     CUDA_LAUNCHED(cb, op);
     return DIT_OK;
 }
@@ -338,9 +340,9 @@ extern "C" dit_status dit_cuda_gated_add(dit_backend *be, const dit_tensor *res,
     const int64_t n = B * S * C;
     if (n == 0)
         return DIT_OK;
-    k_gated_add<<<cuda_blocks(n, 256), 256, 0, cb->stream>>>(
-        cuda_view_of(res), cuda_view_of(x), S, gate ? (const float *)gate->data : NULL,
-        gate ? gate->nb[0] / 4 : 0);
+    DIT_CUDA_LAUNCH(k_gated_add, cuda_blocks(n, 256), 256, 0, cb->stream, cuda_view_of(res),
+                    cuda_view_of(x), S, gate ? (const float *)gate->data : NULL,
+                    gate ? gate->nb[0] / 4 : 0);
     CUDA_LAUNCHED(cb, op);
     return DIT_OK;
 }
@@ -406,8 +408,8 @@ extern "C" dit_status dit_cuda_embedding(dit_backend *be, const dit_tensor *y,
     dit_status st = upload_ids(cb, ids, n, V, "id", &dids, op);
     if (st != DIT_OK)
         return st;
-    k_embedding<<<cuda_blocks(n * C, 256), 256, 0, cb->stream>>>(
-        cuda_view_of(y), (const char *)table->data, (int)table->dtype, C, dids, n);
+    DIT_CUDA_LAUNCH(k_embedding, cuda_blocks(n * C, 256), 256, 0, cb->stream, cuda_view_of(y),
+                    (const char *)table->data, (int)table->dtype, C, dids, n);
     CUDA_LAUNCHED(cb, op);
     return DIT_OK;
 }
@@ -444,8 +446,8 @@ extern "C" dit_status dit_cuda_relative_bias(dit_backend *be, const dit_tensor *
     dit_status st = upload_ids(cb, buckets, Sq + Skv - 1, nb, "bucket", &db, op);
     if (st != DIT_OK)
         return st;
-    k_relative_bias<<<cuda_blocks(H * Sq * Skv, 256), 256, 0, cb->stream>>>(
-        (float *)y->data, (const float *)table->data, db, H, Sq, Skv);
+    DIT_CUDA_LAUNCH(k_relative_bias, cuda_blocks(H * Sq * Skv, 256), 256, 0, cb->stream,
+                    (float *)y->data, (const float *)table->data, db, H, Sq, Skv);
     CUDA_LAUNCHED(cb, op);
     return DIT_OK;
 }
@@ -529,8 +531,8 @@ extern "C" dit_status dit_cuda_conv2d(dit_backend *be, const dit_tensor *y, cons
         for (int64_t r0 = 0; r0 < Ho; r0 += band) {
             const int64_t nr = Ho - r0 < band ? Ho - r0 : band;
             const int64_t np = nr * Wo;
-            k_im2col<<<cuda_blocks(np * K, 256), 256, 0, cb->stream>>>(col, xb, Ci, H, W, kh, kw,
-                                                                       Wo, r0, nr, stride, pad);
+            DIT_CUDA_LAUNCH(k_im2col, cuda_blocks(np * K, 256), 256, 0, cb->stream, col, xb, Ci, H,
+                            W, kh, kw, Wo, r0, nr, stride, pad);
             CUDA_LAUNCHED(cb, op);
             /* y[:, band] row-major (Co, P) is column-major (P x Co) with
              * ld P: D (np x Co) = colT^T... i.e. op(A) = colT (np x K)
@@ -543,8 +545,8 @@ extern "C" dit_status dit_cuda_conv2d(dit_backend *be, const dit_tensor *y, cons
     }
     if (bias) {
         const int64_t total = B * Co * P;
-        k_conv_bias<<<cuda_blocks(total, 256), 256, 0, cb->stream>>>(
-            (float *)y->data, (const float *)bias->data, Co, P, total);
+        DIT_CUDA_LAUNCH(k_conv_bias, cuda_blocks(total, 256), 256, 0, cb->stream, (float *)y->data,
+                        (const float *)bias->data, Co, P, total);
         CUDA_LAUNCHED(cb, op);
     }
     return DIT_OK;
@@ -633,12 +635,12 @@ extern "C" dit_status dit_cuda_group_norm(dit_backend *be, const dit_tensor *y, 
     const int64_t per = cg * HW;
     int64_t split = per / (256 * 64);
     split = split < 1 ? 1 : (split > 64 ? 64 : split);
-    k_group_stats<<<dim3((unsigned)(B * groups), (unsigned)split), 256, 0, cb->stream>>>(
-        (const float *)x->data, per, stats);
+    DIT_CUDA_LAUNCH(k_group_stats, dim3((unsigned)(B * groups), (unsigned)split), 256, 0,
+                    cb->stream, (const float *)x->data, per, stats);
     CUDA_LAUNCHED(cb, op);
-    k_group_apply<<<cuda_blocks(total, 256), 256, 0, cb->stream>>>(
-        (float *)y->data, (const float *)x->data, stats, (const float *)weight->data,
-        (const float *)bias->data, C, cg, HW, groups, eps, act == DIT_ACT_SILU, total);
+    DIT_CUDA_LAUNCH(k_group_apply, cuda_blocks(total, 256), 256, 0, cb->stream, (float *)y->data,
+                    (const float *)x->data, stats, (const float *)weight->data,
+                    (const float *)bias->data, C, cg, HW, groups, eps, act == DIT_ACT_SILU, total);
     CUDA_LAUNCHED(cb, op);
     return DIT_OK;
 }
@@ -665,8 +667,8 @@ extern "C" dit_status dit_cuda_upsample2x(dit_backend *be, const dit_tensor *y, 
     const int64_t total = B * C * 4 * H * W;
     if (total == 0)
         return DIT_OK;
-    k_upsample2x<<<cuda_blocks(total, 256), 256, 0, cb->stream>>>(
-        (float *)y->data, (const float *)x->data, H, W, total);
+    DIT_CUDA_LAUNCH(k_upsample2x, cuda_blocks(total, 256), 256, 0, cb->stream, (float *)y->data,
+                    (const float *)x->data, H, W, total);
     CUDA_LAUNCHED(cb, "upsample2x");
     return DIT_OK;
 }
