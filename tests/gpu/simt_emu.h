@@ -1,6 +1,6 @@
 /* A host emulator of the CUDA vocabulary the tensor-core attention kernels
  * (worker/backend/cuda/flash_attention.cuh) are written in, so those same
- * kernel sources run on a CPU: one coroutine (ucontext) per CUDA thread, a
+ * kernel sources run on a CPU: one coroutine per CUDA thread, a
  * block at a time, switching only at __syncthreads and at warp-wide
  * instructions (shfl, ldmatrix, mma), which complete when all 32 lanes of
  * the warp have arrived, as on the hardware.
@@ -55,6 +55,10 @@
 
 #define __global__
 #define __device__
+#define __host__
+/* A block's static shared arrays: one per kernel instantiation, which every
+ * thread of the block being run sees (blocks run one at a time). */
+#define __shared__ static
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 #define __align__(n) alignas(n)
@@ -118,6 +122,73 @@ static inline __nv_bfloat162 __floats2bfloat162_rn(float lo, float hi)
 namespace emu
 {
 
+/* A coroutine's saved context. On x86-64 a switch saves the callee-saved
+ * registers on the stack it leaves and loads them from the one it enters:
+ * no system call, where ucontext's swapcontext makes one (sigprocmask) per
+ * switch and took most of the emulator's time. Elsewhere, ucontext. */
+#if defined(__x86_64__)
+struct context {
+    void *sp = nullptr;
+};
+
+/* Saves into from->sp, resumes at to->sp (System V x86-64: rbx, rbp,
+ * r12-r15 are the callee's to keep; the return address is on the stack). */
+__attribute__((naked, noinline)) static void context_swap(context *, const context *)
+{
+    __asm__ volatile("pushq %rbp\n\t"
+                     "pushq %rbx\n\t"
+                     "pushq %r12\n\t"
+                     "pushq %r13\n\t"
+                     "pushq %r14\n\t"
+                     "pushq %r15\n\t"
+                     "movq %rsp, (%rdi)\n\t"
+                     "movq (%rsi), %rsp\n\t"
+                     "popq %r15\n\t"
+                     "popq %r14\n\t"
+                     "popq %r13\n\t"
+                     "popq %r12\n\t"
+                     "popq %rbx\n\t"
+                     "popq %rbp\n\t"
+                     "ret\n\t");
+}
+
+/* A context that starts entry() on the stack [stack, stack + bytes): six
+ * zero registers, then entry's address for context_swap's ret, then a zero
+ * return address for entry (which never returns), the stack pointer 16-byte
+ * aligned at the call as the ABI wants. */
+static inline void context_init(context *c, void *stack, size_t bytes, void (*entry)())
+{
+    uintptr_t top = ((uintptr_t)stack + bytes) & ~(uintptr_t)15;
+    void **sp = (void **)top;
+    *--sp = nullptr;
+    *--sp = (void *)entry;
+    for (int i = 0; i < 6; i++)
+        *--sp = nullptr;
+    c->sp = sp;
+}
+#else
+struct context {
+    ucontext_t uc;
+};
+
+static inline void context_swap(context *from, const context *to)
+{
+    swapcontext(&from->uc, &to->uc);
+}
+
+/* Apart from launch, because getcontext returns twice as far as the
+ * compiler knows. */
+__attribute__((noinline)) static void context_init(context *c, void *stack, size_t bytes,
+                                                   void (*entry)())
+{
+    getcontext(&c->uc);
+    c->uc.uc_stack.ss_sp = stack;
+    c->uc.uc_stack.ss_size = bytes;
+    c->uc.uc_link = nullptr;
+    makecontext(&c->uc, entry, 0);
+}
+#endif
+
 enum copies { COPY_AT_ISSUE, COPY_AT_WAIT };
 
 /* Which thread runs next: every unfinished thread once per round, in an
@@ -140,7 +211,7 @@ struct pending_copy {
 };
 
 struct thread_ctx {
-    ucontext_t uc;
+    context uc;
     dim3 tid;
     unsigned flat = 0;
     bool done = false;
@@ -157,7 +228,7 @@ struct warp_slot {
     uint32_t out[32][4];
 };
 
-enum op_kind { OP_SHFL = 1, OP_SHFL_IDX, OP_LDSM, OP_LDSM_T, OP_MMA };
+enum op_kind { OP_SHFL = 1, OP_SHFL_IDX, OP_LDSM, OP_LDSM_T, OP_MMA, OP_SYNCWARP };
 
 struct block_state {
     dim3 grid, block, bidx;
@@ -165,7 +236,7 @@ struct block_state {
     std::vector<thread_ctx> th;
     std::vector<std::vector<unsigned char>> stacks;
     std::vector<unsigned char> smem;
-    ucontext_t main_uc;
+    context main_uc;
     unsigned cur = 0;
     unsigned bar_count = 0, bar_gen = 0;
     std::vector<warp_slot> warps;
@@ -199,7 +270,7 @@ static inline void yield()
     void *fs = nullptr;
     __sanitizer_start_switch_fiber(&fs, b->main_stack, b->main_stack_size);
 #endif
-    swapcontext(&t.uc, &b->main_uc);
+    context_swap(&t.uc, &b->main_uc);
 #ifdef EMU_ASAN
     __sanitizer_finish_switch_fiber(fs, nullptr, nullptr);
 #endif
@@ -280,19 +351,8 @@ static void thread_entry()
 #ifdef EMU_ASAN
     __sanitizer_start_switch_fiber(nullptr, b->main_stack, b->main_stack_size);
 #endif
-    swapcontext(&t.uc, &b->main_uc);
+    context_swap(&t.uc, &b->main_uc);
     die("a finished thread was resumed");
-}
-
-/* A fresh context that starts in thread_entry. Apart from launch, because
- * getcontext returns twice as far as the compiler knows. */
-__attribute__((noinline)) static void init_context(ucontext_t *uc, void *stack, size_t bytes)
-{
-    getcontext(uc);
-    uc->uc_stack.ss_sp = stack;
-    uc->uc_stack.ss_size = bytes;
-    uc->uc_link = nullptr;
-    makecontext(uc, thread_entry, 0);
 }
 
 /* Runs body (the kernel call) for every thread of every block of `grid`,
@@ -305,7 +365,7 @@ static inline void resume(block_state &b, unsigned i)
     void *fs = nullptr;
     __sanitizer_start_switch_fiber(&fs, b.stacks[i].data(), b.stacks[i].size());
 #endif
-    swapcontext(&b.main_uc, &b.th[i].uc);
+    context_swap(&b.main_uc, &b.th[i].uc);
 #ifdef EMU_ASAN
     __sanitizer_finish_switch_fiber(fs, nullptr, nullptr);
 #endif
@@ -321,6 +381,9 @@ static inline void launch(dim3 grid, dim3 block, size_t smem_bytes, copies mode,
                           uint64_t seed, std::function<void()> body)
 {
     const size_t stack_bytes = 256 * 1024;
+    /* Thread stacks are kept from launch to launch: a launch of many small
+     * kernels would otherwise spend its time allocating them. */
+    static std::vector<std::vector<unsigned char>> stack_pool;
     block_state b;
     b.grid = grid;
     b.block = block;
@@ -331,7 +394,9 @@ static inline void launch(dim3 grid, dim3 block, size_t smem_bytes, copies mode,
     b.sched = sched;
     b.body = std::move(body);
     b.th.resize(b.n);
-    b.stacks.assign(b.n, std::vector<unsigned char>(stack_bytes));
+    while (stack_pool.size() < b.n)
+        stack_pool.emplace_back(stack_bytes);
+    b.stacks.swap(stack_pool);
     b.warps.resize(b.n / 32);
     std::mt19937_64 rng(seed);
     std::vector<unsigned> order(b.n), worder(b.n / 32), lanes(32);
@@ -353,7 +418,7 @@ static inline void launch(dim3 grid, dim3 block, size_t smem_bytes, copies mode,
                     t.done = false;
                     t.at_barrier = false;
                     t.pending.clear();
-                    init_context(&t.uc, b.stacks[i].data(), stack_bytes);
+                    context_init(&t.uc, b.stacks[i].data(), stack_bytes, thread_entry);
                     order[i] = i;
                 }
                 std::shuffle(worder.begin(), worder.end(), rng);
@@ -396,6 +461,7 @@ static inline void launch(dim3 grid, dim3 block, size_t smem_bytes, copies mode,
                     die("a __syncthreads that not every thread reached");
             }
     running() = nullptr;
+    b.stacks.swap(stack_pool);
 }
 
 static inline dim3 thread_idx()
@@ -463,6 +529,67 @@ static inline float __shfl_sync(unsigned mask, float v, int src_lane)
     float r;
     memcpy(&r, &out[0], 4);
     return r;
+}
+
+/* The same exchanges for 64-bit and integer values: word by word. */
+static inline double __shfl_xor_sync(unsigned mask, double v, int lane_mask)
+{
+    uint32_t w[2];
+    memcpy(w, &v, 8);
+    for (int i = 0; i < 2; i++) {
+        float f;
+        memcpy(&f, &w[i], 4);
+        f = __shfl_xor_sync(mask, f, lane_mask);
+        memcpy(&w[i], &f, 4);
+    }
+    double r;
+    memcpy(&r, w, 8);
+    return r;
+}
+
+static inline int __shfl_xor_sync(unsigned mask, int v, int lane_mask)
+{
+    float f;
+    memcpy(&f, &v, 4);
+    f = __shfl_xor_sync(mask, f, lane_mask);
+    int r;
+    memcpy(&r, &f, 4);
+    return r;
+}
+
+static inline int __shfl_sync(unsigned mask, int v, int src_lane)
+{
+    float f;
+    memcpy(&f, &v, 4);
+    f = __shfl_sync(mask, f, src_lane);
+    int r;
+    memcpy(&r, &f, 4);
+    return r;
+}
+
+/* __syncwarp(): all 32 lanes meet, as the full-mask form requires. */
+static inline void __syncwarp(unsigned mask = 0xffffffffu)
+{
+    if (mask != 0xffffffffu)
+        emu::die("__syncwarp with a partial mask");
+    uint32_t in[1] = {0}, out[1];
+    emu::warp_op(emu::OP_SYNCWARP, in, 1, out, 1, [](emu::warp_slot &) {});
+}
+
+/* Atomics: the emulated threads of a block take turns on one host thread
+ * and blocks run one after the other, so a plain update is atomic. */
+static inline float atomicAdd(float *p, float v)
+{
+    const float old = *p;
+    *p = old + v;
+    return old;
+}
+
+static inline double atomicAdd(double *p, double v)
+{
+    const double old = *p;
+    *p = old + v;
+    return old;
 }
 
 static inline void emu_ldsm(int op, uint32_t r[4], const __nv_bfloat16 *p)
