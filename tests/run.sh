@@ -2,8 +2,9 @@
 # Configures, builds and runs every test suite (unit and end-to-end).
 #   tests/run.sh              release build in build/
 #   tests/run.sh --sanitize   AddressSanitizer + UBSan build in build-asan/
-# DIT_CUDA=enabled|auto|disabled chooses whether the CUDA backend is built
-# (default auto: built when nvcc is found). CI forces it on.
+# DIT_CUDA=enabled|auto|disabled chooses whether the release build compiles
+# the CUDA backend with nvcc (default auto: when nvcc is found). CI forces it
+# on. The sanitized build never does (see below).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,6 +15,11 @@ builddir=build
 opts=(-Dcuda="$cuda" -De2e="${DIT_E2E:-enabled}")
 if [ "${1:-}" = "--sanitize" ]; then
   builddir=build-asan
+  # Without nvcc: the cuda backend's sources run under the sanitizers as
+  # host code on the SIMT emulator (tests/gpu/emu, in every build), and the
+  # GPU suite's binaries need a GPU anyway. The release build compiles and
+  # links the real CUDA backend.
+  opts=(-Dcuda=disabled -De2e="${DIT_E2E:-enabled}")
   opts+=(-Db_sanitize=address,undefined -Dbuildtype=debugoptimized)
 fi
 
