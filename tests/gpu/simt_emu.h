@@ -377,13 +377,21 @@ static inline bool runnable(const block_state &b, unsigned i)
     return !t.done && !(t.at_barrier && t.bar_wait == b.bar_gen);
 }
 
+/* Thread stacks kept from launch to launch (a launch of many small kernels
+ * would otherwise spend its time allocating them): one pool for the whole
+ * program, an inline function's static being one object however many
+ * translation units include this header. */
+inline std::vector<std::vector<unsigned char>> &stacks_kept()
+{
+    static std::vector<std::vector<unsigned char>> pool;
+    return pool;
+}
+
 static inline void launch(dim3 grid, dim3 block, size_t smem_bytes, copies mode, schedule sched,
                           uint64_t seed, std::function<void()> body)
 {
     const size_t stack_bytes = 256 * 1024;
-    /* Thread stacks are kept from launch to launch: a launch of many small
-     * kernels would otherwise spend its time allocating them. */
-    static std::vector<std::vector<unsigned char>> stack_pool;
+    std::vector<std::vector<unsigned char>> &stack_pool = stacks_kept();
     block_state b;
     b.grid = grid;
     b.block = block;
