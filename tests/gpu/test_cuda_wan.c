@@ -16,6 +16,16 @@
  * or a view an op reads wrongly gives errors of order 1. The prompt
  * embeds' rows past a prompt's tokens must still be exactly zero.
  *
+ * The VAE decodes and the pipeline's videos have a bound of their own: the
+ * tiny random Wan VAE amplifies rounding (bf16 rounding of any one of its
+ * convolutions alone moves its output by 3e-3 to 1e-2), so that diffusers'
+ * own decode with bf16 operands lands 1.1e-2 to 2.2e-2 off its f32 one, and
+ * its whole pipeline's videos 5e-2 to 9e-2 off. tests/golden/
+ * gen_wan_bf16_error.py measures these and writes them to the fixtures'
+ * bf16_error.json; those results are bound here by twice diffusers' bf16
+ * error (never below 2e-2): a correct bf16 backend lands near 1x, a wrong
+ * kernel orders of magnitude above.
+ *
  * Exits 77 (meson: SKIP) without a usable CUDA device, 1 instead with
  * DIT_GPU_REQUIRED=1. */
 #include <check.h>
@@ -39,6 +49,9 @@
 #include "gpu_util.h"
 
 #define WAN_CUDA_REL_TOL 2e-2
+/* The bound on a result the VAE decodes, as a multiple of diffusers' own
+ * bf16-operand error on it (bf16_error.json). */
+#define WAN_CUDA_BF16_FACTOR 2.0
 
 enum { MAX_CASES = 64 };
 static char case_dirs[MAX_CASES][1024]; /* filled once in main, read-only after */
@@ -46,13 +59,38 @@ static int n_cases;
 static dit_backend *g_gpu; /* set in main, read-only afterwards */
 static char data_dir[600];
 
+static void report_within(const char *what, test_err e, double tol)
+{
+    printf("%-28s cuda vs reference f32: max abs %.3g, max|ref| %.3g, rel %.3g (bound %.3g)\n",
+           what, e.max_abs, e.max_ref, e.rel, tol);
+    fflush(stdout);
+    ck_assert_msg(e.rel <= tol, "%s: relative error %.3g exceeds %.3g", what, e.rel, tol);
+}
+
 static void report(const char *what, test_err e)
 {
-    printf("%-28s cuda vs reference f32: max abs %.3g, max|ref| %.3g, rel %.3g\n", what, e.max_abs,
-           e.max_ref, e.rel);
-    fflush(stdout);
-    ck_assert_msg(e.rel <= WAN_CUDA_REL_TOL, "%s: relative error %.3g exceeds %.1g", what, e.rel,
-                  WAN_CUDA_REL_TOL);
+    report_within(what, e, WAN_CUDA_REL_TOL);
+}
+
+/* The bound on a decoded result: WAN_CUDA_BF16_FACTOR times diffusers'
+ * bf16-operand error on it, as <fixture>/bf16_error.json records it at
+ * `key` (an array index when idx >= 0, else field `field` of object `key`),
+ * and never below WAN_CUDA_REL_TOL. */
+static double bf16_bound(const char *fixture, const char *key, int idx, const char *field)
+{
+    char path[1200];
+    snprintf(path, sizeof path, "%s/%s/bf16_error.json", data_dir, fixture);
+    cJSON *j = NULL;
+    dit_diag diag;
+    dit_diag_clear(&diag);
+    ck_assert_msg(dit_json_load_file(path, &j, &diag) == DIT_OK, "%s", dit_diag_msg(&diag));
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, key);
+    v = idx >= 0 ? cJSON_GetArrayItem(v, idx) : cJSON_GetObjectItemCaseSensitive(v, field);
+    ck_assert_msg(cJSON_IsNumber(v) && v->valuedouble > 0 && v->valuedouble < 1,
+                  "%s: no error for %s[%d]%s", path, key, idx, field ? field : "");
+    const double tol = WAN_CUDA_BF16_FACTOR * v->valuedouble;
+    cJSON_Delete(j);
+    return tol > WAN_CUDA_REL_TOL ? tol : WAN_CUDA_REL_TOL;
 }
 
 /* ---- WanTransformer3DModel through ditrun -------------------------------- */
@@ -116,7 +154,8 @@ START_TEST(wan_vae_decode_on_cuda)
     dit_tensor out = dit_tensor_make(vbuf, DIT_F32, re->view.ndim, re->view.ne);
     ck_assert_msg(dit_wan_vae_decode(v, &z, &out, &diag) == DIT_OK, "%s", dit_diag_msg(&diag));
     snprintf(what, sizeof what, "wan vae %d latent frames", k);
-    report(what, test_compare_views(&out, &re->view));
+    report_within(what, test_compare_views(&out, &re->view),
+                  bf16_bound("wan_vae", "decode", _i, NULL));
     free(zbuf);
     free(vbuf);
     dit_st_file_close(f);
@@ -357,7 +396,11 @@ START_TEST(wan_pipeline_on_cuda)
         ck_assert_msg(e != NULL, "no %s", key);
         const dit_tensor g = dit_tensor_make((void *)got[k], DIT_F32, e->view.ndim, e->view.ne);
         snprintf(label, sizeof label, "pipeline %s", key);
-        report(label, test_compare_views(&g, &e->view));
+        const test_err err = test_compare_views(&g, &e->view);
+        if (k == 0)
+            report(label, err);
+        else
+            report_within(label, err, bf16_bound("wan_demo", name, -1, "video"));
     }
     dit_st_file_close(ref);
     dit_gen_result_free(&res);
