@@ -1,6 +1,8 @@
 /* The emulated CUDA runtime and cuBLASLt behind tests/gpu/emu/include (see
- * README.md there). One device, process-wide state (a driver's), used from
- * one host thread at a time, as the cuda backend is.
+ * README.md there). Process-wide state (a driver's), used from one host
+ * thread at a time, as the cuda backend is. DIT_EMU_DEVICE_COUNT devices
+ * (default 1), all the same one: a mesh's ranks are processes, each with a
+ * device of its own.
  *
  * What it checks, beyond running the work:
  *  - every device pointer a copy, memset or GEMM is given lies, with its
@@ -29,6 +31,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <deque>
 #include <map>
 #include <memory>
 #include <set>
@@ -39,7 +42,7 @@
 #include <cuda_runtime.h>
 
 struct emu_stream {
-    std::vector<std::function<void()>> queue;
+    std::deque<std::function<void()>> queue;
     bool capturing = false;
     bool invalidated = false;
     std::vector<std::function<void()>> captured;
@@ -48,6 +51,7 @@ struct emu_stream {
 struct emu_event {
     bool done = false;
     double t_ms = 0.0;
+    emu_stream *stream = nullptr; /* where its last record was queued */
 };
 
 struct emu_graph {
@@ -80,6 +84,7 @@ struct runtime {
     uint64_t seed = 1;
     emu::copies copies = emu::COPY_AT_ISSUE;
     emu::schedule sched = emu::SCHED_ROUND_ROBIN;
+    int device_count = 1, device = 0;
     bool configured = false;
 };
 
@@ -95,6 +100,9 @@ runtime &rt()
         if (s && strcmp(s, "warp") == 0)
             r.sched = emu::SCHED_WARP_GREEDY;
         const long mib = m ? atol(m) : 0;
+        const char *nd = getenv("DIT_EMU_DEVICE_COUNT");
+        const long ndev = nd ? atol(nd) : 1;
+        r.device_count = ndev >= 1 && ndev <= 64 ? (int)ndev : 1;
         r.device_total = (size_t)(mib > 0 ? mib : 8192) << 20;
         r.streams.insert(&r.null_stream);
     }
@@ -147,12 +155,25 @@ bool overlaps_device(const void *p, size_t bytes)
     return false;
 }
 
+/* One op at a time from the front, so that an op may itself run another
+ * stream up to an event (cudaStreamWaitEvent) or this one further. */
 void flush(emu_stream *s)
 {
-    std::vector<std::function<void()>> q;
-    q.swap(s->queue);
-    for (auto &op : q)
+    while (!s->queue.empty()) {
+        std::function<void()> op = std::move(s->queue.front());
+        s->queue.pop_front();
         op();
+    }
+}
+
+/* Runs ev's stream until ev's last record has run. */
+void run_until(emu_event *ev)
+{
+    while (!ev->done && ev->stream && !ev->stream->queue.empty()) {
+        std::function<void()> op = std::move(ev->stream->queue.front());
+        ev->stream->queue.pop_front();
+        op();
+    }
 }
 
 void flush_all()
@@ -249,24 +270,45 @@ bool is_device(const void *p, size_t bytes)
     return a && a->device;
 }
 
+void run_now(cudaStream_t st)
+{
+    flush(stream_of(st));
+}
+
 } /* namespace emurt */
 
 /* ---- device and errors ---------------------------------------------------- */
 
+static bool device_ok(int device)
+{
+    return device >= 0 && device < rt().device_count;
+}
+
 cudaError_t cudaGetDeviceCount(int *n)
 {
-    *n = 1;
+    *n = rt().device_count;
     return cudaSuccess;
 }
 
 cudaError_t cudaSetDevice(int device)
 {
-    return device == 0 ? cudaSuccess : fail(cudaErrorInvalidDevice);
+    if (!device_ok(device))
+        return fail(cudaErrorInvalidDevice);
+    rt().device = device;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGetDevice(int *device)
+{
+    if (!device)
+        return fail(cudaErrorInvalidValue);
+    *device = rt().device;
+    return cudaSuccess;
 }
 
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int device)
 {
-    if (device != 0)
+    if (!device_ok(device))
         return fail(cudaErrorInvalidDevice);
     memset(p, 0, sizeof *p);
     snprintf(p->name, sizeof p->name, "SIMT emulator (sm_90 limits)");
@@ -283,7 +325,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int device)
 
 cudaError_t cudaDeviceGetAttribute(int *value, cudaDeviceAttr attr, int device)
 {
-    if (device != 0)
+    if (!device_ok(device))
         return fail(cudaErrorInvalidDevice);
     if (attr != cudaDevAttrMaxSharedMemoryPerBlockOptin)
         return fail(cudaErrorInvalidValue);
@@ -548,6 +590,37 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned)
     return cudaStreamCreate(s);
 }
 
+/* Priorities order nothing here: one queue runs at a time. */
+cudaError_t cudaStreamCreateWithPriority(cudaStream_t *s, unsigned, int)
+{
+    return cudaStreamCreate(s);
+}
+
+cudaError_t cudaDeviceGetStreamPriorityRange(int *least, int *greatest)
+{
+    *least = 0;
+    *greatest = -5;
+    return cudaSuccess;
+}
+
+/* The wait runs where it stands in s: it runs ev's stream up to ev's record
+ * (which was queued before the wait was, so it is there to be run). */
+cudaError_t cudaStreamWaitEvent(cudaStream_t st, cudaEvent_t ev, unsigned)
+{
+    if (!ev)
+        return fail(cudaErrorInvalidValue);
+    if (ev->stream == stream_of(st))
+        return cudaSuccess; /* stream order already */
+    return emurt::submit(st, [ev]() { run_until(ev); });
+}
+
+cudaError_t cudaLaunchHostFunc(cudaStream_t st, cudaHostFn_t fn, void *user_data)
+{
+    if (!fn)
+        return fail(cudaErrorInvalidValue);
+    return emurt::submit(st, [fn, user_data]() { fn(user_data); });
+}
+
 cudaError_t cudaStreamDestroy(cudaStream_t s)
 {
     if (!s || !rt().streams.count(s))
@@ -654,6 +727,23 @@ cudaError_t cudaEventCreate(cudaEvent_t *ev)
     return cudaSuccess;
 }
 
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *ev, unsigned)
+{
+    return cudaEventCreate(ev);
+}
+
+/* As cudaStreamQuery: pending work up to the record runs at the first
+ * query, which says not ready. */
+cudaError_t cudaEventQuery(cudaEvent_t ev)
+{
+    if (!ev)
+        return fail(cudaErrorInvalidValue);
+    if (ev->done || !ev->stream)
+        return cudaSuccess;
+    run_until(ev);
+    return cudaErrorNotReady;
+}
+
 cudaError_t cudaEventDestroy(cudaEvent_t ev)
 {
     flush_all(); /* a queued record must not outlive its event */
@@ -666,6 +756,7 @@ cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t st)
     if (!ev)
         return fail(cudaErrorInvalidValue);
     ev->done = false;
+    ev->stream = stream_of(st);
     return emurt::submit(st, [ev]() {
         ev->done = true;
         ev->t_ms = now_ms();

@@ -4,17 +4,30 @@
  * memory is host memory that the runtime tracks, a stream is a queue that
  * runs at the points where a GPU's work would be known to be done, and a
  * kernel launch runs the kernel's own source on the emulator. Only what the
- * backend calls is here. */
+ * backend and the NCCL comm backend call is here. The API itself is C (the
+ * comm backend and the GPU suite's C tests include it); kernel launches and
+ * what the emulator adds are C++. */
 #ifndef DIT_EMU_CUDA_RUNTIME_H
 #define DIT_EMU_CUDA_RUNTIME_H
 
+#ifdef __cplusplus
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 
 #include "simt_emu.h"
+#define DIT_EMU_C_BEGIN extern "C" {
+#define DIT_EMU_C_END }
+#define DIT_EMU_NULL_DEFAULT = nullptr
+#else
+#include <stddef.h>
+#include <stdint.h>
+#define DIT_EMU_C_BEGIN
+#define DIT_EMU_C_END
+#define DIT_EMU_NULL_DEFAULT
+#endif
 
-enum cudaError_t {
+typedef enum cudaError_t {
     cudaSuccess = 0,
     cudaErrorInvalidValue = 1,
     cudaErrorMemoryAllocation = 2,
@@ -29,38 +42,40 @@ enum cudaError_t {
     cudaErrorStreamCaptureUnjoined = 904,
     cudaErrorStreamCaptureImplicit = 906,
     cudaErrorUnknown = 999,
-};
+} cudaError_t;
 typedef enum cudaError_t cudaError;
 
-enum cudaMemcpyKind {
+typedef enum cudaMemcpyKind {
     cudaMemcpyHostToHost = 0,
     cudaMemcpyHostToDevice = 1,
     cudaMemcpyDeviceToHost = 2,
     cudaMemcpyDeviceToDevice = 3,
     cudaMemcpyDefault = 4,
-};
+} cudaMemcpyKind;
 
-enum cudaStreamCaptureMode {
+typedef enum cudaStreamCaptureMode {
     cudaStreamCaptureModeGlobal = 0,
     cudaStreamCaptureModeThreadLocal = 1,
     cudaStreamCaptureModeRelaxed = 2,
-};
+} cudaStreamCaptureMode;
 
-enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
-enum cudaDeviceAttr { cudaDevAttrMaxSharedMemoryPerBlockOptin = 97 };
+typedef enum cudaFuncAttribute {
+    cudaFuncAttributeMaxDynamicSharedMemorySize = 8
+} cudaFuncAttribute;
+typedef enum cudaDeviceAttr { cudaDevAttrMaxSharedMemoryPerBlockOptin = 97 } cudaDeviceAttr;
 
+#define cudaStreamDefault 0x00u
 #define cudaStreamNonBlocking 0x01u
+#define cudaEventDefault 0x00u
+#define cudaEventDisableTiming 0x02u
 
-struct emu_stream;
-struct emu_event;
-struct emu_graph;
-struct emu_graph_exec;
-typedef emu_stream *cudaStream_t;
-typedef emu_event *cudaEvent_t;
-typedef emu_graph *cudaGraph_t;
-typedef emu_graph_exec *cudaGraphExec_t;
+typedef struct emu_stream *cudaStream_t;
+typedef struct emu_event *cudaEvent_t;
+typedef struct emu_graph *cudaGraph_t;
+typedef struct emu_graph_exec *cudaGraphExec_t;
+typedef void (*cudaHostFn_t)(void *user_data);
 
-struct cudaDeviceProp {
+typedef struct cudaDeviceProp {
     char name[256];
     size_t totalGlobalMem;
     size_t sharedMemPerBlock;
@@ -69,10 +84,12 @@ struct cudaDeviceProp {
     int major, minor;
     int warpSize;
     int maxThreadsPerBlock;
-};
+} cudaDeviceProp;
 
+DIT_EMU_C_BEGIN
 cudaError_t cudaGetDeviceCount(int *n);
 cudaError_t cudaSetDevice(int device);
+cudaError_t cudaGetDevice(int *device);
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp *prop, int device);
 cudaError_t cudaDeviceGetAttribute(int *value, cudaDeviceAttr attr, int device);
 cudaError_t cudaGetLastError(void);
@@ -85,14 +102,19 @@ cudaError_t cudaMallocHost(void **p, size_t bytes);
 cudaError_t cudaFreeHost(void *p);
 cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes);
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind,
-                            cudaStream_t stream = nullptr);
+                            cudaStream_t stream DIT_EMU_NULL_DEFAULT);
 cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch,
                               size_t width, size_t height, cudaMemcpyKind kind,
-                              cudaStream_t stream = nullptr);
-cudaError_t cudaMemsetAsync(void *p, int value, size_t bytes, cudaStream_t stream = nullptr);
+                              cudaStream_t stream DIT_EMU_NULL_DEFAULT);
+cudaError_t cudaMemsetAsync(void *p, int value, size_t bytes,
+                            cudaStream_t stream DIT_EMU_NULL_DEFAULT);
 
 cudaError_t cudaStreamCreate(cudaStream_t *s);
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags);
+cudaError_t cudaStreamCreateWithPriority(cudaStream_t *s, unsigned flags, int priority);
+cudaError_t cudaDeviceGetStreamPriorityRange(int *least, int *greatest);
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t ev, unsigned flags);
+cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void *user_data);
 cudaError_t cudaStreamDestroy(cudaStream_t s);
 cudaError_t cudaStreamSynchronize(cudaStream_t s);
 cudaError_t cudaStreamQuery(cudaStream_t s);
@@ -105,9 +127,14 @@ cudaError_t cudaGraphDestroy(cudaGraph_t graph);
 cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec);
 
 cudaError_t cudaEventCreate(cudaEvent_t *ev);
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *ev, unsigned flags);
+cudaError_t cudaEventQuery(cudaEvent_t ev);
 cudaError_t cudaEventDestroy(cudaEvent_t ev);
-cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t s = nullptr);
+cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t s DIT_EMU_NULL_DEFAULT);
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end);
+DIT_EMU_C_END
+
+#ifdef __cplusplus
 
 /* ---- What the emulated runtime adds (not CUDA API) ------------------------ */
 
@@ -127,6 +154,9 @@ uint64_t next_seed();
 cudaError_t set_func_smem(const void *fn, int bytes);
 /* True when [p, p + bytes) lies in one device allocation. */
 bool is_device(const void *p, size_t bytes);
+/* Runs what stream s has queued, now (the emulated NCCL's collectives run
+ * as they are issued: see nccl_emu.cc). */
+void run_now(cudaStream_t s);
 } /* namespace emurt */
 
 template <typename T> cudaError_t cudaFuncSetAttribute(T *fn, cudaFuncAttribute attr, int value)
@@ -167,5 +197,7 @@ static inline void emu_launch(const void *fn, dim3 grid, dim3 block, size_t smem
 #define DIT_CUDA_LAUNCH(k, grid, block, smem, stream, ...)                                         \
     emu_launch(reinterpret_cast<const void *>(k), dim3(grid), dim3(block), (size_t)(smem),         \
                (stream), emu_bind(k)(__VA_ARGS__))
+
+#endif /* __cplusplus */
 
 #endif

@@ -1,0 +1,179 @@
+"""End-to-end tests of ditd serving on a mesh of emulated GPUs: the cuda
+backend and the NCCL comm backend built for the SIMT emulator
+(tests/gpu/emu), in ditworker_emu, started by the real ditd with
+`--backend cuda --worker ditworker_emu`. Each rank is a process with one
+emulated device; NCCL's traffic between them goes through the emulated
+NCCL (tests/gpu/emu/nccl_emu.cc). So the NCCL mesh code (comm_nccl.c, the
+NCCL id relay through ditd, the cuda backend under ring, Ulysses, tensor
+and CFG parallelism, a dead rank's detection and the mesh's rebuild) runs
+in every build, with or without a GPU; one GPU could not run it anyway
+(NCCL refuses two ranks on one device).
+
+    test_cuda_mesh_emu.py CASE      runs one case (meson registers each as a test)
+    test_cuda_mesh_emu.py --list    lists the cases
+"""
+
+import os
+import shutil
+import signal
+import struct
+import sys
+import tempfile
+import time
+
+import grpc
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from daemon import children_of, env_path, Daemon, run_cases  # noqa: E402
+
+RAW = "OUTPUT_FORMAT_RAW_TENSOR"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+# 64 image tokens, 16 text tokens: seconds a generation on the emulator.
+REQ = dict(prompt="a red fox in the snow", width=128, height=64, num_inference_steps=3,
+           seed=1, max_sequence_length=16, output_format=RAW)
+# True CFG, for --cfg-parallel.
+CFG_REQ = dict(REQ, negative_prompt="blurry", true_cfg_scale=3.0)
+# Relative to max|cpu image|, as the GPU suite measures: the cuda backend
+# holds weights and GEMM inputs in bf16 (sums in f32); over a whole
+# generation the GPU suite allows 5e-2 of diffusers' final latents
+# (tests/gpu/test_cuda_golden.c). A layout whose exchange moved a wrong block
+# is off by order one.
+CUDA_VS_CPU_TOL = 5e-2
+
+CASES = {}
+
+
+def case(fn):
+    CASES[fn.__name__] = fn
+    return fn
+
+
+def floats(raw):
+    return struct.unpack(f"<{len(raw) // 4}f", raw)
+
+
+def rel_err(got, ref):
+    assert len(got) == len(ref), (len(got), len(ref))
+    top = max(abs(x) for x in ref)
+    return max(abs(a - b) for a, b in zip(got, ref)) / top
+
+
+class EmuMesh(Daemon):
+    """ditd with the emulated cuda workers; NCCL's files in a directory of
+    the test's own, removed at close."""
+
+    def __init__(self, *args, world, **kw):
+        self.nccl_dir = tempfile.mkdtemp(prefix="ditemu-nccl-")
+        env = {"DIT_EMU_DEVICE_COUNT": str(world), "DIT_EMU_NCCL_DIR": self.nccl_dir,
+               "DIT_EMU_NCCL_TIMEOUT_S": "60"}
+        env.update(kw.pop("env", {}))
+        super().__init__("--backend", "cuda", "--worker", env_path("DITWORKER_EMU"),
+                         "--startup-timeout", "120", *args, world=world, env=env, **kw)
+
+    def close(self):
+        super().close()
+        shutil.rmtree(self.nccl_dir, ignore_errors=True)
+
+
+def image(d, req, timeout=300):
+    kinds, raw, res = d.generate(timeout=timeout, **req)
+    assert kinds[-1] == "result" and res is not None, kinds
+    return floats(raw), res
+
+
+def cpu_reference(req):
+    d = Daemon("--threads", "1", world=1)
+    try:
+        img, _ = image(d, req)
+        d.stop()
+    finally:
+        d.close()
+    return img
+
+
+def layout_matches(args, world, req, ref, single=None):
+    d = EmuMesh(*args, world=world)
+    try:
+        info = d.info()
+        assert info.backend == "cuda" and info.world_size == world, info
+        t0 = time.monotonic()
+        img, res = image(d, req)
+        took = time.monotonic() - t0
+        err = rel_err(img, ref)
+        line = f"  {' '.join(args) or 'one rank'}: cuda vs cpu rel {err:.3g}"
+        if single is not None:
+            line += f", vs cuda on one rank {rel_err(img, single):.3g}"
+        print(f"{line} ({took:.1f} s)")
+        assert err <= CUDA_VS_CPU_TOL, f"{args}: {err:.3g} off the cpu backend's image"
+        assert not res.warnings, res.warnings
+        assert d.info().worker_restarts == 0
+        d.stop()
+        return img
+    finally:
+        d.close()
+
+
+@case
+def layouts():
+    """A generation on one emulated GPU and on meshes of ring 2, Ulysses 2,
+    tensor parallel 2 and ring 2 x Ulysses 2: each within the bf16 bound of
+    the cpu backend's image."""
+    ref = cpu_reference(REQ)
+    single = layout_matches((), 1, REQ, ref)
+    for args, world in ((("--ring", "2"), 2), (("--ulysses", "2"), 2), (("--tp", "2"), 2),
+                        (("--ring", "2", "--ulysses", "2"), 4)):
+        layout_matches(args, world, REQ, ref, single)
+
+
+@case
+def cfg_parallel():
+    """--cfg-parallel: the conditional and unconditional passes on two
+    emulated GPUs, one exchange a step."""
+    ref = cpu_reference(CFG_REQ)
+    layout_matches(("--cfg-parallel",), 2, CFG_REQ, ref)
+
+
+@case
+def rank_killed():
+    """kill -9 of one rank of an emulated NCCL ring mid-request: the request
+    fails with UNAVAILABLE, the mesh rebuilds (a new NCCL id through ditd)
+    and serves the next request."""
+    d = EmuMesh("--ring", "2", world=2)
+    try:
+        api = d.api
+        long_req = dict(REQ, num_inference_steps=1000, output_format="OUTPUT_FORMAT_PNG")
+        call = api.generate(d.channel)(api.request(**long_req), timeout=600)
+        for ev in call:
+            if ev.WhichOneof("event") == "progress":
+                break
+        workers = children_of(d.proc.pid)
+        assert len(workers) == 2, workers
+        t0 = time.monotonic()
+        os.kill(workers[-1], signal.SIGKILL)
+        try:
+            for _ in call:
+                pass
+            raise AssertionError("the request outlived its rank")
+        except grpc.RpcError as e:
+            assert e.code().name == "UNAVAILABLE", (e.code(), e.details())
+            print(f"  failed {1000 * (time.monotonic() - t0):.0f} ms after the kill: {e.details()}")
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 120:
+            info = d.info()
+            if info.mesh_state == "ready" and info.worker_restarts == 1:
+                break
+            time.sleep(0.1)
+        assert info.mesh_state == "ready" and info.worker_restarts == 1, info
+        kinds, png, res = d.generate(timeout=300, **dict(REQ, output_format="OUTPUT_FORMAT_PNG"))
+        assert png.startswith(PNG_MAGIC) and res.seed == 1
+        d.stop()
+    finally:
+        d.close()
+
+
+def main():
+    return run_cases(CASES, __doc__)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
