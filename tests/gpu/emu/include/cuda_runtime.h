@@ -73,6 +73,7 @@ typedef struct emu_stream *cudaStream_t;
 typedef struct emu_event *cudaEvent_t;
 typedef struct emu_graph *cudaGraph_t;
 typedef struct emu_graph_exec *cudaGraphExec_t;
+#define CUDART_CB
 typedef void (*cudaHostFn_t)(void *user_data);
 
 typedef struct cudaDeviceProp {
