@@ -755,32 +755,31 @@ ncclResult_t ncclBroadcast(const void *sendbuff, void *recvbuff, size_t count,
     return enqueue(std::move(o));
 }
 
-ncclResult_t ncclSend(const void *sendbuff, size_t count, ncclDataType_t datatype, int peer,
-                      ncclComm_t comm, cudaStream_t stream)
+/* A send (recv NULL) or a receive (send NULL) of one buffer. */
+static ncclResult_t p2p(const void *send, void *recv, size_t count, ncclDataType_t datatype,
+                        int peer, ncclComm_t comm, cudaStream_t stream, const char *fn)
 {
-    NCCL_TRY(check_comm(comm, "ncclSend"));
-    NCCL_TRY(check_peer(comm, peer, "ncclSend"));
+    NCCL_TRY(check_comm(comm, fn));
+    NCCL_TRY(check_peer(comm, peer, fn));
     const size_t bytes = count * type_size(datatype);
-    NCCL_TRY(check_buf(sendbuff, bytes, "ncclSend", "sendbuff"));
+    NCCL_TRY(check_buf(send ? send : recv, bytes, fn, send ? "sendbuff" : "recvbuff"));
     op o;
     o.c = comm;
     o.stream = stream;
-    o.posts.push_back(step{comm, peer, sendbuff, bytes, nullptr});
+    (send ? o.posts : o.takes).push_back(step{comm, peer, send, bytes, recv});
     return enqueue(std::move(o));
+}
+
+ncclResult_t ncclSend(const void *sendbuff, size_t count, ncclDataType_t datatype, int peer,
+                      ncclComm_t comm, cudaStream_t stream)
+{
+    return p2p(sendbuff, nullptr, count, datatype, peer, comm, stream, "ncclSend");
 }
 
 ncclResult_t ncclRecv(void *recvbuff, size_t count, ncclDataType_t datatype, int peer,
                       ncclComm_t comm, cudaStream_t stream)
 {
-    NCCL_TRY(check_comm(comm, "ncclRecv"));
-    NCCL_TRY(check_peer(comm, peer, "ncclRecv"));
-    const size_t bytes = count * type_size(datatype);
-    NCCL_TRY(check_buf(recvbuff, bytes, "ncclRecv", "recvbuff"));
-    op o;
-    o.c = comm;
-    o.stream = stream;
-    o.takes.push_back(step{comm, peer, nullptr, bytes, recvbuff});
-    return enqueue(std::move(o));
+    return p2p(nullptr, recvbuff, count, datatype, peer, comm, stream, "ncclRecv");
 }
 
 } /* extern "C" */
