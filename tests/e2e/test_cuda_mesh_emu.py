@@ -13,6 +13,7 @@ in every build, with or without a GPU; one GPU could not run it anyway
     test_cuda_mesh_emu.py --list    lists the cases
 """
 
+import json
 import os
 import shutil
 import signal
@@ -26,6 +27,8 @@ import grpc
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from daemon import children_of, env_path, Daemon, run_cases  # noqa: E402
 from test_throughput import run_concurrently, solo_results, wait_progress  # noqa: E402
+from test_video import read_safetensors, reference_case, REF, request_of  # noqa: E402
+from daemon import WAN_DEMO  # noqa: E402
 
 RAW = "OUTPUT_FORMAT_RAW_TENSOR"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -124,6 +127,33 @@ def layouts():
     for args, world in ((("--ring", "2"), 2), (("--ulysses", "2"), 2), (("--tp", "2"), 2),
                         (("--ring", "2", "--ulysses", "2"), 4)):
         layout_matches(args, world, REQ, ref, single)
+
+
+@case
+def wan_layouts():
+    """Wan 2.1 (the tiny wan_demo pipeline, 9 frames, classic CFG with a
+    negative prompt) on emulated meshes of ring 2 and ring 2 x Ulysses 2 (one
+    emulated GPU is cuda_wan_emu's): each raw video against diffusers' within
+    twice the error diffusers' own pipeline has with bf16 operands
+    (wan_demo/bf16_error.json, tests/golden/gen_wan_bf16_error.py; the bound
+    test_cuda_wan.c uses)."""
+    name = "f9_cfg_neg"
+    with open(os.path.join(WAN_DEMO, "bf16_error.json")) as f:
+        bound = max(2e-2, 2 * json.load(f)[name]["video"])
+    _, want = read_safetensors(REF, f"{name}.video")
+    req = request_of(reference_case(name), output_format=RAW)
+    for args, world in ((("--ring", "2"), 2), (("--ring", "2", "--ulysses", "2"), 4)):
+        d = EmuMesh(*args, world=world, model=WAN_DEMO)
+        try:
+            t0 = time.monotonic()
+            got, res = image(d, req)
+            err = rel_err(got, want)
+            print(f"  wan {' '.join(args)}: cuda vs diffusers rel {err:.3g} (bound {bound:.3g}, "
+                  f"{time.monotonic() - t0:.1f} s)")
+            assert err <= bound, f"{args}: {err:.3g} off diffusers' video"
+            d.stop()
+        finally:
+            d.close()
 
 
 @case
