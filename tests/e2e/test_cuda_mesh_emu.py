@@ -26,9 +26,11 @@ import grpc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from daemon import children_of, env_path, Daemon, run_cases  # noqa: E402
-from test_throughput import run_concurrently, solo_results, wait_progress  # noqa: E402
+from test_throughput import (run_concurrently, solo_results, wait_meshes_ready,  # noqa: E402
+                             wait_progress)
 from test_video import read_safetensors, reference_case, REF, request_of  # noqa: E402
 from daemon import WAN_DEMO  # noqa: E402
+import ditapi  # noqa: E402
 
 RAW = "OUTPUT_FORMAT_RAW_TENSOR"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -63,20 +65,33 @@ def rel_err(got, ref):
 
 
 class EmuMesh(Daemon):
-    """ditd with the emulated cuda workers; NCCL's files in a directory of
-    the test's own, removed at close."""
+    """ditd with the emulated cuda workers on `devices` emulated GPUs (default
+    one per rank) in exclusive-process mode, so that two workers given one
+    GPU fail as they would on such a GPU; NCCL's files and the devices'
+    claims in a directory of the test's own (`share` another's), removed at
+    close."""
 
-    def __init__(self, *args, world, **kw):
-        self.nccl_dir = tempfile.mkdtemp(prefix="ditemu-nccl-")
-        env = {"DIT_EMU_DEVICE_COUNT": str(world), "DIT_EMU_NCCL_DIR": self.nccl_dir,
-               "DIT_EMU_NCCL_TIMEOUT_S": "60"}
+    def __init__(self, *args, world, devices=None, share=None, **kw):
+        self.own_dir = share is None
+        self.nccl_dir = share or tempfile.mkdtemp(prefix="ditemu-nccl-")
+        env = {"DIT_EMU_DEVICE_COUNT": str(devices or world), "DIT_EMU_NCCL_DIR": self.nccl_dir,
+               "DIT_EMU_EXCLUSIVE_DIR": self.nccl_dir, "DIT_EMU_NCCL_TIMEOUT_S": "60"}
         env.update(kw.pop("env", {}))
         super().__init__("--backend", "cuda", "--worker", env_path("DITWORKER_EMU"),
                          "--startup-timeout", "120", *args, world=world, env=env, **kw)
 
     def close(self):
         super().close()
-        shutil.rmtree(self.nccl_dir, ignore_errors=True)
+        if self.own_dir:
+            shutil.rmtree(self.nccl_dir, ignore_errors=True)
+
+
+def collect(seen, call):
+    """ditapi.collect over the events already read, then the rest."""
+    def events():
+        yield from seen
+        yield from call
+    return ditapi.collect(events())
 
 
 def image(d, req, timeout=300):
@@ -208,6 +223,51 @@ def batched():
                 # algorithm for another M).
                 assert img == alone[k][i], f"member {k} image {i} differs from it alone on cuda"
         print(f"  batch of 3 on --ring 2: worst cuda vs cpu alone {worst:.3g}")
+        d.stop()
+    finally:
+        d.close()
+
+
+@case
+def replicas():
+    """--replicas 2 of --ring 2 on four emulated GPUs in exclusive-process
+    mode: mesh m gets GPUs 2m and 2m + 1 (two workers on one GPU would fail
+    to start, as a second daemon on the same GPUs shows), both meshes
+    serve, each image within the bound of the cpu's."""
+    ref = cpu_reference(REQ)
+    d = EmuMesh("--replicas", "2", "--ring", "2", world=2, devices=4)
+    try:
+        info = wait_meshes_ready(d)
+        assert info.replicas == 2 and len(info.meshes) == 2, info
+        # The first holds mesh 0 (it is running when the second starts), so
+        # the second runs on mesh 1.
+        api = d.api
+        calls = [api.generate(d.channel)(api.request(**REQ), timeout=300)]
+        first = []
+        for ev in calls[0]:
+            first.append(ev)
+            if ev.WhichOneof("event") == "started":
+                break
+        calls.append(api.generate(d.channel)(api.request(**REQ), timeout=300))
+        for k, call in enumerate(calls):
+            kinds, raw, res = collect(first if k == 0 else [], call)
+            assert res is not None, kinds
+            err = rel_err(floats(raw), ref)
+            assert err <= CUDA_VS_CPU_TOL, f"request {k}: {err:.3g} off the cpu's"
+        jobs = [m.jobs for m in d.info().meshes]
+        assert jobs == [1, 1], f"the two requests did not run on both meshes: {jobs}"
+        print(f"  two requests, one on each mesh: cuda vs cpu {err:.3g}")
+        # The same four GPUs again, from another daemon: its workers cannot
+        # have them while the first daemon's hold them.
+        e = EmuMesh("--ring", "2", world=2, devices=4, share=d.nccl_dir, wait_serving=False)
+        try:
+            t0 = time.monotonic()
+            while "busy or unavailable" not in e.log() and time.monotonic() - t0 < 60:
+                time.sleep(0.1)
+            assert "busy or unavailable" in e.log(), e.log()
+            assert d.info().meshes[0].state == "ready"
+        finally:
+            e.close()
         d.stop()
     finally:
         d.close()

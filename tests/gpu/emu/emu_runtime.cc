@@ -2,7 +2,10 @@
  * README.md there). Process-wide state (a driver's), used from one host
  * thread at a time, as the cuda backend is. DIT_EMU_DEVICE_COUNT devices
  * (default 1), all the same one: a mesh's ranks are processes, each with a
- * device of its own.
+ * device of its own. With DIT_EMU_EXCLUSIVE_DIR set, devices are in
+ * exclusive-process compute mode across the processes that share that
+ * directory: cudaSetDevice of a device another live process holds fails
+ * with cudaErrorDevicesUnavailable (what two meshes given one GPU get).
  *
  * What it checks, beyond running the work:
  *  - every device pointer a copy, memset or GEMM is given lies, with its
@@ -36,6 +39,10 @@
 #include <memory>
 #include <set>
 #include <vector>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
 
 #include <cblas.h>
 #include <cublasLt.h>
@@ -85,6 +92,7 @@ struct runtime {
     emu::copies copies = emu::COPY_AT_ISSUE;
     emu::schedule sched = emu::SCHED_ROUND_ROBIN;
     int device_count = 1, device = 0;
+    std::set<int> held; /* devices this process holds (exclusive mode) */
     bool configured = false;
 };
 
@@ -284,6 +292,48 @@ static bool device_ok(int device)
     return device >= 0 && device < rt().device_count;
 }
 
+/* Exclusive-process mode (DIT_EMU_EXCLUSIVE_DIR): <dir>/device-<d> holds
+ * the pid of the process using device d; a dead holder's claim lapses. */
+static bool claim_device(int device)
+{
+    const char *dir = getenv("DIT_EMU_EXCLUSIVE_DIR");
+    if (!dir || !dir[0] || rt().held.count(device))
+        return true;
+    char path[600], tmp[640];
+    snprintf(path, sizeof path, "%s/device-%d", dir, device);
+    snprintf(tmp, sizeof tmp, "%s.%d", path, (int)getpid());
+    const pid_t me = getpid();
+    for (int attempt = 0; attempt < 2; attempt++) {
+        /* A link of a file holding our pid: atomic, and whole when seen. */
+        const int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+        if (fd < 0)
+            return false;
+        const bool wrote = write(fd, &me, sizeof me) == (ssize_t)sizeof me;
+        close(fd);
+        const bool linked = wrote && link(tmp, path) == 0;
+        unlink(tmp);
+        if (linked) {
+            rt().held.insert(device);
+            return true;
+        }
+        pid_t holder = 0;
+        const int rd = open(path, O_RDONLY | O_CLOEXEC);
+        if (rd >= 0) {
+            if (read(rd, &holder, sizeof holder) != (ssize_t)sizeof holder)
+                holder = 0;
+            close(rd);
+        }
+        if (holder > 0 && holder != me && kill(holder, 0) == 0) {
+            complain("cudaSetDevice(%d): the device is in exclusive-process mode and process "
+                     "%d holds it",
+                     device, (int)holder);
+            return false;
+        }
+        unlink(path); /* a dead holder's (or our own earlier) claim */
+    }
+    return false;
+}
+
 cudaError_t cudaGetDeviceCount(int *n)
 {
     *n = rt().device_count;
@@ -294,6 +344,8 @@ cudaError_t cudaSetDevice(int device)
 {
     if (!device_ok(device))
         return fail(cudaErrorInvalidDevice);
+    if (!claim_device(device))
+        return fail(cudaErrorDevicesUnavailable);
     rt().device = device;
     return cudaSuccess;
 }
@@ -355,6 +407,8 @@ const char *cudaGetErrorName(cudaError_t e)
         return "cudaErrorInvalidDevicePointer";
     case cudaErrorInvalidDevice:
         return "cudaErrorInvalidDevice";
+    case cudaErrorDevicesUnavailable:
+        return "cudaErrorDevicesUnavailable";
     case cudaErrorNotReady:
         return "cudaErrorNotReady";
     case cudaErrorStreamCaptureUnsupported:
@@ -381,6 +435,8 @@ const char *cudaGetErrorString(cudaError_t e)
         return "invalid device pointer";
     case cudaErrorInvalidDevice:
         return "invalid device ordinal";
+    case cudaErrorDevicesUnavailable:
+        return "CUDA-capable device(s) is/are busy or unavailable";
     case cudaErrorNotReady:
         return "device not ready";
     case cudaErrorStreamCaptureUnsupported:

@@ -34,6 +34,7 @@ typedef enum cudaError_t {
     cudaErrorInvalidConfiguration = 9,
     cudaErrorInvalidDevicePointer = 17,
     cudaErrorInsufficientDriver = 35,
+    cudaErrorDevicesUnavailable = 46,
     cudaErrorNoDevice = 100,
     cudaErrorInvalidDevice = 101,
     cudaErrorNotReady = 600,
