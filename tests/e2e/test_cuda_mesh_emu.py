@@ -18,6 +18,7 @@ import os
 import shutil
 import signal
 import struct
+import subprocess
 import sys
 import tempfile
 import time
@@ -25,12 +26,11 @@ import time
 import grpc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from daemon import children_of, env_path, Daemon, run_cases  # noqa: E402
+import ditapi  # noqa: E402
+from daemon import children_of, env_path, Daemon, run_cases, WAN_DEMO  # noqa: E402
 from test_throughput import (run_concurrently, solo_results, wait_meshes_ready,  # noqa: E402
                              wait_progress)
 from test_video import read_safetensors, reference_case, REF, request_of  # noqa: E402
-from daemon import WAN_DEMO  # noqa: E402
-import ditapi  # noqa: E402
 
 RAW = "OUTPUT_FORMAT_RAW_TENSOR"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -74,11 +74,17 @@ class EmuMesh(Daemon):
     def __init__(self, *args, world, devices=None, share=None, **kw):
         self.own_dir = share is None
         self.nccl_dir = share or tempfile.mkdtemp(prefix="ditemu-nccl-")
-        env = {"DIT_EMU_DEVICE_COUNT": str(devices or world), "DIT_EMU_NCCL_DIR": self.nccl_dir,
-               "DIT_EMU_EXCLUSIVE_DIR": self.nccl_dir, "DIT_EMU_NCCL_TIMEOUT_S": "60"}
+        env = {k: v for k, v in self.emu_env(devices or world).items()
+               if k.startswith("DIT_EMU_")}
         env.update(kw.pop("env", {}))
         super().__init__("--backend", "cuda", "--worker", env_path("DITWORKER_EMU"),
                          "--startup-timeout", "120", *args, world=world, env=env, **kw)
+
+    def emu_env(self, devices):
+        """The environment of a worker started by hand (a joiner) on this
+        daemon's emulated GPUs."""
+        return dict(os.environ, DIT_EMU_DEVICE_COUNT=str(devices), DIT_EMU_NCCL_DIR=self.nccl_dir,
+                    DIT_EMU_EXCLUSIVE_DIR=self.nccl_dir, DIT_EMU_NCCL_TIMEOUT_S="60")
 
     def close(self):
         super().close()
@@ -115,6 +121,7 @@ def layout_matches(args, world, req, ref, single=None):
     try:
         info = d.info()
         assert info.backend == "cuda" and info.world_size == world, info
+        assert info.comm == ("nccl" if world > 1 else "none"), info
         t0 = time.monotonic()
         img, res = image(d, req)
         took = time.monotonic() - t0
@@ -271,6 +278,56 @@ def replicas():
         d.stop()
     finally:
         d.close()
+
+
+@case
+def join():
+    """A mesh across "hosts": rank 0 started by ditd, rank 1 an emulated
+    `ditworker --join` on GPU 1 with the shared secret, the NCCL id reaching
+    it over the join connection. Its image is within the bound of the cpu's;
+    when the local worker dies, the joined one rejoins by itself and the
+    rebuilt mesh (a new NCCL id) gives the same image again."""
+    ref = cpu_reference(REQ)
+    with tempfile.TemporaryDirectory() as tmp:
+        secret = os.path.join(tmp, "secret")
+        with open(secret, "w") as f:
+            f.write("7f3a9c0e5b2d48e1a6c4f0b9d3e7a215\n")
+        d = EmuMesh("--ring", "2", "--local-ranks", "1", "--join-listen", "127.0.0.1:0",
+                    "--join-secret-file", secret, world=2, wait_serving=False)
+        joiner = None
+        try:
+            with open(os.path.join(tmp, "joiner.log"), "w") as logf:
+                joiner = subprocess.Popen(
+                    [env_path("DITWORKER_EMU"), "--join", d.join_target, "--secret-file", secret,
+                     "--device", "1"], stderr=logf, env=d.emu_env(2))
+            d.wait_serving(60)
+            info = d.info()
+            assert info.world_size == 2 and info.comm == "nccl", info
+            img, _ = image(d, REQ)
+            err = rel_err(img, ref)
+            assert err <= CUDA_VS_CPU_TOL, f"{err:.3g} off the cpu's image"
+            local = children_of(d.proc.pid)
+            assert len(local) == 1, local
+            os.kill(local[0], signal.SIGKILL)
+            t0 = time.monotonic()
+            while d.info().worker_restarts < 1 and time.monotonic() - t0 < 30:
+                time.sleep(0.05)
+            d.wait_serving(60)
+            assert joiner.poll() is None, "the joined worker exited instead of rejoining"
+            again, _ = image(d, REQ)
+            assert again == img, "the rebuilt mesh's image differs"
+            print(f"  joined rank on GPU 1: cuda vs cpu {err:.3g}; after the local rank's "
+                  f"death the rejoined mesh gave the same bits")
+            d.stop()
+        finally:
+            d.close()
+            if joiner and joiner.poll() is None:
+                joiner.terminate()
+                joiner.wait(30)
+            with open(os.path.join(tmp, "joiner.log"), errors="replace") as f:
+                log = f.read()
+            for needle in ("runtime error:", "AddressSanitizer", "LeakSanitizer"):
+                assert needle not in log, f"sanitizer report from the joined worker:\n{log}"
 
 
 @case

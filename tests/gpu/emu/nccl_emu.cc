@@ -288,29 +288,17 @@ void run(op &o)
         o.after();
 }
 
-/* Queues the ops on their streams and runs those streams now. */
-void issue(std::vector<op> ops)
-{
-    std::vector<cudaStream_t> streams;
-    for (op &o : ops) {
-        auto shared = std::make_shared<op>(std::move(o));
-        emurt::submit(shared->stream, [shared]() { run(*shared); });
-        if (std::find(streams.begin(), streams.end(), shared->stream) == streams.end())
-            streams.push_back(shared->stream);
-    }
-    for (cudaStream_t s : streams)
-        emurt::run_now(s);
-}
-
+/* Inside a group, keeps the op for ncclGroupEnd; else queues it on its
+ * stream and runs that stream now. */
 ncclResult_t enqueue(op o)
 {
     if (st().group_depth > 0) {
         st().pending.push_back(std::move(o));
         return ncclSuccess;
     }
-    std::vector<op> one;
-    one.push_back(std::move(o));
-    issue(std::move(one));
+    auto shared = std::make_shared<op>(std::move(o));
+    emurt::submit(shared->stream, [shared]() { run(*shared); });
+    emurt::run_now(shared->stream);
     return ncclSuccess;
 }
 
