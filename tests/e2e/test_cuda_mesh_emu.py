@@ -30,6 +30,7 @@ import ditapi  # noqa: E402
 from daemon import children_of, env_path, Daemon, run_cases, WAN_DEMO  # noqa: E402
 from test_throughput import (run_concurrently, solo_results, wait_meshes_ready,  # noqa: E402
                              wait_progress)
+from test_lora import lora_dir  # noqa: E402
 from test_video import read_safetensors, reference_case, REF, request_of  # noqa: E402
 
 RAW = "OUTPUT_FORMAT_RAW_TENSOR"
@@ -106,8 +107,8 @@ def image(d, req, timeout=300):
     return floats(raw), res
 
 
-def cpu_reference(req):
-    d = Daemon("--threads", "1", world=1)
+def cpu_reference(req, *args):
+    d = Daemon("--threads", "1", *args, world=1)
     try:
         img, _ = image(d, req)
         d.stop()
@@ -328,6 +329,30 @@ def join():
                 log = f.read()
             for needle in ("runtime error:", "AddressSanitizer", "LeakSanitizer"):
                 assert needle not in log, f"sanitizer report from the joined worker:\n{log}"
+
+
+@case
+def lora_mesh():
+    """A LoRA adapter (demo_peft at 0.8) on an emulated tp 2 x ring 2 mesh:
+    every rank loads its slice of it in bf16; the image is within the bound
+    of the cpu's with the same adapter, and much farther from the cpu's
+    without it (so an adapter left out would show)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        loras = ("--lora-dir", lora_dir(tmp))
+        req = dict(REQ, loras=[("demo_peft", 0.8)])
+        ref = cpu_reference(req, *loras)
+        base = cpu_reference(REQ, *loras)
+        d = EmuMesh("--tp", "2", "--ring", "2", *loras, world=4)
+        try:
+            img, _ = image(d, req)
+            err, off = rel_err(img, ref), rel_err(img, base)
+            print(f"  demo_peft x 0.8 on tp 2 x ring 2: cuda vs cpu {err:.3g}, vs cpu without "
+                  f"the adapter {off:.3g}")
+            assert err <= CUDA_VS_CPU_TOL, f"{err:.3g} off the cpu's image with the adapter"
+            assert off > 4 * CUDA_VS_CPU_TOL, f"only {off:.3g} from the image without it"
+            d.stop()
+        finally:
+            d.close()
 
 
 @case
