@@ -56,9 +56,10 @@ struct emu_stream {
 };
 
 struct emu_event {
-    bool done = false;
+    bool done = false; /* its last record has run */
     double t_ms = 0.0;
-    emu_stream *stream = nullptr; /* where its last record was queued */
+    emu_stream *stream = nullptr;   /* where its last record was queued */
+    uint64_t recorded = 0, ran = 0; /* records queued, and the last that ran */
 };
 
 struct emu_graph {
@@ -174,12 +175,12 @@ void flush(emu_stream *s)
     }
 }
 
-/* Runs ev's stream until ev's last record has run. */
-void run_until(emu_event *ev)
+/* Runs stream s until record number `rec` of ev has run. */
+void run_until(emu_event *ev, emu_stream *s, uint64_t rec)
 {
-    while (!ev->done && ev->stream && !ev->stream->queue.empty()) {
-        std::function<void()> op = std::move(ev->stream->queue.front());
-        ev->stream->queue.pop_front();
+    while (ev->ran < rec && s && !s->queue.empty()) {
+        std::function<void()> op = std::move(s->queue.front());
+        s->queue.pop_front();
         op();
     }
 }
@@ -659,15 +660,18 @@ cudaError_t cudaDeviceGetStreamPriorityRange(int *least, int *greatest)
     return cudaSuccess;
 }
 
-/* The wait runs where it stands in s: it runs ev's stream up to ev's record
- * (which was queued before the wait was, so it is there to be run). */
+/* The wait runs where it stands in s: it runs the recording stream up to
+ * ev's record as of this call (queued before the wait was, so it is there
+ * to be run; a later record of ev does not move it). */
 cudaError_t cudaStreamWaitEvent(cudaStream_t st, cudaEvent_t ev, unsigned)
 {
     if (!ev)
         return fail(cudaErrorInvalidValue);
-    if (ev->stream == stream_of(st))
-        return cudaSuccess; /* stream order already */
-    return emurt::submit(st, [ev]() { run_until(ev); });
+    if (!ev->stream || ev->stream == stream_of(st))
+        return cudaSuccess; /* never recorded, or stream order already */
+    emu_stream *from = ev->stream;
+    const uint64_t rec = ev->recorded;
+    return emurt::submit(st, [ev, from, rec]() { run_until(ev, from, rec); });
 }
 
 cudaError_t cudaLaunchHostFunc(cudaStream_t st, cudaHostFn_t fn, void *user_data)
@@ -796,7 +800,7 @@ cudaError_t cudaEventQuery(cudaEvent_t ev)
         return fail(cudaErrorInvalidValue);
     if (ev->done || !ev->stream)
         return cudaSuccess;
-    run_until(ev);
+    run_until(ev, ev->stream, ev->recorded);
     return cudaErrorNotReady;
 }
 
@@ -813,8 +817,10 @@ cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t st)
         return fail(cudaErrorInvalidValue);
     ev->done = false;
     ev->stream = stream_of(st);
-    return emurt::submit(st, [ev]() {
-        ev->done = true;
+    const uint64_t rec = ++ev->recorded;
+    return emurt::submit(st, [ev, rec]() {
+        ev->ran = rec;
+        ev->done = rec == ev->recorded;
         ev->t_ms = now_ms();
     });
 }
