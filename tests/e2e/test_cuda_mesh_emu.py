@@ -38,6 +38,9 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # 64 image tokens, 16 text tokens: seconds a generation on the emulator.
 REQ = dict(prompt="a red fox in the snow", width=128, height=64, num_inference_steps=3,
            seed=1, max_sequence_length=16, output_format=RAW)
+# 9 image tokens (48 x 48): uneven over two ranks, for the "anything" modes,
+# whose exchanges have uneven blocks (all_gather_v, all_to_all_v).
+ODD_REQ = dict(REQ, width=48, height=48)
 # True CFG, for --cfg-parallel.
 CFG_REQ = dict(REQ, negative_prompt="blurry", true_cfg_scale=3.0)
 # Relative to max|cpu image|, as the GPU suite measures: the cuda backend
@@ -150,6 +153,19 @@ def layouts():
     for args, world in ((("--ring", "2"), 2), (("--ulysses", "2"), 2), (("--tp", "2"), 2),
                         (("--ring", "2", "--ulysses", "2"), 4)):
         layout_matches(args, world, REQ, ref, single)
+
+
+@case
+def uneven():
+    """9 image tokens over two ranks: --ring 2 --ring-anything, --ulysses 2
+    --ulysses-anything and --ring 2 --ulysses 2 --unified-anything, whose
+    NCCL exchanges carry blocks of different sizes; each within the bf16
+    bound of the cpu's image."""
+    ref = cpu_reference(ODD_REQ)
+    for args, world in ((("--ring", "2", "--ring-anything"), 2),
+                        (("--ulysses", "2", "--ulysses-anything"), 2),
+                        (("--ring", "2", "--ulysses", "2", "--unified-anything"), 4)):
+        layout_matches(args, world, ODD_REQ, ref)
 
 
 @case
