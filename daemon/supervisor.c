@@ -109,6 +109,7 @@ struct dit_supervisor {
     int job_done_ranks;
     dit_status job_status;
     char job_msg[1024];
+    int job_err_rank; /* the rank whose report set job_status */
     Ditserve__Ipc__Envelope *job_result;
     uv_timer_t startup_timer, watchdog_timer, backoff_timer, kill_timer;
     double backoff_s;
@@ -347,8 +348,17 @@ void dit_supervisor_fail(dit_supervisor *s, const char *reason)
     const bool job = s->phase == PH_RUNNING;
     if (!s->stopping)
         set_phase(s, PH_TEARDOWN);
-    if (job)
+    if (job && s->job_status != DIT_OK && s->job_msg[0]) {
+        /* A rank reported why the job failed before the mesh broke (a
+         * peer that stalled or died, from its side): that is the cause; the
+         * lost connection that follows (the reporting rank exits) is not. */
+        char full[sizeof s->job_msg + 256];
+        snprintf(full, sizeof full, "worker rank %d: %s (then %s)", s->job_err_rank, s->job_msg,
+                 reason);
+        finish_job(s, DIT_ERR_PEER, full);
+    } else if (job) {
         finish_job(s, DIT_ERR_PEER, reason);
+    }
     kill_all(s);
     /* The mesh's connections go; joined workers waiting for a rank stay for
      * the next mesh. */
@@ -568,6 +578,7 @@ static void handle(conn *c, Ditserve__Ipc__Envelope *env)
         s->rank_done[c->rank] = true;
         if (d->status != DIT_OK && s->job_status == DIT_OK) {
             s->job_status = (dit_status)d->status;
+            s->job_err_rank = c->rank;
             snprintf(s->job_msg, sizeof s->job_msg, "%s", d->message ? d->message : "");
         }
         if (c->rank == 0 && d->status == DIT_OK) {

@@ -409,6 +409,47 @@ def rank_killed():
         d.close()
 
 
+@case
+def rank_stalled():
+    """SIGSTOP of one rank of an emulated NCCL ring mid-request: its peer's
+    receive times out (--comm-timeout 3, the emulated NCCL's limit the same),
+    the request fails with UNAVAILABLE naming the stalled rank as its peer
+    saw it, and the rebuilt mesh (the stopped process killed) serves the
+    next request."""
+    d = EmuMesh("--ring", "2", "--comm-timeout", "3", world=2,
+                env={"DIT_EMU_NCCL_TIMEOUT_S": "3"})
+    try:
+        api = d.api
+        long_req = dict(REQ, num_inference_steps=1000, output_format="OUTPUT_FORMAT_PNG")
+        call = api.generate(d.channel)(api.request(**long_req), timeout=600)
+        wait_progress(call)
+        workers = children_of(d.proc.pid)
+        assert len(workers) == 2, workers
+        t0 = time.monotonic()
+        os.kill(workers[-1], signal.SIGSTOP)
+        try:
+            for _ in call:
+                pass
+            raise AssertionError("the request outlived its stalled rank")
+        except grpc.RpcError as e:
+            took = time.monotonic() - t0
+            assert e.code().name == "UNAVAILABLE", (e.code(), e.details())
+            assert "nothing from rank 1 within 3 s" in e.details(), e.details()
+            print(f"  failed {took:.1f} s after the stop: {e.details()}")
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 60:
+            info = d.info()
+            if info.mesh_state == "ready" and info.worker_restarts == 1:
+                break
+            time.sleep(0.1)
+        assert info.mesh_state == "ready" and info.worker_restarts == 1, info
+        assert workers[-1] not in children_of(d.proc.pid)
+        image(d, REQ)
+        d.stop()
+    finally:
+        d.close()
+
+
 def main():
     return run_cases(CASES, __doc__)
 

@@ -525,6 +525,35 @@ def worker_kill():
 
 
 @case
+def rank_stalled():
+    """SIGSTOP of a worker mid-request (a rank that hangs without dying):
+    its peer times out after --comm-timeout and reports it, the request
+    fails with UNAVAILABLE naming the rank that stalled (not the peer that
+    gave up and exited), the stopped worker is killed and the mesh rebuilt
+    serves the next request."""
+    d = Daemon("--ring", "2", "--comm-timeout", "3", world=2)
+    try:
+        call = d.api.generate(d.channel)(d.api.request(seed=1, **LONG), timeout=600)
+        wait_progress(call)
+        workers = children_of(d.proc.pid)
+        assert len(workers) == 2, workers
+        stalled = workers[-1]
+        t0 = time.monotonic()
+        os.kill(stalled, signal.SIGSTOP)
+        details = expect_error(lambda: ditapi.collect(call), "UNAVAILABLE",
+                               "waiting for rank(s) 1")
+        print(f"  failed {time.monotonic() - t0:.1f} s after the stop: {details}")
+        wait_for(lambda: d.info().worker_restarts == 1, 60, "restart")
+        d.wait_serving(60)
+        assert stalled not in children_of(d.proc.pid) and not alive(stalled)
+        kinds, png, _ = d.generate(seed=6, **SMALL)
+        assert png.startswith(PNG_MAGIC)
+        d.stop()
+    finally:
+        d.close()
+
+
+@case
 def drain():
     """SIGTERM: NOT_SERVING, new work refused, accepted work finishes, exit 0.
     With a short drain timeout the job is cancelled. A second signal exits
