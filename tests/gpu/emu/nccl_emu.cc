@@ -7,7 +7,10 @@
  * children are subdirectories). Every operation is point-to-point messages:
  * the k-th message from rank s to rank d is the file m-<s>-<d>-<k>, written
  * under a temporary name and renamed into place, so a reader sees it whole
- * or not at all; the reader waits for it, reads it and removes it. Since
+ * or not at all; the reader waits for it, reads it and removes it. Each
+ * starts with the sender's call and size: a receiver in another call (ranks
+ * out of step, which real NCCL turns into a hang or mixed data) fails with
+ * ncclInvalidUsage naming both. Since
  * every rank issues the same operations in the same order (as NCCL
  * requires), counting messages per pair is enough to match them. A send
  * never waits, so no order of sends and receives can deadlock: a group
@@ -74,7 +77,16 @@ struct step {
     int peer;
     const void *src; /* post: the bytes to send */
     size_t bytes;
-    void *dst; /* take: where they land */
+    void *dst;        /* take: where they land */
+    const char *what; /* the call, which both ends must have made */
+};
+
+/* Every message starts with what its sender was doing, so that ranks out of
+ * step (one in an all-reduce, its peer in a broadcast of the same size) are
+ * an error naming both, where real NCCL would hang or mix the data. */
+struct msg_header {
+    char what[24];
+    uint64_t bytes;
 };
 
 struct op {
@@ -175,26 +187,49 @@ void remove_tree(const std::string &path)
     rmdir(path.c_str());
 }
 
-bool write_file(const std::string &path, const void *data, size_t bytes)
+bool write_all(int fd, const void *data, size_t bytes)
 {
-    const std::string tmp = path + ".part";
-    const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    if (fd < 0)
-        return false;
     const unsigned char *p = (const unsigned char *)data;
     size_t done = 0;
     while (done < bytes) {
         const ssize_t w = write(fd, p + done, bytes - done);
         if (w < 0 && errno == EINTR)
             continue;
-        if (w <= 0) {
-            close(fd);
-            unlink(tmp.c_str());
+        if (w <= 0)
             return false;
-        }
         done += (size_t)w;
     }
+    return true;
+}
+
+bool read_all(int fd, void *data, size_t bytes)
+{
+    unsigned char *p = (unsigned char *)data;
+    size_t done = 0;
+    while (done < bytes) {
+        const ssize_t r = read(fd, p + done, bytes - done);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return false;
+        done += (size_t)r;
+    }
+    return true;
+}
+
+/* head (may be NULL) then data, under a temporary name renamed into place. */
+bool write_file(const std::string &path, const msg_header *head, const void *data, size_t bytes)
+{
+    const std::string tmp = path + ".part";
+    const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return false;
+    const bool ok = (!head || write_all(fd, head, sizeof *head)) && write_all(fd, data, bytes);
     close(fd);
+    if (!ok) {
+        unlink(tmp.c_str());
+        return false;
+    }
     return rename(tmp.c_str(), path.c_str()) == 0;
 }
 
@@ -218,7 +253,11 @@ void post(const step &s)
     if (c->async != ncclSuccess)
         return;
     const std::string p = msg_path(c, c->rank, s.peer, c->sent[s.peer]++);
-    if (!write_file(p, s.src, s.bytes)) {
+    msg_header h;
+    memset(&h, 0, sizeof h);
+    snprintf(h.what, sizeof h.what, "%s", s.what);
+    h.bytes = s.bytes;
+    if (!write_file(p, &h, s.src, s.bytes)) {
         char why[600];
         snprintf(why, sizeof why, "cannot write %s: %s", p.c_str(), strerror(errno));
         fail(c, ncclSystemError, why);
@@ -236,27 +275,20 @@ void take(const step &s)
     for (unsigned iter = 0;; ++iter) {
         const int fd = open(p.c_str(), O_RDONLY | O_CLOEXEC);
         if (fd >= 0) {
-            struct stat sb;
-            size_t done = 0;
-            if (fstat(fd, &sb) == 0 && (size_t)sb.st_size == s.bytes) {
-                unsigned char *d = (unsigned char *)s.dst;
-                while (done < s.bytes) {
-                    const ssize_t r = read(fd, d + done, s.bytes - done);
-                    if (r < 0 && errno == EINTR)
-                        continue;
-                    if (r <= 0)
-                        break;
-                    done += (size_t)r;
-                }
-            }
-            const long long size = fstat(fd, &sb) == 0 ? (long long)sb.st_size : -1;
+            msg_header h;
+            memset(&h, 0, sizeof h);
+            const bool head = read_all(fd, &h, sizeof h);
+            h.what[sizeof h.what - 1] = '\0';
+            const bool same = head && h.bytes == s.bytes && strcmp(h.what, s.what) == 0;
+            const bool got = same && read_all(fd, s.dst, s.bytes);
             close(fd);
             unlink(p.c_str());
-            if (done != s.bytes) {
+            if (!got) {
                 snprintf(why, sizeof why,
-                         "a receive of %zu bytes from rank %d got a message of %lld: the ranks "
-                         "issued different operations",
-                         s.bytes, s.peer, size);
+                         "out of step with rank %d: this rank's %s waits for %zu bytes, rank %d "
+                         "sent %llu in its %s",
+                         s.peer, s.what, s.bytes, s.peer, (unsigned long long)h.bytes,
+                         head ? h.what : "(unreadable message)");
                 fail(c, ncclInvalidUsage, why);
             }
             return;
@@ -410,7 +442,7 @@ void leave(emu_nccl_comm *c)
     char name[64];
     snprintf(name, sizeof name, "/left-%d", c->rank);
     const unsigned char one = 1;
-    (void)write_file(c->dir + name, &one, 1);
+    (void)write_file(c->dir + name, nullptr, &one, 1);
     for (int r = 0; r < c->n; ++r) {
         snprintf(name, sizeof name, "/left-%d", r);
         struct stat sb;
@@ -494,7 +526,7 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId i
     char name[64];
     snprintf(name, sizeof name, "/rank-%d", rank);
     const pid_t me = getpid();
-    if (!write_file(dir + name, &me, sizeof me))
+    if (!write_file(dir + name, nullptr, &me, sizeof me))
         return set_error(ncclSystemError, "ncclCommInitRankConfig: cannot write in %s: %s",
                          dir.c_str(), strerror(errno));
     std::vector<pid_t> pids((size_t)nranks, 0);
@@ -536,12 +568,12 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newc
     std::vector<int> all((size_t)c->n * 2);
     for (int r = 0; r < c->n; ++r)
         if (r != c->rank)
-            post(step{c, r, mine, sizeof mine, nullptr});
+            post(step{c, r, mine, sizeof mine, nullptr, "ncclCommSplit"});
     for (int r = 0; r < c->n; ++r) {
         if (r == c->rank)
             memcpy(&all[(size_t)r * 2], mine, sizeof mine);
         else
-            take(step{c, r, nullptr, sizeof mine, &all[(size_t)r * 2]});
+            take(step{c, r, nullptr, sizeof mine, &all[(size_t)r * 2], "ncclCommSplit"});
     }
     const int k = c->splits++;
     if (c->async != ncclSuccess)
@@ -674,8 +706,9 @@ ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count,
     for (int r = 0; r < c->n; ++r) {
         (*bufs)[(size_t)r].resize(bytes);
         if (r != c->rank) {
-            o.posts.push_back(step{c, r, sendbuff, bytes, nullptr});
-            o.takes.push_back(step{c, r, nullptr, bytes, (*bufs)[(size_t)r].data()});
+            o.posts.push_back(step{c, r, sendbuff, bytes, nullptr, "ncclAllReduce"});
+            o.takes.push_back(
+                step{c, r, nullptr, bytes, (*bufs)[(size_t)r].data(), "ncclAllReduce"});
         }
     }
     const int me = c->rank, n = c->n;
@@ -705,8 +738,8 @@ ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcoun
     unsigned char *out = (unsigned char *)recvbuff;
     for (int r = 0; r < c->n; ++r)
         if (r != c->rank) {
-            o.posts.push_back(step{c, r, sendbuff, bytes, nullptr});
-            o.takes.push_back(step{c, r, nullptr, bytes, out + (size_t)r * bytes});
+            o.posts.push_back(step{c, r, sendbuff, bytes, nullptr, "ncclAllGather"});
+            o.takes.push_back(step{c, r, nullptr, bytes, out + (size_t)r * bytes, "ncclAllGather"});
         }
     unsigned char *own = out + (size_t)c->rank * bytes;
     o.after = [own, sendbuff, bytes]() {
@@ -732,13 +765,13 @@ ncclResult_t ncclBroadcast(const void *sendbuff, void *recvbuff, size_t count,
     if (c->rank == root) {
         for (int r = 0; r < c->n; ++r)
             if (r != root)
-                o.posts.push_back(step{c, r, sendbuff, bytes, nullptr});
+                o.posts.push_back(step{c, r, sendbuff, bytes, nullptr, "ncclBroadcast"});
         o.after = [sendbuff, recvbuff, bytes]() {
             if (recvbuff != sendbuff)
                 memmove(recvbuff, sendbuff, bytes);
         };
     } else {
-        o.takes.push_back(step{c, root, nullptr, bytes, recvbuff});
+        o.takes.push_back(step{c, root, nullptr, bytes, recvbuff, "ncclBroadcast"});
     }
     return enqueue(std::move(o));
 }
@@ -754,7 +787,8 @@ static ncclResult_t p2p(const void *send, void *recv, size_t count, ncclDataType
     op o;
     o.c = comm;
     o.stream = stream;
-    (send ? o.posts : o.takes).push_back(step{comm, peer, send, bytes, recv});
+    /* A send matches a receive: both are point to point. */
+    (send ? o.posts : o.takes).push_back(step{comm, peer, send, bytes, recv, "ncclSend/Recv"});
     return enqueue(std::move(o));
 }
 
