@@ -23,7 +23,9 @@
  * cuda_check, nowhere else. Any failure after argument validation leaves the
  * group broken: the NCCL communicator is aborted at once (so that its kernels
  * stop and its resources are released) and every later op fails fast with
- * DIT_ERR_PEER, repeating the first failure's message. A group that failed
+ * DIT_ERR_PEER, repeating the first failure's message. An NCCL error on a
+ * group is DIT_ERR_PEER itself (DIT_ERR_DEVICE for a CUDA one), whatever
+ * NCCL's code: the mesh is what failed, not the request. A group that failed
  * half way through a collective is out of step with its peers anyway; comm.h
  * asks the caller to destroy it. Argument errors found before anything was
  * enqueued leave the group as it was.
@@ -205,6 +207,13 @@ static dit_status nccl_check(dit_nccl_comm *c, ncclResult_t r, const char *what,
         st = DIT_ERR_INTERNAL;
         break;
     }
+    /* On a group, any failure breaks it (nccl_fail), and its peers are out
+     * of step with it: whatever NCCL's reason, the caller must rebuild the
+     * mesh, which DIT_ERR_PEER says (a worker treats it as fatal to the
+     * mesh, the client is not told its request was bad). A CUDA error keeps
+     * DIT_ERR_DEVICE, which is fatal as well. */
+    if (c && st != DIT_ERR_DEVICE)
+        st = DIT_ERR_PEER;
     /* The comm argument of ncclGetLastError is unused (the text is
      * per-thread); it may be unrelated to this call, so it is labelled. */
     const char *last = ncclGetLastError(c ? c->nccl : NULL);
