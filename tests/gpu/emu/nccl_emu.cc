@@ -522,24 +522,32 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId i
     if (mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST)
         return set_error(ncclSystemError, "ncclCommInitRankConfig: mkdir %s: %s", dir.c_str(),
                          strerror(errno));
-    /* Rendezvous: each rank leaves its pid in rank-<r> and waits for all. */
+    /* Rendezvous: each rank leaves its pid and device in rank-<r> and waits
+     * for all. */
     char name[64];
     snprintf(name, sizeof name, "/rank-%d", rank);
-    const pid_t me = getpid();
-    if (!write_file(dir + name, nullptr, &me, sizeof me))
+    int dev = 0;
+    (void)cudaGetDevice(&dev); /* a communicator belongs to the current device */
+    const int me[2] = {(int)getpid(), dev};
+    if (!write_file(dir + name, nullptr, me, sizeof me))
         return set_error(ncclSystemError, "ncclCommInitRankConfig: cannot write in %s: %s",
                          dir.c_str(), strerror(errno));
     std::vector<pid_t> pids((size_t)nranks, 0);
+    std::vector<int> devs((size_t)nranks, -1);
     const double deadline = now_s() + timeout_s();
     for (int r = 0; r < nranks; ++r) {
         snprintf(name, sizeof name, "/rank-%d", r);
         for (unsigned iter = 0;; ++iter) {
             const int fd = open((dir + name).c_str(), O_RDONLY | O_CLOEXEC);
             if (fd >= 0) {
-                const ssize_t got = read(fd, &pids[(size_t)r], sizeof(pid_t));
+                int info[2];
+                const bool got = read_all(fd, info, sizeof info);
                 close(fd);
-                if (got == (ssize_t)sizeof(pid_t))
+                if (got) {
+                    pids[(size_t)r] = (pid_t)info[0];
+                    devs[(size_t)r] = info[1];
                     break;
+                }
             }
             if (now_s() > deadline)
                 return set_error(ncclSystemError,
@@ -548,6 +556,14 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId i
             backoff(iter);
         }
     }
+    /* As NCCL (2.5 and later): two ranks of one communicator on one GPU is
+     * invalid usage, found by every rank. */
+    for (int r = 0; r < nranks; ++r)
+        if (r != rank && devs[(size_t)r] == dev)
+            return set_error(ncclInvalidUsage,
+                             "ncclCommInitRankConfig: duplicate GPU: rank %d and rank %d both on "
+                             "device %d",
+                             rank, r, dev);
     *comm = make_comm(dir, rank, nranks, std::move(pids));
     /* Every rank has read every pid before rank 0's first message to it is
      * read; the rank files go with the directory. */
