@@ -1636,7 +1636,7 @@ static void on_server_info(void *ctx, dit_rpc_call *call, const uint8_t *req, si
      * mesh's in its MeshInfo. */
     enum { MAXR = 64 };
     static const int max_names = DIT_DAEMON_MAX_REPLICAS * MAXR;
-    char(*names)[80] = calloc((size_t)max_names, sizeof *names);
+    char(*names)[128] = calloc((size_t)max_names, sizeof *names);
     char **devices = calloc((size_t)max_names, sizeof *devices);
     Ditserve__V1__MeshInfo mi[DIT_DAEMON_MAX_REPLICAS], *mip[DIT_DAEMON_MAX_REPLICAS];
     if (!names || !devices) {
@@ -1662,7 +1662,7 @@ static void on_server_info(void *ctx, dit_rpc_call *call, const uint8_t *req, si
         mi[i].state = (char *)mesh_state_text(s, ms);
         for (int r = 0; r < W; r++) {
             char *nm = names[i * MAXR + r];
-            snprintf(nm, 80, "rank %d: %s", r, dit_supervisor_device(ms->sup));
+            snprintf(nm, sizeof *names, "rank %d: %s", r, dit_supervisor_device(ms->sup, r));
             devices[i * MAXR + r] = nm;
         }
         mi[i].n_devices = (size_t)W;

@@ -117,7 +117,7 @@ struct dit_supervisor {
     bool stopping;
     void (*stop_done)(void *ctx);
     void *stop_ctx;
-    char device[64];
+    char device[SUP_MAX_RANKS][112]; /* each rank's, as its ready said (printable ASCII) */
 };
 
 const char *dit_mesh_state_name(dit_mesh_state s)
@@ -526,8 +526,14 @@ static void handle(conn *c, Ditserve__Ipc__Envelope *env)
     case DITSERVE__IPC__ENVELOPE__MSG_READY:
         if (env->ready->memory && s->ev.worker_memory)
             s->ev.worker_memory(s->ev.ctx, c->rank, env->ready->memory);
-        if (c->rank == 0 && env->ready->device)
-            snprintf(s->device, sizeof s->device, "%s", env->ready->device);
+        if (c->rank >= 0 && c->rank < s->N && env->ready->device) {
+            /* A remote worker's words: printable ASCII only, bounded. */
+            char *d = s->device[c->rank];
+            size_t n = 0;
+            for (const char *p = env->ready->device; *p && n + 1 < sizeof s->device[0]; p++)
+                d[n++] = *p >= 0x20 && *p < 0x7f ? *p : '?';
+            d[n] = '\0';
+        }
         DIT_LOG(s->log, DIT_LOG_INFO, s->name,
                 "rank %d ready (%.0f ms to load, %.1f MiB of weights%s%.*s)", c->rank,
                 env->ready->load_ms, (double)env->ready->weight_bytes / 1048576.0,
@@ -1077,7 +1083,8 @@ dit_status dit_supervisor_create(uv_loop_t *loop, const dit_supervisor_config *c
                             "ranks %d to %d are remote: they need a join address and secret",
                             cfg->local_ranks, cfg->pc.world_size - 1);
     }
-    snprintf(s->device, sizeof s->device, "%s", cfg->backend);
+    for (int r = 0; r < SUP_MAX_RANKS; r++)
+        snprintf(s->device[r], sizeof s->device[r], "%s", cfg->backend);
     /* What a ditd killed with SIGKILL left behind (its workers died with
      * it): socket folders and shm segments named with its pid. */
     const int stale = reclaim_sock_dirs() + dit_shm_reclaim_stale();
@@ -1285,7 +1292,7 @@ int dit_supervisor_join_port(const dit_supervisor *s)
     return s->join_port;
 }
 
-const char *dit_supervisor_device(const dit_supervisor *s)
+const char *dit_supervisor_device(const dit_supervisor *s, int rank)
 {
-    return s->device;
+    return s->device[rank >= 0 && rank < s->N ? rank : 0];
 }

@@ -124,6 +124,8 @@ int64_t dit_supervisor_restarts(const dit_supervisor *s);
 
 /* The bound join port, or -1 without one. */
 int dit_supervisor_join_port(const dit_supervisor *s);
-const char *dit_supervisor_device(const dit_supervisor *s);
+/* What rank `rank` runs on, as its worker reported it when ready ("cpu",
+ * "cuda:1 NVIDIA H200"); the backend's name before. */
+const char *dit_supervisor_device(const dit_supervisor *s, int rank);
 
 #endif

@@ -49,6 +49,12 @@ CFG_REQ = dict(REQ, negative_prompt="blurry", true_cfg_scale=3.0)
 # (tests/gpu/test_cuda_golden.c). A layout whose exchange moved a wrong block
 # is off by order one.
 CUDA_VS_CPU_TOL = 5e-2
+EMU_GPU = "SIMT emulator (sm_90 limits)"
+
+
+def gpus(first, n):
+    """ServerInfo's devices for ranks on GPUs first .. first + n - 1."""
+    return [f"rank {r}: cuda:{first + r} {EMU_GPU}" for r in range(n)]
 
 CASES = {}
 
@@ -126,6 +132,7 @@ def layout_matches(args, world, req, ref, single=None):
         info = d.info()
         assert info.backend == "cuda" and info.world_size == world, info
         assert info.comm == ("nccl" if world > 1 else "none"), info
+        assert list(info.devices) == gpus(0, world), info.devices
         t0 = time.monotonic()
         img, res = image(d, req)
         took = time.monotonic() - t0
@@ -263,6 +270,7 @@ def replicas():
     try:
         info = wait_meshes_ready(d)
         assert info.replicas == 2 and len(info.meshes) == 2, info
+        assert [list(m.devices) for m in info.meshes] == [gpus(0, 2), gpus(2, 2)], info.meshes
         # The first holds mesh 0 (it is running when the second starts), so
         # the second runs on mesh 1.
         api = d.api
@@ -320,6 +328,7 @@ def join():
             d.wait_serving(60)
             info = d.info()
             assert info.world_size == 2 and info.comm == "nccl", info
+            assert list(info.devices) == gpus(0, 2), info.devices  # the joiner's --device 1
             img, _ = image(d, REQ)
             err = rel_err(img, ref)
             assert err <= CUDA_VS_CPU_TOL, f"{err:.3g} off the cpu's image"

@@ -1054,6 +1054,10 @@ static int serve(worker *w)
     ready.rank = w->rank;
     ready.load_ms = now_ms() - t0;
     ready.device = (char *)w->be->ops->name;
+#ifdef DIT_HAVE_CUDA
+    if (dit_backend_is_cuda(w->be))
+        ready.device = (char *)dit_cuda_backend_device_name(w->be);
+#endif
     char blas[160];
     dit_cpu_blas_describe(blas, sizeof blas);
     ready.blas = blas;

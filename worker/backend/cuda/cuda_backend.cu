@@ -1072,6 +1072,7 @@ extern "C" dit_status dit_cuda_backend_create(int device, dit_backend **out, dit
         goto fail;
     }
     cb->sm_count = prop.multiProcessorCount;
+    snprintf(cb->device_name, sizeof cb->device_name, "cuda:%d %.80s", device, prop.name);
     if ((e = cudaStreamCreateWithFlags(&cb->stream, cudaStreamNonBlocking)) != cudaSuccess) {
         st = dit_cuda_fail(cb, e, "create", "cudaStreamCreate");
         goto fail;
@@ -1116,6 +1117,11 @@ fail:
 extern "C" bool dit_backend_is_cuda(const dit_backend *be)
 {
     return be && be->ops == &cuda_ops;
+}
+
+extern "C" const char *dit_cuda_backend_device_name(const dit_backend *be)
+{
+    return dit_backend_is_cuda(be) ? cuda_of((dit_backend *)be)->device_name : NULL;
 }
 
 extern "C" void *dit_cuda_backend_stream(dit_backend *be)

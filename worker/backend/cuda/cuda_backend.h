@@ -34,6 +34,10 @@ dit_status dit_cuda_backend_create(int device, dit_backend **out, dit_diag *diag
 /* Whether be is a cuda backend (so the functions below apply). */
 bool dit_backend_is_cuda(const dit_backend *be);
 
+/* "cuda:N <the device's name>" (N its ordinal), for reports; NULL for a
+ * backend that is not cuda. */
+const char *dit_cuda_backend_device_name(const dit_backend *be);
+
 /* The backend's compute stream as a cudaStream_t (void * keeps this header
  * free of CUDA headers), for the NCCL comm group to enqueue on; NULL for
  * another backend. */

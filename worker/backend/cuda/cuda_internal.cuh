@@ -85,6 +85,7 @@ struct cuda_cudnn;
 typedef struct dit_cuda_backend {
     dit_backend base; /* must stay first */
     int device;
+    char device_name[112]; /* "cuda:N <the device's name>" */
     int sm_count;
     size_t gen_smem_max; /* dynamic shared memory a block may have (the generic attention
                             kernel's limit) */
