@@ -22,26 +22,19 @@
 #include <microhttpd.h>
 
 #include "core/utf8.h"
+#include "openai.h"
 #include "serve/request.h"
 #include "server.h"
 
 extern const char dit_playground_html[];
 extern const size_t dit_playground_html_len;
 
-/* Images one request may ask for: `n` is GenerateRequest.num_images, one
- * batched generation (diffusers' num_images_per_prompt), so the pipelines'
- * limit applies (OpenAI's own is 10). */
-#define HTTP_MAX_N DIT_GEN_MAX_IMAGES
+/* Images one request may ask for (openai.h). */
+#define HTTP_MAX_N DIT_OPENAI_MAX_N
 /* How often a waiting connection thread looks at its socket. */
 #define HTTP_POLL_MS 200
 /* A stream silent this long gets an SSE comment, so proxies keep it. */
 #define HTTP_KEEPALIVE_MS 15000
-/* Largest seed the HTTP API hands out or takes: JSON numbers are exact to
- * 2^53 in JavaScript. */
-#define HTTP_MAX_SEED ((uint64_t)1 << 53)
-/* Seeds taken: 0 to HTTP_MAX_SEED - 11 (room once left for seed + k of
- * n = 10 one-image jobs; kept so that the accepted range stays the same). */
-#define HTTP_SEED_SPAN (HTTP_MAX_SEED - 10)
 /* The playground and error bodies are small; SSE writes go out in blocks. */
 #define HTTP_SSE_BLOCK 65536
 
@@ -559,8 +552,6 @@ static void submit(dit_http *h, gen *g)
 #define VIDEO_ID_LEN 38
 /* Fields a form body (multipart or urlencoded) may carry. */
 #define FORM_MAX_FIELDS 32
-/* Longest clip `seconds` may ask for (the server's limits apply too). */
-#define VIDEO_MAX_SECONDS 600
 /* What a polling client is told to wait between status requests. */
 #define VIDEO_POLL_AFTER_MS "500"
 
@@ -890,383 +881,24 @@ static uint64_t mono_ms(void)
     return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
-/* The body must be UTF-8 and hold no \u0000 escape (a C string would end
- * there). */
-static const char *body_problem(const char *b, size_t n)
+/* What the served model fills in for fields a request leaves out. */
+static dit_openai_defaults defaults_of(const dit_http *h)
 {
-    for (size_t i = 0; i < n;) {
-        const unsigned char c = (unsigned char)b[i];
-        if (c == 0)
-            return "the body holds a NUL byte";
-        if (c == '\\' && i + 1 < n) {
-            if (b[i + 1] == 'u' && i + 5 < n && memcmp(b + i + 2, "0000", 4) == 0)
-                return "strings may not hold \\u0000";
-            i += 2;
-            continue;
-        }
-        const size_t l = dit_utf8_len(b + i, n - i);
-        if (!l)
-            return "the body is not UTF-8";
-        i += l;
-    }
-    return NULL;
+    return (dit_openai_defaults){.model_name = h->cfg.model_name,
+                                 .width = h->cfg.default_width,
+                                 .height = h->cfg.default_height,
+                                 .num_frames = h->cfg.default_num_frames,
+                                 .fps = h->cfg.default_fps,
+                                 .frame_step = h->cfg.frame_step};
 }
 
-/* A field name fit to echo: letters, digits and '_' only, 64 at most. */
-static const char *echo_name(const char *s)
+/* What a request without a seed gets. */
+static uint64_t random_seed(void)
 {
-    size_t n = 0;
-    for (; s[n]; n++)
-        if (n >= 64 || !(isalnum((unsigned char)s[n]) || s[n] == '_'))
-            return "(a field with an unusual name)";
-    return n ? s : "(an empty name)";
-}
-
-typedef struct bad {
-    unsigned status;
-    const char *param;
-    const char *code;
-    char msg[512];
-} bad;
-
-static bool fail(bad *b, unsigned status, const char *param, const char *code, const char *fmt, ...)
-    __attribute__((format(printf, 5, 6)));
-
-static bool fail(bad *b, unsigned status, const char *param, const char *code, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    b->status = status;
-    b->param = param;
-    b->code = code;
-    vsnprintf(b->msg, sizeof b->msg, fmt, ap);
-    va_end(ap);
-    return false;
-}
-
-static bool get_int(const cJSON *v, const char *name, double lo, double hi, double *out, bad *b)
-{
-    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble != floor(v->valuedouble))
-        return fail(b, 400, name, "invalid_type", "'%s' must be an integer", name);
-    if (v->valuedouble < lo || v->valuedouble > hi)
-        return fail(b, 400, name, "invalid_value", "'%s' must be from %.0f to %.0f", name, lo, hi);
-    *out = v->valuedouble;
-    return true;
-}
-
-static bool get_number(const cJSON *v, const char *name, double lo, double hi, double *out, bad *b)
-{
-    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble))
-        return fail(b, 400, name, "invalid_type", "'%s' must be a number", name);
-    if (v->valuedouble < lo || v->valuedouble > hi)
-        return fail(b, 400, name, "invalid_value", "'%s' must be from %g to %g", name, lo, hi);
-    *out = v->valuedouble;
-    return true;
-}
-
-static bool get_string(const cJSON *v, const char *name, size_t max, const char **out, bad *b)
-{
-    if (!cJSON_IsString(v) || !v->valuestring)
-        return fail(b, 400, name, "invalid_type", "'%s' must be a string", name);
-    if (strlen(v->valuestring) > max)
-        return fail(b, 400, name, "invalid_value", "'%s' is longer than %zu bytes", name, max);
-    *out = v->valuestring;
-    return true;
-}
-
-/* "WxH" with plain decimal sides, or "auto". */
-static bool parse_size(const char *s, int *w, int *h)
-{
-    long v[2] = {0, 0};
-    int k = 0;
-    const char *p = s;
-    for (; k < 2; k++) {
-        int digits = 0;
-        while (*p >= '0' && *p <= '9' && digits < 6) {
-            v[k] = v[k] * 10 + (*p++ - '0');
-            digits++;
-        }
-        if (!digits || v[k] < 1)
-            return false;
-        if (k == 0 && *p++ != 'x')
-            return false;
-    }
-    if (*p)
-        return false;
-    *w = (int)v[0];
-    *h = (int)v[1];
-    return true;
-}
-
-static char *dup_or_null(const char *s)
-{
-    return s ? strdup(s) : NULL;
-}
-
-/* "loras": [{"name": NAME, "scale": SCALE}, ...], GenerateRequest.loras'
- * rules (scale defaults to 1). */
-typedef struct lora_specs {
-    struct {
-        char name[DIT_REQUEST_MAX_LORA_NAME_BYTES + 1];
-        float scale;
-    } s[DIT_REQUEST_MAX_LORAS];
-    int n;
-} lora_specs;
-
-static bool parse_loras(const cJSON *f, lora_specs *out, bad *b)
-{
-    out->n = 0;
-    if (!cJSON_IsArray(f))
-        return fail(b, 400, "loras", "invalid_type",
-                    "'loras' must be an array of {\"name\": NAME, \"scale\": SCALE}");
-    for (const cJSON *it = f->child; it; it = it->next) {
-        if (out->n == DIT_REQUEST_MAX_LORAS)
-            return fail(b, 400, "loras", "invalid_value", "'loras' takes at most %d adapters",
-                        DIT_REQUEST_MAX_LORAS);
-        if (!cJSON_IsObject(it))
-            return fail(b, 400, "loras", "invalid_type",
-                        "'loras' items must be {\"name\": NAME, \"scale\": SCALE}");
-        const char *name = NULL;
-        double scale = 1;
-        for (const cJSON *x = it->child; x; x = x->next) {
-            if (strcmp(x->string, "name") == 0) {
-                if (!get_string(x, "loras.name", DIT_REQUEST_MAX_LORA_NAME_BYTES, &name, b))
-                    return false;
-            } else if (strcmp(x->string, "scale") == 0) {
-                if (!get_number(x, "loras.scale", -DIT_REQUEST_MAX_LORA_SCALE,
-                                DIT_REQUEST_MAX_LORA_SCALE, &scale, b))
-                    return false;
-            } else {
-                return fail(b, 400, "loras", "unknown_parameter",
-                            "unknown field '%s' in a 'loras' item (name, scale)",
-                            echo_name(x->string));
-            }
-        }
-        if (!name || !dit_request_lora_name_ok(name))
-            return fail(b, 400, "loras.name", "invalid_value",
-                        "'loras' names must be 1 to %d bytes of [A-Za-z0-9._-] without \"..\"",
-                        DIT_REQUEST_MAX_LORA_NAME_BYTES);
-        for (int i = 0; i < out->n; i++)
-            if (strcmp(out->s[i].name, name) == 0)
-                return fail(b, 400, "loras", "invalid_value", "'loras' names '%s' twice", name);
-        snprintf(out->s[out->n].name, sizeof out->s[out->n].name, "%s", name);
-        out->s[out->n++].scale = (float)scale;
-    }
-    return true;
-}
-
-/* Copies the adapters into r; false when out of memory. */
-static bool set_loras(Ditserve__V1__GenerateRequest *r, const lora_specs *ls)
-{
-    if (ls->n == 0)
-        return true;
-    r->loras = calloc((size_t)ls->n, sizeof *r->loras);
-    if (!r->loras)
-        return false;
-    for (int i = 0; i < ls->n; i++) {
-        Ditserve__V1__LoraUse *u = malloc(sizeof *u);
-        char *name = strdup(ls->s[i].name);
-        if (!u || !name) {
-            free(u);
-            free(name);
-            return false;
-        }
-        ditserve__v1__lora_use__init(u);
-        u->name = name;
-        u->scale = ls->s[i].scale;
-        r->loras[r->n_loras++] = u;
-    }
-    return true;
-}
-
-/* The JSON body as one GenerateRequest; `n` is its num_images (one batch,
- * every image from the one seed, as diffusers' num_images_per_prompt). */
-static bool parse_generation(dit_http *h, const char *body, size_t len, gen *g, bad *b)
-{
-    const char *problem = body_problem(body, len);
-    if (problem)
-        return fail(b, 400, NULL, "invalid_json", "%s", problem);
-    cJSON *root = cJSON_ParseWithLength(body, len);
-    bool ok = false;
-    if (!root)
-        return fail(b, 400, NULL, "invalid_json", "the body is not valid JSON");
-    if (!cJSON_IsObject(root)) {
-        fail(b, 400, NULL, "invalid_json", "the body must be a JSON object");
-        goto done;
-    }
-    const char *model = NULL, *prompt = NULL, *neg = NULL;
-    int width = 0, height = 0;
-    double n = 1, seed = -1, steps = 0, guidance = NAN, true_cfg = NAN, priority = 0;
-    bool stream = false;
-    lora_specs loras = {.n = 0};
-    static const char *const known[] = {"model",
-                                        "prompt",
-                                        "negative_prompt",
-                                        "n",
-                                        "size",
-                                        "response_format",
-                                        "output_format",
-                                        "stream",
-                                        "partial_images",
-                                        "user",
-                                        "seed",
-                                        "num_inference_steps",
-                                        "guidance_scale",
-                                        "true_cfg_scale",
-                                        "priority",
-                                        "loras"};
-    unsigned seen = 0;
-    for (const cJSON *f = root->child; f; f = f->next) {
-        const char *k = f->string;
-        for (unsigned i = 0; i < sizeof known / sizeof *known; i++)
-            if (strcmp(k, known[i]) == 0) {
-                if (seen & (1u << i)) {
-                    fail(b, 400, known[i], "duplicate_parameter", "'%s' is given twice", known[i]);
-                    goto done;
-                }
-                seen |= 1u << i;
-            }
-        if (strcmp(k, "model") == 0) {
-            if (!get_string(f, "model", 256, &model, b))
-                goto done;
-        } else if (strcmp(k, "prompt") == 0) {
-            if (!get_string(f, "prompt", DIT_REQUEST_MAX_PROMPT_BYTES, &prompt, b))
-                goto done;
-        } else if (strcmp(k, "negative_prompt") == 0) {
-            if (!get_string(f, "negative_prompt", DIT_REQUEST_MAX_PROMPT_BYTES, &neg, b))
-                goto done;
-        } else if (strcmp(k, "n") == 0) {
-            if (!get_int(f, "n", 1, HTTP_MAX_N, &n, b)) {
-                if (strcmp(b->code, "invalid_value") == 0 && f->valuedouble > HTTP_MAX_N)
-                    fail(b, 400, "n", "invalid_value",
-                         "'n' must be from 1 to %d: the n images are made as one batch "
-                         "(num_images, as diffusers' num_images_per_prompt), at most %d",
-                         HTTP_MAX_N, HTTP_MAX_N);
-                goto done;
-            }
-        } else if (strcmp(k, "size") == 0) {
-            const char *sz = NULL;
-            if (!get_string(f, "size", 32, &sz, b))
-                goto done;
-            if (strcmp(sz, "auto") == 0) {
-                width = h->cfg.default_width;
-                height = h->cfg.default_height;
-            } else if (!parse_size(sz, &width, &height)) {
-                fail(b, 400, "size", "invalid_value",
-                     "'size' must be \"WIDTHxHEIGHT\" (e.g. \"1024x1024\") or \"auto\"");
-                goto done;
-            }
-        } else if (strcmp(k, "response_format") == 0) {
-            const char *rf = NULL;
-            if (!get_string(f, "response_format", 32, &rf, b))
-                goto done;
-            if (strcmp(rf, "b64_json") != 0) {
-                fail(b, 400, "response_format", "invalid_value",
-                     "only response_format \"b64_json\" is served (no image URLs)");
-                goto done;
-            }
-        } else if (strcmp(k, "output_format") == 0) {
-            const char *of = NULL;
-            if (!get_string(f, "output_format", 32, &of, b))
-                goto done;
-            if (strcmp(of, "png") != 0) {
-                fail(b, 400, "output_format", "invalid_value",
-                     "only output_format \"png\" is served");
-                goto done;
-            }
-        } else if (strcmp(k, "stream") == 0) {
-            if (!cJSON_IsBool(f)) {
-                fail(b, 400, "stream", "invalid_type", "'stream' must be true or false");
-                goto done;
-            }
-            stream = cJSON_IsTrue(f);
-        } else if (strcmp(k, "partial_images") == 0) {
-            double pi;
-            if (!get_int(f, "partial_images", 0, 0, &pi, b)) {
-                fail(b, 400, "partial_images", "invalid_value",
-                     "partial images are not served; progress events come with stream: true");
-                goto done;
-            }
-        } else if (strcmp(k, "user") == 0) {
-            const char *u = NULL;
-            if (!get_string(f, "user", 256, &u, b)) /* accepted, unused */
-                goto done;
-        } else if (strcmp(k, "seed") == 0) {
-            if (!get_int(f, "seed", 0, (double)HTTP_SEED_SPAN, &seed, b))
-                goto done;
-        } else if (strcmp(k, "num_inference_steps") == 0) {
-            if (!get_int(f, "num_inference_steps", 1, 1000, &steps, b))
-                goto done;
-        } else if (strcmp(k, "guidance_scale") == 0) {
-            if (!get_number(f, "guidance_scale", 0, 100, &guidance, b))
-                goto done;
-        } else if (strcmp(k, "true_cfg_scale") == 0) {
-            if (!get_number(f, "true_cfg_scale", 0, 100, &true_cfg, b))
-                goto done;
-        } else if (strcmp(k, "priority") == 0) {
-            if (!get_int(f, "priority", -1000000, 1000000, &priority, b))
-                goto done;
-        } else if (strcmp(k, "loras") == 0) {
-            if (!parse_loras(f, &loras, b))
-                goto done;
-        } else {
-            fail(b, 400, NULL, "unknown_parameter", "unknown field '%s'", echo_name(k));
-            goto done;
-        }
-    }
-    if (!prompt) {
-        fail(b, 400, "prompt", "missing_required_parameter", "'prompt' is required");
-        goto done;
-    }
-    if (seed < 0) {
-        uint64_t r = 0;
-        if (getrandom(&r, sizeof r, 0) != (ssize_t)sizeof r)
-            r = mono_ms() * 0x9e3779b97f4a7c15ull;
-        seed = (double)(r % HTTP_SEED_SPAN);
-    }
-    g->n = (int)n;
-    g->stream = stream;
-    Ditserve__V1__GenerateRequest *r = calloc(1, sizeof *r);
-    if (!r) {
-        fail(b, 500, NULL, "internal_error", "out of memory");
-        goto done;
-    }
-    ditserve__v1__generate_request__init(r);
-    g->req = r;
-    r->model = dup_or_null(model ? model : "");
-    r->prompt = dup_or_null(prompt);
-    r->negative_prompt = dup_or_null(neg ? neg : "");
-    r->width = width;
-    r->height = height;
-    r->num_inference_steps = (int32_t)steps;
-    r->priority = (int32_t)priority;
-    /* An image, also from a video model (one frame of its clip). */
-    r->output_format = DITSERVE__V1__OUTPUT_FORMAT__OUTPUT_FORMAT_PNG;
-    r->num_frames = 1;
-    r->num_images = g->n;
-    r->seed = malloc(sizeof *r->seed);
-    if (r->seed) {
-        google__protobuf__uint64_value__init(r->seed);
-        r->seed->value = (uint64_t)seed;
-    }
-    if (!isnan(guidance) && (r->guidance_scale = malloc(sizeof *r->guidance_scale))) {
-        google__protobuf__float_value__init(r->guidance_scale);
-        r->guidance_scale->value = (float)guidance;
-    }
-    if (!isnan(true_cfg) && (r->true_cfg_scale = malloc(sizeof *r->true_cfg_scale))) {
-        google__protobuf__float_value__init(r->true_cfg_scale);
-        r->true_cfg_scale->value = (float)true_cfg;
-    }
-    if (!r->model || !r->prompt || !r->negative_prompt || !r->seed ||
-        (!isnan(guidance) && !r->guidance_scale) || (!isnan(true_cfg) && !r->true_cfg_scale) ||
-        !set_loras(r, &loras)) {
-        fail(b, 500, NULL, "internal_error", "out of memory");
-        goto done;
-    }
-    ok = true;
-done:
-    cJSON_Delete(root);
-    return ok;
+    uint64_t r = 0;
+    if (getrandom(&r, sizeof r, 0) != (ssize_t)sizeof r)
+        r = mono_ms() * 0x9e3779b97f4a7c15ull;
+    return r;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1325,7 +957,8 @@ static enum MHD_Result send_json(dit_http *h, struct MHD_Connection *conn, unsig
     return queue(h, conn, status, resp, "application/json");
 }
 
-static enum MHD_Result send_error(dit_http *h, struct MHD_Connection *conn, const bad *b)
+static enum MHD_Result send_error(dit_http *h, struct MHD_Connection *conn,
+                                  const dit_openai_error *b)
 {
     DIT_LOG(h->cfg.log, DIT_LOG_DEBUG, "http", "refused with %u (%s)", b->status, b->code);
     cJSON *o = error_json(b->status, b->param, b->code, b->msg);
@@ -1349,8 +982,8 @@ static enum MHD_Result send_error(dit_http *h, struct MHD_Connection *conn, cons
 static enum MHD_Result send_simple_error(dit_http *h, struct MHD_Connection *conn, unsigned status,
                                          const char *code, const char *msg)
 {
-    bad b;
-    fail(&b, status, NULL, code, "%s", msg);
+    dit_openai_error b;
+    dit_openai_fail(&b, status, NULL, code, "%s", msg);
     return send_error(h, conn, &b);
 }
 
@@ -1470,7 +1103,7 @@ static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max)
 
 static enum MHD_Result answer_generation(dit_http *h, struct MHD_Connection *conn, req_ctx *rc)
 {
-    bad b;
+    dit_openai_error b;
     gen *g = calloc(1, sizeof *g);
     if (!g)
         return send_simple_error(h, conn, 500, "internal_error", "out of memory");
@@ -1481,8 +1114,13 @@ static enum MHD_Result answer_generation(dit_http *h, struct MHD_Connection *con
     g->created = (int64_t)time(NULL);
     rc->g = g;
     g->conn = conn;
-    if (!parse_generation(h, rc->body, rc->len, g, &b))
+    const dit_openai_defaults d = defaults_of(h);
+    dit_openai_images im;
+    if (!dit_openai_parse_images(&d, rc->body, rc->len, random_seed(), &im, &b))
         return send_error(h, conn, &b);
+    g->req = im.req;
+    g->n = im.n;
+    g->stream = im.stream;
     g->refs = 2; /* the loop's, until its job ends */
     if (!push_op(h, OP_SUBMIT, g, NULL)) {
         g->refs = 1;
@@ -1498,7 +1136,7 @@ static enum MHD_Result answer_generation(dit_http *h, struct MHD_Connection *con
     enum MHD_Result r;
     if (g->failed && (!g->stream || g->sse_len == 0)) {
         const unsigned st = http_status_of(g->code);
-        fail(&b, st, NULL, grpc_code_name(g->code), "%s", g->msg);
+        dit_openai_fail(&b, st, NULL, grpc_code_name(g->code), "%s", g->msg);
         uv_mutex_unlock(&g->mu);
         return send_error(h, conn, &b);
     }
@@ -1585,7 +1223,7 @@ typedef struct form {
     cJSON *obj;
     cJSON *last; /* the field whose value is arriving */
     size_t last_len;
-    bad *b;
+    dit_openai_error *b;
     bool failed;
     int n;
 } form;
@@ -1602,49 +1240,51 @@ static enum MHD_Result form_field(void *cls, enum MHD_ValueKind kind, const char
     if (f->failed)
         return MHD_NO;
     if (!key || !*key) {
-        f->failed = !fail(f->b, 400, NULL, "invalid_form", "a form field has no name");
+        f->failed = !dit_openai_fail(f->b, 400, NULL, "invalid_form", "a form field has no name");
         return MHD_NO;
     }
     if (filename) {
         if (strcmp(key, "input_reference") == 0)
-            fail(f->b, 400, "input_reference", "unsupported_parameter",
-                 "input_reference is not served: the model makes video from text alone");
+            dit_openai_fail(f->b, 400, "input_reference", "unsupported_parameter",
+                            "input_reference is not served: the model makes video from text alone");
         else
-            fail(f->b, 400, NULL, "unknown_parameter", "unknown file field '%s'", echo_name(key));
+            dit_openai_fail(f->b, 400, NULL, "unknown_parameter", "unknown file field '%s'",
+                            dit_openai_echo_name(key));
         f->failed = true;
         return MHD_NO;
     }
     if (off == 0) {
         if (cJSON_GetObjectItemCaseSensitive(f->obj, key)) {
-            f->failed = !fail(f->b, 400, NULL, "duplicate_parameter", "'%s' is given twice",
-                              echo_name(key));
+            f->failed = !dit_openai_fail(f->b, 400, NULL, "duplicate_parameter",
+                                         "'%s' is given twice", dit_openai_echo_name(key));
             return MHD_NO;
         }
         if (++f->n > FORM_MAX_FIELDS) {
-            f->failed =
-                !fail(f->b, 400, NULL, "invalid_form", "more than %d form fields", FORM_MAX_FIELDS);
+            f->failed = !dit_openai_fail(f->b, 400, NULL, "invalid_form",
+                                         "more than %d form fields", FORM_MAX_FIELDS);
             return MHD_NO;
         }
         f->last = cJSON_AddStringToObject(f->obj, key, "");
         f->last_len = 0;
         if (!f->last) {
-            f->failed = !fail(f->b, 500, NULL, "internal_error", "out of memory");
+            f->failed = !dit_openai_fail(f->b, 500, NULL, "internal_error", "out of memory");
             return MHD_NO;
         }
     }
     if (!f->last || off != f->last_len || strcmp(f->last->string, key) != 0) {
-        f->failed = !fail(f->b, 400, NULL, "invalid_form", "the form body is malformed");
+        f->failed = !dit_openai_fail(f->b, 400, NULL, "invalid_form", "the form body is malformed");
         return MHD_NO;
     }
     if (size == 0)
         return MHD_YES;
     if (memchr(data, 0, size)) {
-        f->failed = !fail(f->b, 400, NULL, "invalid_form", "a form value holds a NUL byte");
+        f->failed =
+            !dit_openai_fail(f->b, 400, NULL, "invalid_form", "a form value holds a NUL byte");
         return MHD_NO;
     }
     char *p = realloc(f->last->valuestring, f->last_len + size + 1);
     if (!p) {
-        f->failed = !fail(f->b, 500, NULL, "internal_error", "out of memory");
+        f->failed = !dit_openai_fail(f->b, 500, NULL, "internal_error", "out of memory");
         return MHD_NO;
     }
     memcpy(p + f->last_len, data, size);
@@ -1656,224 +1296,33 @@ static enum MHD_Result form_field(void *cls, enum MHD_ValueKind kind, const char
 
 /* The form body as a JSON object of strings; NULL with b filled. Values
  * must be UTF-8 without NUL bytes. */
-static cJSON *parse_form(struct MHD_Connection *conn, const char *body, size_t len, bad *b)
+static cJSON *parse_form(struct MHD_Connection *conn, const char *body, size_t len,
+                         dit_openai_error *b)
 {
     form f = {.obj = cJSON_CreateObject(), .b = b};
     if (!f.obj) {
-        fail(b, 500, NULL, "internal_error", "out of memory");
+        dit_openai_fail(b, 500, NULL, "internal_error", "out of memory");
         return NULL;
     }
     struct MHD_PostProcessor *pp = MHD_create_post_processor(conn, 4096, form_field, &f);
     if (!pp) {
-        fail(b, 400, NULL, "invalid_form", "the form body cannot be read (no boundary?)");
+        dit_openai_fail(b, 400, NULL, "invalid_form",
+                        "the form body cannot be read (no boundary?)");
         cJSON_Delete(f.obj);
         return NULL;
     }
     const enum MHD_Result r = len ? MHD_post_process(pp, body, len) : MHD_YES;
     const enum MHD_Result end = MHD_destroy_post_processor(pp);
     if (!f.failed && (r != MHD_YES || end != MHD_YES))
-        f.failed = !fail(b, 400, NULL, "invalid_form", "the form body is malformed");
+        f.failed = !dit_openai_fail(b, 400, NULL, "invalid_form", "the form body is malformed");
     for (const cJSON *v = f.obj->child; v && !f.failed; v = v->next)
         if (!dit_utf8_valid(v->valuestring, strlen(v->valuestring)))
-            f.failed = !fail(b, 400, NULL, "invalid_form", "a form value is not UTF-8");
+            f.failed = !dit_openai_fail(b, 400, NULL, "invalid_form", "a form value is not UTF-8");
     if (f.failed) {
         cJSON_Delete(f.obj);
         return NULL;
     }
     return f.obj;
-}
-
-/* A number from a form field's text (strictly: what strtod reads whole,
- * finite) into *tmp; JSON numbers pass through. */
-static const cJSON *form_number(const cJSON *v, bool form, cJSON *tmp)
-{
-    if (!form || !cJSON_IsString(v))
-        return v;
-    const char *s = v->valuestring;
-    char *end = NULL;
-    errno = 0;
-    const double d = strtod(s, &end);
-    if (!*s || isspace((unsigned char)*s) || *end || errno || !isfinite(d))
-        return v; /* get_int / get_number say it is no number */
-    memset(tmp, 0, sizeof *tmp);
-    tmp->type = cJSON_Number;
-    tmp->valuedouble = d;
-    tmp->valueint = 0;
-    return tmp;
-}
-
-/* OpenAI's `seconds` ("4"; a JSON number is taken too): a plain positive
- * decimal. */
-static bool parse_seconds(const cJSON *v, double *out, bad *b)
-{
-    double d = NAN;
-    if (cJSON_IsNumber(v)) {
-        d = v->valuedouble;
-    } else if (cJSON_IsString(v) && strlen(v->valuestring) <= 16) {
-        const char *s = v->valuestring;
-        size_t digits = 0, dots = 0;
-        for (const char *p = s; *p; p++) {
-            if (*p >= '0' && *p <= '9')
-                digits++;
-            else if (*p == '.')
-                dots++;
-            else
-                digits = 0, dots = 2; /* anything else: not a plain decimal */
-        }
-        if (digits > 0 && dots <= 1)
-            d = strtod(s, NULL);
-    }
-    if (!isfinite(d) || !(d > 0) || d > VIDEO_MAX_SECONDS)
-        return fail(b, 400, "seconds", "invalid_value",
-                    "'seconds' must be a decimal number of seconds above 0 and at most %d "
-                    "(e.g. \"4\")",
-                    VIDEO_MAX_SECONDS);
-    *out = d;
-    return true;
-}
-
-/* A POST /v1/videos body (JSON, or a form's strings) as the job's
- * request and description. */
-static bool parse_video(dit_http *h, const cJSON *root, bool form, vjob *v, bad *b)
-{
-    if (!cJSON_IsObject(root))
-        return fail(b, 400, NULL, "invalid_json", "the body must be a JSON object");
-    const char *model = NULL, *prompt = NULL, *neg = NULL;
-    int width = h->cfg.default_width, height = h->cfg.default_height;
-    double seconds = NAN, seed = -1, steps = 0, guidance = NAN, priority = 0, fps = 0, frames = 0;
-    lora_specs loras = {.n = 0};
-    static const char *const known[] = {
-        "model",    "prompt", "negative_prompt",     "seconds",
-        "size",     "seed",   "num_inference_steps", "guidance_scale",
-        "priority", "fps",    "num_frames",          "user",
-        "loras"};
-    unsigned seen = 0;
-    for (const cJSON *f = root->child; f; f = f->next) {
-        const char *k = f->string;
-        cJSON tmp;
-        const cJSON *num = form_number(f, form, &tmp);
-        unsigned i = 0;
-        for (; i < sizeof known / sizeof *known; i++)
-            if (strcmp(k, known[i]) == 0)
-                break;
-        if (i == sizeof known / sizeof *known) {
-            if (strcmp(k, "input_reference") == 0)
-                return fail(b, 400, "input_reference", "unsupported_parameter",
-                            "input_reference is not served: the model makes video from text "
-                            "alone");
-            return fail(b, 400, NULL, "unknown_parameter", "unknown field '%s'", echo_name(k));
-        }
-        if (seen & (1u << i))
-            return fail(b, 400, known[i], "duplicate_parameter", "'%s' is given twice", known[i]);
-        seen |= 1u << i;
-        if (strcmp(k, "model") == 0) {
-            if (!get_string(f, "model", 256, &model, b))
-                return false;
-        } else if (strcmp(k, "prompt") == 0) {
-            if (!get_string(f, "prompt", DIT_REQUEST_MAX_PROMPT_BYTES, &prompt, b))
-                return false;
-        } else if (strcmp(k, "negative_prompt") == 0) {
-            if (!get_string(f, "negative_prompt", DIT_REQUEST_MAX_PROMPT_BYTES, &neg, b))
-                return false;
-        } else if (strcmp(k, "seconds") == 0) {
-            if (!parse_seconds(f, &seconds, b))
-                return false;
-        } else if (strcmp(k, "size") == 0) {
-            const char *sz = NULL;
-            if (!get_string(f, "size", 32, &sz, b))
-                return false;
-            if (strcmp(sz, "auto") != 0 && !parse_size(sz, &width, &height))
-                return fail(b, 400, "size", "invalid_value",
-                            "'size' must be \"WIDTHxHEIGHT\" (e.g. \"832x480\") or \"auto\"");
-        } else if (strcmp(k, "seed") == 0) {
-            if (!get_int(num, "seed", 0, (double)HTTP_MAX_SEED, &seed, b))
-                return false;
-        } else if (strcmp(k, "num_inference_steps") == 0) {
-            if (!get_int(num, "num_inference_steps", 1, 1000, &steps, b))
-                return false;
-        } else if (strcmp(k, "guidance_scale") == 0) {
-            if (!get_number(num, "guidance_scale", 0, 100, &guidance, b))
-                return false;
-        } else if (strcmp(k, "priority") == 0) {
-            if (!get_int(num, "priority", -1000000, 1000000, &priority, b))
-                return false;
-        } else if (strcmp(k, "fps") == 0) {
-            if (!get_int(num, "fps", 1, 240, &fps, b))
-                return false;
-        } else if (strcmp(k, "num_frames") == 0) {
-            if (!get_int(num, "num_frames", 1, 100000, &frames, b))
-                return false;
-        } else if (strcmp(k, "loras") == 0) {
-            /* A form field holds the array as JSON text. */
-            cJSON *parsed = form && cJSON_IsString(f) && strlen(f->valuestring) <= 8192
-                                ? cJSON_Parse(f->valuestring)
-                                : NULL;
-            const bool ok = parse_loras(parsed ? parsed : f, &loras, b);
-            cJSON_Delete(parsed);
-            if (!ok)
-                return false;
-        } else { /* user: accepted, unused */
-            const char *u = NULL;
-            if (!get_string(f, "user", 256, &u, b))
-                return false;
-        }
-    }
-    if (!prompt)
-        return fail(b, 400, "prompt", "missing_required_parameter", "'prompt' is required");
-    if (!isnan(seconds) && frames > 0)
-        return fail(b, 400, "seconds", "invalid_value", "give 'seconds' or 'num_frames', not both");
-    const int rate = fps > 0 ? (int)fps : h->cfg.default_fps;
-    int n_frames = frames > 0 ? (int)frames : h->cfg.default_num_frames;
-    if (!isnan(seconds)) {
-        /* The frame count the model allows (step * k + 1, k >= 1) nearest
-         * to seconds * fps. */
-        const int step = h->cfg.frame_step > 0 ? h->cfg.frame_step : 1;
-        long k = lround((seconds * rate - 1) / step);
-        n_frames = (int)((k < 1 ? 1 : k) * step + 1);
-    }
-    if (seed < 0) {
-        uint64_t r = 0;
-        if (getrandom(&r, sizeof r, 0) != (ssize_t)sizeof r)
-            r = mono_ms() * 0x9e3779b97f4a7c15ull;
-        seed = (double)(r % HTTP_MAX_SEED);
-    }
-    v->width = width;
-    v->height = height;
-    v->num_frames = n_frames;
-    v->fps = rate;
-    v->seed = (uint64_t)seed;
-    v->model = strdup(model && *model ? model : h->cfg.model_name);
-    v->prompt = strdup(prompt);
-    Ditserve__V1__GenerateRequest *r = calloc(1, sizeof *r);
-    if (!r || !v->model || !v->prompt) {
-        free(r);
-        return fail(b, 500, NULL, "internal_error", "out of memory");
-    }
-    ditserve__v1__generate_request__init(r);
-    v->req = r;
-    r->model = dup_or_null(model ? model : "");
-    r->prompt = dup_or_null(prompt);
-    r->negative_prompt = dup_or_null(neg ? neg : "");
-    r->width = width;
-    r->height = height;
-    r->num_inference_steps = (int32_t)steps;
-    r->priority = (int32_t)priority;
-    r->output_format = DITSERVE__V1__OUTPUT_FORMAT__OUTPUT_FORMAT_MP4;
-    r->num_frames = n_frames;
-    r->fps = rate;
-    r->seed = malloc(sizeof *r->seed);
-    if (r->seed) {
-        google__protobuf__uint64_value__init(r->seed);
-        r->seed->value = (uint64_t)seed;
-    }
-    if (!isnan(guidance) && (r->guidance_scale = malloc(sizeof *r->guidance_scale))) {
-        google__protobuf__float_value__init(r->guidance_scale);
-        r->guidance_scale->value = (float)guidance;
-    }
-    if (!r->model || !r->prompt || !r->negative_prompt || !r->seed ||
-        (!isnan(guidance) && !r->guidance_scale) || !set_loras(r, &loras))
-        return fail(b, 500, NULL, "internal_error", "out of memory");
-    return true;
 }
 
 /* OpenAI's Video object, with ditserve's num_frames, fps, seed and
@@ -1953,7 +1402,7 @@ static enum MHD_Result send_video(dit_http *h, struct MHD_Connection *conn, unsi
 
 static enum MHD_Result answer_video_create(dit_http *h, struct MHD_Connection *conn, req_ctx *rc)
 {
-    bad b = {0};
+    dit_openai_error b = {0};
     if (!h->cfg.video)
         return send_simple_error(
             h, conn, 400, "model_makes_images",
@@ -1964,21 +1413,29 @@ static enum MHD_Result answer_video_create(dit_http *h, struct MHD_Connection *c
     v->h = h;
     v->refs = 2; /* this connection's until admission is decided, and the loop's */
     v->created_at = wall_s();
-    cJSON *root = NULL;
+    const dit_openai_defaults d = defaults_of(h);
+    dit_openai_video vd;
+    bool parsed;
     if (rc->form) {
-        root = parse_form(conn, rc->body, rc->len, &b);
+        cJSON *root = parse_form(conn, rc->body, rc->len, &b);
+        parsed = root && dit_openai_parse_video(&d, root, true, random_seed(), &vd, &b);
+        cJSON_Delete(root);
     } else {
-        const char *problem = body_problem(rc->body, rc->len);
-        if (problem)
-            fail(&b, 400, NULL, "invalid_json", "%s", problem);
-        else if (!(root = cJSON_ParseWithLength(rc->body, rc->len)))
-            fail(&b, 400, NULL, "invalid_json", "the body is not valid JSON");
+        parsed = dit_openai_parse_video_json(&d, rc->body, rc->len, random_seed(), &vd, &b);
     }
-    const bool parsed = root && parse_video(h, root, rc->form, v, &b);
-    cJSON_Delete(root);
+    if (parsed) { /* the job takes what was read */
+        v->req = vd.req;
+        v->model = vd.model;
+        v->prompt = vd.prompt;
+        v->width = vd.width;
+        v->height = vd.height;
+        v->num_frames = vd.num_frames;
+        v->fps = vd.fps;
+        v->seed = vd.seed;
+    }
     uint8_t rnd[16];
     if (parsed && getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd)
-        fail(&b, 500, NULL, "internal_error", "no random bytes for the video's id");
+        dit_openai_fail(&b, 500, NULL, "internal_error", "no random bytes for the video's id");
     if (!parsed || b.status) {
         v->refs = 1;
         vunref(h, v);
@@ -1990,14 +1447,16 @@ static enum MHD_Result answer_video_create(dit_http *h, struct MHD_Connection *c
     uv_mutex_lock(&h->vmu);
     vexpire_locked(h, wall_s());
     if (h->vcount + h->vreserved >= h->cfg.video_jobs)
-        fail(&b, 429, NULL, "video_store_full",
-             "%d video jobs are held (--http-video-jobs); delete finished ones or wait for "
-             "them to expire",
-             h->vcount + h->vreserved);
+        dit_openai_fail(
+            &b, 429, NULL, "video_store_full",
+            "%d video jobs are held (--http-video-jobs); delete finished ones or wait for "
+            "them to expire",
+            h->vcount + h->vreserved);
     else if (h->vbytes >= h->cfg.video_bytes)
-        fail(&b, 429, NULL, "video_store_full",
-             "the finished videos held fill the store (--http-video-bytes); delete some or "
-             "wait for them to expire");
+        dit_openai_fail(
+            &b, 429, NULL, "video_store_full",
+            "the finished videos held fill the store (--http-video-bytes); delete some or "
+            "wait for them to expire");
     else
         h->vreserved++;
     uv_mutex_unlock(&h->vmu);
@@ -2027,7 +1486,7 @@ static enum MHD_Result answer_video_create(dit_http *h, struct MHD_Connection *c
         return MHD_NO;
     }
     if (v->refused) {
-        fail(&b, http_status_of(v->code), NULL, grpc_code_name(v->code), "%s", v->msg);
+        dit_openai_fail(&b, http_status_of(v->code), NULL, grpc_code_name(v->code), "%s", v->msg);
         vdrop_locked(h, v);
         uv_mutex_unlock(&h->vmu);
         return send_error(h, conn, &b);
@@ -2201,12 +1660,12 @@ static enum MHD_Result answer_videos(dit_http *h, struct MHD_Connection *conn, c
         return send_video(h, conn, MHD_HTTP_OK, o, busy);
     }
     if (v->state != V_COMPLETED) {
-        bad b;
+        dit_openai_error b;
         if (v->state == V_FAILED)
-            fail(&b, 409, NULL, "video_failed", "the video failed: %s", v->msg);
+            dit_openai_fail(&b, 409, NULL, "video_failed", "the video failed: %s", v->msg);
         else
-            fail(&b, 409, NULL, "video_not_ready", "the video is %s (progress %d%%)",
-                 vstate_name(v->state), v->progress);
+            dit_openai_fail(&b, 409, NULL, "video_not_ready", "the video is %s (progress %d%%)",
+                            vstate_name(v->state), v->progress);
         uv_mutex_unlock(&h->vmu);
         return send_error(h, conn, &b);
     }
@@ -2311,21 +1770,22 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
                                      "/v1/images/generations takes POST");
         }
         /* Answered before the body is read: the client need not send it. */
-        bad b = {0};
+        dit_openai_error b = {0};
         const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Length");
         if (!authorized(h, conn))
-            fail(&b, 401, NULL, "invalid_api_key",
-                 "missing or wrong bearer token (Authorization: Bearer ...)");
+            dit_openai_fail(&b, 401, NULL, "invalid_api_key",
+                            "missing or wrong bearer token (Authorization: Bearer ...)");
         else if (rc->is_video && (rc->form = form_content_type(conn)))
             ; /* OpenAI's client sends videos.create as multipart/form-data */
         else if (!json_content_type(conn))
-            fail(&b, 400, NULL, "invalid_content_type",
-                 rc->is_video ? "the body must be JSON (Content-Type: application/json) or a "
-                                "form (multipart/form-data)"
-                              : "the body must be JSON (Content-Type: application/json)");
+            dit_openai_fail(&b, 400, NULL, "invalid_content_type",
+                            rc->is_video
+                                ? "the body must be JSON (Content-Type: application/json) or a "
+                                  "form (multipart/form-data)"
+                                : "the body must be JSON (Content-Type: application/json)");
         else if (cl && strtoll(cl, NULL, 10) > h->cfg.max_body_bytes)
-            fail(&b, 413, NULL, "body_too_large", "the body is larger than %lld bytes",
-                 (long long)h->cfg.max_body_bytes);
+            dit_openai_fail(&b, 413, NULL, "body_too_large", "the body is larger than %lld bytes",
+                            (long long)h->cfg.max_body_bytes);
         if (b.status) {
             rc->answered = true;
             return send_error(h, conn, &b);
@@ -2364,9 +1824,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     }
     if (rc->too_big) {
         rc->answered = true;
-        bad b;
-        fail(&b, 413, NULL, "body_too_large", "the body is larger than %lld bytes",
-             (long long)h->cfg.max_body_bytes);
+        dit_openai_error b;
+        dit_openai_fail(&b, 413, NULL, "body_too_large", "the body is larger than %lld bytes",
+                        (long long)h->cfg.max_body_bytes);
         return send_error(h, conn, &b);
     }
     if (late) {

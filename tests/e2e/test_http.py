@@ -187,6 +187,9 @@ def generate():
                                                     "num_inference_steps": 1, "seed": top})
         assert st == 200 and b'"seed":9007199254740981' in body, body[-300:]
         assert json.loads(body)["data"][0]["seed"] == top
+        st, _, body = http_request(d, "POST", GEN, {"prompt": PROMPT, "size": "64x64",
+                                                    "num_inference_steps": 1, "seed": top + 1})
+        assert st == 400 and json.loads(body)["error"]["param"] == "seed", body
         # The models list in OpenAI's shape.
         models = c.models.list()
         assert [m.id for m in models.data] == ["demo"] and models.data[0].object == "model"
@@ -953,6 +956,10 @@ def video_errors():
                                ({"prompt": 5}, "invalid_type"),
                                ({"prompt": "x", "seconds": [4]}, "invalid_value"),
                                ('{"prompt": "x", "prompt": "y"}', "duplicate_parameter"),
+                               ('{"prompt": "x", "loras": [{"name": "a", "name": "b"}]}',
+                                "duplicate_parameter"),
+                               # 144001 frames, past num_frames' own limit of 100000
+                               ({"prompt": "x", "seconds": "600", "fps": 240}, "invalid_value"),
                                ("[1]", "invalid_json"), ("{", "invalid_json")]:
                 expect_error(d, 400, code, body, headers=auth, path=VIDEOS)
             expect_error(d, 400, "invalid_content_type", "prompt=x", path=VIDEOS,

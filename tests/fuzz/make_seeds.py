@@ -3,10 +3,11 @@
 GenerateRequest messages for fuzz_request and IPC frames for fuzz_join,
 encoded with the real .proto files (protoc makes their descriptor set), so
 the mutations start from messages the daemon reads in practice, and small
-safetensors files for fuzz_safetensors. The text seeds (prompts, log
+safetensors files for fuzz_safetensors, and JSON bodies for fuzz_openai
+(and the other JSON-fed targets). The text seeds (prompts, log
 fields) are kept as written.
 
-    python3 tests/fuzz/make_seeds.py  # rewrites corpus/{request,join,safetensors}
+    python3 tests/fuzz/make_seeds.py  # rewrites corpus/{request,join,safetensors,...}
 
 Needs protoc and python3-protobuf (deploy/install-deps.sh installs both)."""
 
@@ -214,7 +215,43 @@ def config_seeds(folder):
         dict(wan, num_attention_heads=1, attention_head_dim=32, patch_size=[1, 1, 4])).encode())
 
 
+def openai_seeds(folder):
+    """fuzz_openai: 0 + an images body, 1 + a videos JSON body, 3 + a videos
+    body sent as a form (each value as its text)."""
+    images = {
+        "model": "demo", "prompt": "a lighthouse at dusk", "negative_prompt": "blurry",
+        "n": 2, "size": "256x128", "response_format": "b64_json", "output_format": "png",
+        "stream": True, "partial_images": 0, "user": "u-1", "seed": 42,
+        "num_inference_steps": 8, "guidance_scale": 3.5, "true_cfg_scale": 4.0,
+        "priority": -3, "loras": [{"name": "style.v1", "scale": 0.75}, {"name": "b"}]}
+    write(folder, "images_min.bin", b"\x00" + json.dumps({"prompt": "a lighthouse"}).encode())
+    write(folder, "images_full.bin", b"\x00" + json.dumps(images).encode())
+    write(folder, "images_auto.bin", b"\x00" + json.dumps(
+        {"prompt": "caf\u00e9 \u2615", "size": "auto", "n": 8}).encode())
+    video = {
+        "model": "wan_demo", "prompt": "a paper boat", "negative_prompt": "", "seconds": "1.5",
+        "size": "64x48", "seed": 7, "num_inference_steps": 4, "guidance_scale": 5,
+        "priority": 2, "fps": 12, "user": "u-2", "loras": [{"name": "wan-a", "scale": -1}]}
+    # Values at the edges of their ranges (the mutator's "old value +- 2"
+    # then crosses them).
+    write(folder, "images_edges.bin", b"\x00" + json.dumps(
+        {"prompt": "x", "n": 8, "size": "999999x1", "seed": 9007199254740981,
+         "num_inference_steps": 1000, "guidance_scale": 100, "true_cfg_scale": 0,
+         "priority": 1000000, "loras": [{"name": "a", "scale": -100}]}).encode())
+    write(folder, "video_edges.bin", b"\x01" + json.dumps(
+        {"prompt": "y", "num_frames": 100000, "fps": 240, "seed": 9007199254740991,
+         "num_inference_steps": 1, "priority": -1000000, "guidance_scale": 0}).encode())
+    write(folder, "video_min.bin", b"\x01" + json.dumps({"prompt": "a paper boat"}).encode())
+    write(folder, "video_full.bin", b"\x01" + json.dumps(video).encode())
+    write(folder, "video_frames.bin", b"\x01" + json.dumps(
+        {"prompt": "waves", "num_frames": 21, "fps": 240, "seconds": 600}).encode())
+    write(folder, "video_form.bin", b"\x03" + json.dumps(video).encode())
+    write(folder, "video_form_frames.bin", b"\x03" + json.dumps(
+        {"prompt": "waves", "num_frames": "9", "seed": "12", "guidance_scale": "1e1"}).encode())
+
+
 def main():
+    openai_seeds(os.path.join(HERE, "corpus", "openai"))
     config_seeds(os.path.join(HERE, "corpus", "config"))
     tokenizer_seeds(os.path.join(HERE, "corpus", "tokenizer"))
     safetensors_seeds(os.path.join(HERE, "corpus", "safetensors"))
