@@ -122,6 +122,9 @@ typedef struct worker {
     bool *member_cancel;
     float *flags;
     bool cancel_seen;
+    /* Why the step callback failed (its status reaches the pipeline, which
+     * passes it on without a message of its own). */
+    dit_diag step_diag;
     bool shutdown_seen; /* the daemon asked us to exit */
     bool ready;         /* this mesh came up (a joined worker's backoff resets) */
     bool device_failed; /* a device error: the process should not go on */
@@ -220,8 +223,7 @@ static dit_status flag_buf_reserve(worker *w, size_t n, dit_diag *diag)
 static dit_status on_step(void *ctx, int step, int total, double elapsed_ms, bool *active)
 {
     worker *w = ctx;
-    dit_diag diag;
-    dit_diag_clear(&diag);
+    dit_diag *diag = &w->step_diag;
     const int n = w->n_members;
     float *flags = w->flags; /* n + 1 */
     if (w->rank == 0) {
@@ -235,7 +237,7 @@ static dit_status on_step(void *ctx, int step, int total, double elapsed_ms, boo
         env.msg_case = DITSERVE__IPC__ENVELOPE__MSG_PROGRESS;
         env.progress = &pr;
         if (send_env(w, &env) != 0)
-            return DIT_ERR_PEER; /* the daemon is gone */
+            return dit_diag_set(diag, DIT_ERR_PEER, "lost the daemon's socket");
         Ditserve__Ipc__Envelope *in = NULL;
         int got;
         while ((got = dit_ipc_poll_fd(w->fd, &w->reader, &in)) == 1) {
@@ -249,7 +251,7 @@ static dit_status on_step(void *ctx, int step, int total, double elapsed_ms, boo
             ditserve__ipc__envelope__free_unpacked(in, NULL);
         }
         if (got < 0)
-            return DIT_ERR_PEER;
+            return dit_diag_set(diag, DIT_ERR_PEER, "lost the daemon's socket");
         bool any = false;
         for (int k = 0; k < n; k++) {
             flags[1 + k] = active[k] && !w->member_cancel[k] ? 1.0f : 0.0f;
@@ -264,11 +266,12 @@ static dit_status on_step(void *ctx, int step, int total, double elapsed_ms, boo
         dit_status st = w->be->ops->upload(w->be, &dev, &host);
         if (st == DIT_OK)
             st = w->world->ops->broadcast(w->world, w->flag_buf, sizeof(float) * (size_t)(n + 1), 0,
-                                          &diag);
+                                          diag);
         if (st == DIT_OK)
             st = w->be->ops->download(w->be, &host, &dev);
-        if (st != DIT_OK)
-            return st;
+        if (st != DIT_OK) /* the broadcast's own message, if it set one */
+            return dit_diag_set(diag, st, "sharing the step's decision failed: %s",
+                                dit_status_str(st));
     }
     if (flags[0] != 0.0f)
         return DIT_ERR_CANCELLED;
@@ -288,7 +291,7 @@ static dit_status on_step(void *ctx, int step, int total, double elapsed_ms, boo
         env.msg_case = DITSERVE__IPC__ENVELOPE__MSG_PROGRESS;
         env.progress = &pr;
         if (send_env(w, &env) != 0)
-            return DIT_ERR_PEER;
+            return dit_diag_set(diag, DIT_ERR_PEER, "lost the daemon's socket");
     }
     return DIT_OK;
 }
@@ -736,6 +739,7 @@ static int run_job(worker *w, const Ditserve__Ipc__Job *job)
     }
     w->job_id = job->job_id;
     w->cancel_seen = false;
+    dit_diag_clear(&w->step_diag);
     w->n_members = n;
     w->member_ids = ids;
     w->member_cancel = cancel;
@@ -760,6 +764,9 @@ static int run_job(worker *w, const Ditserve__Ipc__Job *job)
     if (st == DIT_OK)
         st = dit_pipeline_generate_batch(w->pipe, &den, n, gps, w->rank == 0, on_step, w, res, mst,
                                          &diag);
+    /* A failure of the step callback comes back as its status alone. */
+    if (st != DIT_OK && w->step_diag.msg[0])
+        dit_diag_set(&diag, st, "%s", w->step_diag.msg);
     if (attached)
         dit_lora_detach(lora_sites(w));
     /* Each finished member's result in its own format. */
@@ -769,6 +776,8 @@ static int run_job(worker *w, const Ditserve__Ipc__Job *job)
             mo[0].t_encode = enc_wall;
     }
 report:;
+    if (st != DIT_OK && !diag.msg[0]) /* never "ok" for a failure */
+        dit_diag_set(&diag, st, "%s", dit_status_str(st));
     /* A single job's status is the message's own; a batch's message says
      * the job's, its entries the members'. */
     const dit_status st0 = st != DIT_OK || n > 1 ? st : mst ? mst[0] : DIT_OK;
