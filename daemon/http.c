@@ -525,24 +525,37 @@ static void submit(dit_http *h, gen *g)
     dit_server_job *job = NULL;
     grpc_status_code code = GRPC_STATUS_OK;
     char msg[DIT_DIAG_MAX];
-    if (dit_server_submit(h->srv, &g->req, 1, &client, &job, &code, msg, sizeof msg) != DIT_OK) {
+    /* The job can end inside dit_server_submit (a mesh that fails as the
+     * job is sent to it reports at once, and the job is freed with its
+     * request): this call holds a reference of its own, and the request
+     * leaves g first (an admitted job owns it). */
+    uv_mutex_lock(&g->mu);
+    g->refs++;
+    Ditserve__V1__GenerateRequest *req = g->req;
+    g->req = NULL;
+    uv_mutex_unlock(&g->mu);
+    if (dit_server_submit(h->srv, &req, 1, &client, &job, &code, msg, sizeof msg) != DIT_OK) {
         uv_mutex_lock(&g->mu);
+        g->req = req; /* still ours */
         g->failed = true;
         g->code = code;
         snprintf(g->msg, sizeof g->msg, "%s", msg);
         g->phase = GEN_DONE;
         uv_mutex_unlock(&g->mu);
         uv_cond_broadcast(&g->cv);
-        gen_unref(g);
+        gen_unref(g); /* the loop's: no job will report */
+        gen_unref(g); /* this call's */
         return;
     }
     uv_mutex_lock(&g->mu);
-    g->req = NULL; /* the job's now */
-    g->job = job;
-    if (g->phase == GEN_NEW)
-        g->phase = GEN_ACCEPTED;
+    if (!g->finished) {
+        g->job = job;
+        if (g->phase == GEN_NEW)
+            g->phase = GEN_ACCEPTED;
+    }
     uv_mutex_unlock(&g->mu);
     uv_cond_broadcast(&g->cv);
+    gen_unref(g); /* this call's */
 }
 
 /* ------------------------------------------------------------------------ */
@@ -653,7 +666,8 @@ static void vend_locked(dit_http *h, vjob *v, vstate state, grpc_status_code cod
     v->code = code;
     snprintf(v->msg, sizeof v->msg, "%s", msg && *msg ? msg : "failed");
     v->completed_at = wall_s();
-    v->expires_at = v->completed_at + (int64_t)h->cfg.video_retention_s;
+    /* Whole seconds, rounded up: a retention under one second keeps it one. */
+    v->expires_at = v->completed_at + (int64_t)ceil(h->cfg.video_retention_s);
     if (state == V_COMPLETED) {
         v->progress = 100;
         return;
@@ -765,15 +779,20 @@ static void video_submit(dit_http *h, vjob *v)
     dit_server_job *job = NULL;
     grpc_status_code code = GRPC_STATUS_OK;
     char msg[DIT_DIAG_MAX];
+    /* The job can end inside dit_server_submit (see submit): the creator's
+     * reference keeps v until `decided`, and v->job is set only for a job
+     * that lives on. The request leaves v first (an admitted job owns it). */
+    Ditserve__V1__GenerateRequest *req = v->req;
+    v->req = NULL;
     const bool ok =
-        dit_server_submit(h->srv, &v->req, 1, &client, &job, &code, msg, sizeof msg) == DIT_OK;
-    if (ok)
-        v->job = job;
+        dit_server_submit(h->srv, &req, 1, &client, &job, &code, msg, sizeof msg) == DIT_OK;
     uv_mutex_lock(&h->vmu);
     v->decided = true;
     if (ok) {
-        v->req = NULL; /* the job's now */
+        if (v->state != V_COMPLETED && v->state != V_FAILED)
+            v->job = job;
     } else {
+        v->req = req; /* still ours */
         v->refused = true;
         v->code = code;
         snprintf(v->msg, sizeof v->msg, "%s", msg);
@@ -1500,8 +1519,9 @@ static enum MHD_Result answer_video_create(dit_http *h, struct MHD_Connection *c
     h->vtail = v;
     h->vcount++;
     cJSON *o = video_json(v);
-    uv_mutex_unlock(&h->vmu);
+    /* Logged before the store's reference may go (a DELETE, an expiry). */
     DIT_LOG(h->cfg.log, DIT_LOG_DEBUG, "http", "video job %.14s... created", v->id);
+    uv_mutex_unlock(&h->vmu);
     r = send_video(h, conn, MHD_HTTP_OK, o, true);
     return r;
 }
