@@ -188,7 +188,7 @@ static const dit_option defs[] = {
         "shared secret joining workers must prove they hold (at least 16 bytes)",
         "DITD_JOIN_SECRET_FILE", join_secret_file),
     INT("max-queue", "16", "N", "requests that may wait; more get RESOURCE_EXHAUSTED",
-        "DITD_MAX_QUEUE", max_queue, 0, 100000),
+        "DITD_MAX_QUEUE", max_queue, 1, 100000),
     INT("max-batch", "1", "N",
         "run up to N queued requests of the same shape (size, frames, steps, CFG, adapters) as "
         "one batched generation; 1: one request at a time",

@@ -101,12 +101,12 @@ static dit_status check_warmup(const dit_daemon_config *cfg, const dit_pipeline_
     dit_status st = dit_request_validate(&r, info, diag);
     if (st == DIT_OK)
         st = dit_request_validate_mesh(&r, info, &cfg->pc, diag);
-    if (st != DIT_OK) {
-        char why[DIT_DIAG_MAX];
-        snprintf(why, sizeof why, "%s", dit_diag_msg(diag));
-        return dit_diag_set(diag, st, "--warmup %s: %s", cfg->warmup, why);
-    }
-    return DIT_OK;
+    char limit[DIT_DIAG_MAX];
+    if (st == DIT_OK && !dit_server_size_ok(cfg, info, &r, limit, sizeof limit))
+        st = dit_diag_set(diag, DIT_ERR_INVALID_ARG, "%s", limit);
+    if (st != DIT_OK) /* dit_diag_set keeps the first message: prefix it */
+        dit_diag_prefix(diag, "--warmup %s: ", cfg->warmup);
+    return st;
 }
 
 /* What ListModels and GetServerInfo say about the probed pipeline, in the
@@ -146,9 +146,19 @@ static dit_status read_token(const char *path, char *out, size_t cap, dit_diag *
     if (!f)
         return dit_diag_set(diag, DIT_ERR_IO, "cannot read --auth-token-file %s", path);
     const bool got = fgets(out, (int)cap, f) != NULL;
+    /* A first line that does not fit is refused, not cut: clients send all
+     * of it. */
+    bool whole = !got || strchr(out, '\n');
+    if (!whole) {
+        const int next = fgetc(f);
+        whole = next == EOF || next == '\n' || next == '\r';
+    }
     fclose(f);
     if (!got)
         return dit_diag_set(diag, DIT_ERR_INVALID_ARG, "--auth-token-file %s is empty", path);
+    if (!whole)
+        return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
+                            "the token in %s is longer than %zu characters", path, cap - 1);
     out[strcspn(out, "\r\n")] = '\0';
     if (strlen(out) < 16)
         return dit_diag_set(diag, DIT_ERR_INVALID_ARG,

@@ -319,6 +319,10 @@ static const char *grpc_code_name(grpc_status_code code)
         return "unavailable";
     case GRPC_STATUS_CANCELLED:
         return "cancelled";
+    case GRPC_STATUS_FAILED_PRECONDITION:
+        return "failed_precondition";
+    case GRPC_STATUS_DEADLINE_EXCEEDED:
+        return "deadline_exceeded";
     default:
         return "internal_error";
     }

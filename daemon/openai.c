@@ -290,7 +290,8 @@ static bool common_field(const char *k, const cJSON *f, const cJSON *num, fields
     if (strcmp(k, "guidance_scale") == 0)
         return get_number(num, "guidance_scale", 0, 100, &out->guidance, e);
     if (strcmp(k, "priority") == 0)
-        return get_int(num, "priority", -1000000, 1000000, &out->priority, e);
+        return get_int(num, "priority", -DIT_REQUEST_MAX_PRIORITY, DIT_REQUEST_MAX_PRIORITY,
+                       &out->priority, e);
     if (strcmp(k, "user") == 0) {
         const char *u = NULL; /* accepted, unused */
         return get_string(f, "user", 256, &u, e);

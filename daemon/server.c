@@ -622,35 +622,49 @@ static bool model_ok(dit_server *s, const char *model, reply *rp)
 }
 
 /* The server's own limit on image size, beyond what the model allows. */
-static bool size_ok(dit_server *s, const Ditserve__V1__GenerateRequest *r, reply *rp)
+bool dit_server_size_ok(const dit_daemon_config *cfg, const dit_pipeline_info *info,
+                        const Ditserve__V1__GenerateRequest *r, char *msg, size_t cap)
 {
-    const int64_t w = r->width ? r->width : s->info.default_width;
-    const int64_t h = r->height ? r->height : s->info.default_height;
-    const int64_t f = r->num_frames ? r->num_frames : s->info.default_frames;
-    if (w * h > s->cfg->max_pixels)
-        return refuse(rp, GRPC_STATUS_INVALID_ARGUMENT,
-                      "%lldx%lld is %lld pixels; this server accepts at most %lld (its "
-                      "--max-pixels)",
-                      (long long)w, (long long)h, (long long)(w * h),
-                      (long long)s->cfg->max_pixels);
+    const int64_t w = r->width ? r->width : info->default_width;
+    const int64_t h = r->height ? r->height : info->default_height;
+    const int64_t f = r->num_frames ? r->num_frames : info->default_frames;
+    if (w * h > cfg->max_pixels) {
+        snprintf(msg, cap,
+                 "%lldx%lld is %lld pixels; this server accepts at most %lld (its "
+                 "--max-pixels)",
+                 (long long)w, (long long)h, (long long)(w * h), (long long)cfg->max_pixels);
+        return false;
+    }
     /* Sides and frames are validated (each bounded) before this. */
-    if (f > 1 && w * h * f > s->cfg->max_video_pixels)
-        return refuse(rp, GRPC_STATUS_INVALID_ARGUMENT,
-                      "%lld frames of %lldx%lld are %lld pixels; this server accepts at most %lld "
-                      "per video (its --max-video-pixels)",
-                      (long long)f, (long long)w, (long long)h, (long long)(w * h * f),
-                      (long long)s->cfg->max_video_pixels);
+    if (f > 1 && w * h * f > cfg->max_video_pixels) {
+        snprintf(msg, cap,
+                 "%lld frames of %lldx%lld are %lld pixels; this server accepts at most %lld "
+                 "per video (its --max-video-pixels)",
+                 (long long)f, (long long)w, (long long)h, (long long)(w * h * f),
+                 (long long)cfg->max_video_pixels);
+        return false;
+    }
     /* A raw result travels from the worker in one message, every image. */
     const int64_t n = r->num_images > 1 ? r->num_images : 1;
     const int64_t raw = 12 * w * h * f * n;
-    if (dit_request_output_format(r, &s->info) ==
+    if (dit_request_output_format(r, info) ==
             DITSERVE__V1__OUTPUT_FORMAT__OUTPUT_FORMAT_RAW_TENSOR &&
-        raw > (int64_t)DIT_IPC_MAX_RESULT)
-        return refuse(rp, GRPC_STATUS_INVALID_ARGUMENT,
-                      "the raw tensor of this request would be %lld bytes; raw results are at "
-                      "most %lld: ask for fewer frames or pixels, or for MP4",
-                      (long long)raw, (long long)DIT_IPC_MAX_RESULT);
+        raw > (int64_t)DIT_IPC_MAX_RESULT) {
+        snprintf(msg, cap,
+                 "the raw tensor of this request would be %lld bytes; raw results are at "
+                 "most %lld: ask for fewer frames or pixels, or for MP4",
+                 (long long)raw, (long long)DIT_IPC_MAX_RESULT);
+        return false;
+    }
     return true;
+}
+
+static bool size_ok(dit_server *s, const Ditserve__V1__GenerateRequest *r, reply *rp)
+{
+    if (dit_server_size_ok(s->cfg, &s->info, r, rp->msg, sizeof rp->msg))
+        return true;
+    rp->code = GRPC_STATUS_INVALID_ARGUMENT;
+    return false;
 }
 
 /* The mesh's split rules. The client hears what it can change (the nearest

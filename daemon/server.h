@@ -124,11 +124,20 @@ void dit_server_destroy_meshes(dit_server *s);
 /* Mesh 0's join port (multi-node), or -1. */
 int dit_server_join_port(const dit_server *s);
 
+/* The daemon's size limits on a validated request (--max-pixels,
+ * --max-video-pixels, a raw result within one worker message), as
+ * Generate and Warmup apply them and ditd applies them to --warmup: true,
+ * or false with msg (cap bytes) saying which and why. */
+bool dit_server_size_ok(const dit_daemon_config *cfg, const dit_pipeline_info *info,
+                        const Ditserve__V1__GenerateRequest *r, char *msg, size_t cap);
+
 /* Admits n Generate requests as one (all or none) from another front end:
  * every check and limit a gRPC Generate passes, with room in the queue for
  * all n. On success the jobs own reqs[0..n) and jobs[k] is request k's
  * handle until its client's finish (or dit_server_cancel). On failure the
- * requests stay the caller's, and *code and msg say why. */
+ * requests stay the caller's, and *code and msg say why. The job may end,
+ * its client's finish called, before this returns (a mesh that fails as
+ * the job is sent to it reports at once). */
 dit_status dit_server_submit(dit_server *s, Ditserve__V1__GenerateRequest **reqs, int n,
                              const dit_job_client *clients, dit_server_job **jobs,
                              grpc_status_code *code, char *msg, size_t cap);

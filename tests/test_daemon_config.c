@@ -150,7 +150,7 @@ START_TEST(bad_environment_value_names_the_variable)
     setenv("DITD_MAX_QUEUE", "lots", 1);
     dit_daemon_config cfg;
     ck_assert_int_eq(PARSE(&cfg, "--model", "x"), 2);
-    ck_assert_msg(strstr(err, "DITD_MAX_QUEUE wants an integer from 0 to 100000, not 'lots'"), "%s",
+    ck_assert_msg(strstr(err, "DITD_MAX_QUEUE wants an integer from 1 to 100000, not 'lots'"), "%s",
                   err);
     /* A flag's value does not rescue a bad variable: the variable is wrong. */
     setenv("DITD_MAX_QUEUE", "-1", 1);
@@ -170,7 +170,7 @@ START_TEST(bad_flag_values_say_what_is_wanted)
     clear_env();
     dit_daemon_config cfg;
     ck_assert_int_eq(PARSE(&cfg, "--model", "x", "--max-queue", "12x"), 2);
-    ck_assert_msg(strstr(err, "ditd: --max-queue wants an integer from 0 to 100000, not '12x'"),
+    ck_assert_msg(strstr(err, "ditd: --max-queue wants an integer from 1 to 100000, not '12x'"),
                   "%s", err);
     ck_assert_int_eq(PARSE(&cfg, "--model", "x", "--drain-timeout", "0"), 2);
     ck_assert_msg(strstr(err, "--drain-timeout wants a positive number of seconds, not '0'"), "%s",

@@ -256,6 +256,13 @@ def num_images():
 def health_reflection():
     """Health Check/Watch through a --warmup start, server reflection
     (v1 and v1alpha) from the embedded descriptors, unknown methods."""
+    # A warm-up over the daemon's own size limits is refused at start, as
+    # the Warmup call would refuse it.
+    for flags, needle in [(["--warmup", "1024x1024:1", "--max-pixels", "65536"], "--max-pixels"),
+                          (["--warmup", "4096x4096:1"], "--max-pixels")]:
+        p = subprocess.run([env_path("DITD"), "--model", DEMO] + flags, capture_output=True,
+                           text=True, timeout=60)
+        assert p.returncode == 2 and needle in p.stderr, (flags, p.returncode, p.stderr)
     d = Daemon("--warmup", "256x256:60", wait_serving=False)
     try:
         api = d.api
@@ -355,6 +362,8 @@ def bad_requests():
             (gen(**dict(SMALL, fps=24)), "INVALID_ARGUMENT", "fps 24"),
             (gen(**dict(SMALL, model="sdxl")), "NOT_FOUND", "sdxl", "demo"),
             (gen(**dict(SMALL, request_id="x" * 200)), "INVALID_ARGUMENT", "request_id"),
+            # Above the daemon's own jobs (LoRA loads, warm-ups), which run first.
+            (gen(**dict(SMALL, priority=2**31 - 1)), "INVALID_ARGUMENT", "priority 2147483647"),
             # output_format = 7 (field 12, varint), past the enum's values.
             (lambda: raw_generate(d, api.request(**SMALL).SerializeToString() + b"\x60\x07"),
              "INVALID_ARGUMENT", "output_format 7"),
@@ -817,6 +826,23 @@ def tls_auth():
         p = subprocess.run([env_path("DITD"), "--model", DEMO, "--tls-cert",
                             os.path.join(tmp, "server.pem")], capture_output=True, text=True)
         assert p.returncode == 2 and "--tls-key" in p.stderr, p.stderr
+        # A token too short, or whose line does not fit, is refused, not cut;
+        # 511 characters fit.
+        for token, needle in [("x" * 15, "shorter than 16"), ("x" * 600, "longer than 511"),
+                              ("x" * 512 + "\n", "longer than 511"), ("x" * 511 + "\n", None)]:
+            path = os.path.join(tmp, "token-" + str(len(token)))
+            with open(path, "w") as f:
+                f.write(token)
+            # A join secret that is missing fails the start right after the
+            # token is read: its message shows the token was taken.
+            missing = os.path.join(tmp, "no-such-secret")
+            p = subprocess.run([env_path("DITD"), "--model", DEMO, "--auth-token-file", path,
+                                "--world-size", "2", "--ring", "2", "--local-ranks", "1",
+                                "--join-listen", "127.0.0.1:0", "--join-secret-file", missing],
+                               capture_output=True, text=True)
+            assert p.returncode == 2, (len(token), p.stderr)
+            assert (needle or "no-such-secret") in p.stderr, (len(token), p.stderr)
+            assert needle or "token" not in p.stderr, p.stderr
 
 
 @case

@@ -131,7 +131,9 @@ static void check_request(const Ditserve__V1__GenerateRequest *r)
                      "size %dx%d", r->width, r->height);
     DIT_FUZZ_REQUIRE(r->num_inference_steps >= 0 && r->num_inference_steps <= 1000, "%d steps",
                      r->num_inference_steps);
-    DIT_FUZZ_REQUIRE(r->priority >= -1000000 && r->priority <= 1000000, "priority %d", r->priority);
+    DIT_FUZZ_REQUIRE(r->priority >= -DIT_REQUEST_MAX_PRIORITY &&
+                         r->priority <= DIT_REQUEST_MAX_PRIORITY,
+                     "priority %d", r->priority);
     DIT_FUZZ_REQUIRE(r->seed != NULL, "no seed");
     const Google__Protobuf__FloatValue *scales[2] = {r->guidance_scale, r->true_cfg_scale};
     for (int i = 0; i < 2; i++)

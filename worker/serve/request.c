@@ -223,6 +223,10 @@ dit_status dit_request_validate(const Ditserve__V1__GenerateRequest *req,
                             strlen(req->request_id), DIT_REQUEST_MAX_ID_BYTES);
     if (req->request_id && !dit_utf8_valid(req->request_id, strlen(req->request_id)))
         return dit_diag_set(diag, DIT_ERR_INVALID_ARG, "request_id is not valid UTF-8");
+    if (req->priority < -DIT_REQUEST_MAX_PRIORITY || req->priority > DIT_REQUEST_MAX_PRIORITY)
+        return dit_diag_set(diag, DIT_ERR_INVALID_ARG, "priority %d: it must be from %d to %d",
+                            (int)req->priority, -DIT_REQUEST_MAX_PRIORITY,
+                            DIT_REQUEST_MAX_PRIORITY);
     if ((st = check_loras(req, diag)) != DIT_OK)
         return st;
     if (req->output_format != DITSERVE__V1__OUTPUT_FORMAT__OUTPUT_FORMAT_UNSPECIFIED &&

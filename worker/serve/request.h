@@ -25,6 +25,9 @@
 #define DIT_REQUEST_MAX_LORAS 8
 #define DIT_REQUEST_MAX_LORA_NAME_BYTES 128
 #define DIT_REQUEST_MAX_LORA_SCALE 100.0f
+/* |priority| at most this: the daemon's own jobs (LoRA loads, warm-ups)
+ * run above every request's. */
+#define DIT_REQUEST_MAX_PRIORITY 1000000
 
 typedef struct dit_request {
     dit_gen_params gp; /* points into this struct's own storage */
