@@ -465,7 +465,9 @@ static bool same_str(const char *a, const char *b)
 bool dit_request_batchable(const Ditserve__V1__GenerateRequest *a,
                            const Ditserve__V1__GenerateRequest *b, const dit_pipeline_info *info)
 {
-    if (!same_str(a->model, b->model) || a->n_loras != b->n_loras)
+    /* Not the model name: admission holds every request to the one model
+     * served, named or left empty (ditd's model_ok). */
+    if (a->n_loras != b->n_loras)
         return false;
     for (size_t i = 0; i < a->n_loras; i++)
         if (!same_str(a->loras[i]->name, b->loras[i]->name) ||

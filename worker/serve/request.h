@@ -87,11 +87,12 @@ dit_status dit_request_resolve(const Ditserve__V1__GenerateRequest *req,
 void dit_request_free(dit_request *r);
 
 /* Whether two validated requests may run as one batch (ditd --max-batch):
- * the same model name, the same LoRA adapters with the same scales in the
+ * the same LoRA adapters with the same scales in the
  * same order, and dit_gen_batch_compatible on their parameters (size,
  * frames, steps, text length, CFG on or off). Prompts, seeds, guidance,
  * latents, num_images, fps, output format, priority and ids are each
- * member's own. */
+ * member's own. The model name is not compared: a daemon serves one model,
+ * and a request names it or leaves it empty. */
 bool dit_request_batchable(const Ditserve__V1__GenerateRequest *a,
                            const Ditserve__V1__GenerateRequest *b, const dit_pipeline_info *info);
 
