@@ -511,6 +511,8 @@ START_TEST(ditrun_generate_refuses_what_wan_cannot_make)
         {"--width", "40", "/tmp/unused.safetensors", "width 40 must be a positive multiple of 16",
          2},
         {"--true-cfg", "4", "/tmp/unused.safetensors", "WanPipeline guides with guidance_scale", 2},
+        {"--true-cfg", "-2", "/tmp/unused.safetensors", "WanPipeline guides with guidance_scale",
+         2},
         {"--prompt-2", "x", "/tmp/unused.safetensors", "WanPipeline has one text encoder", 2},
         {"--fps", "500", "/tmp/unused.safetensors", "fps 500 must be between 1 and 240 (0: 16)", 2},
         {"--frames", "5", "/tmp/unused.png", "a PNG holds one image, and this is a 5-frame video",

@@ -176,7 +176,8 @@ static dit_status wan_check(const dit_pipeline_info *info, const dit_gen_params 
                             "guidance_scale %g must be between 0 and 100 (above 1: classifier-free "
                             "guidance)",
                             gp->guidance_scale);
-    if (!isfinite(gp->true_cfg_scale) || gp->true_cfg_scale > 1.0f)
+    /* Up to 1 it is off, as on FLUX; anything else asks for what Wan lacks. */
+    if (!isfinite(gp->true_cfg_scale) || gp->true_cfg_scale < 0 || gp->true_cfg_scale > 1.0f)
         return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
                             "true_cfg_scale %g: WanPipeline guides with guidance_scale (classic "
                             "classifier-free guidance with the negative prompt); leave "
