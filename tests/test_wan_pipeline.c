@@ -496,6 +496,51 @@ START_TEST(ditrun_generate_takes_initial_latents)
 }
 END_TEST
 
+/* A size the mesh cannot split gets the nearest sizes and frame counts
+ * that work, kept within Wan's limits (sides up to 8192): on 3 ring ranks
+ * 8192x16 at one frame is 512 tokens; 8208 wide would be 513, but is over
+ * the limit, so the width goes down two steps. */
+START_TEST(mesh_advice_names_sizes_and_frames)
+{
+    dit_pipeline_info info;
+    dit_diag diag;
+    dit_diag_clear(&diag);
+    ck_assert_msg(dit_pipeline_probe(data_dir, &info, &diag) == DIT_OK, "%s", dit_diag_msg(&diag));
+    dit_parallel_config pc = dit_parallel_config_single();
+    pc.world_size = pc.ring_degree = 3;
+    dit_gen_params gp = {.prompt = "x", .width = 8192, .height = 16, .frames = 1, .steps = 1};
+    dit_gen_apply_defaults(&info, &gp);
+    ck_assert_int_eq(dit_gen_check(&info, &gp, &diag), DIT_OK);
+    ck_assert_int_ne(dit_gen_check_mesh(&info, &gp, &pc, &diag), DIT_OK);
+    char buf[600];
+    ck_assert(dit_gen_mesh_advice(&info, &gp, &pc, buf, sizeof buf));
+    ck_assert_msg(
+        strstr(buf, "a 8192x16 video of 1 frame is 512 tokens (1 latent frame of 512x1") &&
+            strstr(buf, "multiple of 3. The nearest sizes that work: 8160x16, 8192x48; "
+                        "or num_frames 9") &&
+            !strstr(buf, "8208") && !strstr(buf, "anything"),
+        "%s", buf);
+    /* 9 frames of 48x32 are 3 latent frames of 3x2 tokens: 18, not a
+     * multiple of 4; a side one step off, 64 high, or one latent frame fewer
+     * or more fixes it (48x16 would be 9 tokens, 0 high is no size). */
+    pc.world_size = pc.ring_degree = 4;
+    gp.width = 48;
+    gp.height = 32;
+    gp.frames = 9;
+    ck_assert(dit_gen_mesh_advice(&info, &gp, &pc, buf, sizeof buf));
+    ck_assert_msg(strstr(buf, "is 18 tokens (3 latent frames of 3x2") &&
+                      strstr(buf, "nearest sizes that work: 32x32, 64x32, 48x64; or num_frames "
+                                  "5 or 13"),
+                  "%s", buf);
+    /* A split that works, or an uneven mode, has no advice. */
+    gp.frames = 5;
+    ck_assert(!dit_gen_mesh_advice(&info, &gp, &pc, buf, sizeof buf));
+    gp.frames = 9;
+    pc.ring_anything = true;
+    ck_assert(!dit_gen_mesh_advice(&info, &gp, &pc, buf, sizeof buf));
+}
+END_TEST
+
 START_TEST(ditrun_generate_refuses_what_wan_cannot_make)
 {
     char out[16384];
@@ -591,6 +636,7 @@ static Suite *wan_pipeline_suite(void)
     tcase_add_test(tc, ditrun_generate_video_on_meshes);
     tcase_add_test(tc, ditrun_generate_takes_initial_latents);
     tcase_add_test(tc, ditrun_generate_refuses_what_wan_cannot_make);
+    tcase_add_test(tc, mesh_advice_names_sizes_and_frames);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -99,6 +99,16 @@ def generate():
         assert m.config["in_channels"] == 4 and m.config["text_dim"] == 32, m.config
         assert m.config["vae_scale_factor_temporal"] == 4 and "pooled_projection_dim" not in m.config
 
+        # 48x48 at one frame is 9 video tokens, which 4 context-parallel
+        # ranks cannot split: the client hears what would work, the operator's
+        # "anything" modes stay out of it.
+        details = expect_error(
+            lambda: d.generate(prompt="x", width=48, height=48, num_frames=1,
+                               num_inference_steps=1),
+            "INVALID_ARGUMENT", "a 48x48 video of 1 frame is 9 tokens",
+            "multiple of 4", "nearest sizes that work: 64x48, 48x64; or num_frames 13")
+        assert "anything" not in details, details
+
         c = reference_case("f9_cfg_neg")
         kinds, data, res = d.generate(**request_of(c, output_format="OUTPUT_FORMAT_RAW_TENSOR"))
         assert kinds.count("progress") == c["num_inference_steps"] + 1, kinds

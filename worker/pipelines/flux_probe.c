@@ -8,6 +8,7 @@
 #include "models/flux/flux_config.h"
 
 #define PROBE_PATH 4096
+#define FLUX_MAX_SIDE 16384
 
 /* transformer/config.json through the model's own config reader
  * (models/flux/flux_config.h: the keys, defaults and checks diffusers'
@@ -112,14 +113,14 @@ static dit_status flux_check(const dit_pipeline_info *info, const dit_gen_params
                              dit_diag *diag)
 {
     const int mult = info->size_multiple;
-    if (gp->width < mult || gp->width > 16384 || gp->width % mult != 0)
+    if (gp->width < mult || gp->width > FLUX_MAX_SIDE || gp->width % mult != 0)
         return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
-                            "width %d must be a positive multiple of %d (at most 16384)", gp->width,
-                            mult);
-    if (gp->height < mult || gp->height > 16384 || gp->height % mult != 0)
+                            "width %d must be a positive multiple of %d (at most %d)", gp->width,
+                            mult, FLUX_MAX_SIDE);
+    if (gp->height < mult || gp->height > FLUX_MAX_SIDE || gp->height % mult != 0)
         return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
-                            "height %d must be a positive multiple of %d (at most 16384)",
-                            gp->height, mult);
+                            "height %d must be a positive multiple of %d (at most %d)", gp->height,
+                            mult, FLUX_MAX_SIDE);
     if (gp->frames < 0 || gp->frames > 1)
         return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
                             "FluxPipeline makes images: frames %d must be 1 (or 0)", gp->frames);
@@ -179,41 +180,6 @@ static void flux_seq_lens(const dit_pipeline_info *info, const dit_gen_params *g
                                                            : info->default_max_sequence_length);
 }
 
-/* Adds "WxH" to a list of at most 4 sizes. */
-static void add_size(char *list, size_t cap, int *n, int64_t w, int64_t h)
-{
-    if (*n >= 4)
-        return;
-    const size_t used = strlen(list);
-    snprintf(list + used, cap - used, "%s%lldx%lld", *n ? ", " : "", (long long)w, (long long)h);
-    (*n)++;
-}
-
-/* The sizes nearest to w x h, changing one side in steps of mult, whose
- * token count (w / mult) * (h / mult) is a multiple of C. */
-static void nearest_sizes(int64_t w, int64_t h, int mult, int C, char *list, size_t cap)
-{
-    int n = 0;
-    list[0] = '\0';
-    for (int side = 0; side < 2; side++) {
-        /* Within C steps one of the candidates divides: (w/mult + k) runs
-         * through every residue mod C. */
-        for (int k = 1; k <= C; k++) {
-            bool found = false;
-            for (int sign = -1; sign <= 1; sign += 2) {
-                const int64_t nw = side == 0 ? w + sign * k * mult : w;
-                const int64_t nh = side == 1 ? h + sign * k * mult : h;
-                if (nw < mult || nh < mult || ((nw / mult) * (nh / mult)) % C != 0)
-                    continue;
-                add_size(list, cap, &n, nw, nh);
-                found = true;
-            }
-            if (found)
-                break;
-        }
-    }
-}
-
 /* What the client can change when the mesh refuses a request: the nearest
  * sizes whose image tokens split evenly, or a max_sequence_length (or
  * prompt_embeds length) that does. */
@@ -230,7 +196,8 @@ static bool flux_mesh_advice(const dit_pipeline_info *info, const dit_gen_params
     const bool plain = C > 1 && !dit_parallel_uneven(pc);
     if (plain && img % C != 0) {
         char sizes[128];
-        nearest_sizes(gp->width, gp->height, mult, C, sizes, sizeof sizes);
+        dit_gen_nearest_sizes(gp->width, gp->height, mult, FLUX_MAX_SIDE, 1, C, sizes,
+                              sizeof sizes);
         snprintf(buf, cap,
                  "a %dx%d image is %lld tokens (one per %dx%d pixels), which this server's %d "
                  "context-parallel ranks cannot split evenly: it needs a multiple of %d. The "

@@ -218,6 +218,41 @@ bool dit_gen_batch_compatible(const dit_pipeline_info *info, const dit_gen_param
     return !cfg || text_len(&x, true) == text_len(&y, true);
 }
 
+/* Adds "WxH" to a list of at most 4 sizes. */
+static void add_size(char *list, size_t cap, int *n, int64_t w, int64_t h)
+{
+    if (*n >= 4)
+        return;
+    const size_t used = strlen(list);
+    snprintf(list + used, cap - used, "%s%lldx%lld", *n ? ", " : "", (long long)w, (long long)h);
+    (*n)++;
+}
+
+void dit_gen_nearest_sizes(int64_t w, int64_t h, int mult, int max_side, int64_t frames, int C,
+                           char *list, size_t cap)
+{
+    int n = 0;
+    list[0] = '\0';
+    for (int side = 0; side < 2; side++) {
+        /* Within C steps one of the candidates divides (w/mult + k runs
+         * through every residue mod C), unless the bounds cut it off. */
+        for (int k = 1; k <= C; k++) {
+            bool found = false;
+            for (int sign = -1; sign <= 1; sign += 2) {
+                const int64_t nw = side == 0 ? w + sign * k * mult : w;
+                const int64_t nh = side == 1 ? h + sign * k * mult : h;
+                if (nw < mult || nh < mult || nw > max_side || nh > max_side ||
+                    (frames * (nw / mult) * (nh / mult)) % C != 0)
+                    continue;
+                add_size(list, cap, &n, nw, nh);
+                found = true;
+            }
+            if (found)
+                break;
+        }
+    }
+}
+
 bool dit_gen_true_cfg(const dit_gen_params *gp)
 {
     return gp->true_cfg_scale > 1.0f && (gp->negative_prompt || gp->negative_prompt_embeds);

@@ -198,6 +198,13 @@ bool dit_gen_true_cfg_warning(const dit_gen_params *gp, const char *neg_name, co
                               char *buf, size_t cap);
 
 /* Helpers for probe classes. */
+
+/* Up to four sizes nearest to w x h, each changing one side in steps of
+ * mult within mult .. max_side, for which frames * (w / mult) * (h / mult)
+ * tokens are a multiple of C, as "WxH, WxH" into list (empty when none). */
+void dit_gen_nearest_sizes(int64_t w, int64_t h, int mult, int max_side, int64_t frames, int C,
+                           char *list, size_t cap);
+
 void dit_probe_add_config(dit_pipeline_info *info, const char *key, int64_t value);
 bool dit_probe_is_dir(const char *path);
 bool dit_probe_is_file(const char *path);

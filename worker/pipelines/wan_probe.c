@@ -226,6 +226,55 @@ static void wan_seq_lens(const dit_pipeline_info *info, const dit_gen_params *gp
     lens[0] = f * (h / p) * (w / p);
 }
 
+/* Frame counts nearest to a request's, the latent frame count f changed
+ * by the fewest steps, within 1 .. WAN_MAX_FRAMES, whose f * per_frame
+ * tokens are a multiple of C; "N or M" into list (empty when none). */
+static void nearest_frames(int64_t f, int64_t per_frame, int fs, int C, char *list, size_t cap)
+{
+    list[0] = '\0';
+    for (int k = 1; k <= C; k++) {
+        for (int sign = -1; sign <= 1; sign += 2) {
+            const int64_t nf = f + sign * k;
+            const int64_t frames = (nf - 1) * fs + 1;
+            if (nf < 1 || frames > WAN_MAX_FRAMES || (nf * per_frame) % C != 0)
+                continue;
+            const size_t used = strlen(list);
+            snprintf(list + used, cap - used, "%s%lld", used ? " or " : "", (long long)frames);
+        }
+        if (list[0])
+            return;
+    }
+}
+
+/* What the client can change when the mesh cannot split the video tokens
+ * evenly: the nearest sizes, or the nearest frame counts. */
+static bool wan_mesh_advice(const dit_pipeline_info *info, const dit_gen_params *gp,
+                            const dit_parallel_config *pc, char *buf, size_t cap)
+{
+    const int C = pc->ring_degree * pc->ulysses_degree;
+    if (C <= 1 || dit_parallel_uneven(pc))
+        return false;
+    int64_t tokens;
+    wan_seq_lens(info, gp, &tokens);
+    if (tokens % C == 0)
+        return false;
+    const int mult = info->size_multiple;
+    int64_t f, hw[2];
+    dit_wan_latent_dims(info, gp, &f, &hw[0], &hw[1]);
+    const int64_t per_frame = (int64_t)(gp->width / mult) * (gp->height / mult);
+    char sizes[128], frames[64];
+    dit_gen_nearest_sizes(gp->width, gp->height, mult, WAN_MAX_SIDE, f, C, sizes, sizeof sizes);
+    nearest_frames(f, per_frame, info->frame_step, C, frames, sizeof frames);
+    snprintf(buf, cap,
+             "a %dx%d video of %d frame%s is %lld tokens (%lld latent frame%s of %dx%d, one token "
+             "per %dx%d pixels), which this server's %d context-parallel ranks cannot split "
+             "evenly: it needs a multiple of %d. The nearest sizes that work: %s%s%s",
+             gp->width, gp->height, gp->frames, gp->frames == 1 ? "" : "s", (long long)tokens,
+             (long long)f, f == 1 ? "" : "s", gp->width / mult, gp->height / mult, mult, mult, C, C,
+             sizes[0] ? sizes : "none", frames[0] ? "; or num_frames " : "", frames);
+    return true;
+}
+
 static int wan_latents_shape(const dit_pipeline_info *info, const dit_gen_params *gp,
                              int64_t *shape)
 {
@@ -259,6 +308,7 @@ const dit_pipeline_probe_class dit_probe_wan_pipeline = {
     .probe = wan_probe,
     .check = wan_check,
     .seq_lens = wan_seq_lens,
+    .mesh_advice = wan_mesh_advice,
     .latents_shape = wan_latents_shape,
     .warning = wan_warning,
     .cfg = wan_cfg_hook,
