@@ -24,6 +24,15 @@ DEMO = os.path.join(env_path("DIT_SOURCE_ROOT"), "tests", "data", "demo")
 WAN_DEMO = os.path.join(env_path("DIT_SOURCE_ROOT"), "tests", "data", "wan_demo")
 
 
+def without_text_encoders(root, src=DEMO):
+    """A pipeline folder at root with src's parts (symlinked) but its text
+    encoders and tokenizers: requests to it must bring prompt_embeds."""
+    os.makedirs(root)
+    for name in os.listdir(src):
+        if not name.startswith(("text_encoder", "tokenizer")):
+            os.symlink(os.path.join(src, name), os.path.join(root, name))
+
+
 def children_of(pid):
     """Pids whose parent is pid (the workers of a ditd)."""
     out = []

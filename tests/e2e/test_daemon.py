@@ -5,8 +5,10 @@ gRPC, with a client written against the .proto in Python (grpcio).
     test_daemon.py --list    lists the cases
 """
 
+import math
 import os
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
@@ -18,6 +20,7 @@ import grpc
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ditapi  # noqa: E402
 from daemon import alive, children_of, Daemon, DEMO, env_path, run_cases  # noqa: E402
+from daemon import WAN_DEMO, without_text_encoders  # noqa: E402
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SMALL = dict(prompt="a red fox in the snow", width=64, height=64, num_inference_steps=4)
@@ -1114,6 +1117,63 @@ def cfg_parallel():
         d.stop()
     finally:
         d.close()
+
+
+def embeddings(*shape, phase=0.0):
+    """An f32 tensor of smooth values in -1 .. 1, for requests' embeddings."""
+    n = math.prod(shape)
+    vals = [math.sin(0.37 * i + phase) for i in range(n)]
+    return ("DTYPE_F32", list(shape), struct.pack(f"<{n}f", *vals))
+
+
+@case
+def own_embeddings():
+    """A pipeline folder without text encoders serves requests that bring
+    their embeddings, FLUX.1 and Wan 2.1 alike, batched or not: the same
+    raw result, bit for bit, as the whole pipeline given the same
+    embeddings. A request without them is refused, and the daemon goes on."""
+    raw = "OUTPUT_FORMAT_RAW_TENSOR"
+    flux = dict(width=64, height=64, num_inference_steps=2, seed=4, output_format=raw,
+                prompt_embeds=embeddings(1, 8, 32), pooled_prompt_embeds=embeddings(1, 32))
+    wan = dict(width=32, height=32, num_frames=5, num_inference_steps=2, seed=4,
+               guidance_scale=1.0, output_format=raw, prompt_embeds=embeddings(1, 8, 32))
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, src, req in (("flux", DEMO, flux), ("wan", WAN_DEMO, wan)):
+            bare = os.path.join(tmp, name)
+            without_text_encoders(bare, src)
+            want = {}
+            for model in (src, bare):
+                d = Daemon("--max-batch", "2", model=model)
+                try:
+                    ms = d.api.list_models(d.channel)(
+                        d.api.msg("ditserve.v1.ListModelsRequest")(), timeout=10).models
+                    assert ms[0].has_text_encoders == (model == src), ms[0]
+                    _, data, _ = d.generate(**req)
+                    if model == src:
+                        want = data
+                    else:
+                        assert data == want, f"{name}: the bare pipeline's result differs"
+                        expect_error(lambda: d.generate(prompt="x", width=64, height=64),
+                                     "INVALID_ARGUMENT", "no text encoder")
+                        # Two at once, batched, each still its own.
+                        blocker = d.api.generate(d.channel)(
+                            d.api.request(**dict(req, num_inference_steps=1000)), timeout=600)
+                        wait_progress(blocker)
+                        calls = [d.api.generate(d.channel)(d.api.request(**req), timeout=300)
+                                 for _ in range(2)]
+                        t0 = time.monotonic()
+                        while d.info().queue_depth < 2 and time.monotonic() - t0 < 10:
+                            time.sleep(0.01)
+                        blocker.cancel()
+                        for c in calls:
+                            images, res = ditapi.collect_images(c)
+                            assert res.batch_size == 2, res
+                            assert len(images[0]) == len(want), (len(images[0]), len(want))
+                        assert d.info().worker_restarts == 0
+                    d.stop()
+                finally:
+                    d.close()
+            print(f"  {name}: the bare pipeline gives the whole pipeline's result")
 
 
 def main():

@@ -148,6 +148,8 @@ typedef struct prompt_job {
 static dit_status encode_prompts(flux_pipe *p, const prompt_job *jobs, int n, int max_len,
                                  dit_diag *diag)
 {
+    if (n == 0)
+        return DIT_OK; /* every member brought embeddings (maybe with no encoders loaded) */
     dit_status st = DIT_OK;
     dit_backend *be = p->be;
     const int clip_len = dit_clip_tokenizer_max_length(p->tok);

@@ -129,6 +129,8 @@ typedef struct prompt_job {
 static dit_status encode_prompts(wan_pipe *p, const prompt_job *jobs, int n, int64_t L,
                                  dit_diag *diag)
 {
+    if (n == 0)
+        return DIT_OK; /* every member brought embeddings (maybe with no encoder loaded) */
     dit_status st = DIT_OK;
     const int64_t d = dit_umt5_encoder_d_model(p->umt5);
     float *host = malloc(sizeof(float) * (size_t)ENCODE_BATCH * (size_t)L * (size_t)d);
