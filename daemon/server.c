@@ -344,9 +344,9 @@ static bool eligible(const job *j, const dit_server_mesh *m)
  * in queue order. A job joins only if no job it would overtake has a
  * higher priority than its own, so a batch never delays a more urgent
  * request; equal priorities may be overtaken. The images in a batch are at
- * most DIT_SERVER_MAX_BATCH_IMAGES and its raw results fit one worker
- * message. Jobs whose client left are freed on the way. Returns the count
- * (0: nothing to run). */
+ * most DIT_SERVER_MAX_BATCH_IMAGES, and its requests and its raw results
+ * each fit one worker message. Jobs whose client left are freed on the
+ * way. Returns the count (0: nothing to run). */
 static int collect_batch(dit_server *s, dit_server_mesh *m, job **out)
 {
     job *head = NULL;
@@ -372,14 +372,18 @@ static int collect_batch(dit_server *s, dit_server_mesh *m, job **out)
         return 1;
     int images = images_of(head->req);
     int64_t raw = raw_result_bytes(s, head->req);
+    size_t bytes = ditserve__v1__generate_request__get_packed_size(head->req);
     int skipped_max = INT_MIN;
     for (; it && n < s->cfg->max_batch; it = dit_queue_next(it)) {
         job *j = JOB_OF(it);
         if (!has_client(j))
             continue;
+        const size_t jb =
+            j->kind == JOB_GENERATE ? ditserve__v1__generate_request__get_packed_size(j->req) : 0;
         const bool fits = j->kind == JOB_GENERATE && j->qi.priority >= skipped_max &&
                           images + images_of(j->req) <= DIT_SERVER_MAX_BATCH_IMAGES &&
                           raw + raw_result_bytes(s, j->req) <= (int64_t)DIT_IPC_MAX_RESULT &&
+                          bytes + jb <= DIT_IPC_MAX_REQUESTS &&
                           dit_request_batchable(head->req, j->req, &s->info);
         if (!fits) {
             skipped_max = j->qi.priority > skipped_max ? j->qi.priority : skipped_max;
@@ -387,6 +391,7 @@ static int collect_batch(dit_server *s, dit_server_mesh *m, job **out)
         }
         images += images_of(j->req);
         raw += raw_result_bytes(s, j->req);
+        bytes += jb;
         out[n++] = j;
     }
     return n;
@@ -476,8 +481,8 @@ static void run_batch(dit_server *s, dit_server_mesh *m, job **b, int n)
     }
     ij.n_batch = (size_t)(n - 1);
     ij.batch = bmp;
-    dit_metrics_batch(s->metrics, n);
     if (dit_supervisor_run(m->sup, j->id, &ij, &diag) == DIT_OK) {
+        dit_metrics_batch(s->metrics, n);
         free(L);
         return;
     }
@@ -489,7 +494,7 @@ failed:
     m->busy_since_ms = 0;
     for (int k = 0; k < n; k++) {
         m->members[k] = NULL;
-        fail_job(b[k], GRPC_STATUS_INTERNAL, dit_diag_msg(&diag));
+        fail_job(b[k], dit_status_to_grpc(diag.status), dit_diag_msg(&diag));
         job_free(b[k]);
     }
 }
@@ -788,6 +793,7 @@ static void on_generate(void *ctx, dit_rpc_call *call, const uint8_t *req, size_
                             "the request is not a valid ditserve.v1.GenerateRequest message");
         return;
     }
+    dit_request_strip_unknown(&r->base);
     reply rp = {GRPC_STATUS_OK, ""};
     dit_diag diag;
     dit_diag_clear(&diag);

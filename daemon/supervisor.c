@@ -162,36 +162,77 @@ static void set_phase(dit_supervisor *s, sup_phase ph)
 /* ------------------------------------------------------------------------ */
 /* Writing to workers                                                        */
 
+/* An encoded frame, freed after its last write: a job goes to every rank
+ * as the same bytes, encoded once. */
+typedef struct frame_buf {
+    int refs;
+    uint8_t *bytes;
+    size_t len;
+} frame_buf;
+
 typedef struct write_req {
     uv_write_t req;
-    uint8_t *frame;
+    frame_buf *f;
 } write_req;
+
+static void frame_unref(frame_buf *f)
+{
+    if (--f->refs > 0)
+        return;
+    free(f->bytes);
+    free(f);
+}
+
+/* NULL when env is over DIT_IPC_MAX_FRAME or memory ran out. */
+static frame_buf *frame_encode(const Ditserve__Ipc__Envelope *env)
+{
+    frame_buf *f = calloc(1, sizeof *f);
+    if (!f)
+        return NULL;
+    if (dit_ipc_encode(env, &f->bytes, &f->len) != 0) {
+        free(f);
+        return NULL;
+    }
+    f->refs = 1; /* the caller's */
+    return f;
+}
 
 static void on_written(uv_write_t *req, int status)
 {
     (void)status; /* a dead peer shows up as an exit or EOF */
     write_req *w = (write_req *)req;
-    free(w->frame);
+    frame_unref(w->f);
     free(w);
+}
+
+static int write_frame(conn *c, frame_buf *f)
+{
+    if (!c || c->closing)
+        return -1;
+    write_req *w = calloc(1, sizeof *w);
+    if (!w)
+        return -1;
+    w->f = f;
+    f->refs++;
+    uv_buf_t buf = uv_buf_init((char *)f->bytes, (unsigned)f->len);
+    if (uv_write(&w->req, &c->h.stream, &buf, 1, on_written) != 0) {
+        frame_unref(f);
+        free(w);
+        return -1;
+    }
+    return 0;
 }
 
 static int send_to(conn *c, const Ditserve__Ipc__Envelope *env)
 {
     if (!c || c->closing)
         return -1;
-    write_req *w = calloc(1, sizeof *w);
-    size_t len;
-    if (!w || dit_ipc_encode(env, &w->frame, &len) != 0) {
-        free(w);
+    frame_buf *f = frame_encode(env);
+    if (!f)
         return -1;
-    }
-    uv_buf_t buf = uv_buf_init((char *)w->frame, (unsigned)len);
-    if (uv_write(&w->req, &c->h.stream, &buf, 1, on_written) != 0) {
-        free(w->frame);
-        free(w);
-        return -1;
-    }
-    return 0;
+    const int rc = write_frame(c, f);
+    frame_unref(f);
+    return rc;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1167,6 +1208,18 @@ dit_status dit_supervisor_run(dit_supervisor *s, uint64_t job_id, const Ditserve
     Ditserve__Ipc__Envelope env = DITSERVE__IPC__ENVELOPE__INIT;
     env.msg_case = DITSERVE__IPC__ENVELOPE__MSG_JOB;
     env.job = &job;
+    /* A job that cannot be encoded is its own failure, not the mesh's. */
+    frame_buf *f = frame_encode(&env);
+    if (!f) {
+        const size_t n = ditserve__ipc__envelope__get_packed_size(&env);
+        if (n > DIT_IPC_MAX_FRAME)
+            return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
+                                "the job's requests come to %zu bytes, more than the %zu one "
+                                "worker message holds",
+                                n, (size_t)DIT_IPC_MAX_FRAME);
+        return dit_diag_set(diag, DIT_ERR_NOMEM, "out of memory for the job's message (%zu bytes)",
+                            n);
+    }
     set_phase(s, PH_RUNNING);
     s->job_id = job_id;
     s->job_done_ranks = 0;
@@ -1174,13 +1227,15 @@ dit_status dit_supervisor_run(dit_supervisor *s, uint64_t job_id, const Ditserve
     s->job_status = DIT_OK;
     s->job_msg[0] = '\0';
     for (int r = 0; r < s->N; r++) {
-        if (send_to(s->by_rank[r], &env) != 0) {
+        if (write_frame(s->by_rank[r], f) != 0) {
+            frame_unref(f);
             char reason[120];
             snprintf(reason, sizeof reason, "cannot send the job to worker rank %d", r);
             dit_supervisor_fail(s, reason);
             return DIT_OK; /* the job ended through job_done */
         }
     }
+    frame_unref(f);
     uv_timer_start(&s->watchdog_timer, on_watchdog, (uint64_t)(s->cfg.job_timeout_s * 1000),
                    (uint64_t)(s->cfg.job_timeout_s * 1000));
     return DIT_OK;

@@ -102,7 +102,10 @@ dit_mesh_state dit_supervisor_state(const dit_supervisor *s);
 bool dit_supervisor_idle(const dit_supervisor *s);
 
 /* Sends the job (tmpl, with job_id set) to every rank; the supervisor must
- * be idle. */
+ * be idle. A job that cannot be encoded (over DIT_IPC_MAX_FRAME:
+ * DIT_ERR_INVALID_ARG; out of memory) is an error with nothing sent and
+ * the mesh as it was; a rank that cannot be written to fails the mesh (the
+ * job ends through job_done, and DIT_OK is returned). */
 dit_status dit_supervisor_run(dit_supervisor *s, uint64_t job_id, const Ditserve__Ipc__Job *tmpl,
                               dit_diag *diag);
 

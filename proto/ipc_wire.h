@@ -17,6 +17,9 @@
 /* The largest result (JobDone.image) a worker sends: the frame less room for
  * the rest of the message. */
 #define DIT_IPC_MAX_RESULT (DIT_IPC_MAX_FRAME - ((size_t)1 << 20))
+/* The requests of one job (a batch's members together) at most, leaving
+ * the rest of a frame to the job's other fields. */
+#define DIT_IPC_MAX_REQUESTS (DIT_IPC_MAX_FRAME - ((size_t)1 << 20))
 
 /* Packs `env` into a malloc'ed frame (length prefix included). */
 int dit_ipc_encode(const Ditserve__Ipc__Envelope *env, uint8_t **frame, size_t *len);

@@ -194,6 +194,63 @@ START_TEST(adapters_must_be_the_same_set_in_the_same_order)
 }
 END_TEST
 
+/* Appends a length-delimited field (number, bytes) to buf at *len. */
+static void put_field(uint8_t *buf, size_t *len, uint32_t number, const uint8_t *data, size_t n)
+{
+    uint64_t v = (uint64_t)number << 3 | 2;
+    for (int k = 0; k < 2; k++) {
+        do {
+            buf[(*len)++] = (uint8_t)((v & 0x7f) | (v > 0x7f ? 0x80 : 0));
+            v >>= 7;
+        } while (v);
+        v = n;
+    }
+    memcpy(buf + *len, data, n);
+    *len += n;
+}
+
+/* Fields a newer client might send (at the top and inside a LoraUse) are
+ * dropped, so the request packs again to exactly the bytes it would have
+ * without them: nothing of theirs goes on to the workers. */
+START_TEST(unknown_fields_are_dropped_at_every_depth)
+{
+    Ditserve__V1__LoraUse lu = DITSERVE__V1__LORA_USE__INIT, *lup = &lu;
+    lu.name = "style";
+    lu.scale = 0.5f;
+    Ditserve__V1__GenerateRequest r0 = DITSERVE__V1__GENERATE_REQUEST__INIT;
+    r0.prompt = "a lighthouse";
+    r0.width = r0.height = 64;
+    r0.n_loras = 1;
+    r0.loras = &lup;
+    static uint8_t clean[1024], dirty[16384], lu_dirty[256], junk[8192];
+    const size_t clean_len = ditserve__v1__generate_request__pack(&r0, clean);
+    /* The same request, its LoraUse carrying field 1000 and the request
+     * field 999 (8 KiB). */
+    r0.n_loras = 0;
+    size_t dirty_len = ditserve__v1__generate_request__pack(&r0, dirty);
+    size_t lu_len = ditserve__v1__lora_use__pack(&lu, lu_dirty);
+    put_field(lu_dirty, &lu_len, 1000, (const uint8_t *)"newer", 5);
+    put_field(dirty, &dirty_len, 23, lu_dirty, lu_len);
+    memset(junk, 'j', sizeof junk);
+    put_field(dirty, &dirty_len, 999, junk, sizeof junk);
+    Ditserve__V1__GenerateRequest *r =
+        ditserve__v1__generate_request__unpack(NULL, dirty_len, dirty);
+    ck_assert_ptr_nonnull(r);
+    ck_assert_int_eq(r->n_loras, 1);
+    ck_assert_uint_eq(r->base.n_unknown_fields, 1);
+    ck_assert_uint_eq(r->loras[0]->base.n_unknown_fields, 1);
+    ck_assert_uint_gt(ditserve__v1__generate_request__get_packed_size(r), clean_len + sizeof junk);
+    dit_request_strip_unknown(&r->base);
+    ck_assert_uint_eq(r->base.n_unknown_fields, 0);
+    ck_assert_uint_eq(r->loras[0]->base.n_unknown_fields, 0);
+    uint8_t again[1024];
+    ck_assert_uint_eq(ditserve__v1__generate_request__get_packed_size(r), clean_len);
+    ck_assert_uint_eq(ditserve__v1__generate_request__pack(r, again), clean_len);
+    ck_assert(memcmp(again, clean, clean_len) == 0);
+    ditserve__v1__generate_request__free_unpacked(r, NULL);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("daemon_batch");
@@ -206,6 +263,9 @@ static Suite *suite(void)
     tcase_add_test(tc, wan_cfg_follows_guidance_above_one);
     tcase_add_test(tc, adapters_must_be_the_same_set_in_the_same_order);
     suite_add_tcase(s, tc);
+    TCase *wire = tcase_create("wire");
+    tcase_add_test(wire, unknown_fields_are_dropped_at_every_depth);
+    suite_add_tcase(s, wire);
     return s;
 }
 

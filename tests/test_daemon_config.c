@@ -185,6 +185,12 @@ START_TEST(bad_flag_values_say_what_is_wanted)
     ck_assert_msg(strstr(err, "log level 'loud'"), "%s", err);
     ck_assert_int_eq(PARSE(&cfg, "--model", "x", "--max-queue"), 2);
     ck_assert_msg(strstr(err, "option '--max-queue' needs a value"), "%s", err);
+    /* A request must fit one worker message (512 MiB) with room to spare. */
+    ck_assert_int_eq(PARSE(&cfg, "--model", "x", "--max-message-bytes", "268435456"), 0);
+    ck_assert_int_eq(cfg.max_message_bytes, 256ll << 20);
+    ck_assert_int_eq(PARSE(&cfg, "--model", "x", "--max-message-bytes", "536870912"), 2);
+    ck_assert_msg(strstr(err, "--max-message-bytes wants an integer from 1024 to 268435456"), "%s",
+                  err);
 }
 END_TEST
 

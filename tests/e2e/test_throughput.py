@@ -6,11 +6,14 @@ metrics say about them. The real daemon, real workers, real gRPC.
     test_throughput.py --list    lists the cases
 """
 
+import json
+import math
 import os
 import re
 import signal
 import struct
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -19,7 +22,8 @@ import grpc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ditapi  # noqa: E402
-from daemon import alive, children_of, Daemon, run_cases  # noqa: E402
+from daemon import alive, children_of, Daemon, DEMO, run_cases  # noqa: E402
+from daemon import without_text_encoders  # noqa: E402
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SMALL = dict(prompt="a red fox in the snow", width=64, height=64, num_inference_steps=4)
@@ -148,6 +152,46 @@ def run_concurrently(d, reqs, timeout=300):
         while d.info().queue_depth <= before and time.monotonic() - t0 < 10:
             time.sleep(0.01)
     return results, threads
+
+
+def wide_text_pipeline(root, joint):
+    """The demo pipeline without its text encoders and with a text width
+    (joint_attention_dim) of `joint`: its context embedder (the only weight
+    that sees the width) gets small deterministic values. Requests bring
+    prompt_embeds of shape (1, L, joint)."""
+    without_text_encoders(root, DEMO)
+    os.unlink(os.path.join(root, "transformer"))
+    os.makedirs(os.path.join(root, "transformer"))
+    demo = DEMO
+    with open(os.path.join(demo, "transformer", "config.json")) as f:
+        cfg = json.load(f)
+    hidden = cfg["num_attention_heads"] * cfg["attention_head_dim"]
+    cfg["joint_attention_dim"] = joint
+    with open(os.path.join(root, "transformer", "config.json"), "w") as f:
+        json.dump(cfg, f)
+    src = os.path.join(demo, "transformer", "diffusion_pytorch_model.safetensors")
+    with open(src, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        data = f.read()
+    tensors = {}
+    for name, meta in header.items():
+        if name != "__metadata__":
+            a, b = meta["data_offsets"]
+            tensors[name] = (meta["dtype"], meta["shape"], data[a:b])
+    scale = 1.0 / math.sqrt(joint)
+    w = [scale * (((i * 7919) % 2003) / 1001.0 - 1.0) for i in range(hidden * joint)]
+    tensors["context_embedder.weight"] = ("F32", [hidden, joint], struct.pack(f"<{len(w)}f", *w))
+    out, blobs, off = {"__metadata__": header.get("__metadata__", {})}, [], 0
+    for name, (dtype, shape, blob) in tensors.items():
+        out[name] = {"dtype": dtype, "shape": shape, "data_offsets": [off, off + len(blob)]}
+        blobs.append(blob)
+        off += len(blob)
+    head = json.dumps(out).encode()
+    head += b" " * (-len(head) % 8)
+    with open(os.path.join(root, "transformer", "diffusion_pytorch_model.safetensors"),
+              "wb") as f:
+        f.write(struct.pack("<Q", len(head)) + head + b"".join(blobs))
 
 
 # --------------------------------------------------------------------------
@@ -305,6 +349,55 @@ def batch_wait():
         d.stop()
     finally:
         d.close()
+
+
+@case
+def batch_message_budget():
+    """A batch's requests go to the workers in one message of at most 512
+    MiB. Five queued requests of one shape, each with 128 MiB of
+    prompt_embeds (4096 tokens 8192 wide), on --max-batch 16: they run as
+    a batch of three and one of two, each within the message, and the mesh
+    never fails. (As one batch of 640 MiB the job could not be sent: the
+    mesh was torn down and all five failed UNAVAILABLE.)"""
+    joint, tokens = 8192, 4096
+    with tempfile.TemporaryDirectory() as tmp:
+        model = os.path.join(tmp, "wide")
+        wide_text_pipeline(model, joint)
+        d = Daemon("--max-batch", "16", "--max-message-bytes", str(140 << 20), world=1,
+                   model=model)
+        try:
+            def embeds(n):
+                return dict(prompt_embeds=("DTYPE_F32", [1, n, joint], bytes(4 * n * joint)),
+                            pooled_prompt_embeds=("DTYPE_F32", [1, 32], bytes(4 * 32)))
+            jobs0 = d.info().meshes[0].jobs
+            # The blocker's text is shorter: it batches with none of them.
+            call = d.api.generate(d.channel)(
+                d.api.request(seed=1, **dict(LONG, prompt="", **embeds(8))), timeout=600)
+            wait_progress(call)
+            big = embeds(tokens)
+            reqs = [dict(width=64, height=64, num_inference_steps=1, seed=20 + k, **big)
+                    for k in range(5)]
+            results, threads = run_concurrently(d, reqs)
+            assert d.info().queue_depth == 5
+            call.cancel()
+            for t in threads:
+                t.join(300)
+            sizes = []
+            for k in range(5):
+                r = results[k]
+                assert not isinstance(r, Exception), f"request {k} failed: {r}"
+                images, res = r
+                assert images[0].startswith(PNG_MAGIC) and res.seed == 20 + k, res
+                sizes.append(res.batch_size)
+            assert sorted(sizes) == [2, 2, 3, 3, 3], sizes
+            info = d.info()
+            assert info.worker_restarts == 0 and info.meshes[0].worker_restarts == 0, info
+            # The blocker, then the two batches.
+            assert info.meshes[0].jobs - jobs0 == 3, info.meshes[0]
+            print(f"  five 128 MiB requests ran in batches of {sorted(set(sizes))[::-1]}")
+            d.stop()
+        finally:
+            d.close()
 
 
 @case

@@ -478,3 +478,32 @@ bool dit_request_batchable(const Ditserve__V1__GenerateRequest *a,
     fill_params(b, info, &y);
     return dit_gen_batch_compatible(info, &x, &y);
 }
+
+void dit_request_strip_unknown(ProtobufCMessage *m)
+{
+    if (!m)
+        return;
+    for (unsigned i = 0; i < m->n_unknown_fields; i++)
+        free(m->unknown_fields[i].data);
+    free(m->unknown_fields);
+    m->unknown_fields = NULL;
+    m->n_unknown_fields = 0;
+    const ProtobufCMessageDescriptor *d = m->descriptor;
+    char *base = (char *)m;
+    for (unsigned f = 0; f < d->n_fields; f++) {
+        const ProtobufCFieldDescriptor *fd = &d->fields[f];
+        if (fd->type != PROTOBUF_C_TYPE_MESSAGE)
+            continue;
+        if (fd->label == PROTOBUF_C_LABEL_REPEATED) {
+            const size_t n = *(const size_t *)(base + fd->quantifier_offset);
+            ProtobufCMessage **items = *(ProtobufCMessage ***)(base + fd->offset);
+            for (size_t k = 0; k < n; k++)
+                dit_request_strip_unknown(items[k]);
+            continue;
+        }
+        if ((fd->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) &&
+            *(const uint32_t *)(base + fd->quantifier_offset) != fd->id)
+            continue; /* another member of the oneof holds the storage */
+        dit_request_strip_unknown(*(ProtobufCMessage **)(base + fd->offset));
+    }
+}

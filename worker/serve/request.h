@@ -96,6 +96,12 @@ void dit_request_free(dit_request *r);
 bool dit_request_batchable(const Ditserve__V1__GenerateRequest *a,
                            const Ditserve__V1__GenerateRequest *b, const dit_pipeline_info *info);
 
+/* Frees the fields of an unpacked message (nested messages included) that
+ * its type does not define: a newer client's fields mean nothing here, and
+ * kept they would be packed again into every worker's job (a client could
+ * pad a request with --max-message-bytes of them). */
+void dit_request_strip_unknown(ProtobufCMessage *m);
+
 /* Refuses an encoded message (buf, len bytes; desc its type) with a NUL byte
  * in any string field, nested messages included. protobuf-c hands strings
  * over NUL-terminated, so such a field would otherwise be read cut short
