@@ -29,6 +29,7 @@ struct job {
     double last_elapsed_ms;  /* at the previous progress event */
     char warning[300];       /* a request field without effect; Result.warnings */
     char cancel_reason[200]; /* why a running job was cancelled, for the request log */
+    int told;                /* what its client was told before the job ended; -1: nothing */
     bool was_loaded;         /* UnloadLora: the adapter was loaded when it ran */
     dit_server_mesh *mesh;   /* the mesh running it; NULL while queued */
     int target;              /* the mesh that must run it (startup warm-up), -1: any */
@@ -260,6 +261,8 @@ static void enqueue(dit_server *s, job *j)
 
 static void fail_job(job *j, grpc_status_code code, const char *msg)
 {
+    if (has_client(j))
+        j->told = (int)code;
     if (j->call) {
         dit_rpc_call_set_user(j->call, NULL);
         dit_rpc_call_finish(j->call, code, msg);
@@ -346,9 +349,11 @@ static bool eligible(const job *j, const dit_server_mesh *m)
  * request; equal priorities may be overtaken. The images in a batch are at
  * most DIT_SERVER_MAX_BATCH_IMAGES, and its requests and its raw results
  * each fit one worker message. Jobs whose client left are freed on the
- * way. Returns the count (0: nothing to run). */
-static int collect_batch(dit_server *s, dit_server_mesh *m, job **out)
+ * way. Returns the count (0: nothing to run); *room says whether another
+ * request could still join (for --batch-wait-ms). */
+static int collect_batch(dit_server *s, dit_server_mesh *m, job **out, bool *room)
 {
+    *room = false;
     job *head = NULL;
     dit_queue_item *it = dit_queue_peek(&s->queue);
     while (it) {
@@ -394,6 +399,7 @@ static int collect_batch(dit_server *s, dit_server_mesh *m, job **out)
         bytes += jb;
         out[n++] = j;
     }
+    *room = n < s->cfg->max_batch && images < DIT_SERVER_MAX_BATCH_IMAGES;
     return n;
 }
 
@@ -510,6 +516,7 @@ static void try_dispatch(dit_server *s)
 {
     job *b[DIT_DAEMON_MAX_BATCH];
     bool tried[DIT_DAEMON_MAX_REPLICAS] = {false};
+    double wait_min = 0; /* the shortest wait of a batch held open, ms */
     /* Each idle mesh once: one may find nothing it may run (a warm-up
      * waits for another) while the next has work. */
     for (int i = 0; i < s->n_meshes; i++) {
@@ -517,17 +524,19 @@ static void try_dispatch(dit_server *s)
         if (tried[i] || m->n_members != 0 || !m->sup || !dit_supervisor_idle(m->sup))
             continue;
         tried[i] = true;
-        const int n = collect_batch(s, m, b);
+        bool room = false;
+        const int n = collect_batch(s, m, b, &room);
         if (n == 0)
             continue;
-        if (n < s->cfg->max_batch && b[0]->kind == JOB_GENERATE && s->cfg->batch_wait_ms > 0) {
+        if (room && b[0]->kind == JOB_GENERATE && s->cfg->batch_wait_ms > 0) {
             /* --batch-wait-ms: the head may wait that long after it arrived
-             * for company; the timer looks again when its wait is over. */
+             * for company; the timer looks again when the first wait is
+             * over. The other meshes still run what they may (a startup
+             * warm-up of their own). */
             const double wait = b[0]->arrived_ms + s->cfg->batch_wait_ms - now_ms();
             if (wait > 0.5) {
-                if (s->batch_timer_up)
-                    uv_timer_start(&s->batch_timer, on_batch_timer, (uint64_t)wait + 1, 0);
-                break;
+                wait_min = wait_min > 0 && wait_min < wait ? wait_min : wait;
+                continue;
             }
         }
         for (int k = 0; k < n; k++)
@@ -535,6 +544,8 @@ static void try_dispatch(dit_server *s)
         run_batch(s, m, b, n);
         i = -1; /* the queue changed: every idle mesh may look again */
     }
+    if (wait_min > 0 && s->batch_timer_up)
+        uv_timer_start(&s->batch_timer, on_batch_timer, (uint64_t)wait_min + 1, 0);
     update_positions(s);
 }
 
@@ -724,6 +735,7 @@ static job *new_job(dit_server *s, job_kind kind, Ditserve__V1__GenerateRequest 
     j->call = call;
     j->arrived_ms = now_ms();
     j->target = -1;
+    j->told = -1;
     j->qi.priority = kind == JOB_GENERATE ? r->priority : INT_MAX;
     if (r->request_id && *r->request_id)
         snprintf(j->request_id, sizeof j->request_id, "%s", r->request_id);
@@ -851,6 +863,7 @@ static void on_job_cancel(void *ctx, dit_rpc_call *call)
     if (!j)
         return;
     j->call = NULL;
+    j->told = GRPC_STATUS_CANCELLED;
     cancel_job(s, j, "the client cancelled the call or its deadline passed");
 }
 
@@ -899,6 +912,7 @@ void dit_server_cancel(dit_server *s, dit_server_job *j, const char *reason)
     if (!j)
         return;
     j->client = (dit_job_client){0};
+    j->told = GRPC_STATUS_CANCELLED; /* the front end tells its client */
     cancel_job(s, j, reason);
 }
 
@@ -1379,6 +1393,15 @@ static void member_done(dit_server *s, dit_server_mesh *m, job *j, dit_status st
         reply rp;
         if (j->call)
             dit_rpc_call_set_user(j->call, NULL);
+        if (j->told >= 0) {
+            /* Its client heard already (it cancelled, or a shutdown failed
+             * it), maybe before the batch it ran in reached a step boundary:
+             * the log and metrics say what the client was told. */
+            code = (grpc_status_code)j->told;
+            st = DIT_ERR_CANCELLED;
+            snprintf(detail, sizeof detail, "%s",
+                     j->cancel_reason[0] ? j->cancel_reason : "cancelled");
+        }
         if (st == DIT_OK && !d) {
             st = DIT_ERR_INTERNAL;
             code = GRPC_STATUS_INTERNAL;

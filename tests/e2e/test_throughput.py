@@ -278,6 +278,42 @@ def batch_cancel_deadline():
 
 
 @case
+def cancel_while_decoding():
+    """A member of a batch whose client cancels after the last step (while
+    the VAE decodes) hears CANCELLED, and the request log and metrics say
+    CANCELLED too, not OK, though the workers finished it; the other
+    member's result arrives."""
+    d = Daemon("--max-batch", "2", "--metrics-port", "0", world=1)
+    try:
+        scrape = scraper(d)
+        blocker = start_blocker(d)
+        shape = dict(prompt="a harbour", width=1024, height=1024, num_inference_steps=1)
+        calls = [d.api.generate(d.channel)(d.api.request(seed=s, **shape), timeout=300)
+                 for s in (1, 2)]
+        t0 = time.monotonic()
+        while d.info().queue_depth < 2 and time.monotonic() - t0 < 10:
+            time.sleep(0.01)
+        blocker.cancel()
+        for ev in calls[0]:
+            if ev.WhichOneof("event") == "progress" and ev.progress.stage == "decoding":
+                break
+        calls[0].cancel()
+        expect_code(lambda: ditapi.collect(calls[0]), "CANCELLED")
+        _, png, res = ditapi.collect(calls[1])
+        assert png.startswith(PNG_MAGIC) and res.batch_size == 2, res
+        d.wait_idle(30)
+        m = scrape()
+        ok = m.get('ditserve_requests_total{model="demo",status="OK"}', 0)
+        cancelled = m.get('ditserve_requests_total{model="demo",status="CANCELLED"}', 0)
+        # The blocker and the cancelled member; the other member is the one OK.
+        assert (ok, cancelled) == (1, 2), m
+        assert re.search(r"shape=1024x1024 steps=1 .*status=CANCELLED", d.log()), d.log()
+        d.stop()
+    finally:
+        d.close()
+
+
+@case
 def batch_priority():
     """Priorities with batching: the head of the queue is the most urgent
     request, and a request joins a batch only if that overtakes nothing more
@@ -346,6 +382,33 @@ def batch_wait():
         assert all(results[k][1].startswith(PNG_MAGIC) for k in range(2))
         info = d.info().meshes[0]
         assert info.jobs - jobs0 == 1 and info.requests >= 2, info
+        d.stop()
+    finally:
+        d.close()
+    # A batch that is full before --max-batch (16 images: two requests of
+    # 8) runs at once instead of waiting out the window for company that
+    # could not join.
+    d = Daemon("--max-batch", "4", "--batch-wait-ms", "6000", world=1)
+    try:
+        eight = dict(SMALL, width=32, height=32, num_inference_steps=1, num_images=8)
+        t0 = time.monotonic()
+        reqs = [dict(eight, seed=1), dict(eight, seed=2)]
+        results, threads = {}, []
+        for k, fields in enumerate(reqs):
+            call = d.api.generate(d.channel)(d.api.request(**fields), timeout=120)
+            t = threading.Thread(target=lambda k=k, c=call: results.__setitem__(
+                k, ditapi.collect_images(c)))
+            t.start()
+            threads.append(t)
+            time.sleep(0.3)
+        for t in threads:
+            t.join(120)
+        took = time.monotonic() - t0
+        for k in range(2):
+            images, res = results[k]
+            assert len(images) == 8 and res.batch_size == 2, res
+        assert took < 4.0, f"the full batch waited: {took:.1f} s"
+        print(f"  a full batch of 16 images ran after {results[0][1].timings.queue_ms:.0f} ms")
         d.stop()
     finally:
         d.close()
