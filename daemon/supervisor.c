@@ -109,7 +109,8 @@ struct dit_supervisor {
     int job_done_ranks;
     dit_status job_status;
     char job_msg[1024];
-    int job_err_rank; /* the rank whose report set job_status */
+    int job_err_rank;     /* the rank whose report set job_status */
+    bool job_peer_failed; /* that report only followed another rank's failure */
     Ditserve__Ipc__Envelope *job_result;
     uv_timer_t startup_timer, watchdog_timer, backoff_timer, kill_timer;
     double backoff_s;
@@ -623,9 +624,13 @@ static void handle(conn *c, Ditserve__Ipc__Envelope *env)
             break;
         }
         s->rank_done[c->rank] = true;
-        if (d->status != DIT_OK && s->job_status == DIT_OK) {
+        /* The first failure stands, but a rank's own failure replaces one
+         * that only followed another rank's. */
+        if (d->status != DIT_OK &&
+            (s->job_status == DIT_OK || (s->job_peer_failed && !d->peer_failed))) {
             s->job_status = (dit_status)d->status;
             s->job_err_rank = c->rank;
+            s->job_peer_failed = d->peer_failed;
             snprintf(s->job_msg, sizeof s->job_msg, "%s", d->message ? d->message : "");
         }
         if (c->rank == 0 && d->status == DIT_OK) {
@@ -1225,6 +1230,7 @@ dit_status dit_supervisor_run(dit_supervisor *s, uint64_t job_id, const Ditserve
     s->job_done_ranks = 0;
     memset(s->rank_done, 0, sizeof s->rank_done);
     s->job_status = DIT_OK;
+    s->job_peer_failed = false;
     s->job_msg[0] = '\0';
     for (int r = 0; r < s->N; r++) {
         if (write_frame(s->by_rank[r], f) != 0) {

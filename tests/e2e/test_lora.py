@@ -15,6 +15,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.parse
 
 import grpc
@@ -94,6 +95,53 @@ def lora_dir(tmp):
 
 
 # --------------------------------------------------------------------------
+
+
+@case
+def rank_cannot_read():
+    """An adapter one rank cannot see (a joined worker whose host lacks the
+    --lora-dir: here a mount namespace with an empty tmpfs over it): every
+    rank skips the job at once instead of the others waiting in the forward
+    until the comm timeout; the client hears that rank's own error, the
+    mesh does not restart, and the next request runs."""
+    worker = env_path("DITWORKER")
+    with tempfile.TemporaryDirectory() as tmp:
+        ldir = lora_dir(tmp)
+        probe = subprocess.run(["unshare", "-m", "sh", "-c", f"mount -t tmpfs none '{ldir}'"],
+                               capture_output=True, timeout=10)
+        if probe.returncode != 0:
+            print(f"SKIP: no mount namespace here ({probe.stderr.decode().strip()})")
+            return 77
+        secret = os.path.join(tmp, "secret")
+        with open(secret, "w") as f:
+            f.write("5c1e8f27a09b4d6e83f2c7a1b0d9e4f6\n")
+        os.chmod(secret, 0o600)
+        d = Daemon("--ring", "2", "--local-ranks", "1", "--join-listen", "127.0.0.1:0",
+                   "--join-secret-file", secret, "--lora-dir", ldir, "--comm-timeout", "20",
+                   world=2, wait_serving=False)
+        joined = None
+        try:
+            logf = open(os.path.join(tmp, "joined.log"), "w")
+            joined = subprocess.Popen(
+                ["unshare", "-m", "sh", "-c", f"mount -t tmpfs none '{ldir}' && exec '{worker}' "
+                 f"--join {d.join_target} --secret-file '{secret}'"], stderr=logf)
+            d.wait_serving(60)
+            t0 = time.monotonic()
+            details = expect_error(lambda: d.generate(loras=[("demo_peft", 0.8)], **SMALL),
+                                   "INVALID_ARGUMENT", "demo_peft", "No such file")
+            took = time.monotonic() - t0
+            print(f"  refused in {took:.2f} s: {details}")
+            assert took < 10, f"the other rank waited ({took:.1f} s)"
+            assert "another rank" not in details, details
+            kinds, data, _ = d.generate(**SMALL)
+            assert kinds[-1] == "result" and data, "the mesh stopped serving"
+            assert d.info().worker_restarts == 0, d.info()
+            d.stop()
+        finally:
+            if joined and joined.poll() is None:
+                joined.kill()
+                joined.wait()
+            d.close()
 
 
 @case

@@ -122,6 +122,9 @@ typedef struct worker {
     bool *member_cancel;
     float *flags;
     bool cancel_seen;
+    /* The last step's decision is shared: no collective is left in the
+     * job, so a failure after it (rank 0's VAE decode) is the job's alone. */
+    bool collectives_done;
     /* Why the step callback failed (its status reaches the pipeline, which
      * passes it on without a message of its own). */
     dit_diag step_diag;
@@ -203,13 +206,39 @@ static dit_status flag_buf_reserve(worker *w, size_t n, dit_diag *diag)
 {
     if (n <= w->flag_cap)
         return DIT_OK;
-    dit_backend_free(w->be, w->flag_buf);
-    w->flag_buf = NULL;
-    w->flag_cap = 0;
-    dit_status st = dit_backend_alloc(w->be, sizeof(float) * n, &w->flag_buf);
+    /* The old buffer stays until the new one exists: a rank that cannot
+     * grow it still has one for agree_to_run. */
+    void *grown = NULL;
+    dit_status st = dit_backend_alloc(w->be, sizeof(float) * n, &grown);
     if (st != DIT_OK)
         return dit_diag_set(diag, st, "out of device memory");
+    dit_backend_free(w->be, w->flag_buf);
+    w->flag_buf = grown;
     w->flag_cap = n;
+    return DIT_OK;
+}
+
+/* Every rank starts a job's generation, or none does: each says whether
+ * it failed to prepare (its members, adapters, buffers), and the sum goes
+ * to all. Without it a failure on one rank alone (an adapter file it cannot
+ * read, memory) would leave the others waiting in the forward's first
+ * collective until the comm timeout, and the mesh would restart. *others
+ * says that another rank failed. Only a comm failure is returned. */
+static dit_status agree_to_run(worker *w, bool failed, bool *others, dit_diag *diag)
+{
+    *others = false;
+    if (!w->world || dit_comm_size(w->world) <= 1)
+        return DIT_OK;
+    float v = failed ? 1.0f : 0.0f;
+    dit_tensor host = dit_tensor_1d(&v, DIT_F32, 1), dev = dit_tensor_1d(w->flag_buf, DIT_F32, 1);
+    dit_status st = w->be->ops->upload(w->be, &dev, &host);
+    if (st == DIT_OK)
+        st = w->world->ops->all_reduce_sum(w->world, w->flag_buf, 1, DIT_F32, diag);
+    if (st == DIT_OK)
+        st = w->be->ops->download(w->be, &host, &dev);
+    if (st != DIT_OK)
+        return dit_diag_set(diag, st, "agreeing to run the job failed: %s", dit_status_str(st));
+    *others = v > (failed ? 1.5f : 0.5f);
     return DIT_OK;
 }
 
@@ -273,6 +302,8 @@ static dit_status on_step(void *ctx, int step, int total, double elapsed_ms, boo
             return dit_diag_set(diag, st, "sharing the step's decision failed: %s",
                                 dit_status_str(st));
     }
+    if (step == total)
+        w->collectives_done = true;
     if (flags[0] != 0.0f)
         return DIT_ERR_CANCELLED;
     for (int k = 0; k < n; k++)
@@ -731,6 +762,8 @@ static int run_job(worker *w, const Ditserve__Ipc__Job *job)
     const bool video = info->frame_step > 0;
     double enc_wall = 0; /* the results' encoding, wall time */
     bool attached = false;
+    bool peer_failed = false; /* this rank's failure only follows another's */
+    bool abort_comm = false;
     dit_status st = DIT_OK;
     if (!rq || !res || !gps || !mst || !mo || !ids || !cancel || !flags || !entries ||
         !entry_ptrs) {
@@ -739,6 +772,7 @@ static int run_job(worker *w, const Ditserve__Ipc__Job *job)
     }
     w->job_id = job->job_id;
     w->cancel_seen = false;
+    w->collectives_done = false;
     dit_diag_clear(&w->step_diag);
     w->n_members = n;
     w->member_ids = ids;
@@ -761,9 +795,30 @@ static int run_job(worker *w, const Ditserve__Ipc__Job *job)
         st = lora_attach_job(w, job, &attached, &diag);
     for (int k = 0; k < n; k++)
         gps[k] = rq[k].gp;
-    if (st == DIT_OK)
+    bool others = false;
+    dit_diag adiag;
+    dit_diag_clear(&adiag);
+    const dit_status ast = agree_to_run(w, st != DIT_OK, &others, &adiag);
+    if (ast != DIT_OK) {
+        st = ast;
+        diag = adiag;
+    } else if (others && st == DIT_OK) {
+        st = DIT_ERR_INVALID_ARG;
+        peer_failed = true;
+        dit_diag_set(&diag, st, "another rank could not start this job");
+    }
+    if (st == DIT_OK) {
         st = dit_pipeline_generate_batch(w->pipe, &den, n, gps, w->rank == 0, on_step, w, res, mst,
                                          &diag);
+        /* A failure of this rank alone before the last step's decision
+         * leaves the others in a collective: the comm is aborted, so that
+         * they fail at once rather than at the comm timeout. */
+        if (st != DIT_OK && st != DIT_ERR_CANCELLED && !mesh_fatal(st) && !w->collectives_done &&
+            w->world && dit_comm_size(w->world) > 1)
+            abort_comm = true;
+        if (st == DIT_ERR_PEER)
+            peer_failed = true; /* most likely another rank's abort */
+    }
     /* A failure of the step callback comes back as its status alone. */
     if (st != DIT_OK && w->step_diag.msg[0])
         dit_diag_set(&diag, st, "%s", w->step_diag.msg);
@@ -781,7 +836,9 @@ report:;
     /* A single job's status is the message's own; a batch's message says
      * the job's, its entries the members'. */
     const dit_status st0 = st != DIT_OK || n > 1 ? st : mst ? mst[0] : DIT_OK;
-    for (int k = 0; mst && k < n; k++) {
+    /* Out of memory for the bookkeeping: a bare JobDone with the status. */
+    const bool books = rq && res && mst && mo && entries && entry_ptrs;
+    for (int k = 0; books && k < n; k++) {
         mo[k].st = st != DIT_OK ? st : mst[k];
         if (mo[k].st == DIT_ERR_CANCELLED && mo[k].msg[0] == '\0')
             snprintf(mo[k].msg, sizeof mo[k].msg, "cancelled");
@@ -795,7 +852,8 @@ report:;
     read_memory(w, &mem);
     done.memory = &mem;
     done.rank = w->rank;
-    if (!mo || n > 1) {
+    done.peer_failed = peer_failed;
+    if (!books || n > 1) {
         done.job_id = job->job_id;
         done.status = (int32_t)st0;
         done.message = st0 == DIT_OK ? "" : (char *)dit_diag_msg(&diag);
@@ -807,7 +865,7 @@ report:;
                   mo[0].nbytes, mo[0].image_bytes, !job->warmup && w->rank == 0, shape0,
                   mo[0].t_encode, 0);
     }
-    if (mo && n > 1 && w->rank == 0) {
+    if (books && n > 1 && w->rank == 0) {
         /* Each member's own stages; a member's result also waited for the
          * others'. */
         double own_all = enc_wall;
@@ -833,7 +891,7 @@ report:;
     int rc = send_env(w, &env) != 0 ? 1 : 0;
     if (st == DIT_ERR_DEVICE)
         w->device_failed = true;
-    if (mesh_fatal(st)) {
+    if (mesh_fatal(st) || abort_comm) {
         fprintf(stderr, "ditworker rank %d: %s\n", w->rank, dit_diag_msg(&diag));
         if (w->world)
             w->world->ops->abort(w->world);
