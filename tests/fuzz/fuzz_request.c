@@ -120,6 +120,14 @@ static int run(void *p, const uint8_t *data, size_t size)
         DIT_FUZZ_REQUIRE(d.msg[0] != 0, "a NUL refusal without a message");
         keep = -1;
     } else {
+        /* As ditd does on arrival: what the API does not define goes, and
+         * the request never grows by it. */
+        const size_t before = ditserve__v1__generate_request__get_packed_size(r);
+        dit_request_strip_unknown(&r->base);
+        const size_t after = ditserve__v1__generate_request__get_packed_size(r);
+        DIT_FUZZ_REQUIRE(after <= before && r->base.n_unknown_fields == 0,
+                         "stripping left %zu bytes of %zu, %u unknown fields", after, before,
+                         r->base.n_unknown_fields);
         for (int i = 0; i < N_PIPES; i++)
             against(&c->info[i], r);
     }

@@ -101,6 +101,22 @@ def request_seeds(cls, folder):
     r = Req(prompt="waves", width=64, height=64, num_frames=(1 << 31) - 1)
     write(folder, "wan_frames_overflow.pb", r.SerializeToString())
 
+    # A newer client's fields (999 at the top, 1000 inside a LoraUse), which
+    # ditd drops on arrival.
+    def varint(v):
+        out = b""
+        while v > 0x7f:
+            out += bytes([v & 0x7f | 0x80])
+            v >>= 7
+        return out + bytes([v])
+
+    def field(number, data):
+        return varint(number << 3 | 2) + varint(len(data)) + data
+    lu = cls("ditserve.v1.LoraUse")(name="style_a", scale=0.5).SerializeToString()
+    body = Req(prompt="x", width=64, height=64).SerializeToString()
+    body += field(23, lu + field(1000, b"newer")) + field(999, b"j" * 100)
+    write(folder, "unknown_fields.pb", body)
+
     r = Req(width=-16, height=1 << 30, num_inference_steps=100000, num_images=-1,
             max_sequence_length=1 << 20, num_frames=-3, fps=-1, priority=-(1 << 31))
     r.guidance_scale.value = float("nan")
