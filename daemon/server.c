@@ -429,8 +429,9 @@ static void resolve_loras(const dit_server *s, const job *j, job_loras *L)
     }
 }
 
-/* Sends the batch b[0..n) (already out of the queue) to mesh m. */
-static void run_batch(dit_server *s, dit_server_mesh *m, job **b, int n)
+/* Sends the batch b[0..n) (already out of the queue) to mesh m; false
+ * when it could not be sent (its jobs failed, the mesh still idle). */
+static bool run_batch(dit_server *s, dit_server_mesh *m, job **b, int n)
 {
     const double now = now_ms();
     for (int k = 0; k < n; k++) {
@@ -490,7 +491,7 @@ static void run_batch(dit_server *s, dit_server_mesh *m, job **b, int n)
     if (dit_supervisor_run(m->sup, j->id, &ij, &diag) == DIT_OK) {
         dit_metrics_batch(s->metrics, n);
         free(L);
-        return;
+        return true;
     }
 failed:
     free(L);
@@ -503,6 +504,7 @@ failed:
         fail_job(b[k], dit_status_to_grpc(diag.status), dit_diag_msg(&diag));
         job_free(b[k]);
     }
+    return false;
 }
 
 static void try_dispatch(dit_server *s);
@@ -541,8 +543,9 @@ static void try_dispatch(dit_server *s)
         }
         for (int k = 0; k < n; k++)
             dit_queue_remove(&s->queue, &b[k]->qi);
-        run_batch(s, m, b, n);
-        i = -1; /* the queue changed: every idle mesh may look again */
+        if (!run_batch(s, m, b, n))
+            tried[i] = false; /* still idle: it may take what queued behind */
+        i = -1;               /* the queue changed: every idle mesh may look again */
     }
     if (wait_min > 0 && s->batch_timer_up)
         uv_timer_start(&s->batch_timer, on_batch_timer, (uint64_t)wait_min + 1, 0);

@@ -122,9 +122,6 @@ typedef struct worker {
     bool *member_cancel;
     float *flags;
     bool cancel_seen;
-    /* The last step's decision is shared: no collective is left in the
-     * job, so a failure after it (rank 0's VAE decode) is the job's alone. */
-    bool collectives_done;
     /* Why the step callback failed (its status reaches the pipeline, which
      * passes it on without a message of its own). */
     dit_diag step_diag;
@@ -302,8 +299,6 @@ static dit_status on_step(void *ctx, int step, int total, double elapsed_ms, boo
             return dit_diag_set(diag, st, "sharing the step's decision failed: %s",
                                 dit_status_str(st));
     }
-    if (step == total)
-        w->collectives_done = true;
     if (flags[0] != 0.0f)
         return DIT_ERR_CANCELLED;
     for (int k = 0; k < n; k++)
@@ -768,11 +763,17 @@ static int run_job(worker *w, const Ditserve__Ipc__Job *job)
     if (!rq || !res || !gps || !mst || !mo || !ids || !cancel || !flags || !entries ||
         !entry_ptrs) {
         st = dit_diag_set(&diag, DIT_ERR_NOMEM, "out of memory for a batch of %d", n);
+        if (!job->lora_only) { /* the other ranks wait for this rank's word */
+            bool others;
+            dit_diag ad;
+            dit_diag_clear(&ad);
+            if (agree_to_run(w, true, &others, &ad) != DIT_OK)
+                abort_comm = true;
+        }
         goto report;
     }
     w->job_id = job->job_id;
     w->cancel_seen = false;
-    w->collectives_done = false;
     dit_diag_clear(&w->step_diag);
     w->n_members = n;
     w->member_ids = ids;
@@ -810,12 +811,11 @@ static int run_job(worker *w, const Ditserve__Ipc__Job *job)
     if (st == DIT_OK) {
         st = dit_pipeline_generate_batch(w->pipe, &den, n, gps, w->rank == 0, on_step, w, res, mst,
                                          &diag);
-        /* A failure of this rank alone before the last step's decision
-         * leaves the others in a collective: the comm is aborted, so that
-         * they fail at once rather than at the comm timeout. */
-        if (st != DIT_OK && st != DIT_ERR_CANCELLED && !mesh_fatal(st) && !w->collectives_done &&
-            w->world && dit_comm_size(w->world) > 1)
-            abort_comm = true;
+        /* A failure inside the forward is left as it was: every rank meets
+         * the same shapes, so most (memory for the activations) happen on
+         * all ranks alike and the mesh goes on; aborting the comm would
+         * restart it for them. One on a rank alone still leaves the others
+         * to the comm timeout. */
         if (st == DIT_ERR_PEER)
             peer_failed = true; /* most likely another rank's abort */
     }
