@@ -406,8 +406,8 @@ START_TEST(ditrun_batch_on_meshes)
     snprintf(lat, sizeof lat, "/tmp/dit_batch_%d.safetensors", pid);
     char *ditrun = (char *)test_env("DITRUN");
     const char *members[3] = {"prompt=a red fox;seed=7;true_cfg=3",
-                              "prompt=a bowl of ramen;negative_prompt=low quality;seed=3;"
-                              "true_cfg=2;guidance=5;num_images=2",
+                              ("prompt=a bowl of ramen;negative_prompt=low quality;seed=3;"
+                               "true_cfg=2;guidance=5;num_images=2"),
                               "prompt=a lighthouse;seed=9;true_cfg=2;leave=1"};
     const char *solo_args[2][8] = {
         {"--prompt", "a red fox", "--seed", "7", "--true-cfg", "3", NULL},
