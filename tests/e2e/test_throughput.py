@@ -361,6 +361,21 @@ def batch_priority():
         d.close()
 
 
+def send_spaced(d, reqs, gap_s, collect):
+    """Sends the requests gap_s apart, each read by collect on a thread of
+    its own; returns {index: what collect returned} once all are done."""
+    results, threads = {}, []
+    for k, fields in enumerate(reqs):
+        call = d.api.generate(d.channel)(d.api.request(**fields), timeout=120)
+        t = threading.Thread(target=lambda k=k, c=call: results.__setitem__(k, collect(c)))
+        t.start()
+        threads.append(t)
+        time.sleep(gap_s)
+    for t in threads:
+        t.join(120)
+    return results
+
+
 @case
 def batch_wait():
     """--batch-wait-ms: an idle mesh holds the first request briefly and the
@@ -368,17 +383,7 @@ def batch_wait():
     d = Daemon("--max-batch", "4", "--batch-wait-ms", "1500", world=1)
     try:
         jobs0 = d.info().meshes[0].jobs
-        reqs = [dict(SMALL, seed=1), dict(SMALL, seed=2)]
-        results, threads = {}, []
-        for k, fields in enumerate(reqs):
-            call = d.api.generate(d.channel)(d.api.request(**fields), timeout=120)
-            t = threading.Thread(target=lambda k=k, c=call: results.__setitem__(
-                k, ditapi.collect(c)))
-            t.start()
-            threads.append(t)
-            time.sleep(0.2)
-        for t in threads:
-            t.join(120)
+        results = send_spaced(d, [dict(SMALL, seed=1), dict(SMALL, seed=2)], 0.2, ditapi.collect)
         assert all(results[k][1].startswith(PNG_MAGIC) for k in range(2))
         info = d.info().meshes[0]
         assert info.jobs - jobs0 == 1 and info.requests >= 2, info
@@ -392,17 +397,8 @@ def batch_wait():
     try:
         eight = dict(SMALL, width=32, height=32, num_inference_steps=1, num_images=8)
         t0 = time.monotonic()
-        reqs = [dict(eight, seed=1), dict(eight, seed=2)]
-        results, threads = {}, []
-        for k, fields in enumerate(reqs):
-            call = d.api.generate(d.channel)(d.api.request(**fields), timeout=120)
-            t = threading.Thread(target=lambda k=k, c=call: results.__setitem__(
-                k, ditapi.collect_images(c)))
-            t.start()
-            threads.append(t)
-            time.sleep(0.3)
-        for t in threads:
-            t.join(120)
+        results = send_spaced(d, [dict(eight, seed=1), dict(eight, seed=2)], 0.3,
+                              ditapi.collect_images)
         took = time.monotonic() - t0
         for k in range(2):
             images, res = results[k]
