@@ -287,7 +287,7 @@ def cancel_while_decoding():
     try:
         scrape = scraper(d)
         blocker = start_blocker(d)
-        shape = dict(prompt="a harbour", width=1024, height=1024, num_inference_steps=1)
+        shape = dict(prompt="a harbour", width=512, height=512, num_inference_steps=1)
         calls = [d.api.generate(d.channel)(d.api.request(seed=s, **shape), timeout=300)
                  for s in (1, 2)]
         t0 = time.monotonic()
@@ -307,7 +307,7 @@ def cancel_while_decoding():
         cancelled = m.get('ditserve_requests_total{model="demo",status="CANCELLED"}', 0)
         # The blocker and the cancelled member; the other member is the one OK.
         assert (ok, cancelled) == (1, 2), m
-        assert re.search(r"shape=1024x1024 steps=1 .*status=CANCELLED", d.log()), d.log()
+        assert re.search(r"shape=512x512 steps=1 .*status=CANCELLED", d.log()), d.log()
         d.stop()
     finally:
         d.close()
@@ -413,16 +413,16 @@ def batch_wait():
 @case
 def batch_message_budget():
     """A batch's requests go to the workers in one message of at most 512
-    MiB. Five queued requests of one shape, each with 128 MiB of
-    prompt_embeds (4096 tokens 8192 wide), on --max-batch 16: they run as
-    a batch of three and one of two, each within the message, and the mesh
-    never fails. (As one batch of 640 MiB the job could not be sent: the
-    mesh was torn down and all five failed UNAVAILABLE.)"""
-    joint, tokens = 8192, 4096
+    MiB. Three queued requests of one shape, each with 192 MiB of
+    prompt_embeds (1024 tokens 49152 wide), on --max-batch 16: they run as
+    a batch of two and one of one, each within the message, and the mesh
+    never fails. (As one batch of 576 MiB the job could not be sent: the
+    mesh was torn down and all three failed UNAVAILABLE.)"""
+    joint, tokens = 49152, 1024
     with tempfile.TemporaryDirectory() as tmp:
         model = os.path.join(tmp, "wide")
         wide_text_pipeline(model, joint)
-        d = Daemon("--max-batch", "16", "--max-message-bytes", str(140 << 20), world=1,
+        d = Daemon("--max-batch", "16", "--max-message-bytes", str(200 << 20), world=1,
                    model=model)
         try:
             def embeds(n):
@@ -435,25 +435,25 @@ def batch_message_budget():
             wait_progress(call)
             big = embeds(tokens)
             reqs = [dict(width=64, height=64, num_inference_steps=1, seed=20 + k, **big)
-                    for k in range(5)]
+                    for k in range(3)]
             results, threads = run_concurrently(d, reqs)
-            assert d.info().queue_depth == 5
+            assert d.info().queue_depth == 3
             call.cancel()
             for t in threads:
                 t.join(300)
             sizes = []
-            for k in range(5):
+            for k in range(3):
                 r = results[k]
                 assert not isinstance(r, Exception), f"request {k} failed: {r}"
                 images, res = r
                 assert images[0].startswith(PNG_MAGIC) and res.seed == 20 + k, res
                 sizes.append(res.batch_size)
-            assert sorted(sizes) == [2, 2, 3, 3, 3], sizes
+            assert sorted(sizes) == [1, 2, 2], sizes
             info = d.info()
             assert info.worker_restarts == 0 and info.meshes[0].worker_restarts == 0, info
             # The blocker, then the two batches.
             assert info.meshes[0].jobs - jobs0 == 3, info.meshes[0]
-            print(f"  five 128 MiB requests ran in batches of {sorted(set(sizes))[::-1]}")
+            print(f"  three 192 MiB requests ran in batches of {sorted(set(sizes))[::-1]}")
             d.stop()
         finally:
             d.close()
