@@ -27,6 +27,13 @@
  * dropped), and how often a mesh missing ranks says so. */
 #define SUP_JOIN_TICK_MS 500
 #define SUP_JOIN_REMIND_S 30.0
+/* After a rank's own failure of a job, how long the other ranks have to
+ * report before the mesh is torn down (--comm-timeout when that is
+ * shorter). Ranks that fail alike (memory for the same activations, a
+ * cancel) report within milliseconds of each other; one left behind in a
+ * collective would wait out --comm-timeout and the mesh would restart
+ * anyway. */
+#define SUP_STRAGGLER_GRACE_S 2.0
 
 /* Where the mesh is. Each phase maps to one public dit_mesh_state (the
  * STARTING, READY and RESTARTING ones have steps callers need not see);
@@ -112,7 +119,8 @@ struct dit_supervisor {
     int job_err_rank;     /* the rank whose report set job_status */
     bool job_peer_failed; /* that report only followed another rank's failure */
     Ditserve__Ipc__Envelope *job_result;
-    uv_timer_t startup_timer, watchdog_timer, backoff_timer, kill_timer;
+    bool job_collective; /* the ranks run the job together (not a LoRA load) */
+    uv_timer_t startup_timer, watchdog_timer, backoff_timer, kill_timer, straggler_timer;
     double backoff_s;
     int64_t restarts;
     bool stopping;
@@ -321,6 +329,7 @@ static void close_conn_flushed(conn *c)
 static void finish_job(dit_supervisor *s, dit_status st, const char *msg)
 {
     uv_timer_stop(&s->watchdog_timer);
+    uv_timer_stop(&s->straggler_timer);
     Ditserve__Ipc__Envelope *res = st == DIT_OK ? s->job_result : NULL;
     if (st != DIT_OK && s->job_result)
         ditserve__ipc__envelope__free_unpacked(s->job_result, NULL);
@@ -385,6 +394,7 @@ void dit_supervisor_fail(dit_supervisor *s, const char *reason)
         dit_shm_segment_abort(s->seg, -1);
     uv_timer_stop(&s->startup_timer);
     uv_timer_stop(&s->watchdog_timer);
+    uv_timer_stop(&s->straggler_timer);
     /* The state changes first, so that whoever hears of the failed job does
      * not hand the next one to this mesh. */
     const bool job = s->phase == PH_RUNNING;
@@ -422,6 +432,13 @@ static bool use_nccl(const dit_supervisor *s)
 }
 
 static void on_startup_timeout(uv_timer_t *t);
+static void on_straggler_timeout(uv_timer_t *t);
+
+static double straggler_grace_s(const dit_supervisor *s)
+{
+    const double c = s->cfg.comm_timeout_s;
+    return c > 0 && c < SUP_STRAGGLER_GRACE_S ? c : SUP_STRAGGLER_GRACE_S;
+}
 
 /* Sends the setup to ranks [from, to). */
 static void send_setup_range(dit_supervisor *s, int from, int to)
@@ -642,6 +659,12 @@ static void handle(conn *c, Ditserve__Ipc__Envelope *env)
                 s->backoff_s = SUP_BACKOFF_MIN_S; /* the mesh works: forget old failures */
             set_phase(s, PH_READY);
             finish_job(s, s->job_status, s->job_msg);
+        } else if (d->status != DIT_OK && !d->peer_failed && s->job_collective &&
+                   !uv_is_active((uv_handle_t *)&s->straggler_timer)) {
+            /* A rank failed on its own while others still run: unless they
+             * follow it at once, they wait for it inside a collective. */
+            uv_timer_start(&s->straggler_timer, on_straggler_timeout,
+                           (uint64_t)(straggler_grace_s(s) * 1000), 0);
         }
         break;
     }
@@ -950,6 +973,27 @@ static void on_startup_timeout(uv_timer_t *t)
     dit_supervisor_fail(s, reason);
 }
 
+static void on_straggler_timeout(uv_timer_t *t)
+{
+    dit_supervisor *s = t->data;
+    if (s->phase != PH_RUNNING)
+        return;
+    char waiting[96] = "";
+    size_t len = 0;
+    int count = 0;
+    for (int r = 0; r < s->N && len + 12 < sizeof waiting; r++)
+        if (!s->rank_done[r]) {
+            len +=
+                (size_t)snprintf(waiting + len, sizeof waiting - len, "%s%d", len ? ", " : "", r);
+            count++;
+        }
+    char reason[200];
+    snprintf(reason, sizeof reason,
+             "rank%s %s still waited for rank %d in the forward %.1f s after it failed",
+             count > 1 ? "s" : "", waiting, s->job_err_rank, straggler_grace_s(s));
+    dit_supervisor_fail(s, reason);
+}
+
 static void on_watchdog(uv_timer_t *t)
 {
     dit_supervisor *s = t->data;
@@ -1161,9 +1205,9 @@ dit_status dit_supervisor_create(uv_loop_t *loop, const dit_supervisor_config *c
         return st;
     }
     chmod(s->sock_path, 0600);
-    uv_timer_t *timers[5] = {&s->startup_timer, &s->watchdog_timer, &s->backoff_timer,
-                             &s->kill_timer, &s->join_timer};
-    for (int i = 0; i < 5; i++) {
+    uv_timer_t *timers[6] = {&s->startup_timer, &s->watchdog_timer, &s->backoff_timer,
+                             &s->kill_timer,    &s->join_timer,     &s->straggler_timer};
+    for (int i = 0; i < 6; i++) {
         uv_timer_init(loop, timers[i]);
         timers[i]->data = s;
     }
@@ -1231,6 +1275,7 @@ dit_status dit_supervisor_run(dit_supervisor *s, uint64_t job_id, const Ditserve
     memset(s->rank_done, 0, sizeof s->rank_done);
     s->job_status = DIT_OK;
     s->job_peer_failed = false;
+    s->job_collective = !tmpl->lora_only;
     s->job_msg[0] = '\0';
     for (int r = 0; r < s->N; r++) {
         if (write_frame(s->by_rank[r], f) != 0) {
@@ -1333,11 +1378,11 @@ void dit_supervisor_destroy(dit_supervisor *s)
     kill_all(s);
     while (s->conns)
         close_conn(s->conns);
-    uv_handle_t *hs[7] = {(uv_handle_t *)&s->listener,       (uv_handle_t *)&s->startup_timer,
-                          (uv_handle_t *)&s->watchdog_timer, (uv_handle_t *)&s->backoff_timer,
-                          (uv_handle_t *)&s->kill_timer,     (uv_handle_t *)&s->join_timer,
-                          (uv_handle_t *)&s->join_listener};
-    const int n = s->join_open ? 7 : 6;
+    uv_handle_t *hs[8] = {(uv_handle_t *)&s->listener,        (uv_handle_t *)&s->startup_timer,
+                          (uv_handle_t *)&s->watchdog_timer,  (uv_handle_t *)&s->backoff_timer,
+                          (uv_handle_t *)&s->kill_timer,      (uv_handle_t *)&s->join_timer,
+                          (uv_handle_t *)&s->straggler_timer, (uv_handle_t *)&s->join_listener};
+    const int n = s->join_open ? 8 : 7;
     s->handles_open = n;
     for (int i = 0; i < n; i++)
         uv_close(hs[i], i == 0 ? on_listener_closed : on_handle_closed);

@@ -7,6 +7,7 @@ gRPC, with a client written against the .proto in Python (grpcio).
 
 import math
 import os
+import resource
 import signal
 import struct
 import subprocess
@@ -559,6 +560,62 @@ def rank_stalled():
         d.wait_serving(60)
         assert stalled not in children_of(d.proc.pid) and not alive(stalled)
         kinds, png, _ = d.generate(seed=6, **SMALL)
+        assert png.startswith(PNG_MAGIC)
+        d.stop()
+    finally:
+        d.close()
+
+
+def cap_address_space(pid, extra_mib):
+    """Caps a worker's address space (soft RLIMIT_AS) at what it maps now
+    plus extra_mib: its next large allocation fails as a real out-of-memory
+    would. extra_mib None lifts the cap."""
+    if extra_mib is None:
+        resource.prlimit(pid, resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+        return
+    with open(f"/proc/{pid}/status") as f:
+        vm_kib = next(int(line.split()[1]) for line in f if line.startswith("VmSize:"))
+    resource.prlimit(pid, resource.RLIMIT_AS,
+                     ((vm_kib + extra_mib * 1024) * 1024, resource.RLIM_INFINITY))
+
+
+@case
+def rank_out_of_memory():
+    """A failure inside the forward (memory for the activations: each
+    worker's address space capped a few MiB above what it maps, then a
+    2048x2048 request). On every rank alike: the request fails with the
+    ranks' own message and the same workers serve on. On one rank alone:
+    the other is left waiting for it in a collective; the request fails
+    within seconds with that rank's message, not after --comm-timeout, and
+    the mesh is rebuilt and serves the next request."""
+    big = dict(prompt="a lighthouse", width=2048, height=2048, num_inference_steps=1)
+    d = Daemon("--ring", "2", "--comm-timeout", "30", world=2)
+    try:
+        workers = children_of(d.proc.pid)
+        assert len(workers) == 2, workers
+        for pid in workers:
+            cap_address_space(pid, 8)
+        t0 = time.monotonic()
+        details = expect_error(lambda: d.generate(seed=1, **big), "RESOURCE_EXHAUSTED",
+                               "memory")
+        print(f"  both ranks capped: failed after {time.monotonic() - t0:.2f} s: {details}")
+        assert children_of(d.proc.pid) == workers and d.info().worker_restarts == 0
+        kinds, png, _ = d.generate(seed=2, **SMALL)
+        assert png.startswith(PNG_MAGIC), "the mesh did not serve on"
+        for pid in workers:
+            cap_address_space(pid, None)
+
+        cap_address_space(workers[1], 8)
+        t0 = time.monotonic()
+        details = expect_error(lambda: d.generate(seed=3, **big), "UNAVAILABLE",
+                               "worker rank 1:", "memory", "rank 0 still waited for rank 1")
+        failed_after = time.monotonic() - t0
+        print(f"  rank 1 capped: failed after {failed_after:.2f} s: {details}")
+        assert failed_after < 15, "the failure waited for --comm-timeout (30 s)"
+        wait_for(lambda: d.info().worker_restarts == 1, 60, "restart")
+        d.wait_serving(60)
+        assert not set(children_of(d.proc.pid)) & set(workers), "the old workers remain"
+        kinds, png, _ = d.generate(seed=4, **SMALL)
         assert png.startswith(PNG_MAGIC)
         d.stop()
     finally:

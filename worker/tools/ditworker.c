@@ -814,8 +814,9 @@ static int run_job(worker *w, const Ditserve__Ipc__Job *job)
         /* A failure inside the forward is left as it was: every rank meets
          * the same shapes, so most (memory for the activations) happen on
          * all ranks alike and the mesh goes on; aborting the comm would
-         * restart it for them. One on a rank alone still leaves the others
-         * to the comm timeout. */
+         * restart it for them. One on a rank alone leaves the others in a
+         * collective: ditd tears the mesh down when they have not reported
+         * soon after this rank's failure (supervisor.c). */
         if (st == DIT_ERR_PEER)
             peer_failed = true; /* most likely another rank's abort */
     }
