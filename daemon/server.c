@@ -14,6 +14,8 @@
 #include "serve/request.h"
 #include "status_map.h"
 
+_Static_assert(DIT_DAEMON_MAX_BATCH <= DIT_IPC_MAX_MEMBERS, "a worker runs every batch ditd makes");
+
 struct job {
     dit_queue_item qi; /* its place in dit_server.queue; qi.priority is the request's */
     dit_server *srv;

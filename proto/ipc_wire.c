@@ -125,7 +125,7 @@ int dit_ipc_write_fd(int fd, const Ditserve__Ipc__Envelope *env)
     uint8_t *frame;
     size_t len;
     if (dit_ipc_encode(env, &frame, &len) != 0)
-        return -1;
+        return -2;
     size_t off = 0;
     int rc = 0;
     while (off < len) {

@@ -20,6 +20,9 @@
 /* The requests of one job (a batch's members together) at most, leaving
  * the rest of a frame to the job's other fields. */
 #define DIT_IPC_MAX_REQUESTS (DIT_IPC_MAX_FRAME - ((size_t)1 << 20))
+/* The members of one job (the request and Job.batch) a worker runs at most;
+ * ditd's --max-batch stays within it. */
+#define DIT_IPC_MAX_MEMBERS 64
 
 /* Packs `env` into a malloc'ed frame (length prefix included). */
 int dit_ipc_encode(const Ditserve__Ipc__Envelope *env, uint8_t **frame, size_t *len);
@@ -52,7 +55,9 @@ void dit_ipc_reader_commit(dit_ipc_reader *r, size_t n);
 int dit_ipc_reader_next(dit_ipc_reader *r, Ditserve__Ipc__Envelope **out);
 
 /* Blocking helpers for the worker: write a whole frame, or read until one
- * envelope is complete. 0 on success, -1 on error or end of stream. */
+ * envelope is complete. 0 on success, -1 on error or end of stream; the
+ * write returns -2, having written nothing, when the envelope cannot be
+ * encoded (over DIT_IPC_MAX_FRAME, or no memory for the frame). */
 int dit_ipc_write_fd(int fd, const Ditserve__Ipc__Envelope *env);
 int dit_ipc_read_fd(int fd, dit_ipc_reader *r, Ditserve__Ipc__Envelope **out);
 

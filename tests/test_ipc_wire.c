@@ -5,6 +5,7 @@
  * cap; corrupt lengths; a large buffer given back once empty; the blocking
  * helpers over a socket pair. */
 #include <check.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
@@ -220,8 +221,35 @@ START_TEST(blocking_helpers_over_a_socket)
 }
 END_TEST
 
+/* dit_ipc_write_fd tells a message it cannot encode (-2, nothing written:
+ * the worker reports the job's failure instead) from a broken socket (-1). */
+START_TEST(write_tells_encoding_from_socket_failures)
+{
+    int sv[2];
+    ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, sv), 0);
+    static uint8_t small[16];
+    Ditserve__Ipc__JobDone done = DITSERVE__IPC__JOB_DONE__INIT;
+    done.job_id = 1;
+    /* Sized over a frame; never read, since the size is checked first. */
+    done.image.data = small;
+    done.image.len = DIT_IPC_MAX_FRAME + 1;
+    Ditserve__Ipc__Envelope env = DITSERVE__IPC__ENVELOPE__INIT;
+    env.msg_case = DITSERVE__IPC__ENVELOPE__MSG_DONE;
+    env.done = &done;
+    ck_assert_int_eq(dit_ipc_write_fd(sv[0], &env), -2);
+    uint8_t b;
+    ck_assert_int_eq((int)read(sv[1], &b, 1), -1); /* nothing was written */
+    done.image.len = sizeof small;
+    ck_assert_int_eq(dit_ipc_write_fd(sv[0], &env), 0);
+    close(sv[1]);
+    ck_assert_int_eq(dit_ipc_write_fd(sv[0], &env), -1);
+    close(sv[0]);
+}
+END_TEST
+
 int main(void)
 {
+    signal(SIGPIPE, SIG_IGN);
     Suite *s = suite_create("ipc_wire");
     TCase *tc = tcase_create("reader");
     tcase_set_timeout(tc, 60);
@@ -229,6 +257,7 @@ int main(void)
     tcase_add_test(tc, room_follows_the_frame_up_to_the_cap);
     tcase_add_test(tc, corrupt_lengths_and_large_buffers);
     tcase_add_test(tc, blocking_helpers_over_a_socket);
+    tcase_add_test(tc, write_tells_encoding_from_socket_failures);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

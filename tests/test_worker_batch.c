@@ -6,7 +6,10 @@
  * while members 0 and 2 finish equal (raw f32 images within 1e-5) to the
  * same requests sent as single jobs; progress carries the job's id; every
  * rank agrees on who left; cancelling every member cancels the job; a batch
- * whose members cannot share forwards fails as a whole. */
+ * whose members cannot share forwards fails as a whole; a job of more
+ * members than a worker runs fails on every rank, which serve on; rank 0
+ * losing the daemon's socket mid-job tells the other rank to stop at that
+ * step (CANCELLED, and it serves on) and exits with status 1. */
 #include <check.h>
 #include <errno.h>
 #include <math.h>
@@ -70,6 +73,8 @@ static void daemon_start(fake_daemon *d, int world)
         d->pid[r] = fork();
         ck_assert_int_ge(d->pid[r], 0);
         if (d->pid[r] == 0) {
+            /* As ditd's uv_spawn starts workers: every signal at its default. */
+            signal(SIGPIPE, SIG_DFL);
             execl(test_env("DITWORKER"), "ditworker", "--connect", d->path, "--rank", rank,
                   (char *)NULL);
             _exit(127);
@@ -333,6 +338,85 @@ START_TEST(worker_runs_batched_jobs)
 }
 END_TEST
 
+/* Sends one job to every rank without reading the answers. */
+static void send_job(fake_daemon *d, const Ditserve__Ipc__Job *job)
+{
+    Ditserve__Ipc__Envelope e = DITSERVE__IPC__ENVELOPE__INIT;
+    e.msg_case = DITSERVE__IPC__ENVELOPE__MSG_JOB;
+    e.job = (Ditserve__Ipc__Job *)job;
+    for (int r = 0; r < d->world; r++)
+        send_env(d, r, &e);
+}
+
+START_TEST(worker_limits_and_lost_daemon)
+{
+    fake_daemon d;
+    daemon_start(&d, 2);
+    req_store rq;
+    make_req(&rq, "a red fox", 7, 3.5f, 3.0f, 2);
+
+    /* More members than a worker runs together: refused alike on both
+     * ranks, before any forward. */
+    enum { BIG = DIT_IPC_MAX_MEMBERS };
+    Ditserve__Ipc__BatchMember mem[BIG], *memp[BIG];
+    for (int k = 0; k < BIG; k++) {
+        ditserve__ipc__batch_member__init(&mem[k]);
+        mem[k].job_id = 601 + (uint64_t)k;
+        mem[k].request = &rq.req;
+        memp[k] = &mem[k];
+    }
+    Ditserve__Ipc__Job job = DITSERVE__IPC__JOB__INIT;
+    job.job_id = 600;
+    job.request = &rq.req;
+    job.n_batch = BIG;
+    job.batch = memp;
+    send_job(&d, &job);
+    for (int r = 0; r < 2; r++) {
+        Ditserve__Ipc__Envelope *e = recv_env(&d, r);
+        ck_assert_int_eq(e->msg_case, DITSERVE__IPC__ENVELOPE__MSG_DONE);
+        ck_assert_int_eq(e->done->status, DIT_ERR_INVALID_ARG);
+        ck_assert_msg(strstr(e->done->message, "a worker runs at most 64 together"), "%s",
+                      e->done->message);
+        ditserve__ipc__envelope__free_unpacked(e, NULL);
+    }
+
+    /* Rank 0's socket closes after its first progress report. */
+    make_req(&rq, "a red fox", 7, 3.5f, 3.0f, 200);
+    Ditserve__Ipc__Job one = DITSERVE__IPC__JOB__INIT;
+    one.job_id = 700;
+    one.request = &rq.req;
+    send_job(&d, &one);
+    Ditserve__Ipc__Envelope *e = recv_env(&d, 0);
+    ck_assert_int_eq(e->msg_case, DITSERVE__IPC__ENVELOPE__MSG_PROGRESS);
+    ditserve__ipc__envelope__free_unpacked(e, NULL);
+    close(d.fd[0]);
+    e = recv_env(&d, 1);
+    ck_assert_int_eq(e->msg_case, DITSERVE__IPC__ENVELOPE__MSG_DONE);
+    ck_assert_msg(e->done->status == DIT_ERR_CANCELLED, "rank 1: %s (status %d)", e->done->message,
+                  e->done->status);
+    ditserve__ipc__envelope__free_unpacked(e, NULL);
+    int status = 0;
+    ck_assert_int_eq(waitpid(d.pid[0], &status, 0), d.pid[0]);
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 1,
+                  "rank 0 ended with wait status %d (a signal: %d)", status,
+                  WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+    /* Rank 1 still answers, and exits cleanly when told. */
+    Ditserve__Ipc__Shutdown sd = DITSERVE__IPC__SHUTDOWN__INIT;
+    Ditserve__Ipc__Envelope se = DITSERVE__IPC__ENVELOPE__INIT;
+    se.msg_case = DITSERVE__IPC__ENVELOPE__MSG_SHUTDOWN;
+    se.shutdown = &sd;
+    send_env(&d, 1, &se);
+    ck_assert_int_eq(waitpid(d.pid[1], &status, 0), d.pid[1]);
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "rank 1 ended with %d", status);
+    close(d.fd[1]);
+    for (int r = 0; r < 2; r++)
+        dit_ipc_reader_free(&d.rd[r]);
+    dit_shm_segment_destroy(d.seg);
+    close(d.listen_fd);
+    unlink(d.path);
+}
+END_TEST
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -340,6 +424,7 @@ int main(void)
     TCase *tc = tcase_create("ipc");
     tcase_set_timeout(tc, 600);
     tcase_add_loop_test(tc, worker_runs_batched_jobs, 0, 2);
+    tcase_add_test(tc, worker_limits_and_lost_daemon);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -305,7 +305,8 @@ def preload():
 def rpcs():
     """ListLoras lists --lora and --lora-dir adapters with what is loaded;
     LoadLora and UnloadLora change that on every worker; a cache bound of one
-    byte keeps only the running job's adapters (and the preloaded one); the
+    byte keeps only the running job's adapters (and the preloaded one), a
+    failed job's too; the
     metrics count loads, hits and evictions; all three RPCs want the bearer
     token like the rest."""
     import urllib.request
@@ -361,16 +362,26 @@ def rpcs():
             got = listed()
             assert not got["demo_peft"].loaded and got["fox"].loaded
             gen("fox")
+            # Jobs whose second adapter cannot load: the first, loaded for
+            # each, is what the bound keeps, as for a job that ran, so
+            # failing jobs do not pile adapters up past it.
+            for first in ("demo_copy", "demo_peft"):
+                expect_error(lambda: ditapi.collect(api.generate(d.channel)(
+                    api.request(loras=[(first, 1.0), ("broken", 1.0)], **SMALL), timeout=120,
+                    metadata=md)), "INVALID_ARGUMENT", "broken.safetensors")
+            got = listed()
+            assert got["demo_peft"].loaded and not got["demo_copy"].loaded, got
             with urllib.request.urlopen(url, timeout=10) as resp:
                 text = resp.read().decode()
             m = {l.split("{")[0]: float(l.split()[-1]) for l in text.splitlines()
                  if l.startswith("ditserve_lora")}
-            # fox at start, demo_peft, demo_copy, demo_peft again; fox from the cache.
-            assert m["ditserve_lora_loads_total"] == 4, m
+            # fox at start, demo_peft, demo_copy, demo_peft again, then
+            # demo_copy and demo_peft for the failed jobs; fox from the cache.
+            assert m["ditserve_lora_loads_total"] == 6, m
             assert m["ditserve_lora_cache_hits_total"] == 1, m
-            assert m["ditserve_lora_evictions_total"] == 2, m
-            assert m["ditserve_lora_cached_adapters"] == 1, m
-            assert m["ditserve_lora_cached_bytes"] == got["fox"].bytes, m
+            assert m["ditserve_lora_evictions_total"] == 3, m
+            assert m["ditserve_lora_cached_adapters"] == 2, m
+            assert m["ditserve_lora_cached_bytes"] == 2 * got["fox"].bytes, m
             d.stop()
         finally:
             d.close()

@@ -122,6 +122,7 @@ typedef struct worker {
     bool *member_cancel;
     float *flags;
     bool cancel_seen;
+    bool socket_lost; /* rank 0 lost the daemon mid-job and told the others to stop */
     /* Why the step callback failed (its status reaches the pipeline, which
      * passes it on without a message of its own). */
     dit_diag step_diag;
@@ -252,6 +253,7 @@ static dit_status on_step(void *ctx, int step, int total, double elapsed_ms, boo
     dit_diag *diag = &w->step_diag;
     const int n = w->n_members;
     float *flags = w->flags; /* n + 1 */
+    bool lost = false;       /* rank 0: the daemon's socket is gone */
     if (w->rank == 0) {
         Ditserve__Ipc__JobProgress pr = DITSERVE__IPC__JOB_PROGRESS__INIT;
         pr.job_id = w->job_id;
@@ -262,11 +264,13 @@ static dit_status on_step(void *ctx, int step, int total, double elapsed_ms, boo
         Ditserve__Ipc__Envelope env = DITSERVE__IPC__ENVELOPE__INIT;
         env.msg_case = DITSERVE__IPC__ENVELOPE__MSG_PROGRESS;
         env.progress = &pr;
-        if (send_env(w, &env) != 0)
-            return dit_diag_set(diag, DIT_ERR_PEER, "lost the daemon's socket");
+        /* A lost socket still takes part in the step's broadcast, as a
+         * stop: the other ranks wait in it (on NCCL, until the comm
+         * timeout, however this rank leaves). */
+        lost = send_env(w, &env) != 0;
         Ditserve__Ipc__Envelope *in = NULL;
-        int got;
-        while ((got = dit_ipc_poll_fd(w->fd, &w->reader, &in)) == 1) {
+        int got = 0;
+        while (!lost && (got = dit_ipc_poll_fd(w->fd, &w->reader, &in)) == 1) {
             if (in->msg_case == DITSERVE__IPC__ENVELOPE__MSG_CANCEL)
                 for (int k = 0; k < n; k++)
                     if (in->cancel->job_id == w->member_ids[k])
@@ -276,14 +280,13 @@ static dit_status on_step(void *ctx, int step, int total, double elapsed_ms, boo
                 w->cancel_seen = w->shutdown_seen = true;
             ditserve__ipc__envelope__free_unpacked(in, NULL);
         }
-        if (got < 0)
-            return dit_diag_set(diag, DIT_ERR_PEER, "lost the daemon's socket");
+        lost = lost || got < 0;
         bool any = false;
         for (int k = 0; k < n; k++) {
             flags[1 + k] = active[k] && !w->member_cancel[k] ? 1.0f : 0.0f;
             any = any || flags[1 + k] != 0.0f;
         }
-        flags[0] = w->cancel_seen || !any ? 1.0f : 0.0f;
+        flags[0] = lost || w->cancel_seen || !any ? 1.0f : 0.0f;
     }
     if (w->world && dit_comm_size(w->world) > 1) {
         /* Through backend memory, so that a device-side comm can send it. */
@@ -298,6 +301,10 @@ static dit_status on_step(void *ctx, int step, int total, double elapsed_ms, boo
         if (st != DIT_OK) /* the broadcast's own message, if it set one */
             return dit_diag_set(diag, st, "sharing the step's decision failed: %s",
                                 dit_status_str(st));
+    }
+    if (lost) {
+        w->socket_lost = true;
+        return dit_diag_set(diag, DIT_ERR_PEER, "lost the daemon's socket");
     }
     if (flags[0] != 0.0f)
         return DIT_ERR_CANCELLED;
@@ -478,8 +485,12 @@ static dit_status lora_attach_job(worker *w, const Ditserve__Ipc__Job *job, bool
     for (size_t i = 0; i < job->n_loras; i++) {
         const Ditserve__Ipc__JobLora *jl = job->loras[i];
         const dit_lora *l = NULL;
-        if ((st = lora_get(w, jl->name, jl->path, false, &l, diag)) != DIT_OK)
+        if ((st = lora_get(w, jl->name, jl->path, false, &l, diag)) != DIT_OK) {
+            /* The ones loaded for it so far stay cached within the bound. */
+            if (n > 0)
+                lora_cache_trim(&w->loras, keep, n);
             return st;
+        }
         uses[n].lora = l;
         uses[n].scale = jl->scale;
         keep[n++] = l;
@@ -495,22 +506,28 @@ static dit_status lora_attach_job(worker *w, const Ditserve__Ipc__Job *job, bool
 static dit_status lora_only_job(worker *w, const Ditserve__Ipc__Job *job, dit_diag *diag)
 {
     lora_cache *c = &w->loras;
+    if (job->n_loras > DIT_REQUEST_MAX_LORAS)
+        return dit_diag_set(diag, DIT_ERR_INVALID_ARG, "a job loads at most %d LoRA adapters",
+                            DIT_REQUEST_MAX_LORAS);
     for (size_t k = 0; k < job->n_lora_evict; k++)
         for (size_t i = 0; i < c->n; i++)
             if (strcmp(c->e[i].path, job->lora_evict[k]) == 0) {
                 dit_lora_destroy(c->e[i].lora);
                 free(c->e[i].path);
                 c->bytes -= c->e[i].bytes;
-                c->e[i] = c->e[--c->n];
+                c->e[i] = c->e[--c->n]; /* an unload, not an eviction */
                 break;
             }
     const dit_lora *keep[DIT_REQUEST_MAX_LORAS];
     int n = 0;
-    for (size_t i = 0; i < job->n_loras && n < DIT_REQUEST_MAX_LORAS; i++) {
+    for (size_t i = 0; i < job->n_loras; i++) {
         dit_status st =
             lora_get(w, job->loras[i]->name, job->loras[i]->path, false, &keep[n], diag);
-        if (st != DIT_OK)
+        if (st != DIT_OK) {
+            if (n > 0)
+                lora_cache_trim(c, keep, n);
             return st;
+        }
         n++;
     }
     lora_cache_trim(c, keep, n);
@@ -741,7 +758,9 @@ static int run_job(worker *w, const Ditserve__Ipc__Job *job)
 {
     dit_diag diag;
     dit_diag_clear(&diag);
-    const int n = job->lora_only ? 1 : 1 + (int)job->n_batch;
+    /* Every rank gets the same job: a batch too large fails on each alike. */
+    const bool too_many = !job->lora_only && job->n_batch >= DIT_IPC_MAX_MEMBERS;
+    const int n = job->lora_only || too_many ? 1 : 1 + (int)job->n_batch;
     const size_t nn = (size_t)n;
     dit_request *rq = calloc(nn, sizeof *rq);
     dit_gen_result *res = calloc(nn, sizeof *res);
@@ -760,9 +779,14 @@ static int run_job(worker *w, const Ditserve__Ipc__Job *job)
     bool peer_failed = false; /* this rank's failure only follows another's */
     bool abort_comm = false;
     dit_status st = DIT_OK;
-    if (!rq || !res || !gps || !mst || !mo || !ids || !cancel || !flags || !entries ||
+    if (too_many || !rq || !res || !gps || !mst || !mo || !ids || !cancel || !flags || !entries ||
         !entry_ptrs) {
-        st = dit_diag_set(&diag, DIT_ERR_NOMEM, "out of memory for a batch of %d", n);
+        if (too_many)
+            st = dit_diag_set(&diag, DIT_ERR_INVALID_ARG,
+                              "a job of %zu requests; a worker runs at most %d together",
+                              job->n_batch + 1, DIT_IPC_MAX_MEMBERS);
+        else
+            st = dit_diag_set(&diag, DIT_ERR_NOMEM, "out of memory for a batch of %d", n);
         if (!job->lora_only) { /* the other ranks wait for this rank's word */
             bool others;
             dit_diag ad;
@@ -774,6 +798,7 @@ static int run_job(worker *w, const Ditserve__Ipc__Job *job)
     }
     w->job_id = job->job_id;
     w->cancel_seen = false;
+    w->socket_lost = false;
     dit_diag_clear(&w->step_diag);
     w->n_members = n;
     w->member_ids = ids;
@@ -889,10 +914,32 @@ report:;
     Ditserve__Ipc__Envelope env = DITSERVE__IPC__ENVELOPE__INIT;
     env.msg_case = DITSERVE__IPC__ENVELOPE__MSG_DONE;
     env.done = &done;
-    int rc = send_env(w, &env) != 0 ? 1 : 0;
+    int rc = send_env(w, &env);
+    if (rc == -2) {
+        /* The results do not fit one message, or the memory to pack them is
+         * not there: the job fails, this worker does not. */
+        const size_t bytes = ditserve__ipc__envelope__get_packed_size(&env);
+        char msg[200];
+        snprintf(msg, sizeof msg,
+                 bytes > DIT_IPC_MAX_FRAME
+                     ? "the job's results come to %zu bytes, more than one worker message holds"
+                     : "out of memory for the job's results' message (%zu bytes)",
+                 bytes);
+        Ditserve__Ipc__JobDone bare = DITSERVE__IPC__JOB_DONE__INIT;
+        bare.job_id = job->job_id;
+        bare.rank = w->rank;
+        bare.status = (int32_t)(bytes > DIT_IPC_MAX_FRAME ? DIT_ERR_INVALID_ARG : DIT_ERR_NOMEM);
+        bare.message = msg;
+        bare.memory = &mem;
+        env.done = &bare;
+        rc = send_env(w, &env);
+    }
+    rc = rc != 0 ? 1 : 0;
     if (st == DIT_ERR_DEVICE)
         w->device_failed = true;
-    if (mesh_fatal(st) || abort_comm) {
+    /* Peers that were told to stop at the step need no abort, which could
+     * reach them before they have read the decision. */
+    if ((mesh_fatal(st) && !w->socket_lost) || abort_comm) {
         fprintf(stderr, "ditworker rank %d: %s\n", w->rank, dit_diag_msg(&diag));
         if (w->world)
             w->world->ops->abort(w->world);
@@ -1471,6 +1518,9 @@ int main(int argc, char **argv)
     const int prc = dit_options_parse(&table, &wa, argc, argv, NULL);
     if (prc != 0)
         return prc == 1 ? 0 : 2;
+    /* A broken connection must be an error on write, not a signal (ditd's
+     * uv_spawn starts workers with every signal at its default). */
+    signal(SIGPIPE, SIG_IGN);
     const char *path = wa.connect;
     const bool rank_given = wa.rank_given;
     const long rank = (long)wa.rank;
@@ -1502,7 +1552,5 @@ int main(int argc, char **argv)
         return 2;
     }
     jo.want_rank = rank_given ? (int)rank : -1;
-    /* A broken connection must be an error on write, not a signal. */
-    signal(SIGPIPE, SIG_IGN);
     return run_joined(&jo);
 }
