@@ -250,9 +250,12 @@ def batch_cancel_deadline():
     while the batch goes on, and the third's result equals it run alone."""
     d = Daemon("--max-batch", "4", world=1)
     try:
-        # Long enough (1000 steps of three) that the deadline passes mid-run.
-        shape = dict(width=128, height=128, num_inference_steps=1000)
+        # Long enough (300 steps of four images) that the 3 s deadline
+        # passes mid-run (a member that finished first would fail the test).
+        shape = dict(width=128, height=128, num_inference_steps=300)
+        t0 = time.monotonic()
         solo = solo_results(d, MEMBERS[:1], **shape)
+        print(f"  solo: {time.monotonic() - t0:.1f} s")
         blocker = start_blocker(d)
         api = d.api
         calls = [api.generate(d.channel)(api.request(output_format=RAW, **dict(shape, **m)),
@@ -268,7 +271,9 @@ def batch_cancel_deadline():
         expect_code(lambda: ditapi.collect(calls[1]), "CANCELLED")
         expect_code(lambda: ditapi.collect(calls[2]), "DEADLINE_EXCEEDED")
         # The first member still runs after both left.
+        left = time.monotonic()
         images, res = ditapi.collect_images(calls[0])
+        print(f"  the batch ran on {time.monotonic() - left:.1f} s after both left")
         worst = assert_close(images[0], solo[0][0], "the remaining member")
         print(f"  the member that stayed: {worst:.3g} from its solo result")
         d.wait_idle(30)
