@@ -433,6 +433,8 @@ static void resolve_loras(const dit_server *s, const job *j, job_loras *L)
 
 /* Sends the batch b[0..n) (already out of the queue) to mesh m; false
  * when it could not be sent (its jobs failed, the mesh still idle). */
+static void log_unrun(dit_server *s, const job *j, grpc_status_code code, const char *why);
+
 static bool run_batch(dit_server *s, dit_server_mesh *m, job **b, int n)
 {
     const double now = now_ms();
@@ -503,6 +505,7 @@ failed:
     m->busy_since_ms = 0;
     for (int k = 0; k < n; k++) {
         m->members[k] = NULL;
+        log_unrun(s, b[k], dit_status_to_grpc(diag.status), dit_diag_msg(&diag));
         fail_job(b[k], dit_status_to_grpc(diag.status), dit_diag_msg(&diag));
         job_free(b[k]);
     }
@@ -786,6 +789,21 @@ static const char *loras_text(const Ditserve__V1__GenerateRequest *r, char *buf,
     return buf;
 }
 
+/* The request-log line and metric of a Generate job that ends without
+ * running (left the queue, the drain's end, a batch that could not be
+ * sent); other kinds are not requests. */
+static void log_unrun(dit_server *s, const job *j, grpc_status_code code, const char *why)
+{
+    if (j->kind != JOB_GENERATE)
+        return;
+    char lor[1200];
+    const double waited = now_ms() - j->arrived_ms;
+    s->requests_failed++;
+    dit_log_request(s->log, j->request_id, s->cfg->model_name, j->width, j->height, j->steps,
+                    loras_text(j->req, lor, sizeof lor), waited, 0, dit_rpc_status_name(code), why);
+    dit_metrics_request(s->metrics, dit_rpc_status_name(code), waited / 1e3, -1);
+}
+
 /* The request-log line and metric of a refused request. */
 static void log_refused(dit_server *s, const Ditserve__V1__GenerateRequest *r,
                         grpc_status_code code, const char *why)
@@ -840,7 +858,7 @@ reject:
 
 /* Takes a job away from its client: a queued one leaves the queue and is
  * freed, a running one stops at its next step. */
-static void cancel_job(dit_server *s, job *j, const char *reason)
+static void cancel_job(dit_server *s, job *j, grpc_status_code code, const char *reason)
 {
     if (j->mesh) {
         /* A batch member leaves at the next step; the others go on. */
@@ -849,27 +867,30 @@ static void cancel_job(dit_server *s, job *j, const char *reason)
         dit_supervisor_cancel(j->mesh->sup, j->id);
     } else {
         DIT_LOG(s->log, DIT_LOG_INFO, "queue", "request %s cancelled while queued", j->request_id);
-        char lor[1200];
-        dit_log_request(s->log, j->request_id, s->cfg->model_name, j->width, j->height, j->steps,
-                        loras_text(j->req, lor, sizeof lor), now_ms() - j->arrived_ms, 0,
-                        "CANCELLED", "left the queue");
-        dit_metrics_request(s->metrics, "CANCELLED", (now_ms() - j->arrived_ms) / 1e3, -1);
+        log_unrun(s, j, code, "left the queue");
         dit_queue_remove(&s->queue, &j->qi);
         job_free(j);
         update_positions(s);
     }
 }
 
+#define DEADLINE_SLACK_MS 50.0
+
 static void on_job_cancel(void *ctx, dit_rpc_call *call)
 {
     dit_server *s = ctx;
     job *j = dit_rpc_call_user(call);
-    dit_rpc_call_finish(call, GRPC_STATUS_CANCELLED, "cancelled");
+    /* Ended by its deadline or by the client: the log and metrics say which.
+     * A client's own deadline timer cancels the call as the deadline
+     * passes, which ditd hears up to a one-way trip early by its clock. */
+    const bool late = dit_rpc_call_deadline_ms(call) <= DEADLINE_SLACK_MS;
+    const grpc_status_code code = late ? GRPC_STATUS_DEADLINE_EXCEEDED : GRPC_STATUS_CANCELLED;
+    dit_rpc_call_finish(call, code, late ? "deadline exceeded" : "cancelled");
     if (!j)
         return;
     j->call = NULL;
-    j->told = GRPC_STATUS_CANCELLED;
-    cancel_job(s, j, "the client cancelled the call or its deadline passed");
+    j->told = code;
+    cancel_job(s, j, code, late ? "the call's deadline passed" : "the client cancelled the call");
 }
 
 dit_status dit_server_submit(dit_server *s, Ditserve__V1__GenerateRequest **reqs, int n,
@@ -918,7 +939,7 @@ void dit_server_cancel(dit_server *s, dit_server_job *j, const char *reason)
         return;
     j->client = (dit_job_client){0};
     j->told = GRPC_STATUS_CANCELLED; /* the front end tells its client */
-    cancel_job(s, j, reason);
+    cancel_job(s, j, GRPC_STATUS_CANCELLED, reason);
 }
 
 static void on_warmup(void *ctx, dit_rpc_call *call, const uint8_t *req, size_t len)
@@ -1034,6 +1055,10 @@ static void on_state(void *ctx, dit_mesh_state st)
     dit_server *s = m->srv;
     dit_metrics_mesh(s->metrics, m->index, dit_mesh_state_name(st),
                      dit_supervisor_restarts(m->sup));
+    /* A rebuilt mesh is new processes: --warmup runs on it again before it
+     * takes requests. */
+    if (st == DIT_MESH_STARTING || st == DIT_MESH_RESTARTING)
+        m->warmed = s->cfg->warmup == NULL;
     if (st == DIT_MESH_READY) {
         queue_startup_warmup(s, m);
         try_dispatch(s);
@@ -1082,9 +1107,11 @@ static void send_result(dit_server *s, job *j, const Ditserve__Ipc__JobDone *d)
     const size_t n_images = d->n_image_bytes ? d->n_image_bytes : 1;
     size_t base = 0;
     for (size_t m = 0; m < n_images; m++) {
+        /* Sizes from a worker of another build (a joined one) are checked
+         * without overflow: negative or past the image, the rest goes. */
+        if (sizes[m] < 0 || (uint64_t)sizes[m] > d->image.len - base)
+            break;
         const size_t len = (size_t)sizes[m];
-        if (base + len > d->image.len)
-            break; /* not from a worker of this build */
         for (size_t off = 0; off < len; off += chunk) {
             Ditserve__V1__ResultChunk rc = DITSERVE__V1__RESULT_CHUNK__INIT;
             rc.offset = (int64_t)off;
@@ -1838,9 +1865,11 @@ void dit_server_abort_pending(dit_server *s, const char *why)
     dit_queue_item *it;
     while ((it = dit_queue_pop(&s->queue)) != NULL) {
         job *j = JOB_OF(it);
+        log_unrun(s, j, GRPC_STATUS_UNAVAILABLE, why);
         fail_job(j, GRPC_STATUS_UNAVAILABLE, why);
         job_free(j);
     }
+    update_positions(s);
     for (int i = 0; i < s->n_meshes; i++)
         for (int k = 0; k < s->meshes[i].n_members; k++) {
             /* The client hears why now; the job stops at its next step. */

@@ -7,6 +7,7 @@ gRPC, with a client written against the .proto in Python (grpcio).
 
 import math
 import os
+import re
 import resource
 import signal
 import struct
@@ -660,16 +661,24 @@ def drain():
     d = Daemon("--ring", "2", "--drain-timeout", "1", world=2)
     try:
         api = d.api
-        call = api.generate(d.channel)(api.request(seed=1, **LONG), timeout=600)
+        call = api.generate(d.channel)(api.request(seed=1, request_id="running", **LONG),
+                                       timeout=600)
         wait_progress(call)
+        queued = api.generate(d.channel)(api.request(seed=2, request_id="queued", **SMALL),
+                                         timeout=600)
+        wait_for(lambda: d.info().queue_depth == 1, 10, "the second request queued")
         t0 = time.monotonic()
         d.proc.send_signal(signal.SIGTERM)
-        try:
-            ditapi.collect(call)
-            raise AssertionError("the long job finished despite the drain timeout")
-        except grpc.RpcError as e:
-            assert e.code().name in ("UNAVAILABLE", "CANCELLED"), e
+        for c in (call, queued):
+            try:
+                ditapi.collect(c)
+                raise AssertionError("a job finished despite the drain timeout")
+            except grpc.RpcError as e:
+                assert e.code().name in ("UNAVAILABLE", "CANCELLED"), e
         rc = d.proc.wait(60)
+        # Both are in the request log, the queued one too.
+        for rid in ("running", "queued"):
+            assert re.search(rf"request: id={rid} .*status=UNAVAILABLE", d.log()), d.log()
         took = time.monotonic() - t0
         print(f"  drain timeout 1 s: ditd exited after {took:.1f} s")
         assert rc == 0, f"ditd exited {rc}\n{d.log()}"

@@ -277,6 +277,12 @@ def batch_cancel_deadline():
         worst = assert_close(images[0], solo[0][0], "the remaining member")
         print(f"  the member that stayed: {worst:.3g} from its solo result")
         d.wait_idle(30)
+        # The request log says how each ended, as its client heard it.
+        log = d.log()
+        assert re.search(r"shape=128x128 steps=300 .*status=DEADLINE_EXCEEDED detail=the "
+                         r"call's deadline passed", log), log
+        assert re.search(r"shape=128x128 steps=300 .*status=CANCELLED detail=the client "
+                         r"cancelled", log), log
         d.stop()
     finally:
         d.close()
