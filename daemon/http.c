@@ -96,7 +96,20 @@ typedef enum op_kind {
 typedef struct conn_slot {
     struct conn_slot *prev, *next;
     int fd;
+    /* Under cmu: a request's headers are in (until it completes), and
+     * since when the connection has waited for one (accepted, or its last
+     * request completed). */
+    bool busy;
+    uint64_t since_ms;
 } conn_slot;
+
+/* The connection's slot, NULL when it has none. */
+static conn_slot *slot_of(struct MHD_Connection *conn)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
 
 typedef struct op {
     struct op *next;
@@ -114,6 +127,7 @@ struct dit_http {
     struct MHD_Daemon *mhd;
     bool tls;
     int64_t started;
+    uint64_t keepalive_ms; /* an event stream's comment when quiet this long */
     uv_async_t async;
     uv_mutex_t mu; /* ops, closed, active */
     op *ops_head, *ops_tail;
@@ -1108,7 +1122,7 @@ static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max)
             out = MHD_CONTENT_READER_END_OF_STREAM;
             break;
         }
-        if (mono_ms() - quiet_since >= HTTP_KEEPALIVE_MS) {
+        if (mono_ms() - quiet_since >= g->h->keepalive_ms) {
             static const char ka[] = ": keep-alive\n\n";
             const size_t n = sizeof ka - 1 < max ? sizeof ka - 1 : max;
             memcpy(buf, ka, n);
@@ -1754,6 +1768,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         uv_mutex_lock(&h->mu);
         h->active++;
         uv_mutex_unlock(&h->mu);
+        conn_slot *slot = slot_of(conn);
+        if (slot) {
+            uv_mutex_lock(&h->cmu);
+            slot->busy = true;
+            uv_mutex_unlock(&h->cmu);
+        }
         if (!client_verified(h, conn)) {
             rc->answered = true;
             return send_simple_error(h, conn, 403, "client_certificate_required",
@@ -1799,6 +1819,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         if (!authorized(h, conn))
             dit_openai_fail(&b, 401, NULL, "invalid_api_key",
                             "missing or wrong bearer token (Authorization: Bearer ...)");
+        else if (cl && strtoll(cl, NULL, 10) > h->cfg.max_body_bytes)
+            dit_openai_fail(&b, 413, NULL, "body_too_large", "the body is larger than %lld bytes",
+                            (long long)h->cfg.max_body_bytes);
         else if (rc->is_video && (rc->form = form_content_type(conn)))
             ; /* OpenAI's client sends videos.create as multipart/form-data */
         else if (!json_content_type(conn))
@@ -1807,9 +1830,6 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
                                 ? "the body must be JSON (Content-Type: application/json) or a "
                                   "form (multipart/form-data)"
                                 : "the body must be JSON (Content-Type: application/json)");
-        else if (cl && strtoll(cl, NULL, 10) > h->cfg.max_body_bytes)
-            dit_openai_fail(&b, 413, NULL, "body_too_large", "the body is larger than %lld bytes",
-                            (long long)h->cfg.max_body_bytes);
         if (b.status) {
             rc->answered = true;
             return send_error(h, conn, &b);
@@ -1832,9 +1852,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
             rc->too_big = true;
             return MHD_YES;
         }
-        if (rc->len + n > rc->cap) {
+        /* One byte more for a NUL after the body: the JSON parser must not
+         * find the buffer's end by reading past it. */
+        if (rc->len + n + 1 > rc->cap) {
             size_t cap = rc->cap ? rc->cap : 4096;
-            while (cap < rc->len + n)
+            while (cap < rc->len + n + 1)
                 cap *= 2;
             char *p = realloc(rc->body, cap);
             if (!p)
@@ -1844,6 +1866,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         }
         memcpy(rc->body + rc->len, upload, n);
         rc->len += n;
+        rc->body[rc->len] = '\0';
         return MHD_YES;
     }
     if (rc->too_big) {
@@ -1865,7 +1888,6 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
                          enum MHD_RequestTerminationCode why)
 {
-    (void)conn;
     (void)why;
     dit_http *h = cls;
     req_ctx *rc = *con_cls;
@@ -1887,6 +1909,13 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     uv_mutex_lock(&h->mu);
     h->active--;
     uv_mutex_unlock(&h->mu);
+    conn_slot *slot = slot_of(conn);
+    if (slot) {
+        uv_mutex_lock(&h->cmu);
+        slot->busy = false;
+        slot->since_ms = mono_ms();
+        uv_mutex_unlock(&h->cmu);
+    }
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1917,17 +1946,27 @@ static bool conn_open(int fd)
 
 /* libmicrohttpd's polling thread, for each connection it accepts below its
  * own limit. The sockets are looked at only when the count is at the limit,
- * and only until enough of them are found shut down. */
+ * and only until enough of them are found shut down. At the limit, a
+ * connection that has not sent a request's headers within
+ * --http-request-timeout (trickling them in, a byte at a time, is never
+ * idle) is shut down to make room: libmicrohttpd's timeout is for silence
+ * alone. */
 static enum MHD_Result on_accept(void *cls, const struct sockaddr *addr, socklen_t addrlen)
 {
     (void)addr;
     (void)addrlen;
     dit_http *h = cls;
+    const uint64_t now = mono_ms(), limit_ms = (uint64_t)(h->cfg.request_timeout_s * 1000);
     uv_mutex_lock(&h->cmu);
     int over = h->nconns - h->cfg.max_connections + 1; /* to find shut down */
     for (conn_slot *c = h->conns; c && over > 0; c = c->next)
         if (!conn_open(c->fd))
             over--;
+    for (conn_slot *c = h->conns; c && over > 0; c = c->next)
+        if (!c->busy && now - c->since_ms > limit_ms && conn_open(c->fd)) {
+            shutdown(c->fd, SHUT_RDWR); /* its thread sees the end and closes it */
+            over--;
+        }
     uv_mutex_unlock(&h->cmu);
     return over > 0 ? MHD_NO : MHD_YES;
 }
@@ -1942,8 +1981,10 @@ static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_
     if (code == MHD_CONNECTION_NOTIFY_STARTED) {
         const union MHD_ConnectionInfo *ci =
             MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
-        if (ci && (c = calloc(1, sizeof *c)))
+        if (ci && (c = calloc(1, sizeof *c))) {
             c->fd = ci->connect_fd;
+            c->since_ms = mono_ms();
+        }
         uv_mutex_lock(&h->cmu);
         h->nconns++;
         if (c) {
@@ -2135,13 +2176,19 @@ dit_status dit_http_create(uv_loop_t *loop, struct dit_server *srv, const dit_ht
         {h->ca_pem ? MHD_OPTION_HTTPS_MEM_TRUST : MHD_OPTION_END, 0, h->ca_pem},
         {MHD_OPTION_END, 0, NULL},
     };
+    /* Whole seconds, rounded up (0 would be no timeout at all); an event
+     * stream speaks at least twice within it. */
+    const unsigned idle_s =
+        (unsigned)ceil(cfg->idle_timeout_s) > 0 ? (unsigned)ceil(cfg->idle_timeout_s) : 1;
+    h->keepalive_ms =
+        (uint64_t)idle_s * 500 < HTTP_KEEPALIVE_MS ? (uint64_t)idle_s * 500 : HTTP_KEEPALIVE_MS;
     h->mhd = MHD_start_daemon(
         flags, (uint16_t)port, on_accept, h, on_request, h, MHD_OPTION_SOCK_ADDR,
         (struct sockaddr *)&ss, MHD_OPTION_CONNECTION_LIMIT, 2u * (unsigned)cfg->max_connections,
-        MHD_OPTION_NOTIFY_CONNECTION, on_connection, h, MHD_OPTION_CONNECTION_TIMEOUT,
-        (unsigned)(cfg->idle_timeout_s + 0.5), MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
-        MHD_OPTION_THREAD_STACK_SIZE, (size_t)512 * 1024, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
-        (size_t)64 * 1024, MHD_OPTION_ARRAY, tls_opts, MHD_OPTION_END);
+        MHD_OPTION_NOTIFY_CONNECTION, on_connection, h, MHD_OPTION_CONNECTION_TIMEOUT, idle_s,
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, h, MHD_OPTION_THREAD_STACK_SIZE,
+        (size_t)512 * 1024, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)64 * 1024, MHD_OPTION_ARRAY,
+        tls_opts, MHD_OPTION_END);
     if (!h->mhd) {
         /* The handle closes on the loop, which frees the rest after it. */
         uv_close((uv_handle_t *)&h->async, free_after_close);

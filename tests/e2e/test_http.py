@@ -564,7 +564,9 @@ def slow_clients():
     """Idle and slow clients are bounded: past --http-max-connections new
     connections are refused at once, silent ones close after
     --http-idle-timeout, a body that trickles in is cut off at
-    --http-request-timeout, and then requests are served again."""
+    --http-request-timeout, headers that trickle in on every slot give up
+    their place to a new connection past it, and then requests are served
+    again."""
     d = Daemon("--http-listen", "127.0.0.1:0", "--http-max-connections", "4",
                "--http-idle-timeout", "2", "--http-request-timeout", "3")
     u = urllib.parse.urlsplit(d.http_url)
@@ -601,6 +603,19 @@ def slow_clients():
         s.close()
         assert cut and took < 8, f"the slow body was not cut off ({took:.1f} s)"
         print(f"idle connections closed after {idle:.1f} s, a trickling body after {took:.1f} s")
+        # Headers that trickle in on every slot (never idle for 2 s): past
+        # --http-request-timeout a new connection takes the oldest's place.
+        socks = [socket.create_connection((u.hostname, u.port)) for _ in range(4)]
+        for s in socks:
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 4.0:
+            for s in socks:
+                s.sendall(b"a")
+            time.sleep(0.5)
+        code = http_request(d, "GET", "/health")[0]
+        assert code == 200, f"the slots held by trickling headers stayed held ({code})"
+        assert any(closed_by_server(s, 2) for s in socks), "no trickling connection was closed"
         r = client(d).images.generate(prompt=PROMPT, size="64x64",
                                       extra_body={"seed": 1, "num_inference_steps": 2})
         assert base64.b64decode(r.data[0].b64_json).startswith(PNG_MAGIC)
@@ -608,6 +623,47 @@ def slow_clients():
     finally:
         for s in socks:
             s.close()
+        d.close()
+
+
+@case
+def short_idle_timeout():
+    """--http-idle-timeout under a second: rounded up to one (libmicrohttpd
+    counts whole seconds, and 0 would be none), so a silent connection
+    closes; an event stream whose job waits in the queue is kept alive by
+    comments twice within it, and completes."""
+    d = Daemon("--http-listen", "127.0.0.1:0", "--http-idle-timeout", "0.4")
+    u = urllib.parse.urlsplit(d.http_url)
+    try:
+        silent = socket.create_connection((u.hostname, u.port))
+        t0 = time.monotonic()
+        assert closed_by_server(silent, 5), "a silent connection stayed open"
+        print(f"  a silent connection closed after {time.monotonic() - t0:.1f} s")
+        silent.close()
+        blocker = d.api.generate(d.channel)(
+            d.api.request(prompt="long", width=512, height=512, num_inference_steps=1000),
+            timeout=300)
+        next(iter(blocker))
+        s = raw_post(d, {"prompt": PROMPT, "size": "64x64", "num_inference_steps": 2,
+                         "stream": True})
+        wait_for(lambda: d.info().queue_depth == 1, 10, "the queued stream")
+        got = b""
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 3:
+            s.settimeout(3)
+            chunk = s.recv(65536)
+            assert chunk, f"the stream was closed while its job waited: {got!r}"
+            got += chunk
+        assert got.count(b": keep-alive") >= 3, got
+        blocker.cancel()
+        s.settimeout(60)
+        while b"image_generation.completed" not in got:
+            chunk = s.recv(65536)
+            assert chunk, f"the stream ended without its image: {got[-300:]!r}"
+            got += chunk
+        s.close()
+        d.stop()
+    finally:
         d.close()
 
 
@@ -980,6 +1036,14 @@ def video_errors():
                     auth, **{"Content-Type": f"multipart/form-data; boundary={boundary}"}))
             expect_error(d, 400, "invalid_type", "prompt=x&seed=abc", path=VIDEOS, headers=dict(
                 auth, **{"Content-Type": "application/x-www-form-urlencoded"}))
+            # A form announcing a body past the limit: 413 before any of it is sent.
+            u = urllib.parse.urlsplit(d.http_url)
+            with socket.create_connection((u.hostname, u.port), timeout=10) as sk:
+                sk.sendall(f"POST {VIDEOS} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                           f"{token}\r\nContent-Type: multipart/form-data; boundary=b\r\n"
+                           f"Content-Length: 100000000000\r\n\r\n".encode())
+                first = sk.recv(4096).split(b"\r\n")[0]
+                assert first.startswith(b"HTTP/1.1 413 "), first
             # The bearer token, on every endpoint.
             vid = c.videos.create(prompt=PROMPT, size="32x32",
                                   extra_body={"num_inference_steps": 1, "num_frames": 5}).id
