@@ -319,6 +319,12 @@ def errors():
         for n in (9, 10, 10**12):
             expect_error(d, 400, "invalid_value", dict(ok, n=n),
                          needle="'n' must be from 1 to 8: the n images are made as one batch")
+        # A body of exactly the limit (4096 bytes, a whole buffer) that ends
+        # inside an object: the parser stops at its end (ASan would report
+        # a read past it).
+        edge = '{"prompt": "' + "a" * (4096 - 14) + '",'
+        assert len(edge) == 4096
+        expect_error(d, 400, "invalid_json", edge)
         # Over the body limit, announced or chunked: 413 either way.
         expect_error(d, 413, "body_too_large", json.dumps(dict(ok, prompt="y" * 8000)),
                      needle="4096")
