@@ -153,10 +153,12 @@ def unread_results():
             after returning it, so an idle server proves nothing)."""
             wait_for(lambda: f"id={rid} " in d.log(), 60, f"the end of {rid}")
 
-        a1 = gen_a(api.request(seed=1, request_id="a1", **big), timeout=20)
+        # Deadlines long enough for the checks below, which need both
+        # results held (a few seconds under ASan), and no longer (CI time).
+        a1 = gen_a(api.request(seed=1, request_id="a1", **big), timeout=8)
         finished("a1")
-        a2 = gen_a(api.request(seed=2, request_id="a2", **big), timeout=20)
-        a2_deadline = time.monotonic() + 20
+        a2 = gen_a(api.request(seed=2, request_id="a2", **big), timeout=8)
+        a2_deadline = time.monotonic() + 8
         finished("a2")
         rss1 = rss_mib(d.proc.pid)
         # Over the connection's bound: refused at once, however often asked.
@@ -175,6 +177,8 @@ def unread_results():
         finished("c1")
         expect_error(lambda: d.generate(timeout=30, seed=5, **SMALL), "RESOURCE_EXHAUSTED",
                      "--max-unread-total")
+        print(f"  the checks with both results held took {time.monotonic() - a2_deadline + 8:.1f} s "
+              "of the 8 s deadline")
         # Health and info still answer.
         assert d.info().running == 0
         # The stalled calls end at their deadlines (reading them before
