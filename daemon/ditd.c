@@ -458,6 +458,7 @@ int main(int argc, char **argv)
         }
         s->health_changed = dit_http_set_serving;
         s->meshes_changed = dit_http_set_meshes;
+        s->front_held = dit_http_held_bytes;
         s->health_ctx = d->http;
         dit_http_set_serving(d->http, s->serving);
     }

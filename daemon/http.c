@@ -81,6 +81,7 @@ struct gen {
     size_t sse_len, sse_off, sse_cap;
     bool gone;                   /* the client left */
     struct MHD_Connection *conn; /* the connection thread's, for the SSE reader */
+    int64_t held;                /* its part of dit_http.held (mu) */
 };
 
 typedef struct vjob vjob;
@@ -127,6 +128,7 @@ struct dit_http {
     struct MHD_Daemon *mhd;
     bool tls;
     int64_t started;
+    _Atomic int64_t held;  /* result bytes waiting for their clients (gen.held) */
     uint64_t keepalive_ms; /* an event stream's comment when quiet this long */
     uv_async_t async;
     uv_mutex_t mu; /* ops, closed, active */
@@ -153,6 +155,14 @@ struct dit_http {
     int nconns;
 };
 
+/* The bytes a request holds for its client change (mu held, or the last
+ * reference). */
+static void gen_hold(gen *g, int64_t delta)
+{
+    g->held += delta;
+    atomic_fetch_add(&g->h->held, delta);
+}
+
 static void gen_unref(gen *g)
 {
     uv_mutex_lock(&g->mu);
@@ -162,6 +172,7 @@ static void gen_unref(gen *g)
         return;
     if (g->req)
         ditserve__v1__generate_request__free_unpacked(g->req, NULL);
+    gen_hold(g, -g->held);
     free(g->data);
     free(g->sse);
     uv_cond_destroy(&g->cv);
@@ -181,6 +192,7 @@ static bool sse_append(gen *g, const char *s, size_t n)
         char *p = realloc(g->sse, cap);
         if (!p)
             return false;
+        gen_hold(g, (int64_t)cap - (int64_t)g->sse_cap);
         g->sse = p;
         g->sse_cap = cap;
     }
@@ -369,6 +381,7 @@ static void take_chunk(gen *g, const Ditserve__V1__ResultChunk *c)
             g->bad_chunks = true; /* the result check reports the short images */
             return;
         }
+        gen_hold(g, (int64_t)cap - (int64_t)g->cap);
         g->data = p;
         g->cap = cap;
     }
@@ -473,6 +486,7 @@ static void on_job_event(void *ctx, const Ditserve__V1__GenerateEvent *ev)
             sse_event(g, "image_generation.completed", o);
         }
         free(g->data); /* sent; the stream needs it no more */
+        gen_hold(g, -(int64_t)g->cap);
         g->data = NULL;
         g->len = g->cap = 0;
         break;
@@ -1100,6 +1114,11 @@ static enum MHD_Result send_result(dit_http *h, struct MHD_Connection *conn, gen
     cJSON_AddStringToObject(o, "size", size);
     cJSON_AddStringToObject(o, "output_format", "png");
     cJSON_AddItemToObject(o, "timings", timings_json(&g->timings));
+    /* The PNGs live on as the response's base64 until it is sent. */
+    gen_hold(g, (int64_t)(g->len / 3 + 1) * 4 - (int64_t)g->cap);
+    free(g->data);
+    g->data = NULL;
+    g->len = g->cap = 0;
     return send_json(h, conn, MHD_HTTP_OK, o);
 }
 
@@ -2203,6 +2222,12 @@ fail:
     free_http(h);
     *out = NULL;
     return st;
+}
+
+int64_t dit_http_held_bytes(void *ctx)
+{
+    const dit_http *h = ctx;
+    return atomic_load(&h->held);
 }
 
 void dit_http_set_serving(void *ctx, bool serving)

@@ -70,6 +70,10 @@ void dit_http_set_serving(void *ctx, bool serving);
 #define DIT_HTTP_MAX_MESHES 16
 void dit_http_set_meshes(void *ctx, int n, const char *const *states);
 
+/* Bytes of finished results the front end holds for clients that have not
+ * read them yet (dit_server.front_held; any thread). */
+int64_t dit_http_held_bytes(void *ctx);
+
 /* Loop thread, when the daemon is done serving: new generations get 503
  * and the loop handle closes (the loop can end). */
 void dit_http_close(dit_http *h);

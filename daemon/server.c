@@ -594,7 +594,8 @@ static bool refuse(reply *rp, grpc_status_code code, const char *fmt, ...)
 static bool unread_ok(dit_server *s, dit_rpc_call *call, reply *rp)
 {
     const int64_t conn = call ? dit_rpc_call_conn_unsent(call) : 0,
-                  all = dit_rpc_server_unsent(s->rpc);
+                  all = dit_rpc_server_unsent(s->rpc) +
+                        (s->front_held ? s->front_held(s->health_ctx) : 0);
     if (conn >= s->cfg->max_unread_bytes)
         return refuse(rp, GRPC_STATUS_RESOURCE_EXHAUSTED,
                       "this connection has %lld bytes of results it has not read (the limit is "

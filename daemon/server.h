@@ -90,6 +90,9 @@ typedef struct dit_server {
     void (*health_changed)(void *ctx, bool serving);
     /* Told whenever a mesh's state changes, with every mesh's (same ctx). */
     void (*meshes_changed)(void *ctx, int n, const char *const *states);
+    /* Result bytes the front end holds for its unread clients, counted in
+     * --max-unread-total with gRPC's (same ctx; NULL: none). */
+    int64_t (*front_held)(void *ctx);
     void *health_ctx;
     dit_rpc_call **watchers;
     int n_watchers, cap_watchers;

@@ -674,6 +674,51 @@ def short_idle_timeout():
 
 
 @case
+def unread_results():
+    """Results waiting for HTTP clients that do not read count toward
+    --max-unread-total with gRPC's: past it new requests are refused with
+    RESOURCE_EXHAUSTED (429 over HTTP), and once the client goes they are
+    served again."""
+    d = Daemon("--http-listen", "127.0.0.1:0", "--max-unread-total", str(4 << 20))
+    try:
+        u = urllib.parse.urlsplit(d.http_url)
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.connect((u.hostname, u.port))
+        # Eight 512x512 PNGs, about 6 MB of base64: more than the sockets hold.
+        data = json.dumps({"prompt": PROMPT, "size": "512x512", "n": 8,
+                           "num_inference_steps": 1}).encode()
+        s.sendall(b"POST " + GEN.encode() + b" HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                  b"application/json\r\nContent-Length: " + str(len(data)).encode() +
+                  b"\r\n\r\n" + data)
+        wait_for(lambda: "shape=512x512" in d.log(), 120, "the unread request's end")
+        try:
+            d.generate(timeout=30, seed=5, prompt=PROMPT, width=64, height=64,
+                       num_inference_steps=1)
+            raise AssertionError("admitted past --max-unread-total")
+        except grpc.RpcError as e:
+            assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e
+            assert "--max-unread-total" in e.details(), e.details()
+        st, _, body = http_request(d, "POST", GEN, {"prompt": PROMPT, "size": "64x64",
+                                                    "num_inference_steps": 1})
+        assert st == 429, (st, body)
+        s.close()
+        t0 = time.monotonic()
+        while True:
+            try:
+                d.generate(timeout=30, seed=6, prompt=PROMPT, width=64, height=64,
+                           num_inference_steps=1)
+                break
+            except grpc.RpcError as e:
+                assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and \
+                    time.monotonic() - t0 < 20, e
+                time.sleep(0.2)
+        d.stop()
+    finally:
+        d.close()
+
+
+@case
 def load():
     """200 requests from 50 clients, half over HTTP (the openai client) and
     half over gRPC, all served, the same seed giving the same image on both;
