@@ -672,6 +672,13 @@ static void vunref(dit_http *h, vjob *v)
     uv_mutex_unlock(&h->vmu);
 }
 
+/* A clip's response is gone (libmicrohttpd's thread). */
+static void video_sent(void *cls)
+{
+    vjob *v = cls;
+    vunref(v->h, v);
+}
+
 /* Forgets finished jobs past their retention (vmu held). */
 static void vexpire_locked(dit_http *h, int64_t now)
 {
@@ -1726,9 +1733,15 @@ static enum MHD_Result answer_videos(dit_http *h, struct MHD_Connection *conn, c
         uv_mutex_unlock(&h->vmu);
         return send_error(h, conn, &b);
     }
-    /* A copy: the job may be deleted or expire while it is written. */
+    /* No copy: a completed clip does not change, and the response holds a
+     * reference, so that a delete or expiry while it is written frees it
+     * after (and the lock is not held for a copy of up to
+     * --http-video-bytes per request). */
+    v->refs++;
     struct MHD_Response *resp =
-        MHD_create_response_from_buffer(v->len, v->data, MHD_RESPMEM_MUST_COPY);
+        MHD_create_response_from_buffer_with_free_callback_cls(v->len, v->data, video_sent, v);
+    if (!resp)
+        v->refs--;
     uv_mutex_unlock(&h->vmu);
     if (resp)
         MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "private, max-age=3600");
