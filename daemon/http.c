@@ -1988,14 +1988,15 @@ static enum MHD_Result on_accept(void *cls, const struct sockaddr *addr, socklen
     (void)addr;
     (void)addrlen;
     dit_http *h = cls;
-    const uint64_t now = mono_ms(), limit_ms = (uint64_t)(h->cfg.request_timeout_s * 1000);
+    const uint64_t limit_ms = (uint64_t)(h->cfg.request_timeout_s * 1000);
     uv_mutex_lock(&h->cmu);
+    const uint64_t now = mono_ms();                    /* after the lock: no since_ms is later */
     int over = h->nconns - h->cfg.max_connections + 1; /* to find shut down */
     for (conn_slot *c = h->conns; c && over > 0; c = c->next)
         if (!conn_open(c->fd))
             over--;
     for (conn_slot *c = h->conns; c && over > 0; c = c->next)
-        if (!c->busy && now - c->since_ms > limit_ms && conn_open(c->fd)) {
+        if (!c->busy && c->since_ms < now && now - c->since_ms > limit_ms && conn_open(c->fd)) {
             shutdown(c->fd, SHUT_RDWR); /* its thread sees the end and closes it */
             over--;
         }

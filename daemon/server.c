@@ -1059,7 +1059,7 @@ static void on_state(void *ctx, dit_mesh_state st)
     /* A rebuilt mesh is new processes: --warmup runs on it again before it
      * takes requests. */
     if (st == DIT_MESH_STARTING || st == DIT_MESH_RESTARTING)
-        m->warmed = s->cfg->warmup == NULL;
+        m->warmed = s->cfg->warmup == NULL || s->draining; /* a drain runs what is queued */
     if (st == DIT_MESH_READY) {
         queue_startup_warmup(s, m);
         try_dispatch(s);

@@ -80,7 +80,15 @@ configure "$build_gpu" -Dbuildtype=release -Dcuda=enabled -Dgpu_sm="$sm" -Dmarch
 # nvcc writes no dependency files under meson 1.0, so a CUDA object would not
 # notice a changed header: compile them afresh every time.
 find "$build_gpu" -name '*.cu.o' -delete
-ninja -C "$build_gpu" > "$out/.build-gpu.log" 2>&1 || { tail -n 40 "$out/.build-gpu.log"; exit 1; }
+# The programs the bundle carries, not the whole tree (the unit tests and the
+# SIMT-emulator builds are not carried; tests/run.sh builds every target).
+gpu_targets=(worker/ditrun worker/ditworker daemon/ditd client/ditctl tests/bench_flux_forward
+             tests/test_flux_golden tests/test_pipeline)
+while read -r t; do
+  gpu_targets+=("$t")
+done < <(ninja -C "$build_gpu" -t targets all 2> /dev/null | sed -n 's|^\(tests/gpu/test_[a-z0-9_]*\): .*|\1|p')
+ninja -C "$build_gpu" "${gpu_targets[@]}" > "$out/.build-gpu.log" 2>&1 ||
+  { tail -n 40 "$out/.build-gpu.log"; exit 1; }
 echo "== build without CUDA (-march=$march) in $build_cpu"
 configure "$build_cpu" -Dbuildtype=release -Dcuda=disabled -Dmarch="$march" -De2e=disabled \
   -Db_sanitize=none -Dmp4=disabled
@@ -94,9 +102,13 @@ mkdir -p "$out/bin" "$out/bin-cpu" "$out/lib" "$out/lib-gz" "$out/lib-fallback" 
 progs=("$build_gpu/worker/ditrun" "$build_gpu/worker/ditworker" "$build_gpu/daemon/ditd"
        "$build_gpu/client/ditctl" "$build_gpu/tests/bench_flux_forward"
        "$build_gpu/tests/test_flux_golden" "$build_gpu/tests/test_pipeline")
-for t in "$build_gpu"/tests/gpu/test_*; do
-  [ -f "$t" ] && [ -x "$t" ] && progs+=("$t")
+for t in "${gpu_targets[@]}"; do
+  case "$t" in tests/gpu/*) progs+=("$build_gpu/$t") ;; esac
 done
+if [ ${#progs[@]} -lt 10 ]; then
+  echo "bundle.sh: the CUDA build lists no GPU tests (tests/gpu/test_*)" >&2
+  exit 1
+fi
 for p in "${progs[@]}"; do
   cp "$p" "$out/bin/"
 done

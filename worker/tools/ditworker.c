@@ -266,8 +266,9 @@ static dit_status on_step(void *ctx, int step, int total, double elapsed_ms, boo
         env.progress = &pr;
         /* A lost socket still takes part in the step's broadcast, as a
          * stop: the other ranks wait in it (on NCCL, until the comm
-         * timeout, however this rank leaves). */
-        lost = send_env(w, &env) != 0;
+         * timeout, however this rank leaves). A report that cannot be
+         * encoded (-2, no memory) is only skipped. */
+        lost = send_env(w, &env) == -1;
         Ditserve__Ipc__Envelope *in = NULL;
         int got = 0;
         while (!lost && (got = dit_ipc_poll_fd(w->fd, &w->reader, &in)) == 1) {
@@ -323,7 +324,7 @@ static dit_status on_step(void *ctx, int step, int total, double elapsed_ms, boo
         Ditserve__Ipc__Envelope env = DITSERVE__IPC__ENVELOPE__INIT;
         env.msg_case = DITSERVE__IPC__ENVELOPE__MSG_PROGRESS;
         env.progress = &pr;
-        if (send_env(w, &env) != 0)
+        if (send_env(w, &env) == -1)
             return dit_diag_set(diag, DIT_ERR_PEER, "lost the daemon's socket");
     }
     return DIT_OK;
@@ -842,7 +843,7 @@ static int run_job(worker *w, const Ditserve__Ipc__Job *job)
          * restart it for them. One on a rank alone leaves the others in a
          * collective: ditd tears the mesh down when they have not reported
          * soon after this rank's failure (supervisor.c). */
-        if (st == DIT_ERR_PEER)
+        if (st == DIT_ERR_PEER && !w->socket_lost)
             peer_failed = true; /* most likely another rank's abort */
     }
     /* A failure of the step callback comes back as its status alone. */
