@@ -318,16 +318,21 @@ static int64_t lora_loaded_bytes(const dit_server *s, const char *path)
 
 /* The bytes a raw result of request r takes in a worker's message (0 for
  * encoded formats, which are far smaller). */
-static int64_t raw_result_bytes(const dit_server *s, const Ditserve__V1__GenerateRequest *r)
+/* The most bytes a request's results can take in rank 0's JobDone: raw f32
+ * RGB exactly; a PNG or MP4 at most about its 8-bit pixels (incompressible
+ * noise) and a little framing. A batch's bounds together fit one worker
+ * message, so that no batch fails where its members alone would not. */
+static int64_t result_bound_bytes(const dit_server *s, const Ditserve__V1__GenerateRequest *r)
 {
-    if (dit_request_output_format(r, &s->info) !=
-        DITSERVE__V1__OUTPUT_FORMAT__OUTPUT_FORMAT_RAW_TENSOR)
-        return 0;
     const int64_t w = r->width ? r->width : s->info.default_width;
     const int64_t h = r->height ? r->height : s->info.default_height;
     const int64_t f = r->num_frames ? r->num_frames : s->info.default_frames;
     const int64_t n = r->num_images > 1 ? r->num_images : 1;
-    return 12 * w * h * (f > 1 ? f : 1) * n;
+    const int64_t px = w * h * (f > 1 ? f : 1) * n;
+    if (dit_request_output_format(r, &s->info) ==
+        DITSERVE__V1__OUTPUT_FORMAT__OUTPUT_FORMAT_RAW_TENSOR)
+        return 12 * px;
+    return 3 * px + px / 64 + 65536 * n;
 }
 
 static int images_of(const Ditserve__V1__GenerateRequest *r)
@@ -349,8 +354,8 @@ static bool eligible(const job *j, const dit_server_mesh *m)
  * in queue order. A job joins only if no job it would overtake has a
  * higher priority than its own, so a batch never delays a more urgent
  * request; equal priorities may be overtaken. The images in a batch are at
- * most DIT_SERVER_MAX_BATCH_IMAGES, and its requests and its raw results
- * each fit one worker message. Jobs whose client left are freed on the
+ * most DIT_SERVER_MAX_BATCH_IMAGES, and its requests and its results (by
+ * result_bound_bytes) each fit one worker message. Jobs whose client left are freed on the
  * way. Returns the count (0: nothing to run); *room says whether another
  * request could still join (for --batch-wait-ms). */
 static int collect_batch(dit_server *s, dit_server_mesh *m, job **out, bool *room)
@@ -378,7 +383,7 @@ static int collect_batch(dit_server *s, dit_server_mesh *m, job **out, bool *roo
     if (head->kind != JOB_GENERATE || s->cfg->max_batch <= 1)
         return 1;
     int images = images_of(head->req);
-    int64_t raw = raw_result_bytes(s, head->req);
+    int64_t bound = result_bound_bytes(s, head->req);
     size_t bytes = ditserve__v1__generate_request__get_packed_size(head->req);
     int skipped_max = INT_MIN;
     for (; it && n < s->cfg->max_batch; it = dit_queue_next(it)) {
@@ -389,7 +394,7 @@ static int collect_batch(dit_server *s, dit_server_mesh *m, job **out, bool *roo
             j->kind == JOB_GENERATE ? ditserve__v1__generate_request__get_packed_size(j->req) : 0;
         const bool fits = j->kind == JOB_GENERATE && j->qi.priority >= skipped_max &&
                           images + images_of(j->req) <= DIT_SERVER_MAX_BATCH_IMAGES &&
-                          raw + raw_result_bytes(s, j->req) <= (int64_t)DIT_IPC_MAX_RESULT &&
+                          bound + result_bound_bytes(s, j->req) <= (int64_t)DIT_IPC_MAX_RESULT &&
                           bytes + jb <= DIT_IPC_MAX_REQUESTS &&
                           dit_request_batchable(head->req, j->req, &s->info);
         if (!fits) {
@@ -397,7 +402,7 @@ static int collect_batch(dit_server *s, dit_server_mesh *m, job **out, bool *roo
             continue;
         }
         images += images_of(j->req);
-        raw += raw_result_bytes(s, j->req);
+        bound += result_bound_bytes(s, j->req);
         bytes += jb;
         out[n++] = j;
     }
