@@ -63,9 +63,18 @@ static cJSON *parse_object(const char *body, size_t len, dit_openai_error *e)
         dit_openai_fail(e, 400, NULL, "invalid_json", "%s", problem);
         return NULL;
     }
-    cJSON *root = cJSON_ParseWithLength(body, len);
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, 0);
     if (!root) {
         dit_openai_fail(e, 400, NULL, "invalid_json", "the body is not valid JSON");
+        return NULL;
+    }
+    /* Nothing but whitespace may follow the value. */
+    while (end < body + len && (*end == ' ' || *end == '\t' || *end == '\r' || *end == '\n'))
+        end++;
+    if (end != body + len) {
+        dit_openai_fail(e, 400, NULL, "invalid_json", "the body holds more after its JSON value");
+        cJSON_Delete(root);
         return NULL;
     }
     if (!cJSON_IsObject(root)) {
@@ -553,9 +562,18 @@ bool dit_openai_parse_video(const dit_openai_defaults *d, const cJSON *root, boo
             if (!get_int(num, "num_frames", 1, DIT_OPENAI_MAX_FRAMES, &frames, e))
                 return false;
         } else { /* loras; a form field holds the array as JSON text */
-            cJSON *parsed = form && cJSON_IsString(f) && strlen(f->valuestring) <= 8192
-                                ? cJSON_Parse(f->valuestring)
-                                : NULL;
+            /* The form's text is checked as a body is: no \u0000, UTF-8,
+             * nothing after the array. */
+            const bool text = form && cJSON_IsString(f);
+            const size_t tl = text ? strlen(f->valuestring) : 0;
+            if (text && (tl > 8192 || body_problem(f->valuestring, tl)))
+                return dit_openai_fail(e, 400, "loras", "invalid_json",
+                                       "'loras' must be a JSON array of {\"name\": NAME, "
+                                       "\"scale\": SCALE}, UTF-8, without \\u0000");
+            cJSON *parsed = text ? cJSON_ParseWithOpts(f->valuestring, NULL, 1) : NULL;
+            if (text && !parsed)
+                return dit_openai_fail(e, 400, "loras", "invalid_json",
+                                       "'loras' is not one JSON array (nothing may follow it)");
             const bool ok = parse_loras(parsed ? parsed : f, &fl.loras, e);
             cJSON_Delete(parsed);
             if (!ok)

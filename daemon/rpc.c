@@ -1,6 +1,7 @@
 #include "rpc.h"
 
 #include <stdio.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -837,8 +838,11 @@ dit_status dit_rpc_server_create(uv_loop_t *loop, const dit_rpc_config *cfg,
     if (cfg->auth_token) {
         size_t n = strlen(cfg->auth_token) + 8;
         s->auth_header = malloc(n);
-        if (s->auth_header)
-            snprintf(s->auth_header, n, "Bearer %s", cfg->auth_token);
+        if (!s->auth_header) { /* never serve open for want of memory */
+            st = dit_diag_set(diag, DIT_ERR_NOMEM, "out of memory");
+            goto cleanup;
+        }
+        snprintf(s->auth_header, n, "Bearer %s", cfg->auth_token);
     }
     grpc_arg args[5];
     int nargs = 0;
@@ -854,7 +858,9 @@ dit_status dit_rpc_server_create(uv_loop_t *loop, const dit_rpc_config *cfg,
     if (cfg->max_connection_age_s > 0)
         args[nargs++] = (grpc_arg){.type = GRPC_ARG_INTEGER,
                                    .key = GRPC_ARG_MAX_CONNECTION_AGE_MS,
-                                   .value.integer = (int)(cfg->max_connection_age_s * 1000)};
+                                   .value.integer = cfg->max_connection_age_s * 1000 < INT_MAX
+                                                        ? (int)(cfg->max_connection_age_s * 1000)
+                                                        : INT_MAX}; /* ms: 24.8 days at most */
     grpc_channel_args chargs = {.num_args = (size_t)nargs, .args = args};
     s->server = grpc_server_create(&chargs, NULL);
     s->cq = grpc_completion_queue_create_for_next(NULL);

@@ -325,6 +325,9 @@ def errors():
         edge = '{"prompt": "' + "a" * (4096 - 14) + '",'
         assert len(edge) == 4096
         expect_error(d, 400, "invalid_json", edge)
+        # Anything but whitespace after the object.
+        expect_error(d, 400, "invalid_json", json.dumps(dict(ok)) + " junk",
+                     needle="more after its JSON value")
         # Over the body limit, announced or chunked: 413 either way.
         expect_error(d, 413, "body_too_large", json.dumps(dict(ok, prompt="y" * 8000)),
                      needle="4096")
@@ -1087,6 +1090,12 @@ def video_errors():
                     auth, **{"Content-Type": f"multipart/form-data; boundary={boundary}"}))
             expect_error(d, 400, "invalid_type", "prompt=x&seed=abc", path=VIDEOS, headers=dict(
                 auth, **{"Content-Type": "application/x-www-form-urlencoded"}))
+            # A form's loras text is held to a body's rules: no \u0000, nothing after it.
+            for text in ('[{"name": "style\\u0000../x"}]', '[{"name": "style"}] junk'):
+                expect_error(d, 400, "invalid_json",
+                             urllib.parse.urlencode({"prompt": "x", "loras": text}), path=VIDEOS,
+                             headers=dict(auth, **{"Content-Type":
+                                                   "application/x-www-form-urlencoded"}))
             # A form announcing a body past the limit: 413 before any of it is sent.
             u = urllib.parse.urlsplit(d.http_url)
             with socket.create_connection((u.hostname, u.port), timeout=10) as sk:

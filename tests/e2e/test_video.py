@@ -189,6 +189,15 @@ def bad_requests():
         one = struct.pack("<f", 0.5)
         expect_error(lambda: gen(pooled_prompt_embeds=("DTYPE_F32", [1, 1], one)),
                      "INVALID_ARGUMENT", "no pooled text embeddings")
+        # Own embeddings of 8 tokens with CFG and a text negative prompt:
+        # diffusers would encode the negative at 512 tokens; refused, with
+        # what works instead.
+        emb = ("DTYPE_F32", [1, 8, 32], struct.pack("<256f", *([0.25] * 256)))
+        expect_error(lambda: gen(prompt_embeds=emb, guidance_scale=5.0, negative_prompt="blur"),
+                     "INVALID_ARGUMENT", "send negative_prompt_embeds too",
+                     "max_sequence_length (512)")
+        kinds, data, res = gen(prompt_embeds=emb, guidance_scale=5.0, negative_prompt_embeds=emb)
+        assert res.num_frames >= 1, res
         lat = struct.pack("<16f", *([0.1] * 16))
         expect_error(lambda: gen(latents=("DTYPE_F32", [1, 4, 1, 2, 2], lat)),
                      "INVALID_ARGUMENT", "latents must have shape (1, 4, 1, 4, 4)")

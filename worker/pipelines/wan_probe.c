@@ -209,6 +209,20 @@ static dit_status wan_check(const dit_pipeline_info *info, const dit_gen_params 
     if (gp->negative_prompt_embeds && !own)
         return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
                             "negative_prompt_embeds come with prompt_embeds");
+    if (own && wan_cfg(gp) && !gp->negative_prompt_embeds) {
+        /* diffusers encodes the negative prompt at max_sequence_length and
+         * runs it as a forward of its own; both sides here share one text
+         * length, which equals diffusers' only at that length. */
+        const int64_t msl =
+            gp->max_sequence_length ? gp->max_sequence_length : info->default_max_sequence_length;
+        if (gp->prompt_embeds_len != msl)
+            return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
+                                "with your own prompt_embeds (%lld tokens) and guidance_scale "
+                                "above 1, send negative_prompt_embeds too, or prompt_embeds of "
+                                "max_sequence_length (%lld) tokens, the length the negative "
+                                "prompt is encoded at",
+                                (long long)gp->prompt_embeds_len, (long long)msl);
+    }
     if (gp->negative_prompt_embeds && gp->negative_prompt_embeds_len != gp->prompt_embeds_len)
         return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
                             "negative_prompt_embeds (%lld tokens) must match prompt_embeds (%lld)",
