@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 
 #include "grpc_health_v1_health.pb-c.h"
+#include "core/utf8.h"
 #include "ipc_wire.h"
 #include "serve/request.h"
 #include "status_map.h"
@@ -646,6 +647,12 @@ static bool model_ok(dit_server *s, const char *model, reply *rp)
 {
     if (!model || !*model || strcmp(model, s->cfg->model_name) == 0)
         return true;
+    /* Echoed below: whole UTF-8 characters only. */
+    const size_t n = strlen(model);
+    if (n > 256)
+        return refuse(rp, GRPC_STATUS_INVALID_ARGUMENT, "model is %zu bytes; at most 256", n);
+    if (!dit_utf8_valid(model, n))
+        return refuse(rp, GRPC_STATUS_INVALID_ARGUMENT, "model is not valid UTF-8");
     return refuse(rp, GRPC_STATUS_NOT_FOUND,
                   "model '%.256s' is not served here (available: '%.256s')", model,
                   s->cfg->model_name);

@@ -250,12 +250,14 @@ def log_case(json_format):
         # Refused requests: unknown model with a newline, 30 MB model and
         # request_id (their request lines are capped).
         expect_error(lambda: d.generate(timeout=30, model="m\n" + forged, **SMALL), "NOT_FOUND")
-        # A model name that is not UTF-8 (and not served): the log stays UTF-8.
+        # A model name that is not UTF-8: refused as such (the reply echoes
+        # no model name that is not), and the log stays UTF-8.
         b = d.api.request(model="MODELMODEL", **SMALL).SerializeToString()
         bad = b.replace(b"MODELMODEL", b"\xff\xfe\n\x1b[31mRE")
-        expect_error(lambda: raw_generate(d, bad), "NOT_FOUND")
+        expect_error(lambda: raw_generate(d, bad), "INVALID_ARGUMENT", "model is not valid UTF-8")
         huge = "A" * (30 << 20)
-        expect_error(lambda: d.generate(timeout=60, model=huge, **SMALL), "NOT_FOUND")
+        expect_error(lambda: d.generate(timeout=60, model=huge, **SMALL), "INVALID_ARGUMENT",
+                     "model is 31457280 bytes; at most 256")
         expect_error(lambda: d.generate(timeout=60, request_id=huge, **SMALL), "INVALID_ARGUMENT",
                      "request_id")
         expect_error(lambda: d.generate(timeout=60, request_id=forged + "\n" + "B" * 200, **SMALL),
