@@ -245,7 +245,8 @@ static void on_drain_tick(uv_timer_t *t)
     const double waited_s = (double)(uv_now(&d->loop) - d->drain_started_ms) / 1000.0;
     /* Done when no job waits or runs and every result was taken: results
      * still queued for slow readers get the drain time too, and no more. */
-    if (dit_server_pending(s) == 0 && dit_rpc_server_unsent(s->rpc) == 0) {
+    if (dit_server_pending(s) == 0 && dit_rpc_server_unsent(s->rpc) == 0 &&
+        dit_rpc_server_statuses_pending(s->rpc) == 0) {
         close_rpc(d);
         return;
     }

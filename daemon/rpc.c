@@ -76,8 +76,9 @@ struct dit_rpc_call {
     char *details_text; /* the same, for the request log */
     void *user;
     char *peer;
-    conn_acct *acct; /* set with the first message queued */
-    int64_t unsent;  /* bytes of this call's queued messages */
+    conn_acct *acct;     /* set with the first message queued */
+    int64_t unsent;      /* bytes of this call's queued messages */
+    bool status_counted; /* in the server's statuses_pending (loop thread) */
 };
 
 typedef struct generic_call {
@@ -111,7 +112,8 @@ struct dit_rpc_server {
     char *auth_header; /* "Bearer <token>" */
     const dit_log *log;
     conn_acct *accts;
-    int64_t unsent; /* over every call */
+    int64_t unsent;           /* over every call */
+    int64_t statuses_pending; /* calls finished whose status has not gone out yet */
 };
 
 static const char *const status_names[] = {
@@ -257,6 +259,8 @@ static void acct_put(dit_rpc_server *s, conn_acct *a)
 static void call_free(dit_rpc_call *c)
 {
     account(c, -c->unsent);
+    if (c->status_counted)
+        c->srv->statuses_pending--;
     acct_put(c->srv, c->acct);
     for (out_msg **list = &c->head; list; list = list == &c->head ? &c->sent : NULL)
         while (*list) {
@@ -440,7 +444,12 @@ static void on_send(rpc_tag *t, bool ok)
     out_msg *sent = c->sent;
     c->sent = NULL;
     c->send_events--;
+    const bool status_out = c->status_done || c->send_stopped;
     uv_mutex_unlock(&c->smu);
+    if (status_out && c->status_counted) {
+        c->status_counted = false;
+        c->srv->statuses_pending--;
+    }
     while (sent) {
         out_msg *m = sent;
         sent = m->next;
@@ -505,6 +514,10 @@ void dit_rpc_call_finish(dit_rpc_call *c, grpc_status_code code, const char *det
         return;
     uv_mutex_lock(&c->smu);
     c->finish_requested = true;
+    if (!c->dead) {
+        c->status_counted = true;
+        c->srv->statuses_pending++;
+    }
     c->code = code;
     if (details && *details) {
         c->details = grpc_slice_from_copied_string(details);
@@ -598,6 +611,11 @@ int64_t dit_rpc_call_conn_unsent(dit_rpc_call *c)
 int64_t dit_rpc_server_unsent(const dit_rpc_server *s)
 {
     return s ? s->unsent : 0;
+}
+
+int64_t dit_rpc_server_statuses_pending(const dit_rpc_server *s)
+{
+    return s ? s->statuses_pending : 0;
 }
 
 const char *dit_rpc_call_peer(dit_rpc_call *c)

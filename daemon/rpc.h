@@ -107,6 +107,9 @@ const char *dit_rpc_call_peer(dit_rpc_call *c);
 int64_t dit_rpc_call_conn_unsent(dit_rpc_call *c);
 /* The same over every connection. */
 int64_t dit_rpc_server_unsent(const dit_rpc_server *s);
+/* Calls finished whose status has not gone out yet (a drain waits for
+ * them before it closes the server). */
+int64_t dit_rpc_server_statuses_pending(const dit_rpc_server *s);
 
 /* gRPC's canonical status name ("INVALID_ARGUMENT"). */
 const char *dit_rpc_status_name(grpc_status_code code);
