@@ -2,6 +2,7 @@
 # Configures, builds and runs every test suite (unit and end-to-end).
 #   tests/run.sh              release build in build/
 #   tests/run.sh --sanitize   AddressSanitizer + UBSan build in build-asan/
+# Further arguments go to meson test (e.g. --suite e2e, --no-suite golden).
 # DIT_CUDA=enabled|auto|disabled chooses whether the release build compiles
 # the CUDA backend with nvcc (default auto: when nvcc is found). CI forces it
 # on. The sanitized build never does (see below).
@@ -14,6 +15,7 @@ builddir=build
 # (deploy/install-deps.sh installs them); DIT_E2E=auto skips them without.
 opts=(-Dcuda="$cuda" -De2e="${DIT_E2E:-enabled}")
 if [ "${1:-}" = "--sanitize" ]; then
+  shift
   builddir=build-asan
   # Without nvcc: the cuda backend's sources run under the sanitizers as
   # host code on the SIMT emulator (tests/gpu/emu, in every build), and the
@@ -30,4 +32,4 @@ else
   meson setup "$builddir" "${opts[@]}"
 fi
 meson compile -C "$builddir"
-meson test -C "$builddir" --print-errorlogs
+meson test -C "$builddir" --print-errorlogs "$@"
