@@ -4,8 +4,9 @@
 #   tests/run.sh --sanitize   AddressSanitizer + UBSan build in build-asan/
 # Further arguments go to meson test (e.g. --suite e2e, --no-suite golden).
 # DIT_CUDA=enabled|auto|disabled chooses whether the release build compiles
-# the CUDA backend with nvcc (default auto: when nvcc is found). CI forces it
-# on. The sanitized build never does (see below).
+# the CUDA backend with nvcc (default auto: when nvcc is found). CI runs it
+# with disabled (its CUDA build is the GPU check bundle's). The sanitized
+# build never does (see below).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

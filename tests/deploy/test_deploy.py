@@ -44,9 +44,12 @@ def dockerfile():
     lines = [l.strip() for l in text.splitlines() if l.strip() and not l.strip().startswith("#")]
     froms = [l for l in lines if l.startswith("FROM ")]
     assert len(froms) == 2 and "devel" in froms[0] and "runtime" in froms[1], froms
-    # The build stage runs the steps CI runs.
+    # The build stage runs the steps CI runs (CI's CUDA build is the GPU
+    # check bundle's).
     ci = open(os.path.join(ROOT, ".ci", "run")).read()
-    assert "deploy/install-deps.sh" in ci and "DIT_CUDA=enabled" in ci
+    bundle = open(os.path.join(ROOT, "tests", "gpu", "bundle.sh")).read()
+    assert "deploy/install-deps.sh" in ci and "tests/gpu/bundle.sh" in ci
+    assert "-Dcuda=enabled" in bundle
     build = text.split(froms[1])[0]
     assert "deploy/install-deps.sh" in build and "-Dcuda=enabled" in build
     assert "meson compile" in build and "meson install" in build
