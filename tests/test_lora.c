@@ -9,9 +9,11 @@
  * Every reference is checked to be far (> 100 x the tolerance) from the
  * base model's output, so a run that ignored the adapter would fail. */
 #include <check.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "backend/backend.h"
@@ -98,7 +100,8 @@ static dit_lora *load(fixture *f, const char *file)
     dit_diag_clear(&diag);
     data_path(path, sizeof path, file);
     dit_lora *l = NULL;
-    ck_assert_msg(dit_lora_load(f->be, dit_model_lora_sites(f->model), path, &l, &diag) == DIT_OK,
+    ck_assert_msg(dit_lora_load(f->be, dit_model_lora_sites(f->model), path, 0, &l, &diag) ==
+                      DIT_OK,
                   "%s", dit_diag_msg(&diag));
     return l;
 }
@@ -248,7 +251,7 @@ START_TEST(bad_files_are_refused_naming_the_key)
     dit_diag diag;
     dit_diag_clear(&diag);
     dit_lora *l = NULL;
-    const dit_status st = dit_lora_load(f.be, dit_model_lora_sites(f.model), path, &l, &diag);
+    const dit_status st = dit_lora_load(f.be, dit_model_lora_sites(f.model), path, 0, &l, &diag);
     ck_assert_msg(st != DIT_OK, "%s was accepted", r->file);
     ck_assert_ptr_null(l);
     for (int i = 0; i < 3 && r->needles[i]; i++)
@@ -256,6 +259,195 @@ START_TEST(bad_files_are_refused_naming_the_key)
                       r->needles[i], dit_diag_msg(&diag));
     /* Nothing attached: the base model. */
     ck_assert(!dit_lora_sites_active(dit_model_lora_sites(f.model)));
+    fixture_close(&f);
+}
+END_TEST
+
+/* Files a hostile or careless writer could put in --lora-dir, written here
+ * as raw safetensors: the golden model's context_embedder is (32, 16) and
+ * proj_out (8, 32). Each is refused with its reason, before anything is
+ * attached. */
+typedef struct raw_tensor {
+    const char *name;
+    int64_t rows, cols; /* cols 0: a scalar */
+    float fill;
+    long special_at; /* element set to `special` (-1: none) */
+    float special;
+} raw_tensor;
+
+typedef struct hostile {
+    const char *what;
+    const char *metadata; /* the lora_adapter_metadata JSON text, or NULL */
+    raw_tensor t[5];
+    uint64_t max_bytes;
+    const char *needle;
+} hostile;
+
+#define CE_A(r) "transformer.context_embedder.lora_A.weight", (r), 16
+#define CE_B(r) "transformer.context_embedder.lora_B.weight", 32, (r)
+
+static const hostile hostiles[] = {
+    {"NaN alpha",
+     NULL,
+     {{CE_A(4), 0.01f, -1, 0},
+      {CE_B(4), 0.01f, -1, 0},
+      {"transformer.context_embedder.alpha", 0, 0, NAN, -1, 0}},
+     0,
+     "not a finite alpha"},
+    {"fractional r",
+     "{\"r\": 4.5, \"lora_alpha\": 4}",
+     {{CE_A(4), 0.01f, -1, 0}, {CE_B(4), 0.01f, -1, 0}},
+     0,
+     "'r' must be a positive integer"},
+    {"r beyond int",
+     "{\"r\": 1e19, \"lora_alpha\": 4}",
+     {{CE_A(4), 0.01f, -1, 0}, {CE_B(4), 0.01f, -1, 0}},
+     0,
+     "'r' must be a positive integer"},
+    {"infinite lora_alpha",
+     "{\"r\": 4, \"lora_alpha\": 1e400}",
+     {{CE_A(4), 0.01f, -1, 0}, {CE_B(4), 0.01f, -1, 0}},
+     0,
+     "'lora_alpha' finite"},
+    {"scaling past float",
+     "{\"r\": 1, \"lora_alpha\": 1e300}",
+     {{CE_A(1), 0.01f, -1, 0}, {CE_B(1), 0.01f, -1, 0}},
+     0,
+     "out of range"},
+    {"B times its scaling overflows",
+     "{\"r\": 1, \"lora_alpha\": 3e38}",
+     {{CE_A(1), 0.01f, -1, 0}, {CE_B(1), 100.0f, -1, 0}},
+     0,
+     "overflows"},
+    {"an infinite weight",
+     NULL,
+     {{CE_A(4), 0.01f, -1, 0}, {CE_B(4), 0.01f, 5, INFINITY}},
+     0,
+     "holds inf at element 5"},
+    {"a NaN weight",
+     NULL,
+     {{CE_A(4), 0.01f, 63, NAN}, {CE_B(4), 0.01f, -1, 0}},
+     0,
+     "at element 63"},
+    {"rank past what the linear can use",
+     NULL,
+     {{CE_A(17), 0.01f, -1, 0}, {CE_B(17), 0.01f, -1, 0}},
+     0,
+     "at most 16"},
+    {"an alpha on one module only",
+     NULL,
+     {{CE_A(4), 0.01f, -1, 0},
+      {CE_B(4), 0.01f, -1, 0},
+      {"transformer.context_embedder.alpha", 0, 0, 2.0f, -1, 0},
+      {"transformer.proj_out.lora_A.weight", 2, 32, 0.01f, -1, 0},
+      {"transformer.proj_out.lora_B.weight", 8, 2, 0.01f, -1, 0}},
+     0,
+     "has an .alpha but"},
+    {"over the file bound",
+     NULL,
+     {{CE_A(4), 0.01f, -1, 0}, {CE_B(4), 0.01f, -1, 0}},
+     256,
+     "over the limit of 256"},
+};
+
+/* Writes the tensors (F32) and metadata as a safetensors file. */
+static void write_raw(const char *path, const hostile *h)
+{
+    char header[4096];
+    size_t hl = (size_t)snprintf(header, sizeof header, "{");
+    if (h->metadata) {
+        hl += (size_t)snprintf(header + hl, sizeof header - hl,
+                               "\"__metadata__\":{\"lora_adapter_metadata\":\"");
+        for (const char *c = h->metadata; *c; c++) {
+            if (*c == '"')
+                header[hl++] = '\\';
+            header[hl++] = *c;
+        }
+        hl += (size_t)snprintf(header + hl, sizeof header - hl, "\"},");
+    }
+    size_t off = 0;
+    int nt = 0;
+    for (; nt < 5 && h->t[nt].name; nt++) {
+        const raw_tensor *t = &h->t[nt];
+        const size_t n = t->cols ? (size_t)(t->rows * t->cols) : 1;
+        char shape[64];
+        if (t->cols)
+            snprintf(shape, sizeof shape, "[%lld,%lld]", (long long)t->rows, (long long)t->cols);
+        else
+            snprintf(shape, sizeof shape, "[]");
+        hl +=
+            (size_t)snprintf(header + hl, sizeof header - hl,
+                             "%s\"%s\":{\"dtype\":\"F32\",\"shape\":%s,\"data_offsets\":[%zu,%zu]}",
+                             nt ? "," : "", t->name, shape, off, off + 4 * n);
+        off += 4 * n;
+    }
+    hl += (size_t)snprintf(header + hl, sizeof header - hl, "}");
+    ck_assert_uint_lt(hl, sizeof header);
+    FILE *fp = fopen(path, "wb");
+    ck_assert_ptr_nonnull(fp);
+    const uint64_t len = hl;
+    ck_assert_uint_eq(fwrite(&len, 8, 1, fp), 1);
+    ck_assert_uint_eq(fwrite(header, 1, hl, fp), hl);
+    for (int i = 0; i < nt; i++) {
+        const raw_tensor *t = &h->t[i];
+        const long n = t->cols ? (long)(t->rows * t->cols) : 1;
+        for (long k = 0; k < n; k++) {
+            const float v = k == t->special_at ? t->special : t->fill;
+            ck_assert_uint_eq(fwrite(&v, 4, 1, fp), 1);
+        }
+    }
+    ck_assert_int_eq(fclose(fp), 0);
+}
+
+START_TEST(hostile_files_are_refused)
+{
+    const hostile *h = &hostiles[_i];
+    fixture f;
+    fixture_open(&f, "golden/parallel_even");
+    char path[128];
+    snprintf(path, sizeof path, "/tmp/dit_lora_hostile_%d_%d.safetensors", (int)getpid(), _i);
+    write_raw(path, h);
+    dit_diag diag;
+    dit_diag_clear(&diag);
+    dit_lora *l = NULL;
+    const dit_status st =
+        dit_lora_load(f.be, dit_model_lora_sites(f.model), path, h->max_bytes, &l, &diag);
+    unlink(path);
+    ck_assert_msg(st != DIT_OK, "%s: accepted", h->what);
+    ck_assert_ptr_null(l);
+    ck_assert_msg(strstr(dit_diag_msg(&diag), h->needle), "%s: message lacks '%s': %s", h->what,
+                  h->needle, dit_diag_msg(&diag));
+    ck_assert(!dit_lora_sites_active(dit_model_lora_sites(f.model)));
+    fixture_close(&f);
+}
+END_TEST
+
+/* The same file under a larger bound loads; a FIFO put where an adapter was
+ * expected is refused at once (opening it does not wait for a writer). */
+START_TEST(bound_and_fifo)
+{
+    fixture f;
+    fixture_open(&f, "golden/parallel_even");
+    char path[128];
+    snprintf(path, sizeof path, "/tmp/dit_lora_fifo_%d.safetensors", (int)getpid());
+    hostile ok = hostiles[10];
+    ok.max_bytes = 1 << 20;
+    write_raw(path, &ok);
+    dit_diag diag;
+    dit_diag_clear(&diag);
+    dit_lora *l = NULL;
+    ck_assert_msg(
+        dit_lora_load(f.be, dit_model_lora_sites(f.model), path, ok.max_bytes, &l, &diag) == DIT_OK,
+        "%s", dit_diag_msg(&diag));
+    dit_lora_destroy(l);
+    l = NULL;
+    unlink(path);
+    ck_assert_int_eq(mkfifo(path, 0600), 0);
+    const dit_status st =
+        dit_lora_load(f.be, dit_model_lora_sites(f.model), path, ok.max_bytes, &l, &diag);
+    unlink(path);
+    ck_assert_int_ne(st, DIT_OK);
+    ck_assert_msg(strstr(dit_diag_msg(&diag), "not a regular file"), "%s", dit_diag_msg(&diag));
     fixture_close(&f);
 }
 END_TEST
@@ -474,6 +666,9 @@ static Suite *suite(void)
     tcase_add_test(tc, fused_adapters_match_diffusers);
     tcase_add_loop_test(tc, bad_files_are_refused_naming_the_key, 0,
                         (int)(sizeof refusals / sizeof refusals[0]));
+    tcase_add_loop_test(tc, hostile_files_are_refused, 0,
+                        (int)(sizeof hostiles / sizeof hostiles[0]));
+    tcase_add_test(tc, bound_and_fifo);
     suite_add_tcase(s, tc);
     TCase *tr = tcase_create("ditrun");
     tcase_set_timeout(tr, 900);

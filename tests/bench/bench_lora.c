@@ -189,7 +189,7 @@ static dit_status bench_forward(const opts *o, dit_backend *be, dit_diag *diag)
         goto cleanup;
     }
     DIT_CHECK(write_adapter(path, mods, nm, o->rank, DIT_BF16, diag));
-    DIT_CHECK(dit_lora_load(be, dit_flux_lora_sites(m), path, &lora, diag));
+    DIT_CHECK(dit_lora_load(be, dit_flux_lora_sites(m), path, 0, &lora, diag));
 
     const long img = o->img, txt = o->txt;
     const size_t n_hs = (size_t)(img * cfg.in_channels),
@@ -341,7 +341,7 @@ static dit_status bench_load(const opts *o, dit_backend *be, dit_diag *diag)
     for (int i = 0; i < 3; i++) {
         dit_lora *l = NULL;
         t0 = now_ms();
-        DIT_CHECK(dit_lora_load(be, sites, path, &l, diag));
+        DIT_CHECK(dit_lora_load(be, sites, path, 0, &l, diag));
         times[i] = now_ms() - t0;
         bytes = dit_lora_get_info(l).bytes;
         n_mod = dit_lora_get_info(l).n_modules;

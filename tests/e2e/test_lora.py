@@ -306,7 +306,7 @@ def rpcs():
     """ListLoras lists --lora and --lora-dir adapters with what is loaded;
     LoadLora and UnloadLora change that on every worker; a cache bound of one
     byte keeps only the running job's adapters (and the preloaded one), a
-    failed job's too; the
+    failed job's too, until a job without adapters; the
     metrics count loads, hits and evictions; all three RPCs want the bearer
     token like the rest."""
     import urllib.request
@@ -382,6 +382,12 @@ def rpcs():
             assert m["ditserve_lora_evictions_total"] == 3, m
             assert m["ditserve_lora_cached_adapters"] == 2, m
             assert m["ditserve_lora_cached_bytes"] == 2 * got["fox"].bytes, m
+            # A job without adapters trims what the last one kept past the
+            # bound.
+            ditapi.collect(api.generate(d.channel)(api.request(**SMALL), timeout=120,
+                                                   metadata=md))
+            got = listed()
+            assert not got["demo_peft"].loaded and got["fox"].loaded, got
             d.stop()
         finally:
             d.close()

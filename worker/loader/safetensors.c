@@ -40,6 +40,7 @@ struct dit_st_file {
     char *path;
     void *map;
     size_t map_len;
+    bool heap;             /* map is a malloc'ed copy of the file, not a mapping */
     dit_st_entry *entries; /* sorted by name; names owned here */
     size_t n;
     st_meta *meta;
@@ -471,7 +472,38 @@ cleanup:
     return st;
 }
 
-dit_status dit_st_file_open(const char *path, dit_st_file **out, dit_diag *diag)
+/* Reads all of fd's `len` bytes into a new buffer; a file that is shorter
+ * than it was (truncated meanwhile) is an I/O error, not a short read. */
+static dit_status read_whole(int fd, const char *path, size_t len, void **out, dit_diag *diag)
+{
+    unsigned char *buf = malloc(len);
+    if (!buf)
+        return dit_diag_set(diag, DIT_ERR_NOMEM, "%s: out of memory reading %zu bytes", path, len);
+    size_t got = 0;
+    while (got < len) {
+        const ssize_t n = pread(fd, buf + got, len - got, (off_t)got);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            const int err = n < 0 ? errno : 0;
+            free(buf);
+            if (n == 0)
+                return dit_diag_set(diag, DIT_ERR_IO,
+                                    "%s: the file ended at %zu of its %zu bytes (changed while "
+                                    "being read)",
+                                    path, got, len);
+            return dit_diag_set(diag, errno_status(err), "cannot read %s: %s", path, strerror(err));
+        }
+        got += (size_t)n;
+    }
+    *out = buf;
+    return DIT_OK;
+}
+
+/* Opens `path` mapped (copy false) or read into memory (copy true, at most
+ * max_bytes when nonzero). */
+static dit_status file_open(const char *path, bool copy, uint64_t max_bytes, dit_st_file **out,
+                            dit_diag *diag)
 {
     dit_status st = DIT_OK;
     int fd = -1;
@@ -487,7 +519,9 @@ dit_status dit_st_file_open(const char *path, dit_st_file **out, dit_diag *diag)
         st = dit_diag_set(diag, DIT_ERR_NOMEM, "%s: out of memory", path);
         goto cleanup;
     }
-    fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: a FIFO put in the file's place opens without a writer
+     * (and is then refused as not a regular file). */
+    fd = open(path, O_RDONLY | O_CLOEXEC | (copy ? O_NONBLOCK : 0));
     if (fd < 0) {
         int err = errno;
         st = dit_diag_set(diag, errno_status(err), "cannot open %s: %s", path, strerror(err));
@@ -513,18 +547,30 @@ dit_status dit_st_file_open(const char *path, dit_st_file **out, dit_diag *diag)
         st = dit_diag_set(diag, DIT_ERR_UNSUPPORTED, "%s: file too large to map", path);
         goto cleanup;
     }
-    /* MAP_PRIVATE + PROT_READ: pages come from the page cache, shared with
-     * every other process reading the same checkpoint. If the file is
-     * truncated under us, reads fault (SIGBUS); replacing it by rename, as
-     * every writer should, is safe. */
-    void *map = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (map == MAP_FAILED) {
-        int err = errno;
-        st = dit_diag_set(diag, errno_status(err), "cannot mmap %s: %s", path, strerror(err));
-        goto cleanup;
+    if (copy) {
+        if (max_bytes && (uint64_t)sb.st_size > max_bytes) {
+            st = dit_diag_set(diag, DIT_ERR_UNSUPPORTED,
+                              "%s: file is %lld bytes, over the limit of %llu", path,
+                              (long long)sb.st_size, (unsigned long long)max_bytes);
+            goto cleanup;
+        }
+        DIT_CHECK(read_whole(fd, path, (size_t)sb.st_size, &f->map, diag));
+        f->heap = true;
+        f->map_len = (size_t)sb.st_size;
+    } else {
+        /* MAP_PRIVATE + PROT_READ: pages come from the page cache, shared
+         * with every other process reading the same checkpoint. If the
+         * file is truncated under us, reads fault (SIGBUS); replacing it by
+         * rename, as every writer should, is safe. */
+        void *map = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (map == MAP_FAILED) {
+            int err = errno;
+            st = dit_diag_set(diag, errno_status(err), "cannot mmap %s: %s", path, strerror(err));
+            goto cleanup;
+        }
+        f->map = map;
+        f->map_len = (size_t)sb.st_size;
     }
-    f->map = map;
-    f->map_len = (size_t)sb.st_size;
 
     DIT_CHECK(parse_header(f, diag));
     *out = f;
@@ -535,6 +581,16 @@ cleanup:
         close(fd);
     dit_st_file_close(f);
     return st;
+}
+
+dit_status dit_st_file_open(const char *path, dit_st_file **out, dit_diag *diag)
+{
+    return file_open(path, false, 0, out, diag);
+}
+
+dit_status dit_st_file_read(const char *path, uint64_t max_bytes, dit_st_file **out, dit_diag *diag)
+{
+    return file_open(path, true, max_bytes, out, diag);
 }
 
 void dit_st_file_close(dit_st_file *f)
@@ -549,7 +605,9 @@ void dit_st_file_close(dit_st_file *f)
         free(f->meta[i].value);
     }
     free(f->meta);
-    if (f->map)
+    if (f->heap)
+        free(f->map);
+    else if (f->map)
         munmap(f->map, f->map_len);
     free(f->path);
     free(f);

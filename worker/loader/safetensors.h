@@ -36,8 +36,16 @@ typedef struct dit_st_entry {
     dit_tensor view;  /* host view into the mapping, contiguous */
 } dit_st_entry;
 
-/* Opens and validates one file. */
+/* Opens and validates one file, mapped: a file truncated while open makes
+ * reads of its mapping fault (SIGBUS), so only for files the operator
+ * controls (checkpoints). */
 dit_status dit_st_file_open(const char *path, dit_st_file **out, dit_diag *diag);
+/* The same, but the file is read into memory (at most max_bytes when
+ * nonzero, else DIT_ERR_UNSUPPORTED) and closed: whatever happens to the
+ * file afterwards, the entries stay valid. A FIFO or device in its place is
+ * refused without blocking. */
+dit_status dit_st_file_read(const char *path, uint64_t max_bytes, dit_st_file **out,
+                            dit_diag *diag);
 void dit_st_file_close(dit_st_file *f);
 size_t dit_st_file_count(const dit_st_file *f);
 /* Entries are sorted by name. */

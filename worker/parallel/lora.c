@@ -228,6 +228,9 @@ static dit_status alpha_of(const dit_st_file *f, const char *name, int64_t rank,
     float alpha;
     RET(dit_st_entry_scalar(e, &alpha, diag));
     *mult = alpha / (float)rank;
+    if (!isfinite(alpha) || !isfinite(*mult))
+        return dit_diag_set(diag, DIT_ERR_FORMAT, "%s: key '%s' is %g, not a finite alpha", e->file,
+                            name, (double)alpha);
     return DIT_OK;
 }
 
@@ -264,9 +267,20 @@ static dit_status parse_meta(const dit_st_file *f, const char *path, lora_meta *
         goto cleanup;
     }
     const cJSON *alpha = meta_get(j, "lora_alpha"), *r = meta_get(j, "r");
-    if (!cJSON_IsNumber(alpha) || !cJSON_IsNumber(r) || r->valuedouble < 1) {
+    if (!cJSON_IsNumber(alpha) || !cJSON_IsNumber(r)) {
         st = dit_diag_set(diag, DIT_ERR_FORMAT,
                           "%s: lora_adapter_metadata has no numeric 'lora_alpha' and 'r'", path);
+        goto cleanup;
+    }
+    /* As PEFT's LoraConfig: r a positive integer (bounded here so that it
+     * converts), lora_alpha finite. */
+    if (!(r->valuedouble >= 1 && r->valuedouble <= (double)INT32_MAX &&
+          r->valuedouble == floor(r->valuedouble)) ||
+        !isfinite(alpha->valuedouble)) {
+        st = dit_diag_set(diag, DIT_ERR_FORMAT,
+                          "%s: lora_adapter_metadata's 'r' must be a positive integer and "
+                          "'lora_alpha' finite (r = %g, lora_alpha = %g)",
+                          path, r->valuedouble, alpha->valuedouble);
         goto cleanup;
     }
     static const char *const patterns[] = {"alpha_pattern", "rank_pattern"};
@@ -292,6 +306,10 @@ static dit_status parse_meta(const dit_st_file *f, const char *path, lora_meta *
     out->r = (int64_t)r->valuedouble;
     out->mult = alpha->valuedouble /
                 (cJSON_IsTrue(meta_get(j, "use_rslora")) ? sqrt(r->valuedouble) : r->valuedouble);
+    if (!isfinite((float)out->mult))
+        st = dit_diag_set(diag, DIT_ERR_FORMAT,
+                          "%s: lora_adapter_metadata's lora_alpha / r = %g is out of range", path,
+                          out->mult);
 cleanup:
     cJSON_Delete(j);
     return st;
@@ -303,6 +321,10 @@ static dit_status parse(const dit_st_file *f, const dit_lora_sites *sites, const
 {
     lora_meta meta;
     RET(parse_meta(f, path, &meta, diag));
+    /* A diffusers-format module with its own .alpha and one without: what
+     * diffusers then gives the second (the alpha most modules have) is not
+     * what the file says, so such files are refused. */
+    const char *with_alpha = NULL, *without_alpha = NULL;
     const size_t n = dit_st_file_count(f);
     for (size_t i = 0; i < n; i++) {
         const dit_st_entry *e = dit_st_file_at(f, i);
@@ -338,6 +360,10 @@ static dit_status parse(const dit_st_file *f, const dit_lora_sites *sites, const
             if (e->view.ndim == 2) {
                 snprintf(other, sizeof other, "%s%s.alpha", pre, mod);
                 RET(alpha_of(f, other, e->view.ne[0], &m->mult, diag));
+                if (dit_st_file_find(f, other))
+                    with_alpha = e->name;
+                else
+                    without_alpha = e->name;
             }
             if (meta.has) {
                 /* As diffusers: metadata and .alpha keys do not go together. */
@@ -417,6 +443,11 @@ static dit_status parse(const dit_st_file *f, const dit_lora_sites *sites, const
     }
     if (mods->n == 0)
         return dit_diag_set(diag, DIT_ERR_FORMAT, "%s: no LoRA weights in the file", path);
+    if (with_alpha && without_alpha)
+        return dit_diag_set(diag, DIT_ERR_FORMAT,
+                            "%s: key '%s' has an .alpha but '%s' has none; give every module "
+                            "its alpha, or none",
+                            path, with_alpha, without_alpha);
     return DIT_OK;
 }
 
@@ -438,6 +469,15 @@ static dit_status check_mod(const lora_mod *m, const lora_site *s, const char *p
                             path, m->A->name, (long long)A->ne[0], m->B->name, (long long)B->ne[1]);
     if (A->ne[0] < 1)
         return dit_diag_set(diag, DIT_ERR_FORMAT, "%s: key '%s' has rank 0", path, m->A->name);
+    /* B A has rank min(r, N, K) at most: a larger r adds nothing but memory
+     * and scratch. */
+    const int64_t full = s->N < s->K ? s->N : s->K;
+    if (A->ne[0] > full)
+        return dit_diag_set(diag, DIT_ERR_FORMAT,
+                            "%s: key '%s' has rank %lld, more than the %lld x %lld linear '%s' "
+                            "can use (at most %lld)",
+                            path, m->A->name, (long long)A->ne[0], (long long)s->N, (long long)s->K,
+                            s->module, (long long)full);
     if (A->ne[1] != s->K)
         return dit_diag_set(diag, DIT_ERR_FORMAT,
                             "%s: key '%s' has %lld input features, the model's '%s' takes %lld",
@@ -447,6 +487,15 @@ static dit_status check_mod(const lora_mod *m, const lora_site *s, const char *p
                             "%s: key '%s' has %lld output features, the model's '%s' gives %lld",
                             path, m->B->name, (long long)B->ne[0], s->module, (long long)s->N);
     return DIT_OK;
+}
+
+/* Index of the first value of p[0..n) that is not finite, or n. */
+static size_t first_nonfinite(const float *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(p[i]))
+            return i;
+    return n;
 }
 
 /* A piece (module i at site j) and the linear it lands in, for grouping. */
@@ -467,7 +516,7 @@ static int pref_cmp(const void *pa, const void *pb)
 }
 
 dit_status dit_lora_load(dit_backend *be, const dit_lora_sites *sites, const char *path,
-                         dit_lora **out, dit_diag *diag)
+                         uint64_t max_file_bytes, dit_lora **out, dit_diag *diag)
 {
     dit_status st = DIT_OK;
     dit_st_file *f = NULL;
@@ -479,7 +528,8 @@ dit_status dit_lora_load(dit_backend *be, const dit_lora_sites *sites, const cha
         st = dit_diag_set(diag, DIT_ERR_NOMEM, "lora: out of memory recording the model's linears");
         goto cleanup;
     }
-    DIT_CHECK(dit_st_file_open(path, &f, diag));
+    /* Read, not mapped: the file may change while it is in use. */
+    DIT_CHECK(dit_st_file_read(path, max_file_bytes, &f, diag));
     DIT_CHECK(parse(f, sites, path, &mods, diag));
 
     /* Shapes first (nothing is allocated for a file that is refused), and
@@ -550,7 +600,11 @@ dit_status dit_lora_load(dit_backend *be, const dit_lora_sites *sites, const cha
         }
         bytes += (rows * (size_t)sites->items[pieces[g0].site].kl * esz + 63) / 64 * 64;
     }
-    DIT_CHECK(dit_backend_alloc(be, bytes ? bytes : 64, &l->buf));
+    if ((st = dit_backend_alloc(be, bytes ? bytes : 64, &l->buf)) != DIT_OK) {
+        dit_diag_set(diag, st, "lora: cannot allocate %zu bytes for the adapter: %s", bytes,
+                     dit_status_str(st));
+        goto cleanup;
+    }
     l->bytes = bytes;
     for (size_t i = 0; i < mods.n; i++) {
         const int64_t r = mods.items[i].A->view.ne[0];
@@ -591,6 +645,15 @@ dit_status dit_lora_load(dit_backend *be, const dit_lora_sites *sites, const cha
                 dit_st_entry_convert(m->A, NULL, DIT_F32, hA, (size_t)(r * K) * sizeof *hA, diag));
             DIT_CHECK(
                 dit_st_entry_convert(m->B, NULL, DIT_F32, hB, (size_t)(NB * r) * sizeof *hB, diag));
+            const size_t badA = first_nonfinite(hA, (size_t)(r * K));
+            const size_t badB = first_nonfinite(hB, (size_t)(NB * r));
+            if (badA < (size_t)(r * K) || badB < (size_t)(NB * r)) {
+                const bool a = badA < (size_t)(r * K);
+                st = dit_diag_set(diag, DIT_ERR_FORMAT, "%s: key '%s' holds %g at element %zu",
+                                  path, a ? m->A->name : m->B->name,
+                                  (double)(a ? hA[badA] : hB[badB]), a ? badA : badB);
+                goto cleanup;
+            }
             /* A's columns [k0, k0 + kl) into rows [col0, col0 + r) of the
              * group's A. */
             for (int64_t a = 0; a < r; a++)
@@ -607,6 +670,12 @@ dit_status dit_lora_load(dit_backend *be, const dit_lora_sites *sites, const cha
                 const float *src = hB + (m->b_row0 + row) * r;
                 for (int64_t a = 0; a < r; a++)
                     stage[n * r + a] = src[a] * m->mult;
+            }
+            if (first_nonfinite(stage, (size_t)(p->nl * r)) < (size_t)(p->nl * r)) {
+                st = dit_diag_set(diag, DIT_ERR_FORMAT,
+                                  "%s: key '%s' times the file's scaling %g overflows", path,
+                                  m->B->name, (double)m->mult);
+                goto cleanup;
             }
             lora_out *o = &l->outs[l->n_outs++];
             o->B = dit_tensor_2d((char *)l->buf + off, wdt, p->nl, r);
@@ -799,8 +868,10 @@ dit_status dit_lora_linear(dit_backend *be, dit_arena *arena, const dit_tensor *
     dit_status st = be->ops->linear(be, y, x, &L->w, bias, DIT_ACT_NONE, beta);
     if (st != DIT_OK)
         return st;
-    const dit_arena_mark mark = dit_arena_get_mark(arena);
+    /* Each adapter's scratch is released before the next one's: the arena
+     * grows to one (rows, R) pair, not to all of them. */
     for (const dit_lora_op *op = L->lora; op && st == DIT_OK; op = op->next) {
+        const dit_arena_mark mark = dit_arena_get_mark(arena);
         const int64_t R = op->A.ne[0];
         int64_t shape[3];
         const int nd = x->ndim;
@@ -830,8 +901,8 @@ dit_status dit_lora_linear(dit_backend *be, dit_arena *arena, const dit_tensor *
             dit_tensor ts = dit_tensor_narrow(&t1, nd - 1, o->col0, o->B.ne[1]);
             st = be->ops->linear(be, &ys, &ts, &o->B, NULL, DIT_ACT_NONE, 1.0f);
         }
+        dit_arena_release(arena, mark);
     }
-    dit_arena_release(arena, mark);
     if (st == DIT_OK && act != DIT_ACT_NONE)
         st = be->ops->activate(be, y, y, act);
     return st;

@@ -95,9 +95,13 @@ size_t dit_lora_sites_count(const dit_lora_sites *s);
 bool dit_lora_sites_active(const dit_lora_sites *s);
 
 /* Loads the adapter file `path` for the model whose sites are `sites`,
- * this rank's slices into `be`'s memory. */
+ * this rank's slices into `be`'s memory. The file is read into host memory
+ * first, so that what happens to it meanwhile cannot fault the process; a
+ * file of more than max_file_bytes (when nonzero) is DIT_ERR_UNSUPPORTED
+ * unread. Alphas, scalings and weights must be finite, and a module's rank
+ * at most min(N, K). */
 dit_status dit_lora_load(dit_backend *be, const dit_lora_sites *sites, const char *path,
-                         dit_lora **out, dit_diag *diag);
+                         uint64_t max_file_bytes, dit_lora **out, dit_diag *diag);
 void dit_lora_destroy(dit_lora *l);
 
 typedef struct dit_lora_info {

@@ -15,7 +15,7 @@ dit_status ditrun_attach_loras(const ditrun_args *a, dit_backend *be, dit_lora_s
     if (!sites)
         return dit_diag_set(diag, DIT_ERR_UNSUPPORTED, "this model takes no LoRA adapters");
     for (int i = 0; i < a->n_lora; i++) {
-        DIT_CHECK(dit_lora_load(be, sites, a->lora_path[i], &loras[i], diag));
+        DIT_CHECK(dit_lora_load(be, sites, a->lora_path[i], 0, &loras[i], diag));
         uses[i].lora = loras[i];
         uses[i].scale = a->lora_scale[i];
     }

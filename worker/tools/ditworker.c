@@ -443,7 +443,10 @@ static dit_status lora_get(worker *w, const char *name, const char *path, bool p
     dit_lora *l = NULL;
     dit_diag d;
     dit_diag_clear(&d);
-    dit_status st = dit_lora_load(w->be, sites, path, &l, &d);
+    /* A file over 8 times the cache's bound (f32 twice bf16, split four
+     * ways) and 64 MiB of header is not read. */
+    const uint64_t max_file = pin ? 0 : (uint64_t)c->limit * 8 + (64u << 20);
+    dit_status st = dit_lora_load(w->be, sites, path, max_file, &l, &d);
     if (st != DIT_OK) {
         free(dup);
         const char *slash = strrchr(path, '/');
@@ -478,8 +481,11 @@ static dit_status lora_attach_job(worker *w, const Ditserve__Ipc__Job *job, bool
     const dit_lora *keep[DIT_REQUEST_MAX_LORAS];
     int n = 0;
     *attached = false;
-    if (job->n_loras == 0)
+    if (job->n_loras == 0) {
+        /* What the last job with adapters held beyond the bound goes now. */
+        lora_cache_trim(&w->loras, NULL, 0);
         return DIT_OK;
+    }
     if (job->n_loras > DIT_REQUEST_MAX_LORAS)
         return dit_diag_set(diag, DIT_ERR_INVALID_ARG, "a job has at most %d LoRA adapters",
                             DIT_REQUEST_MAX_LORAS);
@@ -1065,7 +1071,7 @@ static dit_status setup(worker *w, const Ditserve__Ipc__Setup *s, dit_diag *diag
         if (!sites)
             return dit_diag_set(diag, DIT_ERR_UNSUPPORTED,
                                 "--lora-fuse %s: this model takes no adapters", s->fuse_lora->name);
-        st = dit_lora_load(w->be, sites, s->fuse_lora->path, &l, diag);
+        st = dit_lora_load(w->be, sites, s->fuse_lora->path, 0, &l, diag);
         if (st == DIT_OK)
             st = dit_lora_fuse(sites, l, s->fuse_lora->scale, diag);
         dit_lora_destroy(l);
