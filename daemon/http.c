@@ -1197,7 +1197,10 @@ static enum MHD_Result answer_generation(dit_http *h, struct MHD_Connection *con
         return MHD_NO; /* nobody to answer */
     }
     enum MHD_Result r;
-    if (g->failed && (!g->stream || g->sse_len == 0)) {
+    /* A failure before the answer starts is a plain error, also for a stream:
+     * a job that fails inside dit_server_submit has queued its events (and
+     * the error) before any of them could reach the client. */
+    if (g->failed && (!g->stream || !g->have_result)) {
         const unsigned st = http_status_of(g->code);
         dit_openai_fail(&b, st, NULL, grpc_code_name(g->code), "%s", g->msg);
         uv_mutex_unlock(&g->mu);
