@@ -191,7 +191,8 @@ static const dit_option defs[] = {
         "DITD_MAX_QUEUE", max_queue, 1, 100000),
     INT("max-batch", "1", "N",
         "run up to N queued requests of the same shape (size, frames, steps, CFG, adapters) as "
-        "one batched generation; 1: one request at a time",
+        "one batched generation, their decodes spread over the mesh's ranks (above 1 every "
+        "rank loads the VAE); 1: one request at a time",
         "DITD_MAX_BATCH", max_batch, 1, DIT_DAEMON_MAX_BATCH),
     INT("batch-wait-ms", "0", "MS",
         "hold an idle mesh up to MS milliseconds after the first request in queue order arrived, "

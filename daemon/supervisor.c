@@ -118,8 +118,12 @@ struct dit_supervisor {
     char job_msg[1024];
     int job_err_rank;     /* the rank whose report set job_status */
     bool job_peer_failed; /* that report only followed another rank's failure */
-    Ditserve__Ipc__Envelope *job_result;
-    bool job_collective; /* the ranks run the job together (not a LoRA load) */
+    /* Each rank's JobDone while it succeeded: rank 0's is the result, and a
+     * batch's members decoded on other ranks take their entries from
+     * theirs (merge_batch). */
+    Ditserve__Ipc__Envelope *job_results[SUP_MAX_RANKS];
+    double rank_done_ms[SUP_MAX_RANKS]; /* when each rank's JobDone came (uv_hrtime, ms) */
+    bool job_collective;                /* the ranks run the job together (not a LoRA load) */
     uv_timer_t startup_timer, watchdog_timer, backoff_timer, kill_timer, straggler_timer;
     double backoff_s;
     int64_t restarts;
@@ -323,6 +327,49 @@ static void close_conn_flushed(conn *c)
     uv_close(&c->h.handle, on_conn_closed);
 }
 
+static void drop_job_results(dit_supervisor *s)
+{
+    for (int r = 0; r < SUP_MAX_RANKS; r++)
+        if (s->job_results[r]) {
+            ditserve__ipc__envelope__free_unpacked(s->job_results[r], NULL);
+            s->job_results[r] = NULL;
+        }
+}
+
+/* A batch's JobDone entries in rank 0's message name the rank that decoded
+ * and encoded each member (ditworker spreads them over the mesh): those
+ * members' entries are taken from that rank's message. Each result also
+ * waited from its rank's report until the last rank's, for the others'
+ * decodes: that counts in its batch_others_ms. False, with why, when one
+ * is missing or does not match. */
+static bool merge_batch(dit_supervisor *s, Ditserve__Ipc__JobDone *d0, char *why, size_t cap)
+{
+    double last = 0;
+    for (int r = 0; r < s->N && r < SUP_MAX_RANKS; r++)
+        last = s->rank_done_ms[r] > last ? s->rank_done_ms[r] : last;
+    for (size_t k = 0; k < d0->n_batch; k++) {
+        const int r = d0->batch[k]->rank;
+        if (r == 0) {
+            if (d0->batch[k]->timings)
+                d0->batch[k]->timings->batch_others_ms += last - s->rank_done_ms[0];
+            continue;
+        }
+        const Ditserve__Ipc__JobDone *dr =
+            r > 0 && r < s->N && s->job_results[r] ? s->job_results[r]->done : NULL;
+        if (!dr || dr->n_batch != d0->n_batch || dr->batch[k]->job_id != d0->batch[k]->job_id ||
+            dr->batch[k]->rank != r) {
+            snprintf(why, cap, "worker rank %d did not send the result of batch member %zu", r, k);
+            return false;
+        }
+        Ditserve__Ipc__JobDone *t = d0->batch[k];
+        d0->batch[k] = dr->batch[k];
+        dr->batch[k] = t;
+        if (d0->batch[k]->timings)
+            d0->batch[k]->timings->batch_others_ms += last - s->rank_done_ms[r];
+    }
+    return true;
+}
+
 /* Reports the job that was on the workers as ended; the caller has moved the
  * phase on from PH_RUNNING first (so that whoever hears of it sees where
  * the mesh now is). */
@@ -330,10 +377,17 @@ static void finish_job(dit_supervisor *s, dit_status st, const char *msg)
 {
     uv_timer_stop(&s->watchdog_timer);
     uv_timer_stop(&s->straggler_timer);
-    Ditserve__Ipc__Envelope *res = st == DIT_OK ? s->job_result : NULL;
-    if (st != DIT_OK && s->job_result)
-        ditserve__ipc__envelope__free_unpacked(s->job_result, NULL);
-    s->job_result = NULL;
+    char why[160];
+    Ditserve__Ipc__Envelope *res = st == DIT_OK ? s->job_results[0] : NULL;
+    if (res && res->done && res->done->n_batch > 0 && !merge_batch(s, res->done, why, sizeof why)) {
+        DIT_LOG(s->log, DIT_LOG_ERROR, s->name, "%s", why);
+        st = DIT_ERR_INTERNAL;
+        msg = why;
+        res = NULL;
+    }
+    if (res)
+        s->job_results[0] = NULL; /* handed on */
+    drop_job_results(s);
     const uint64_t id = s->job_id;
     if (s->ev.job_done)
         s->ev.job_done(s->ev.ctx, id, st, msg, res);
@@ -461,6 +515,7 @@ static void send_setup_range(dit_supervisor *s, int from, int to)
     setup.backend = (char *)s->cfg.backend;
     setup.comm_timeout_s = s->cfg.comm_timeout_s;
     setup.lora_cache_bytes = s->cfg.lora_cache_bytes;
+    setup.decode_on_every_rank = s->cfg.decode_on_every_rank;
     Ditserve__Ipc__JobLora pl[DIT_DAEMON_MAX_PRELOAD_LORAS], *plp[DIT_DAEMON_MAX_PRELOAD_LORAS];
     for (int i = 0; i < s->cfg.n_preload_loras && i < DIT_DAEMON_MAX_PRELOAD_LORAS; i++) {
         ditserve__ipc__job_lora__init(&pl[i]);
@@ -641,6 +696,7 @@ static void handle(conn *c, Ditserve__Ipc__Envelope *env)
             break;
         }
         s->rank_done[c->rank] = true;
+        s->rank_done_ms[c->rank] = (double)uv_hrtime() / 1e6;
         /* The first failure stands, but a rank's own failure replaces one
          * that only followed another rank's. */
         if (d->status != DIT_OK &&
@@ -650,8 +706,9 @@ static void handle(conn *c, Ditserve__Ipc__Envelope *env)
             s->job_peer_failed = d->peer_failed;
             snprintf(s->job_msg, sizeof s->job_msg, "%s", d->message ? d->message : "");
         }
-        if (c->rank == 0 && d->status == DIT_OK) {
-            s->job_result = env;
+        if (d->status == DIT_OK && (c->rank == 0 || d->n_batch > 0) && c->rank < SUP_MAX_RANKS &&
+            !s->job_results[c->rank]) {
+            s->job_results[c->rank] = env;
             env = NULL; /* kept */
         }
         if (++s->job_done_ranks == s->N) {
@@ -1270,6 +1327,7 @@ dit_status dit_supervisor_run(dit_supervisor *s, uint64_t job_id, const Ditserve
                             n);
     }
     set_phase(s, PH_RUNNING);
+    drop_job_results(s); /* none are left from the last job; defence */
     s->job_id = job_id;
     s->job_done_ranks = 0;
     memset(s->rank_done, 0, sizeof s->rank_done);
@@ -1369,9 +1427,7 @@ void dit_supervisor_destroy(dit_supervisor *s)
 {
     if (!s)
         return;
-    if (s->job_result)
-        ditserve__ipc__envelope__free_unpacked(s->job_result, NULL);
-    s->job_result = NULL;
+    drop_job_results(s);
     s->destroyed = true;
     /* Connections and processes still open (a destroy without a stop, after
      * a failed start) go too; each close callback counts down. */

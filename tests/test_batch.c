@@ -101,8 +101,11 @@ static void check_batch_vs_solo(fixture *f, const char *what, int n, const dit_g
     dit_diag_clear(&diag);
     dit_gen_result res[8];
     dit_status mst[8];
-    ck_assert_msg(dit_pipeline_generate_batch(f->p, &f->den, n, gps, decode, lp ? leave_step : NULL,
-                                              lp, res, mst, &diag) == DIT_OK,
+    bool dm[8];
+    for (int k = 0; k < 8; k++)
+        dm[k] = decode;
+    ck_assert_msg(dit_pipeline_generate_batch(f->p, &f->den, n, gps, dm, lp ? leave_step : NULL, lp,
+                                              res, mst, &diag) == DIT_OK,
                   "%s: %s", what, diag.msg);
     double worst = 0, worst_img = 0;
     bool identical = true;
@@ -319,6 +322,60 @@ static dit_status fail_step2(void *ctx, int step, int total, double elapsed_ms, 
     return step == 2 ? DIT_ERR_PEER : DIT_OK;
 }
 
+/* The decode mask: only the members it names are decoded (a mesh spreads
+ * a batch's decodes over its ranks), each image bit for bit what decoding
+ * every member gives (the forwards are the same); the others keep their
+ * latents and no image. With no mask nothing is decoded. */
+START_TEST(decode_mask_names_members)
+{
+    fixture f;
+    fixture_open(&f, "demo");
+    dit_diag diag;
+    dit_diag_clear(&diag);
+    dit_gen_params gps[3] = {flux_base(), flux_base(), flux_base()};
+    gps[0].prompt = "a red fox";
+    gps[1].prompt = "a bowl of ramen";
+    gps[1].seed = 3;
+    gps[1].num_images = 2;
+    gps[2].prompt = "a lighthouse";
+    gps[2].seed = 5;
+    dit_gen_result all[3], some[3], none[3];
+    dit_status mst[3];
+    const bool every[3] = {true, true, true}, skip0[3] = {false, true, true};
+    ck_assert_msg(dit_pipeline_generate_batch(f.p, &f.den, 3, gps, every, NULL, NULL, all, mst,
+                                              &diag) == DIT_OK,
+                  "%s", diag.msg);
+    ck_assert_msg(dit_pipeline_generate_batch(f.p, &f.den, 3, gps, skip0, NULL, NULL, some, mst,
+                                              &diag) == DIT_OK,
+                  "%s", diag.msg);
+    ck_assert_msg(dit_pipeline_generate_batch(f.p, &f.den, 3, gps, NULL, NULL, NULL, none, mst,
+                                              &diag) == DIT_OK,
+                  "%s", diag.msg);
+    for (int k = 0; k < 3; k++) {
+        ck_assert_int_eq(mst[k], DIT_OK);
+        const int64_t nl = latent_numel(&all[k]);
+        ck_assert_int_eq(compare_n(some[k].latents, all[k].latents, nl).max_abs, 0);
+        ck_assert_int_eq(compare_n(none[k].latents, all[k].latents, nl).max_abs, 0);
+        ck_assert_ptr_nonnull(all[k].image);
+        ck_assert_ptr_null(none[k].image);
+        if (k == 0) {
+            ck_assert_ptr_null(some[k].image);
+            ck_assert(some[k].vae_ms == 0.0);
+            continue;
+        }
+        ck_assert_ptr_nonnull(some[k].image);
+        const int64_t npx = (int64_t)3 * all[k].height * all[k].width * all[k].num_images;
+        ck_assert_int_eq(compare_n(some[k].image, all[k].image, npx).max_abs, 0);
+    }
+    for (int k = 0; k < 3; k++) {
+        dit_gen_result_free(&all[k]);
+        dit_gen_result_free(&some[k]);
+        dit_gen_result_free(&none[k]);
+    }
+    fixture_close(&f);
+}
+END_TEST
+
 /* Every member leaving: DIT_ERR_CANCELLED, every result empty. A callback
  * failing stops the batch with its status. Members that cannot share
  * forwards are refused. */
@@ -334,10 +391,11 @@ START_TEST(all_leave_and_bad_batches)
     gps[1].seed = 1;
     dit_gen_result res[2];
     dit_status mst[2];
+    const bool all_true[2] = {true, true};
     int calls = 0;
-    ck_assert_int_eq(
-        dit_pipeline_generate_batch(f.p, &f.den, 2, gps, true, stop_all, &calls, res, mst, &diag),
-        DIT_ERR_CANCELLED);
+    ck_assert_int_eq(dit_pipeline_generate_batch(f.p, &f.den, 2, gps, all_true, stop_all, &calls,
+                                                 res, mst, &diag),
+                     DIT_ERR_CANCELLED);
     ck_assert_int_eq(calls, 1);
     ck_assert_ptr_nonnull(strstr(diag.msg, "every member of the batch left"));
     for (int k = 0; k < 2; k++) {
@@ -347,9 +405,9 @@ START_TEST(all_leave_and_bad_batches)
         ck_assert_ptr_null(res[k].image);
     }
 
-    ck_assert_int_eq(
-        dit_pipeline_generate_batch(f.p, &f.den, 2, gps, true, fail_step2, NULL, res, mst, &diag),
-        DIT_ERR_PEER);
+    ck_assert_int_eq(dit_pipeline_generate_batch(f.p, &f.den, 2, gps, all_true, fail_step2, NULL,
+                                                 res, mst, &diag),
+                     DIT_ERR_PEER);
     for (int k = 0; k < 2; k++) {
         ck_assert_int_eq(mst[k], DIT_ERR_PEER);
         ck_assert_ptr_null(res[k].latents);
@@ -360,7 +418,7 @@ START_TEST(all_leave_and_bad_batches)
     bad[1].steps = 4;
     dit_diag_clear(&diag);
     ck_assert_int_eq(
-        dit_pipeline_generate_batch(f.p, &f.den, 2, bad, false, NULL, NULL, res, mst, &diag),
+        dit_pipeline_generate_batch(f.p, &f.den, 2, bad, NULL, NULL, NULL, res, mst, &diag),
         DIT_ERR_INVALID_ARG);
     ck_assert_ptr_nonnull(strstr(diag.msg, "batch member 1 cannot share forwards"));
     ck_assert_int_eq(mst[0], DIT_ERR_INVALID_ARG);
@@ -369,13 +427,13 @@ START_TEST(all_leave_and_bad_batches)
     bad[1].true_cfg_scale = 2.0f;
     dit_diag_clear(&diag);
     ck_assert_int_eq(
-        dit_pipeline_generate_batch(f.p, &f.den, 2, bad, false, NULL, NULL, res, mst, &diag),
+        dit_pipeline_generate_batch(f.p, &f.den, 2, bad, NULL, NULL, NULL, res, mst, &diag),
         DIT_ERR_INVALID_ARG);
     bad[1] = gps[1];
     bad[1].width = 32;
     dit_diag_clear(&diag);
     ck_assert_int_eq(
-        dit_pipeline_generate_batch(f.p, &f.den, 2, bad, false, NULL, NULL, res, mst, &diag),
+        dit_pipeline_generate_batch(f.p, &f.den, 2, bad, NULL, NULL, NULL, res, mst, &diag),
         DIT_ERR_INVALID_ARG);
     /* A member failing its own check names the member. */
     bad[1] = gps[1];
@@ -383,12 +441,12 @@ START_TEST(all_leave_and_bad_batches)
     bad[0].steps = 0;
     dit_diag_clear(&diag);
     ck_assert_int_eq(
-        dit_pipeline_generate_batch(f.p, &f.den, 2, bad, false, NULL, NULL, res, mst, &diag),
+        dit_pipeline_generate_batch(f.p, &f.den, 2, bad, NULL, NULL, NULL, res, mst, &diag),
         DIT_ERR_INVALID_ARG);
     ck_assert_ptr_nonnull(strstr(diag.msg, "batch member 0: "));
     dit_diag_clear(&diag);
     ck_assert_int_eq(
-        dit_pipeline_generate_batch(f.p, &f.den, 0, gps, false, NULL, NULL, res, mst, &diag),
+        dit_pipeline_generate_batch(f.p, &f.den, 0, gps, NULL, NULL, NULL, res, mst, &diag),
         DIT_ERR_INVALID_ARG);
     fixture_close(&f);
 }
@@ -521,6 +579,7 @@ int main(void)
     tcase_add_test(tc, wan_cfg_batch_matches_alone);
     tcase_add_test(tc, flux_embeddings_and_text_members);
     tcase_add_loop_test(tc, member_leaves_mid_batch, 0, 2);
+    tcase_add_test(tc, decode_mask_names_members);
     tcase_add_test(tc, all_leave_and_bad_batches);
     suite_add_tcase(s, tc);
     TCase *cli = tcase_create("cli");

@@ -30,6 +30,7 @@
 
 typedef struct fake_daemon {
     int world;
+    bool spread; /* Setup.decode_on_every_rank */
     int listen_fd;
     char path[108];
     int fd[MAX_RANKS];
@@ -50,10 +51,11 @@ static void send_env(fake_daemon *d, int r, Ditserve__Ipc__Envelope *e)
     ck_assert_int_eq(dit_ipc_write_fd(d->fd[r], e), 0);
 }
 
-static void daemon_start(fake_daemon *d, int world)
+static void daemon_start(fake_daemon *d, int world, bool spread)
 {
     memset(d, 0, sizeof *d);
     d->world = world;
+    d->spread = spread;
     snprintf(d->path, sizeof d->path, "/tmp/dit_wb_%d.sock", (int)getpid());
     unlink(d->path);
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
@@ -109,6 +111,7 @@ static void daemon_start(fake_daemon *d, int world)
         s.comm_timeout_s = 60;
         s.device = -1;
         s.rank = r;
+        s.decode_on_every_rank = spread;
         Ditserve__Ipc__Envelope e = DITSERVE__IPC__ENVELOPE__INIT;
         e.msg_case = DITSERVE__IPC__ENVELOPE__MSG_SETUP;
         e.setup = &s;
@@ -222,7 +225,8 @@ static void run_job(fake_daemon *d, uint64_t id, int n, req_store *reqs, const b
     for (int r = 1; r < d->world; r++) {
         done[r] = recv_env(d, r);
         ck_assert_int_eq(done[r]->msg_case, DITSERVE__IPC__ENVELOPE__MSG_DONE);
-        ck_assert_int_eq(done[r]->done->n_batch, 0);
+        if (!d->spread) /* rank 0 decoded every member */
+            ck_assert_int_eq(done[r]->done->n_batch, 0);
     }
 }
 
@@ -239,7 +243,7 @@ START_TEST(worker_runs_batched_jobs)
 {
     const int world = _i ? 2 : 1;
     fake_daemon d;
-    daemon_start(&d, world);
+    daemon_start(&d, world, false);
     req_store reqs[3];
     make_req(&reqs[0], "a red fox", 7, 3.5f, 3.0f, 4);
     make_req(&reqs[1], "a bowl of ramen", 3, 5.0f, 2.0f, 4);
@@ -338,6 +342,74 @@ START_TEST(worker_runs_batched_jobs)
 }
 END_TEST
 
+/* Setup.decode_on_every_rank on a ring-2 mesh: a batch of three (1, 2 and
+ * 1 images) is decoded on both ranks, member 1 (two images) on rank 1 and
+ * members 0 and 2 on rank 0, each rank encoding its own. Rank 0's entries
+ * name the rank holding each result; rank 1's carry member 1's images,
+ * equal within 1e-5 to the request run alone, as are rank 0's. A member of
+ * rank 1 that leaves says CANCELLED in rank 1's entry. */
+START_TEST(worker_spreads_decodes)
+{
+    fake_daemon d;
+    daemon_start(&d, 2, true);
+    req_store reqs[3];
+    make_req(&reqs[0], "a red fox", 7, 3.5f, 3.0f, 3);
+    make_req(&reqs[1], "a bowl of ramen", 3, 5.0f, 2.0f, 3);
+    reqs[1].req.num_images = 2;
+    make_req(&reqs[2], "a lighthouse", 9, 2.0f, 4.0f, 3);
+    Ditserve__Ipc__Envelope *done[MAX_RANKS], *solo[MAX_RANKS];
+    int progress = 0;
+    run_job(&d, 100, 3, reqs, NULL, done, &progress);
+    const Ditserve__Ipc__JobDone *d0 = done[0]->done, *d1 = done[1]->done;
+    ck_assert_msg(d0->status == DIT_OK && d1->status == DIT_OK, "%s / %s", d0->message,
+                  d1->message);
+    ck_assert_int_eq(d0->n_batch, 3);
+    ck_assert_int_eq(d1->n_batch, 3);
+    const int owner[3] = {0, 1, 0};
+    const size_t one = (size_t)3 * 48 * 64 * sizeof(float);
+    for (int k = 0; k < 3; k++) {
+        ck_assert_int_eq(d0->batch[k]->rank, owner[k]);
+        ck_assert_int_eq(d1->batch[k]->rank, owner[k]);
+        ck_assert_uint_eq(d0->batch[k]->job_id, 100 + (uint64_t)k);
+        ck_assert_uint_eq(d1->batch[k]->job_id, 100 + (uint64_t)k);
+        const Ditserve__Ipc__JobDone *held = owner[k] ? d1->batch[k] : d0->batch[k];
+        const Ditserve__Ipc__JobDone *other = owner[k] ? d0->batch[k] : d1->batch[k];
+        ck_assert_msg(held->status == DIT_OK, "member %d: %s", k, held->message);
+        ck_assert_uint_eq(held->image.len, (k == 1 ? 2 : 1) * one);
+        ck_assert_int_eq(held->n_image_bytes, k == 1 ? 2 : 1);
+        ck_assert_uint_eq(other->image.len, 0);
+        ck_assert_ptr_nonnull(held->timings);
+        ck_assert(held->timings->vae_ms > 0);
+        /* Alone (a single job: rank 0 decodes it). */
+        run_job(&d, 200 + (uint64_t)k, 1, &reqs[k], NULL, solo, &progress);
+        ck_assert_msg(solo[0]->done->status == DIT_OK, "%s", solo[0]->done->message);
+        ck_assert_int_eq(solo[1]->done->n_batch, 0);
+        const double rel = raw_rel(&held->image, &solo[0]->done->image);
+        printf("ditworker ring 2, decodes spread: member %d (rank %d) vs alone: image rel %.2g\n",
+               k, owner[k], rel);
+        fflush(stdout);
+        ck_assert_msg(rel <= 1e-5, "member %d rel %.3g", k, rel);
+        for (int r = 0; r < 2; r++)
+            ditserve__ipc__envelope__free_unpacked(solo[r], NULL);
+    }
+    for (int r = 0; r < 2; r++)
+        ditserve__ipc__envelope__free_unpacked(done[r], NULL);
+
+    /* Member 1, rank 1's, leaves after the first step. */
+    const bool cancel1[3] = {false, true, false};
+    run_job(&d, 300, 3, reqs, cancel1, done, &progress);
+    ck_assert_int_eq(done[0]->done->status, DIT_OK);
+    ck_assert_int_eq(done[1]->done->n_batch, 3);
+    ck_assert_int_eq(done[1]->done->batch[1]->status, DIT_ERR_CANCELLED);
+    ck_assert_uint_eq(done[1]->done->batch[1]->image.len, 0);
+    ck_assert_int_eq(done[0]->done->batch[0]->status, DIT_OK);
+    ck_assert_uint_eq(done[0]->done->batch[0]->image.len, one);
+    for (int r = 0; r < 2; r++)
+        ditserve__ipc__envelope__free_unpacked(done[r], NULL);
+    daemon_stop(&d);
+}
+END_TEST
+
 /* Sends one job to every rank without reading the answers. */
 static void send_job(fake_daemon *d, const Ditserve__Ipc__Job *job)
 {
@@ -351,7 +423,7 @@ static void send_job(fake_daemon *d, const Ditserve__Ipc__Job *job)
 START_TEST(worker_limits_and_lost_daemon)
 {
     fake_daemon d;
-    daemon_start(&d, 2);
+    daemon_start(&d, 2, false);
     req_store rq;
     make_req(&rq, "a red fox", 7, 3.5f, 3.0f, 2);
 
@@ -424,6 +496,7 @@ int main(void)
     TCase *tc = tcase_create("ipc");
     tcase_set_timeout(tc, 600);
     tcase_add_loop_test(tc, worker_runs_batched_jobs, 0, 2);
+    tcase_add_test(tc, worker_spreads_decodes);
     tcase_add_test(tc, worker_limits_and_lost_daemon);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);

@@ -158,7 +158,7 @@ int main(int argc, char **argv)
         /* The first interval includes the text encoders: it is a warm-up
          * step's. */
         dit_status r =
-            dit_pipeline_generate_batch(p, &den, (int)n, gps, false, on_step, st, res, mst, &diag);
+            dit_pipeline_generate_batch(p, &den, (int)n, gps, NULL, on_step, st, res, mst, &diag);
         if (r == DIT_OK) {
             const int skip = (int)warmup, m = st->n - skip;
             qsort(st->t + skip, (size_t)m, sizeof(double), cmp_double);

@@ -13,7 +13,9 @@
 #                     mesh gets T threads, two meshes T/2 each
 #     --batch B       --max-batch of the batching settings (default 4)
 #     --only LIST     run only these settings (comma-separated): batch1,
-#                     batchB, replicas2, replicas2-batchB
+#                     batchB, replicas2, replicas2-batchB, ring2-batch1,
+#                     ring2-batchB (the last two: one mesh of two ranks,
+#                     --ring 2, T/2 threads each, as deploy/demo.sh serves)
 #     --backend B     ditd --backend (default cpu); on cuda, --threads is the
 #                     host threads of the worker(s) (results' encoding)
 #     --warmup SPEC   ditd --warmup for every setting, e.g. 256x256:8 (on
@@ -53,7 +55,7 @@ while [ $# -gt 0 ]; do
     --warmup) warmup=$2; shift 2 ;;
     --bin) bindir=$2; shift 2 ;;
     --full) full=1; shift ;;
-    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
     -*) echo "throughput.sh: unknown option $1" >&2; exit 2 ;;
     *) model=$1; shift ;;
   esac
@@ -107,3 +109,5 @@ run batch1 --world-size 1 --threads "$threads" --max-batch 1
 run "batch$batch" --world-size 1 --threads "$threads" --max-batch "$batch"
 run replicas2 --world-size 1 --replicas 2 --threads "$half" --max-batch 1
 run "replicas2-batch$batch" --world-size 1 --replicas 2 --threads "$half" --max-batch "$batch"
+run ring2-batch1 --world-size 2 --ring 2 --threads "$half" --max-batch 1
+run "ring2-batch$batch" --world-size 2 --ring 2 --threads "$half" --max-batch "$batch"

@@ -244,6 +244,40 @@ def batch_results():
 
 
 @case
+def batch_spread_layouts():
+    """With --max-batch above 1 every rank decodes its share of a batch
+    (member 1 on rank 1 here): on Ulysses 2 and, with true CFG, on
+    --cfg-parallel, three queued members give each its result run alone
+    within 1e-5, whichever rank decoded it."""
+    cfg = [dict(m, negative_prompt="blurry", true_cfg_scale=2.0 + k)
+           for k, m in enumerate(MEMBERS)]
+    for flags, members in ((("--ulysses", "2"), MEMBERS), (("--cfg-parallel",), cfg)):
+        d = Daemon(*flags, "--max-batch", "4", world=2)
+        try:
+            shape = dict(SHAPE, num_inference_steps=8)
+            solo = solo_results(d, members, **shape)
+            blocker = start_blocker(d)
+            reqs = [dict(shape, output_format=RAW, **m) for m in members]
+            results, threads = run_concurrently(d, reqs)
+            blocker.cancel()
+            for t in threads:
+                t.join(300)
+            worst = 0.0
+            for k, r in results.items():
+                assert not isinstance(r, Exception), f"{flags}: member {k} failed: {r}"
+                images, res = r
+                assert res.batch_size == 3, res
+                assert len(images) == len(solo[k]), (k, len(images))
+                for i, img in enumerate(images):
+                    what = f"{flags} member {k} image {i}"
+                    worst = max(worst, assert_close(img, solo[k][i], what))
+            print(f"  {' '.join(flags)}: batched vs alone: worst relative difference {worst:.3g}")
+            d.stop()
+        finally:
+            d.close()
+
+
+@case
 def batch_cancel_deadline():
     """In a running batch of three, one member's client cancels and one
     member's deadline passes: those two end (CANCELLED, DEADLINE_EXCEEDED)

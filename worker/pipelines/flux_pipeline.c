@@ -242,7 +242,7 @@ void dit_flux_unpack_latents(const float *packed, int64_t C, int64_t h, int64_t 
  * its guidance (guidance_embeds) and the step's timestep. */
 static dit_status flux_pipe_generate_batch(void *pv, const dit_pipeline_info *info,
                                            const dit_denoiser *den, int n,
-                                           const dit_gen_params *gps, bool decode,
+                                           const dit_gen_params *gps, const bool *decode,
                                            dit_gen_batch_progress_fn progress, void *progress_ctx,
                                            dit_gen_result *res, dit_status *member_st,
                                            dit_diag *diag)
@@ -271,7 +271,8 @@ static dit_status flux_pipe_generate_batch(void *pv, const dit_pipeline_info *in
     float *in_lat = NULL, *in_emb = NULL, *in_pool = NULL, *out = NULL, *t = NULL, *guid = NULL;
     float *z = NULL;
     prompt_job *jobs = NULL;
-    if (decode && !p->vae) {
+    /* Every member is active yet: the VAE must be there for any named. */
+    if (dit_gen_batch_decodes_any(&b, decode) && !p->vae) {
         st = dit_diag_set(diag, DIT_ERR_INVALID_ARG, "this rank has no VAE to decode with");
         goto cleanup;
     }
@@ -472,7 +473,7 @@ static dit_status flux_pipe_generate_batch(void *pv, const dit_pipeline_info *in
     }
     dit_gen_batch_finish(&b, res, lat, N, now_ms() - t_loop);
 
-    if (decode) {
+    if (dit_gen_batch_decodes_any(&b, decode)) {
         const int64_t H = h * vs, W = w * vs;
         z = malloc(sizeof(float) * (size_t)(C * h * w));
         if (!z) {
@@ -480,7 +481,7 @@ static dit_status flux_pipe_generate_batch(void *pv, const dit_pipeline_info *in
             goto cleanup;
         }
         for (int mb = 0; mb < n; mb++) {
-            if (!b.active[mb])
+            if (!dit_gen_batch_decodes(&b, decode, mb))
                 continue;
             const double t0 = now_ms();
             dit_gen_result *r = &res[mb];

@@ -159,3 +159,16 @@ void dit_gen_batch_finish(const dit_gen_batch *b, dit_gen_result *res, const flo
             memcpy(res[m].latents, lat + b->off[m] * per, sizeof(float) * (size_t)(b->ni[m] * per));
         }
 }
+
+bool dit_gen_batch_decodes(const dit_gen_batch *b, const bool *decode, int m)
+{
+    return decode && m >= 0 && m < b->n && b->active[m] && decode[m];
+}
+
+bool dit_gen_batch_decodes_any(const dit_gen_batch *b, const bool *decode)
+{
+    for (int m = 0; m < b->n; m++)
+        if (dit_gen_batch_decodes(b, decode, m))
+            return true;
+    return false;
+}

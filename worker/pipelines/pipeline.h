@@ -70,7 +70,7 @@ typedef struct dit_pipeline_class {
     /* dit_pipeline_generate_batch's contract; a single generation is a
      * batch of one. */
     dit_status (*generate_batch)(void *p, const dit_pipeline_info *info, const dit_denoiser *den,
-                                 int n, const dit_gen_params *gps, bool decode,
+                                 int n, const dit_gen_params *gps, const bool *decode,
                                  dit_gen_batch_progress_fn progress, void *progress_ctx,
                                  dit_gen_result *res, dit_status *member_st, dit_diag *diag);
 } dit_pipeline_class;
@@ -114,10 +114,12 @@ dit_status dit_pipeline_generate(dit_pipeline *p, const dit_denoiser *den, const
  * DIT_ERR_CANCELLED; the others go on unchanged. Returns DIT_OK when at
  * least one member finished (statuses in member_st), DIT_ERR_CANCELLED when
  * every member left, or the failure (a bad member fails the whole batch,
- * every result empty, every member_st that status). decode: decode each
- * finished member's images, one image at a time. */
+ * every result empty, every member_st that status). decode: n entries,
+ * true for the finished members whose images this call decodes (one image
+ * at a time; a mesh spreads a batch's decodes over its ranks), or NULL to
+ * decode none. */
 dit_status dit_pipeline_generate_batch(dit_pipeline *p, const dit_denoiser *den, int n,
-                                       const dit_gen_params *gps, bool decode,
+                                       const dit_gen_params *gps, const bool *decode,
                                        dit_gen_batch_progress_fn progress, void *progress_ctx,
                                        dit_gen_result *res, dit_status *member_st, dit_diag *diag);
 

@@ -83,12 +83,12 @@ dit_status dit_pipeline_generate(dit_pipeline *p, const dit_denoiser *den, const
 {
     single_progress sp = {progress, progress_ctx};
     dit_status member_st;
-    return p->cls->generate_batch(p->impl, &p->info, den, 1, gp, decode,
+    return p->cls->generate_batch(p->impl, &p->info, den, 1, gp, decode ? &decode : NULL,
                                   progress ? single_step : NULL, &sp, res, &member_st, diag);
 }
 
 dit_status dit_pipeline_generate_batch(dit_pipeline *p, const dit_denoiser *den, int n,
-                                       const dit_gen_params *gps, bool decode,
+                                       const dit_gen_params *gps, const bool *decode,
                                        dit_gen_batch_progress_fn progress, void *progress_ctx,
                                        dit_gen_result *res, dit_status *member_st, dit_diag *diag)
 {

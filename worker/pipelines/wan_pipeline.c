@@ -173,7 +173,7 @@ cleanup:
  * conditional. */
 static dit_status wan_pipe_generate_batch(void *pv, const dit_pipeline_info *info,
                                           const dit_denoiser *den, int n, const dit_gen_params *gps,
-                                          bool decode, dit_gen_batch_progress_fn progress,
+                                          const bool *decode, dit_gen_batch_progress_fn progress,
                                           void *progress_ctx, dit_gen_result *res,
                                           dit_status *member_st, dit_diag *diag)
 {
@@ -200,7 +200,8 @@ static dit_status wan_pipe_generate_batch(void *pv, const dit_pipeline_info *inf
     float *embeds = NULL, *lat = NULL, *v = NULL, *z = NULL, *in_lat = NULL, *in_emb = NULL;
     float *out = NULL, *t = NULL;
     prompt_job *jobs = NULL;
-    if (decode && !p->vae) {
+    /* Every member is active yet: the VAE must be there for any named. */
+    if (dit_gen_batch_decodes_any(&b, decode) && !p->vae) {
         st = dit_diag_set(diag, DIT_ERR_INVALID_ARG, "this rank has no VAE to decode with");
         goto cleanup;
     }
@@ -343,7 +344,7 @@ static dit_status wan_pipe_generate_batch(void *pv, const dit_pipeline_info *inf
     }
     dit_gen_batch_finish(&b, res, lat, N, now_ms() - t_loop);
 
-    if (decode) {
+    if (dit_gen_batch_decodes_any(&b, decode)) {
         const int64_t F = dit_wan_vae_frames(p->vae, nf);
         const int64_t s = dit_wan_vae_spatial_scale(p->vae);
         const int64_t H = h * s, W = w * s;
@@ -361,7 +362,7 @@ static dit_status wan_pipe_generate_batch(void *pv, const dit_pipeline_info *inf
             goto cleanup;
         }
         for (int mb = 0; mb < n; mb++) {
-            if (!b.active[mb])
+            if (!dit_gen_batch_decodes(&b, decode, mb))
                 continue;
             const double t0 = now_ms();
             dit_gen_result *r = &res[mb];

@@ -336,14 +336,16 @@ static dit_status generate_batch(const ditrun_args *a, dit_pipeline *pipe, const
     dit_gen_params gps[DITRUN_MAX_MEMBERS];
     dit_gen_result res[DITRUN_MAX_MEMBERS];
     dit_status mst[DITRUN_MAX_MEMBERS];
+    bool decode[DITRUN_MAX_MEMBERS]; /* rank 0 decodes and writes every member */
     memset(res, 0, sizeof res);
     for (int k = 0; k < n; k++) {
+        decode[k] = lead;
         gps[k] = member_params(a, k);
         dit_gen_apply_defaults(info, &gps[k]);
     }
     batch_progress bp = {.ps = {.show = lead && !a->quiet && isatty(STDERR_FILENO)}, .a = a};
     DIT_CHECK(
-        dit_pipeline_generate_batch(pipe, den, n, gps, lead, batch_step, &bp, res, mst, diag));
+        dit_pipeline_generate_batch(pipe, den, n, gps, decode, batch_step, &bp, res, mst, diag));
     if (!lead)
         goto cleanup;
     double denoise_ms = 0, step_min = 0, step_max = 0;

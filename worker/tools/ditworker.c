@@ -110,7 +110,8 @@ typedef struct worker {
     dit_backend *be;
     dit_pipeline *pipe;
     dit_runner *runner;
-    int threads; /* host threads (the cpu backend's, or for encoding results) */
+    int threads;          /* host threads (the cpu backend's, or for encoding results) */
+    bool decode_anywhere; /* Setup.decode_on_every_rank: batches spread their decodes */
     lora_cache loras;
     void *flag_buf;  /* backend memory for the step decision's broadcast */
     size_t flag_cap; /* floats flag_buf holds */
@@ -670,24 +671,26 @@ static dit_status join_images(encode_item *items, int ni, size_t total, member_o
  * that status in mst[k] and the message in mo[k].msg. Each mo[k].t_encode
  * is its own images' time; returns the wall time of the whole. */
 static double encode_members(int threads, bool video, int n, const dit_gen_result *res,
-                             const dit_request *rq, dit_status *mst, member_out *mo)
+                             const dit_request *rq, const bool *mine, dit_status *mst,
+                             member_out *mo)
 {
     const double t0 = now_ms();
     int n_items = 0;
     for (int k = 0; k < n; k++)
-        if (mst[k] == DIT_OK)
+        if (mine[k] && mst[k] == DIT_OK)
             n_items += res[k].num_images > 1 ? res[k].num_images : 1;
     encode_item *items = calloc(n_items > 0 ? (size_t)n_items : 1, sizeof *items);
     if (!items) {
         for (int k = 0; k < n; k++)
-            if (mst[k] == DIT_OK) {
+            if (mine[k] && mst[k] == DIT_OK) {
                 mst[k] = DIT_ERR_NOMEM;
                 snprintf(mo[k].msg, sizeof mo[k].msg, "out of memory for the result");
             }
         return now_ms() - t0;
     }
     for (int k = 0, i = 0; k < n; k++)
-        for (int m = 0; mst[k] == DIT_OK && m < (res[k].num_images > 1 ? res[k].num_images : 1);
+        for (int m = 0;
+             mine[k] && mst[k] == DIT_OK && m < (res[k].num_images > 1 ? res[k].num_images : 1);
              m++, i++) {
             items[i].k = k;
             items[i].m = m;
@@ -710,7 +713,7 @@ static double encode_members(int threads, bool video, int n, const dit_gen_resul
     }
     size_t total = 0;
     for (int k = 0, i = 0; k < n; k++) {
-        if (mst[k] != DIT_OK)
+        if (!mine[k] || mst[k] != DIT_OK)
             continue;
         const int ni = res[k].num_images > 1 ? res[k].num_images : 1;
         mst[k] = join_images(&items[i], ni, total, &mo[k]);
@@ -719,6 +722,26 @@ static double encode_members(int threads, bool video, int n, const dit_gen_resul
     }
     free(items);
     return now_ms() - t0;
+}
+
+/* Which rank decodes and encodes each member (owner[0 .. n-1]): a single
+ * job's rank 0; a batch's members spread over the mesh's ranks by their
+ * images, each to the rank with the fewest so far (the lowest on a tie),
+ * in member order, so that the ranks decode in parallel instead of rank 0
+ * decoding one image after the other while the rest wait. Every rank
+ * computes the same from the same job; JobDone's entries name the owner. */
+static void assign_decoders(int n, const dit_request *rq, int world, int *owner)
+{
+    int64_t load[DIT_IPC_MAX_MEMBERS] = {0};
+    const int ranks = world < n ? world : n; /* ranks past n get nothing */
+    for (int k = 0; k < n; k++) {
+        int best = 0;
+        for (int r = 1; r < ranks && r < DIT_IPC_MAX_MEMBERS; r++)
+            if (load[r] < load[best])
+                best = r;
+        owner[k] = n > 1 ? best : 0;
+        load[best] += rq[k].gp.num_images > 1 ? rq[k].gp.num_images : 1;
+    }
 }
 
 /* Resolves the job's members (member 0: the job's own request, then
@@ -779,15 +802,18 @@ static int run_job(worker *w, const Ditserve__Ipc__Job *job)
     float *flags = calloc(nn + 1, sizeof *flags);
     Ditserve__Ipc__JobDone *entries = calloc(nn, sizeof *entries);
     Ditserve__Ipc__JobDone **entry_ptrs = calloc(nn, sizeof *entry_ptrs);
+    int *owner = calloc(nn, sizeof *owner); /* the rank decoding each member */
+    bool *mine = calloc(nn, sizeof *mine);  /* owner[k] is this rank */
     const dit_pipeline_info *info = dit_pipeline_get_info(w->pipe);
     const bool video = info->frame_step > 0;
-    double enc_wall = 0; /* the results' encoding, wall time */
+    double enc_wall = 0;   /* the results' encoding, wall time */
+    bool owns_any = false; /* this rank decodes a member */
     bool attached = false;
     bool peer_failed = false; /* this rank's failure only follows another's */
     bool abort_comm = false;
     dit_status st = DIT_OK;
     if (too_many || !rq || !res || !gps || !mst || !mo || !ids || !cancel || !flags || !entries ||
-        !entry_ptrs) {
+        !entry_ptrs || !owner || !mine) {
         if (too_many)
             st = dit_diag_set(&diag, DIT_ERR_INVALID_ARG,
                               "a job of %zu requests; a worker runs at most %d together",
@@ -820,8 +846,12 @@ static int run_job(worker *w, const Ditserve__Ipc__Job *job)
         goto report;
     }
     st = resolve_members(job, info, n, rq, &diag);
-    if (st == DIT_OK)
+    if (st == DIT_OK) {
+        assign_decoders(n, rq, w->world && w->decode_anywhere ? dit_comm_size(w->world) : 1, owner);
+        for (int k = 0; k < n; k++)
+            mine[k] = owner[k] == w->rank;
         st = flag_buf_reserve(w, nn + 1, &diag);
+    }
     const dit_denoiser den = dit_runner_denoiser(w->runner);
     /* Job.loras apply to every member. */
     if (st == DIT_OK)
@@ -841,8 +871,7 @@ static int run_job(worker *w, const Ditserve__Ipc__Job *job)
         dit_diag_set(&diag, st, "another rank could not start this job");
     }
     if (st == DIT_OK) {
-        st = dit_pipeline_generate_batch(w->pipe, &den, n, gps, w->rank == 0, on_step, w, res, mst,
-                                         &diag);
+        st = dit_pipeline_generate_batch(w->pipe, &den, n, gps, mine, on_step, w, res, mst, &diag);
         /* A failure inside the forward is left as it was: every rank meets
          * the same shapes, so most (memory for the activations) happen on
          * all ranks alike and the mesh goes on; aborting the comm would
@@ -857,9 +886,11 @@ static int run_job(worker *w, const Ditserve__Ipc__Job *job)
         dit_diag_set(&diag, st, "%s", w->step_diag.msg);
     if (attached)
         dit_lora_detach(lora_sites(w));
-    /* Each finished member's result in its own format. */
-    if (st == DIT_OK && w->rank == 0 && !job->warmup) {
-        enc_wall = encode_members(w->threads, video, n, res, rq, mst, mo);
+    /* Each finished member decoded here, in its own format. */
+    for (int k = 0; mine && k < n; k++)
+        owns_any = owns_any || mine[k];
+    if (st == DIT_OK && owns_any && !job->warmup) {
+        enc_wall = encode_members(w->threads, video, n, res, rq, mine, mst, mo);
         if (n == 1)
             mo[0].t_encode = enc_wall;
     }
@@ -870,7 +901,7 @@ report:;
      * the job's, its entries the members'. */
     const dit_status st0 = st != DIT_OK || n > 1 ? st : mst ? mst[0] : DIT_OK;
     /* Out of memory for the bookkeeping: a bare JobDone with the status. */
-    const bool books = rq && res && mst && mo && entries && entry_ptrs;
+    const bool books = rq && res && mst && mo && entries && entry_ptrs && owner && mine;
     for (int k = 0; books && k < n; k++) {
         mo[k].st = st != DIT_OK ? st : mst[k];
         if (mo[k].st == DIT_ERR_CANCELLED && mo[k].msg[0] == '\0')
@@ -898,9 +929,11 @@ report:;
                   mo[0].nbytes, mo[0].image_bytes, !job->warmup && w->rank == 0, shape0,
                   mo[0].t_encode, 0);
     }
-    if (books && n > 1 && w->rank == 0) {
+    if (books && n > 1 && (w->rank == 0 || owns_any)) {
         /* Each member's own stages; a member's result also waited for the
-         * others'. */
+         * others'. Rank 0 lists every member, naming the rank whose message
+         * holds its result; another rank sends the entries too, its own
+         * members' with their results (ditd takes each from its owner). */
         double own_all = enc_wall;
         for (int k = 0; k < n; k++)
             own_all += res[k].tokenize_ms + res[k].encode_ms + res[k].vae_ms;
@@ -912,7 +945,7 @@ report:;
             fill_done(&entries[k], &mo[k].tm, video, ids[k], mo[k].st, mo[k].msg, &res[k], &rq[k],
                       mo[k].bytes, mo[k].nbytes, mo[k].image_bytes, !job->warmup, mo[k].shape,
                       mo[k].t_encode, own_all - own);
-            entries[k].rank = w->rank;
+            entries[k].rank = owner[k];
             entry_ptrs[k] = &entries[k];
         }
         done.batch = entry_ptrs;
@@ -974,6 +1007,8 @@ report:;
     free(flags);
     free(entries);
     free(entry_ptrs);
+    free(owner);
+    free(mine);
     return rc;
 }
 
@@ -1021,6 +1056,7 @@ static dit_status setup(worker *w, const Ditserve__Ipc__Setup *s, dit_diag *diag
     pc.ulysses_degree = s->ulysses_degree;
     pc.tp_degree = s->tp_degree;
     pc.cfg_degree = s->cfg_degree ? s->cfg_degree : 1; /* unset by older daemons */
+    w->decode_anywhere = s->decode_on_every_rank;
     pc.ulysses_anything = s->ulysses_anything;
     pc.ring_anything = s->ring_anything;
     pc.unified_anything = s->unified_anything;
@@ -1057,7 +1093,8 @@ static dit_status setup(worker *w, const Ditserve__Ipc__Setup *s, dit_diag *diag
         return st;
     dit_shard shard = {.tp_degree = pc.tp_degree,
                        .tp_rank = w->mesh ? dit_mesh_tp_rank(w->mesh) : 0};
-    if ((st = dit_pipeline_load(w->be, model, &shard, w->rank == 0, &w->pipe, diag)) != DIT_OK)
+    if ((st = dit_pipeline_load(w->be, model, &shard, w->rank == 0 || w->decode_anywhere, &w->pipe,
+                                diag)) != DIT_OK)
         return st;
     if ((st = dit_runner_create(w->be, dit_pipeline_transformer(w->pipe), w->mesh, &w->runner,
                                 diag)) != DIT_OK)
