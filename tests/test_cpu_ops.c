@@ -673,6 +673,21 @@ START_TEST(conv2d_matches_reference)
     check_conv(1, 2, 4, 3, 2, 5, 1, 1);
     check_conv(1, 2, 3, 2, 3, 3, 1, 2);
     check_conv(2, 3, 6, 1, 2, 3, 1, 1);
+    /* The direct path (stride 1, at most 64 outputs, kernels up to 7): full
+     * tiles and a ragged last one (tiles are 48 or 24 pixels), a ragged
+     * block of output channels (7 = 4 + 3), a 3-channel conv_out, rows
+     * enough that each thread's ring of input rows turns over (3 and 5
+     * rows), 40 outputs (10 blocks); then a layer of 70 outputs and a 9x9
+     * kernel, which go through the GEMM. */
+    check_conv(1, 5, 5, 150, 7, 3, 1, 1);
+    check_conv(2, 4, 3, 130, 3, 3, 1, 1);
+    check_conv(1, 3, 4, 70, 9, 5, 1, 2);
+    check_conv(1, 3, 17, 60, 5, 3, 1, 1);
+    check_conv(2, 2, 19, 50, 6, 5, 1, 2);
+    check_conv(1, 2, 11, 9, 3, 7, 1, 3);
+    check_conv(1, 6, 5, 9, 40, 3, 1, 1);
+    check_conv(1, 6, 5, 9, 70, 3, 1, 1);
+    check_conv(1, 2, 10, 12, 3, 9, 1, 4);
 }
 END_TEST
 

@@ -1,6 +1,7 @@
 /* cpu backend: the image ops of the VAE decoder (NCHW): 2-D convolution as
  * im2col + GEMM over bands of output rows (so the column buffer stays a few
- * MiB at any resolution), GroupNorm with an optional fused SiLU, and nearest
+ * MiB at any resolution) or, at stride 1 and few outputs, by the direct
+ * kernel of cpu_conv_direct.c, GroupNorm with an optional fused SiLU, and nearest
  * 2x upsampling. */
 #include <math.h>
 #include <stdlib.h>
@@ -32,17 +33,31 @@ dit_status dit_cpu_conv2d(dit_backend *be, const dit_tensor *y, const dit_tensor
     if (bias && (bias->dtype != DIT_F32 || bias->ndim != 1 || bias->ne[0] != Co))
         return DIT_ERR_INVALID_ARG;
     const int64_t K = Ci * kh * kw;
-    int64_t band = CONV_COL_FLOATS / (K * Wo > 0 ? K * Wo : 1);
-    band = band < 1 ? 1 : (band > Ho ? Ho : band);
-    float *col = malloc(sizeof(float) * (size_t)(K * band * Wo));
-    if (!col)
-        return DIT_ERR_NOMEM;
     const int nt = dit_cpu_threads(be);
     const bool pointwise = kh == 1 && kw == 1 && stride == 1 && pad == 0;
+    /* Stride 1 at few outputs: the direct kernel (cpu_conv_direct.c). */
+    bool direct = false;
+    if (!pointwise && stride == 1) {
+        const dit_status st =
+            dit_cpu_conv2d_direct(nt, x->data, w->data, y->data, B, Ci, H, W, Co, kh, kw, pad);
+        if (st != DIT_OK && st != DIT_ERR_UNSUPPORTED)
+            return st;
+        direct = st == DIT_OK;
+    }
+    float *col = NULL;
+    int64_t band = CONV_COL_FLOATS / (K * Wo > 0 ? K * Wo : 1);
+    band = band < 1 ? 1 : (band > Ho ? Ho : band);
+    if (!direct && !pointwise) {
+        col = malloc(sizeof(float) * (size_t)(K * band * Wo));
+        if (!col)
+            return DIT_ERR_NOMEM;
+    }
     for (int64_t b = 0; b < B; b++) {
         const float *xb = (const float *)x->data + b * Ci * H * W;
         float *yb = (float *)y->data + b * Co * Ho * Wo;
-        if (pointwise) {
+        if (direct) {
+            /* made above; the bias follows */
+        } else if (pointwise) {
             /* 1x1: y (Co, HW) = w (Co, Ci) x (Ci, HW) directly. */
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)Co, (int)(H * W), (int)Ci,
                         1.0f, w->data, (int)Ci, xb, (int)(H * W), 0.0f, yb, (int)(H * W));

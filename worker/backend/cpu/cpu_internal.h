@@ -45,6 +45,14 @@ dit_status dit_cpu_embedding(dit_backend *be, const dit_tensor *y, const dit_ten
                              const int32_t *ids, int64_t n);
 dit_status dit_cpu_conv2d(dit_backend *be, const dit_tensor *y, const dit_tensor *x,
                           const dit_tensor *w, const dit_tensor *bias, int stride, int pad);
+/* Stride-1 convolution, no bias, of the B images of x (B, Ci, H, W) into
+ * y (B, Co, H + 2 pad - kh + 1, W + 2 pad - kw + 1) by the direct kernel;
+ * DIT_ERR_UNSUPPORTED where it does not apply (a build without AVX2+FMA,
+ * more than 64 outputs, a kernel taller than 7, an input row band beyond
+ * its scratch bound) and the caller takes the GEMM. */
+dit_status dit_cpu_conv2d_direct(int nt, const float *x, const float *w, float *y, int64_t B,
+                                 int64_t Ci, int64_t H, int64_t W, int64_t Co, int64_t kh,
+                                 int64_t kw, int64_t pad);
 dit_status dit_cpu_group_norm(dit_backend *be, const dit_tensor *y, const dit_tensor *x,
                               const dit_tensor *weight, const dit_tensor *bias, int groups,
                               float eps, dit_act act);
