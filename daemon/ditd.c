@@ -372,8 +372,9 @@ int main(int argc, char **argv)
         .n_preload_loras = d->cfg.n_preload_loras,
         .fuse_lora = d->cfg.fuse_lora.name[0] ? &d->cfg.fuse_lora : NULL,
         .fuse_lora_scale = d->cfg.fuse_lora_scale,
-        /* Batches spread their decodes over the mesh: the VAE on every rank. */
-        .decode_on_every_rank = d->cfg.max_batch > 1,
+        /* A job's images (a batch's, a request's num_images) are decoded
+         * on all the mesh's ranks: the VAE on every one. */
+        .decode_on_every_rank = true,
     };
     if (dit_server_create_meshes(s, &sc, &diag) != DIT_OK) {
         fprintf(stderr, "ditd: %s\n", dit_diag_msg(&diag));

@@ -1480,14 +1480,15 @@ static void member_done(dit_server *s, dit_server_mesh *m, job *j, dit_status st
 }
 
 /* A member's result in rank 0's JobDone: its entry in `batch` (a batched
- * job), or the message itself (a single job); NULL when it is missing. */
+ * job, or a single one whose images several ranks decoded), or the message
+ * itself (a single job); NULL when it is missing. */
 static const Ditserve__Ipc__JobDone *member_result(const Ditserve__Ipc__JobDone *d, uint64_t id,
                                                    int n)
 {
     if (!d)
         return NULL;
-    if (n == 1)
-        return d->n_batch == 0 ? d : NULL;
+    if (n == 1 && d->n_batch == 0)
+        return d;
     for (size_t i = 0; i < d->n_batch; i++)
         if (d->batch[i] && d->batch[i]->job_id == id)
             return d->batch[i];

@@ -19,6 +19,7 @@
 #include "config.h"
 #include "ipc_wire.h"
 #include "join.h"
+#include "results.h"
 
 #define SUP_MAX_RANKS DIT_SHM_MAX_RANKS
 #define SUP_BACKOFF_MIN_S 1.0
@@ -336,38 +337,15 @@ static void drop_job_results(dit_supervisor *s)
         }
 }
 
-/* A batch's JobDone entries in rank 0's message name the rank that decoded
- * and encoded each member (ditworker spreads them over the mesh): those
- * members' entries are taken from that rank's message. Each result also
- * waited from its rank's report until the last rank's, for the others'
- * decodes: that counts in its batch_others_ms. False, with why, when one
- * is missing or does not match. */
-static bool merge_batch(dit_supervisor *s, Ditserve__Ipc__JobDone *d0, char *why, size_t cap)
+/* A job whose JobDone lists its members: each member's result put
+ * together from the ranks that hold its images (results.h). */
+static bool merge_batch(dit_supervisor *s, char *why, size_t cap)
 {
-    double last = 0;
-    for (int r = 0; r < s->N && r < SUP_MAX_RANKS; r++)
-        last = s->rank_done_ms[r] > last ? s->rank_done_ms[r] : last;
-    for (size_t k = 0; k < d0->n_batch; k++) {
-        const int r = d0->batch[k]->rank;
-        if (r == 0) {
-            if (d0->batch[k]->timings)
-                d0->batch[k]->timings->batch_others_ms += last - s->rank_done_ms[0];
-            continue;
-        }
-        const Ditserve__Ipc__JobDone *dr =
-            r > 0 && r < s->N && s->job_results[r] ? s->job_results[r]->done : NULL;
-        if (!dr || dr->n_batch != d0->n_batch || dr->batch[k]->job_id != d0->batch[k]->job_id ||
-            dr->batch[k]->rank != r) {
-            snprintf(why, cap, "worker rank %d did not send the result of batch member %zu", r, k);
-            return false;
-        }
-        Ditserve__Ipc__JobDone *t = d0->batch[k];
-        d0->batch[k] = dr->batch[k];
-        dr->batch[k] = t;
-        if (d0->batch[k]->timings)
-            d0->batch[k]->timings->batch_others_ms += last - s->rank_done_ms[r];
-    }
-    return true;
+    Ditserve__Ipc__JobDone *done[SUP_MAX_RANKS] = {NULL};
+    const int n = s->N < SUP_MAX_RANKS ? s->N : SUP_MAX_RANKS;
+    for (int r = 0; r < n; r++)
+        done[r] = s->job_results[r] ? s->job_results[r]->done : NULL;
+    return dit_results_merge(done, n, s->rank_done_ms, why, cap);
 }
 
 /* Reports the job that was on the workers as ended; the caller has moved the
@@ -379,7 +357,7 @@ static void finish_job(dit_supervisor *s, dit_status st, const char *msg)
     uv_timer_stop(&s->straggler_timer);
     char why[160];
     Ditserve__Ipc__Envelope *res = st == DIT_OK ? s->job_results[0] : NULL;
-    if (res && res->done && res->done->n_batch > 0 && !merge_batch(s, res->done, why, sizeof why)) {
+    if (res && res->done && res->done->n_batch > 0 && !merge_batch(s, why, sizeof why)) {
         DIT_LOG(s->log, DIT_LOG_ERROR, s->name, "%s", why);
         st = DIT_ERR_INTERNAL;
         msg = why;

@@ -72,7 +72,7 @@ typedef struct dit_supervisor_config {
     const char *name;
     int device_base;
     int meshes; /* meshes on this host (their workers share the cores); 0: 1 */
-    /* Every rank loads the VAE and decodes its share of a batch's members
+    /* Every rank loads the VAE and decodes its share of a job's images
      * (Setup.decode_on_every_rank); false: rank 0 decodes them all. */
     bool decode_on_every_rank;
 } dit_supervisor_config;

@@ -101,9 +101,9 @@ static void check_batch_vs_solo(fixture *f, const char *what, int n, const dit_g
     dit_diag_clear(&diag);
     dit_gen_result res[8];
     dit_status mst[8];
-    bool dm[8];
+    dit_gen_decode dm[8];
     for (int k = 0; k < 8; k++)
-        dm[k] = decode;
+        dm[k] = decode ? DIT_GEN_DECODE_ALL : 0;
     ck_assert_msg(dit_pipeline_generate_batch(f->p, &f->den, n, gps, dm, lp ? leave_step : NULL, lp,
                                               res, mst, &diag) == DIT_OK,
                   "%s: %s", what, diag.msg);
@@ -322,10 +322,11 @@ static dit_status fail_step2(void *ctx, int step, int total, double elapsed_ms, 
     return step == 2 ? DIT_ERR_PEER : DIT_OK;
 }
 
-/* The decode mask: only the members it names are decoded (a mesh spreads
- * a batch's decodes over its ranks), each image bit for bit what decoding
- * every member gives (the forwards are the same); the others keep their
- * latents and no image. With no mask nothing is decoded. */
+/* The decode masks: only the members and images they name are decoded (a
+ * mesh spreads a batch's images over its ranks), each image bit for bit
+ * what decoding every one gives (the forwards are the same); a member with
+ * none keeps its latents and no image. With no masks nothing is
+ * decoded. */
 START_TEST(decode_mask_names_members)
 {
     fixture f;
@@ -339,9 +340,11 @@ START_TEST(decode_mask_names_members)
     gps[1].num_images = 2;
     gps[2].prompt = "a lighthouse";
     gps[2].seed = 5;
-    dit_gen_result all[3], some[3], none[3];
+    dit_gen_result all[3], some[3], none[3], part[3];
     dit_status mst[3];
-    const bool every[3] = {true, true, true}, skip0[3] = {false, true, true};
+    const dit_gen_decode every[3] = {DIT_GEN_DECODE_ALL, DIT_GEN_DECODE_ALL, DIT_GEN_DECODE_ALL};
+    const dit_gen_decode skip0[3] = {0, DIT_GEN_DECODE_ALL, DIT_GEN_DECODE_ALL};
+    const dit_gen_decode second[3] = {0, 2u, 1u}; /* member 1's image 1, member 2's image 0 */
     ck_assert_msg(dit_pipeline_generate_batch(f.p, &f.den, 3, gps, every, NULL, NULL, all, mst,
                                               &diag) == DIT_OK,
                   "%s", diag.msg);
@@ -351,6 +354,9 @@ START_TEST(decode_mask_names_members)
     ck_assert_msg(dit_pipeline_generate_batch(f.p, &f.den, 3, gps, NULL, NULL, NULL, none, mst,
                                               &diag) == DIT_OK,
                   "%s", diag.msg);
+    ck_assert_msg(dit_pipeline_generate_batch(f.p, &f.den, 3, gps, second, NULL, NULL, part, mst,
+                                              &diag) == DIT_OK,
+                  "%s", diag.msg);
     for (int k = 0; k < 3; k++) {
         ck_assert_int_eq(mst[k], DIT_OK);
         const int64_t nl = latent_numel(&all[k]);
@@ -358,19 +364,28 @@ START_TEST(decode_mask_names_members)
         ck_assert_int_eq(compare_n(none[k].latents, all[k].latents, nl).max_abs, 0);
         ck_assert_ptr_nonnull(all[k].image);
         ck_assert_ptr_null(none[k].image);
+        ck_assert_int_eq(compare_n(part[k].latents, all[k].latents, nl).max_abs, 0);
         if (k == 0) {
             ck_assert_ptr_null(some[k].image);
             ck_assert(some[k].vae_ms == 0.0);
+            ck_assert_ptr_null(part[k].image);
             continue;
         }
         ck_assert_ptr_nonnull(some[k].image);
-        const int64_t npx = (int64_t)3 * all[k].height * all[k].width * all[k].num_images;
-        ck_assert_int_eq(compare_n(some[k].image, all[k].image, npx).max_abs, 0);
+        const int64_t one = (int64_t)3 * all[k].height * all[k].width;
+        ck_assert_int_eq(compare_n(some[k].image, all[k].image, one * all[k].num_images).max_abs,
+                         0);
+        /* The image its mask names, in its own place. */
+        ck_assert_ptr_nonnull(part[k].image);
+        const int64_t at = k == 1 ? one : 0;
+        ck_assert_int_eq(compare_n(part[k].image + at, all[k].image + at, one).max_abs, 0);
+        ck_assert(part[k].vae_ms > 0.0);
     }
     for (int k = 0; k < 3; k++) {
         dit_gen_result_free(&all[k]);
         dit_gen_result_free(&some[k]);
         dit_gen_result_free(&none[k]);
+        dit_gen_result_free(&part[k]);
     }
     fixture_close(&f);
 }
@@ -391,7 +406,7 @@ START_TEST(all_leave_and_bad_batches)
     gps[1].seed = 1;
     dit_gen_result res[2];
     dit_status mst[2];
-    const bool all_true[2] = {true, true};
+    const dit_gen_decode all_true[2] = {DIT_GEN_DECODE_ALL, DIT_GEN_DECODE_ALL};
     int calls = 0;
     ck_assert_int_eq(dit_pipeline_generate_batch(f.p, &f.den, 2, gps, all_true, stop_all, &calls,
                                                  res, mst, &diag),

@@ -7,7 +7,9 @@
  * same requests sent as single jobs; progress carries the job's id; every
  * rank agrees on who left; cancelling every member cancels the job; a batch
  * whose members cannot share forwards fails as a whole; a job of more
- * members than a worker runs fails on every rank, which serve on; rank 0
+ * members than a worker runs fails on every rank, which serve on; with
+ * Setup.decode_on_every_rank the images of a job (a batch's, one request's
+ * num_images) are decoded round robin on both ranks; rank 0
  * losing the daemon's socket mid-job tells the other rank to stop at that
  * step (CANCELLED, and it serves on) and exits with status 1. */
 #include <check.h>
@@ -342,12 +344,52 @@ START_TEST(worker_runs_batched_jobs)
 }
 END_TEST
 
-/* Setup.decode_on_every_rank on a ring-2 mesh: a batch of three (1, 2 and
- * 1 images) is decoded on both ranks, member 1 (two images) on rank 1 and
- * members 0 and 2 on rank 0, each rank encoding its own. Rank 0's entries
- * name the rank holding each result; rank 1's carry member 1's images,
- * equal within 1e-5 to the request run alone, as are rank 0's. A member of
- * rank 1 that leaves says CANCELLED in rank 1's entry. */
+/* Member k's images from the ranks holding them, in image order (rank 0's
+ * entry names the rank of each; each holder's entry has its images of the
+ * member one after another), as ditd puts them together: ni raw images of
+ * `one` bytes, malloc'ed. */
+static uint8_t *member_images(Ditserve__Ipc__Envelope **done, size_t k, int ni, size_t one)
+{
+    const Ditserve__Ipc__JobDone *e0 = done[0]->done->batch[k];
+    ck_assert_int_eq(e0->n_image_ranks, ni);
+    uint8_t *out = malloc((size_t)ni * one);
+    ck_assert_ptr_nonnull(out);
+    int next[MAX_RANKS] = {0};
+    for (int i = 0; i < ni; i++) {
+        const int r = e0->image_ranks[i];
+        ck_assert(r >= 0 && r < MAX_RANKS);
+        const Ditserve__Ipc__JobDone *held = done[r]->done->batch[k];
+        ck_assert_msg(held->status == DIT_OK, "member %zu on rank %d: %s", k, r, held->message);
+        ck_assert_uint_ge(held->image.len, (size_t)(next[r] + 1) * one);
+        ck_assert_int_eq(held->image_bytes[next[r]], (int64_t)one);
+        memcpy(out + (size_t)i * one, held->image.data + (size_t)next[r] * one, one);
+        next[r]++;
+    }
+    /* Each holder sent its images and no more. */
+    for (int r = 0; r < MAX_RANKS; r++)
+        if (next[r]) {
+            ck_assert_int_eq(done[r]->done->batch[k]->n_image_bytes, next[r]);
+            ck_assert_uint_eq(done[r]->done->batch[k]->image.len, (size_t)next[r] * one);
+        }
+    return out;
+}
+
+static double rel_n(const uint8_t *a, const uint8_t *b, size_t bytes)
+{
+    const ProtobufCBinaryData x = {bytes, (uint8_t *)a}, y = {bytes, (uint8_t *)b};
+    return raw_rel(&x, &y);
+}
+
+/* Setup.decode_on_every_rank on a ring-2 mesh: the images of a job go
+ * round robin over both ranks, each rank decoding and encoding its own. A
+ * batch of three (1, 2 and 1 images): member 0 on rank 0, member 1's image
+ * 0 on rank 1 and image 1 on rank 0, member 2 on rank 1; rank 0's entries
+ * name the rank of each image, each holder's entry carries its images, and
+ * every member equals (within 1e-5) the request run alone. A single job of
+ * three images lists itself as a batch of one, its images on ranks 0, 1
+ * and 0, bit for bit what rank 0 alone decodes on a mesh that does not
+ * spread; a single job of one image keeps its own fields. A member of rank
+ * 1 that leaves says CANCELLED in rank 1's entry. */
 START_TEST(worker_spreads_decodes)
 {
     fake_daemon d;
@@ -365,45 +407,93 @@ START_TEST(worker_spreads_decodes)
                   d1->message);
     ck_assert_int_eq(d0->n_batch, 3);
     ck_assert_int_eq(d1->n_batch, 3);
-    const int owner[3] = {0, 1, 0};
+    const int ni[3] = {1, 2, 1};
+    const int owner[3][2] = {{0}, {1, 0}, {1}};
     const size_t one = (size_t)3 * 48 * 64 * sizeof(float);
     for (int k = 0; k < 3; k++) {
-        ck_assert_int_eq(d0->batch[k]->rank, owner[k]);
-        ck_assert_int_eq(d1->batch[k]->rank, owner[k]);
         ck_assert_uint_eq(d0->batch[k]->job_id, 100 + (uint64_t)k);
         ck_assert_uint_eq(d1->batch[k]->job_id, 100 + (uint64_t)k);
-        const Ditserve__Ipc__JobDone *held = owner[k] ? d1->batch[k] : d0->batch[k];
-        const Ditserve__Ipc__JobDone *other = owner[k] ? d0->batch[k] : d1->batch[k];
-        ck_assert_msg(held->status == DIT_OK, "member %d: %s", k, held->message);
-        ck_assert_uint_eq(held->image.len, (k == 1 ? 2 : 1) * one);
-        ck_assert_int_eq(held->n_image_bytes, k == 1 ? 2 : 1);
-        ck_assert_uint_eq(other->image.len, 0);
-        ck_assert_ptr_nonnull(held->timings);
-        ck_assert(held->timings->vae_ms > 0);
-        /* Alone (a single job: rank 0 decodes it). */
+        ck_assert_int_eq(d0->batch[k]->rank, owner[k][0]);
+        for (int i = 0; i < ni[k]; i++)
+            ck_assert_int_eq(d0->batch[k]->image_ranks[i], owner[k][i]);
+        uint8_t *imgs = member_images(done, (size_t)k, ni[k], one);
+        /* A rank holding none of the member's images sends none of them. */
+        for (int r = 0; r < 2; r++) {
+            bool holds = false;
+            for (int i = 0; i < ni[k]; i++)
+                holds = holds || owner[k][i] == r;
+            if (!holds)
+                ck_assert_uint_eq(done[r]->done->batch[k]->image.len, 0);
+            else
+                ck_assert(done[r]->done->batch[k]->timings->vae_ms > 0);
+        }
+        /* Alone: one image in the job's own fields, two as a batch of one
+         * spread the same way. */
         run_job(&d, 200 + (uint64_t)k, 1, &reqs[k], NULL, solo, &progress);
         ck_assert_msg(solo[0]->done->status == DIT_OK, "%s", solo[0]->done->message);
-        ck_assert_int_eq(solo[1]->done->n_batch, 0);
-        const double rel = raw_rel(&held->image, &solo[0]->done->image);
-        printf("ditworker ring 2, decodes spread: member %d (rank %d) vs alone: image rel %.2g\n",
-               k, owner[k], rel);
+        double rel;
+        if (ni[k] == 1) {
+            ck_assert_int_eq(solo[0]->done->n_batch, 0);
+            ck_assert_int_eq(solo[1]->done->n_batch, 0);
+            rel = rel_n(imgs, solo[0]->done->image.data, one);
+            ck_assert_uint_eq(solo[0]->done->image.len, one);
+        } else {
+            ck_assert_int_eq(solo[0]->done->n_batch, 1);
+            uint8_t *alone = member_images(solo, 0, ni[k], one);
+            rel = rel_n(imgs, alone, (size_t)ni[k] * one);
+            free(alone);
+        }
+        printf("ditworker ring 2, decodes spread: member %d (%d image%s) vs alone: image rel "
+               "%.2g\n",
+               k, ni[k], ni[k] > 1 ? "s" : "", rel);
         fflush(stdout);
         ck_assert_msg(rel <= 1e-5, "member %d rel %.3g", k, rel);
+        free(imgs);
         for (int r = 0; r < 2; r++)
             ditserve__ipc__envelope__free_unpacked(solo[r], NULL);
     }
     for (int r = 0; r < 2; r++)
         ditserve__ipc__envelope__free_unpacked(done[r], NULL);
 
-    /* Member 1, rank 1's, leaves after the first step. */
-    const bool cancel1[3] = {false, true, false};
-    run_job(&d, 300, 3, reqs, cancel1, done, &progress);
+    /* Member 2, rank 1's, leaves after the first step. */
+    const bool cancel2[3] = {false, false, true};
+    run_job(&d, 300, 3, reqs, cancel2, done, &progress);
     ck_assert_int_eq(done[0]->done->status, DIT_OK);
     ck_assert_int_eq(done[1]->done->n_batch, 3);
-    ck_assert_int_eq(done[1]->done->batch[1]->status, DIT_ERR_CANCELLED);
-    ck_assert_uint_eq(done[1]->done->batch[1]->image.len, 0);
+    ck_assert_int_eq(done[1]->done->batch[2]->status, DIT_ERR_CANCELLED);
+    ck_assert_uint_eq(done[1]->done->batch[2]->image.len, 0);
     ck_assert_int_eq(done[0]->done->batch[0]->status, DIT_OK);
     ck_assert_uint_eq(done[0]->done->batch[0]->image.len, one);
+    ck_assert_int_eq(done[1]->done->batch[1]->status, DIT_OK);
+    ck_assert_uint_eq(done[1]->done->batch[1]->image.len, one);
+    for (int r = 0; r < 2; r++)
+        ditserve__ipc__envelope__free_unpacked(done[r], NULL);
+
+    /* One request of three images: ranks 0, 1, 0. */
+    req_store three;
+    make_req(&three, "a paper boat", 11, 3.5f, 3.0f, 3);
+    three.req.num_images = 3;
+    run_job(&d, 400, 1, &three, NULL, done, &progress);
+    ck_assert_msg(done[0]->done->status == DIT_OK, "%s", done[0]->done->message);
+    ck_assert_int_eq(done[0]->done->n_batch, 1);
+    ck_assert_int_eq(done[1]->done->n_batch, 1);
+    ck_assert_uint_eq(done[0]->done->image.len, 0);
+    const int own3[3] = {0, 1, 0};
+    for (int i = 0; i < 3; i++)
+        ck_assert_int_eq(done[0]->done->batch[0]->image_ranks[i], own3[i]);
+    uint8_t *spread = member_images(done, 0, 3, one);
+    for (int r = 0; r < 2; r++)
+        ditserve__ipc__envelope__free_unpacked(done[r], NULL);
+    daemon_stop(&d);
+
+    /* The same on a mesh where rank 0 decodes everything. */
+    daemon_start(&d, 2, false);
+    run_job(&d, 500, 1, &three, NULL, done, &progress);
+    ck_assert_msg(done[0]->done->status == DIT_OK, "%s", done[0]->done->message);
+    ck_assert_int_eq(done[0]->done->n_batch, 0);
+    ck_assert_uint_eq(done[0]->done->image.len, 3 * one);
+    ck_assert_int_eq(memcmp(spread, done[0]->done->image.data, 3 * one), 0);
+    free(spread);
     for (int r = 0; r < 2; r++)
         ditserve__ipc__envelope__free_unpacked(done[r], NULL);
     daemon_stop(&d);

@@ -242,7 +242,7 @@ void dit_flux_unpack_latents(const float *packed, int64_t C, int64_t h, int64_t 
  * its guidance (guidance_embeds) and the step's timestep. */
 static dit_status flux_pipe_generate_batch(void *pv, const dit_pipeline_info *info,
                                            const dit_denoiser *den, int n,
-                                           const dit_gen_params *gps, const bool *decode,
+                                           const dit_gen_params *gps, const dit_gen_decode *decode,
                                            dit_gen_batch_progress_fn progress, void *progress_ctx,
                                            dit_gen_result *res, dit_status *member_st,
                                            dit_diag *diag)
@@ -493,6 +493,8 @@ static dit_status flux_pipe_generate_batch(void *pv, const dit_pipeline_info *in
             }
             /* One image at a time: the VAE's memory stays that of one. */
             for (int64_t m = 0; m < ni; m++) {
+                if (!dit_gen_batch_decodes_image(&b, decode, mb, m))
+                    continue; /* another rank's */
                 dit_flux_unpack_latents(r->latents + m * N, C, h, w, z);
                 const float sf = dit_vae_scaling_factor(p->vae), shf = dit_vae_shift_factor(p->vae);
                 for (int64_t k = 0; k < C * h * w; k++) {

@@ -160,12 +160,22 @@ void dit_gen_batch_finish(const dit_gen_batch *b, dit_gen_result *res, const flo
         }
 }
 
-bool dit_gen_batch_decodes(const dit_gen_batch *b, const bool *decode, int m)
+bool dit_gen_batch_decodes_image(const dit_gen_batch *b, const dit_gen_decode *decode, int m,
+                                 int64_t i)
 {
-    return decode && m >= 0 && m < b->n && b->active[m] && decode[m];
+    return decode && m >= 0 && m < b->n && b->active[m] && i >= 0 && i < b->ni[m] &&
+           i < DIT_GEN_MAX_IMAGES && (decode[m] >> i & 1u);
 }
 
-bool dit_gen_batch_decodes_any(const dit_gen_batch *b, const bool *decode)
+bool dit_gen_batch_decodes(const dit_gen_batch *b, const dit_gen_decode *decode, int m)
+{
+    for (int64_t i = 0; m >= 0 && m < b->n && i < b->ni[m]; i++)
+        if (dit_gen_batch_decodes_image(b, decode, m, i))
+            return true;
+    return false;
+}
+
+bool dit_gen_batch_decodes_any(const dit_gen_batch *b, const dit_gen_decode *decode)
 {
     for (int m = 0; m < b->n; m++)
         if (dit_gen_batch_decodes(b, decode, m))

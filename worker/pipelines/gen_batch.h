@@ -81,12 +81,16 @@ void dit_gen_batch_step_time(dit_gen_result *res, int n, double step_ms, double 
 void dit_gen_batch_finish(const dit_gen_batch *b, dit_gen_result *res, const float *lat,
                           int64_t per, double denoise_ms);
 
-/* Whether member m (still active) is to be decoded by this call: decode
- * (dit_pipeline_generate_batch's mask, NULL: none) names it. */
-bool dit_gen_batch_decodes(const dit_gen_batch *b, const bool *decode, int m);
+/* Whether image i of member m (still active) is to be decoded by this
+ * call: decode (dit_pipeline_generate_batch's masks, NULL: none) names it. */
+bool dit_gen_batch_decodes_image(const dit_gen_batch *b, const dit_gen_decode *decode, int m,
+                                 int64_t i);
 
-/* Whether any active member is to be decoded by this call. */
-bool dit_gen_batch_decodes_any(const dit_gen_batch *b, const bool *decode);
+/* Whether any image of member m (still active) is to be decoded. */
+bool dit_gen_batch_decodes(const dit_gen_batch *b, const dit_gen_decode *decode, int m);
+
+/* Whether any image of any active member is to be decoded by this call. */
+bool dit_gen_batch_decodes_any(const dit_gen_batch *b, const dit_gen_decode *decode);
 
 /* After a failure: frees every result and sets every member's status. */
 void dit_gen_batch_fail(const dit_gen_batch *b, dit_status st, dit_gen_result *res,

@@ -53,13 +53,21 @@ typedef struct dit_gen_result {
     float *latents;         /* malloc'ed, after the last step */
     /* (channels, frames, height, width) as the VAE decodes it, per image
      * (num_images of them in a row): for an image (3, height, width); NULL
-     * if not decoded. dit_gen_result_media gives image 0's frames x H x W x
+     * if none was decoded, and an image the decode mask left out is not
+     * written. dit_gen_result_media gives image 0's frames x H x W x
      * C layout. */
     float *image;
     bool prompt_truncated; /* a prompt was longer than its tokenizer allows */
     double tokenize_ms, encode_ms, denoise_ms, vae_ms;
     double step_ms_min, step_ms_max;
 } dit_gen_result;
+
+/* Which of a batch member's images dit_pipeline_generate_batch decodes:
+ * bit i for image i (DIT_GEN_DECODE_ALL: every one). A mesh spreads the
+ * images of a batch, and of one request of several, over its ranks. */
+typedef uint32_t dit_gen_decode;
+#define DIT_GEN_DECODE_ALL UINT32_MAX
+_Static_assert(DIT_GEN_MAX_IMAGES <= 32, "a dit_gen_decode mask holds one bit per image");
 
 typedef struct dit_pipeline_class {
     const char *diffusers_class; /* "FluxPipeline" */
@@ -70,7 +78,7 @@ typedef struct dit_pipeline_class {
     /* dit_pipeline_generate_batch's contract; a single generation is a
      * batch of one. */
     dit_status (*generate_batch)(void *p, const dit_pipeline_info *info, const dit_denoiser *den,
-                                 int n, const dit_gen_params *gps, const bool *decode,
+                                 int n, const dit_gen_params *gps, const dit_gen_decode *decode,
                                  dit_gen_batch_progress_fn progress, void *progress_ctx,
                                  dit_gen_result *res, dit_status *member_st, dit_diag *diag);
 } dit_pipeline_class;
@@ -114,12 +122,13 @@ dit_status dit_pipeline_generate(dit_pipeline *p, const dit_denoiser *den, const
  * DIT_ERR_CANCELLED; the others go on unchanged. Returns DIT_OK when at
  * least one member finished (statuses in member_st), DIT_ERR_CANCELLED when
  * every member left, or the failure (a bad member fails the whole batch,
- * every result empty, every member_st that status). decode: n entries,
- * true for the finished members whose images this call decodes (one image
- * at a time; a mesh spreads a batch's decodes over its ranks), or NULL to
- * decode none. */
+ * every result empty, every member_st that status). decode: n masks, the
+ * images of each finished member this call decodes (one image at a time),
+ * or NULL to decode none. A member's res.image has room for all of its
+ * images; those its mask leaves out are not written (another rank decodes
+ * them). */
 dit_status dit_pipeline_generate_batch(dit_pipeline *p, const dit_denoiser *den, int n,
-                                       const dit_gen_params *gps, const bool *decode,
+                                       const dit_gen_params *gps, const dit_gen_decode *decode,
                                        dit_gen_batch_progress_fn progress, void *progress_ctx,
                                        dit_gen_result *res, dit_status *member_st, dit_diag *diag);
 

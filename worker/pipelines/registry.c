@@ -83,12 +83,13 @@ dit_status dit_pipeline_generate(dit_pipeline *p, const dit_denoiser *den, const
 {
     single_progress sp = {progress, progress_ctx};
     dit_status member_st;
-    return p->cls->generate_batch(p->impl, &p->info, den, 1, gp, decode ? &decode : NULL,
+    const dit_gen_decode all = DIT_GEN_DECODE_ALL;
+    return p->cls->generate_batch(p->impl, &p->info, den, 1, gp, decode ? &all : NULL,
                                   progress ? single_step : NULL, &sp, res, &member_st, diag);
 }
 
 dit_status dit_pipeline_generate_batch(dit_pipeline *p, const dit_denoiser *den, int n,
-                                       const dit_gen_params *gps, const bool *decode,
+                                       const dit_gen_params *gps, const dit_gen_decode *decode,
                                        dit_gen_batch_progress_fn progress, void *progress_ctx,
                                        dit_gen_result *res, dit_status *member_st, dit_diag *diag)
 {

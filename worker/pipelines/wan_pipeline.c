@@ -173,9 +173,10 @@ cleanup:
  * conditional. */
 static dit_status wan_pipe_generate_batch(void *pv, const dit_pipeline_info *info,
                                           const dit_denoiser *den, int n, const dit_gen_params *gps,
-                                          const bool *decode, dit_gen_batch_progress_fn progress,
-                                          void *progress_ctx, dit_gen_result *res,
-                                          dit_status *member_st, dit_diag *diag)
+                                          const dit_gen_decode *decode,
+                                          dit_gen_batch_progress_fn progress, void *progress_ctx,
+                                          dit_gen_result *res, dit_status *member_st,
+                                          dit_diag *diag)
 {
     wan_pipe *p = pv;
     dit_gen_batch b;
@@ -374,6 +375,8 @@ static dit_status wan_pipe_generate_batch(void *pv, const dit_pipeline_info *inf
             }
             /* One video at a time: the VAE's memory stays that of one. */
             for (int64_t m = 0; m < ni; m++) {
+                if (!dit_gen_batch_decodes_image(&b, decode, mb, m))
+                    continue; /* another rank's */
                 memcpy(z, r->latents + m * N, sizeof(float) * (size_t)N);
                 dit_wan_vae_denormalize(p->vae, z, nf * h * w);
                 const int64_t vsh[5] = {1, 3, F, H, W}, zs[5] = {1, C, nf, h, w};

@@ -336,10 +336,10 @@ static dit_status generate_batch(const ditrun_args *a, dit_pipeline *pipe, const
     dit_gen_params gps[DITRUN_MAX_MEMBERS];
     dit_gen_result res[DITRUN_MAX_MEMBERS];
     dit_status mst[DITRUN_MAX_MEMBERS];
-    bool decode[DITRUN_MAX_MEMBERS]; /* rank 0 decodes and writes every member */
+    dit_gen_decode decode[DITRUN_MAX_MEMBERS]; /* rank 0 decodes and writes every image */
     memset(res, 0, sizeof res);
     for (int k = 0; k < n; k++) {
-        decode[k] = lead;
+        decode[k] = lead ? DIT_GEN_DECODE_ALL : 0;
         gps[k] = member_params(a, k);
         dit_gen_apply_defaults(info, &gps[k]);
     }
@@ -370,12 +370,17 @@ static dit_status generate_batch(const ditrun_args *a, dit_pipeline *pipe, const
         denoise_ms = res[k].denoise_ms;
         step_min = res[k].step_ms_min;
         step_max = res[k].step_ms_max;
+        /* Several images are written as PATH_0.ext .. (write_output). */
+        char first[4096], last[4096];
+        indexed_path(path, 0, first, sizeof first);
+        indexed_path(path, res[k].num_images - 1, last, sizeof last);
         if (!a->quiet)
-            printf("member %d: %d image%s, seed %llu, guidance %.2f, true cfg %.2f: wrote %s "
+            printf("member %d: %d image%s, seed %llu, guidance %.2f, true cfg %.2f: wrote %s%s%s "
                    "(%zu bytes; text encoders %.1f ms, VAE %.1f ms)\n",
                    k, res[k].num_images, res[k].num_images > 1 ? "s" : "",
                    (unsigned long long)gps[k].seed, gps[k].guidance_scale, gps[k].true_cfg_scale,
-                   path, len, res[k].encode_ms, res[k].vae_ms);
+                   res[k].num_images > 1 ? first : path, res[k].num_images > 1 ? " .. " : "",
+                   res[k].num_images > 1 ? last : "", len, res[k].encode_ms, res[k].vae_ms);
     }
     if (!a->quiet)
         printf("batch of %d: %dx%d, %d steps, denoising %.1f ms (%.1f to %.1f ms per step)\n", n,

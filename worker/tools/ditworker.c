@@ -111,7 +111,7 @@ typedef struct worker {
     dit_pipeline *pipe;
     dit_runner *runner;
     int threads;          /* host threads (the cpu backend's, or for encoding results) */
-    bool decode_anywhere; /* Setup.decode_on_every_rank: batches spread their decodes */
+    bool decode_anywhere; /* Setup.decode_on_every_rank: a job's images spread over the ranks */
     lora_cache loras;
     void *flag_buf;  /* backend memory for the step decision's broadcast */
     size_t flag_cap; /* floats flag_buf holds */
@@ -547,7 +547,7 @@ static dit_status lora_only_job(worker *w, const Ditserve__Ipc__Job *job, dit_di
 static void fill_done(Ditserve__Ipc__JobDone *done, Ditserve__V1__Timings *tm, bool video,
                       uint64_t job_id, dit_status st, const char *msg, const dit_gen_result *res,
                       const dit_request *rq, uint8_t *bytes, size_t nbytes, int64_t *image_bytes,
-                      bool with_image_bytes, int64_t *shape, double t_encode, double others_ms)
+                      int n_images, int64_t *shape, double t_encode, double others_ms)
 {
     done->job_id = job_id;
     done->status = (int32_t)st;
@@ -562,8 +562,8 @@ static void fill_done(Ditserve__Ipc__JobDone *done, Ditserve__V1__Timings *tm, b
     shape[3] = video ? res->width : 0;
     done->image.data = bytes;
     done->image.len = nbytes;
-    if (with_image_bytes) {
-        done->n_image_bytes = (size_t)(res->num_images > 1 ? res->num_images : 1);
+    if (n_images > 0) { /* the images this message holds */
+        done->n_image_bytes = (size_t)n_images;
         done->image_bytes = image_bytes;
     }
     done->width = res->width;
@@ -663,22 +663,38 @@ static dit_status join_images(encode_item *items, int ni, size_t total, member_o
     return st;
 }
 
-/* Encodes the images of every member that finished (mst[k] OK) in its
- * format, spread over `threads` threads one image each (a PNG encodes on
- * one thread; MP4s go one at a time, libx264 has threads of its own), then
- * joins each member's into mo[k] in member order, within what one message
- * carries in all; a member that does not fit, or whose image fails, gets
- * that status in mst[k] and the message in mo[k].msg. Each mo[k].t_encode
- * is its own images' time; returns the wall time of the whole. */
+/* A member's images: num_images, at least 1. */
+static int images_of(const dit_request *rq)
+{
+    return rq->gp.num_images > 1 ? rq->gp.num_images : 1;
+}
+
+/* How many images of a member with ni images the mask names. */
+static int mask_count(dit_gen_decode mask, int ni)
+{
+    int c = 0;
+    for (int i = 0; i < ni && i < DIT_GEN_MAX_IMAGES; i++)
+        c += (int)(mask >> i & 1u);
+    return c;
+}
+
+/* Encodes this rank's images (mine[k]'s) of every member that finished
+ * (mst[k] OK) in its format, spread over `threads` threads one image each
+ * (a PNG encodes on one thread; MP4s go one at a time, libx264 has threads
+ * of its own), then joins each member's into mo[k] in member and image
+ * order, within what one message carries in all; a member that does not
+ * fit, or whose image fails, gets that status in mst[k] and the message in
+ * mo[k].msg. Each mo[k].t_encode is its own images' time; returns the wall
+ * time of the whole. */
 static double encode_members(int threads, bool video, int n, const dit_gen_result *res,
-                             const dit_request *rq, const bool *mine, dit_status *mst,
+                             const dit_request *rq, const dit_gen_decode *mine, dit_status *mst,
                              member_out *mo)
 {
     const double t0 = now_ms();
     int n_items = 0;
     for (int k = 0; k < n; k++)
-        if (mine[k] && mst[k] == DIT_OK)
-            n_items += res[k].num_images > 1 ? res[k].num_images : 1;
+        if (mst[k] == DIT_OK)
+            n_items += mask_count(mine[k], images_of(&rq[k]));
     encode_item *items = calloc(n_items > 0 ? (size_t)n_items : 1, sizeof *items);
     if (!items) {
         for (int k = 0; k < n; k++)
@@ -689,12 +705,12 @@ static double encode_members(int threads, bool video, int n, const dit_gen_resul
         return now_ms() - t0;
     }
     for (int k = 0, i = 0; k < n; k++)
-        for (int m = 0;
-             mine[k] && mst[k] == DIT_OK && m < (res[k].num_images > 1 ? res[k].num_images : 1);
-             m++, i++) {
-            items[i].k = k;
-            items[i].m = m;
-        }
+        for (int m = 0; mst[k] == DIT_OK && m < images_of(&rq[k]); m++)
+            if (mine[k] >> m & 1u) {
+                items[i].k = k;
+                items[i].m = m;
+                i++;
+            }
     int nt = video ? 1 : threads < n_items ? threads : n_items;
     nt = nt > 0 ? nt : 1;
     /* Static, round robin: with schedule(dynamic) here the cpu backend's
@@ -715,7 +731,7 @@ static double encode_members(int threads, bool video, int n, const dit_gen_resul
     for (int k = 0, i = 0; k < n; k++) {
         if (!mine[k] || mst[k] != DIT_OK)
             continue;
-        const int ni = res[k].num_images > 1 ? res[k].num_images : 1;
+        const int ni = mask_count(mine[k], images_of(&rq[k]));
         mst[k] = join_images(&items[i], ni, total, &mo[k]);
         i += ni;
         total += mo[k].nbytes;
@@ -724,24 +740,20 @@ static double encode_members(int threads, bool video, int n, const dit_gen_resul
     return now_ms() - t0;
 }
 
-/* Which rank decodes and encodes each member (owner[0 .. n-1]): a single
- * job's rank 0; a batch's members spread over the mesh's ranks by their
- * images, each to the rank with the fewest so far (the lowest on a tie),
- * in member order, so that the ranks decode in parallel instead of rank 0
- * decoding one image after the other while the rest wait. Every rank
- * computes the same from the same job; JobDone's entries name the owner. */
-static void assign_decoders(int n, const dit_request *rq, int world, int *owner)
+/* Which rank decodes and encodes each image of each member
+ * (owner[k * DIT_GEN_MAX_IMAGES + i], image i of member k): the images of
+ * all members in order, round robin over the mesh's `world` ranks (1: rank
+ * 0 decodes every one), so that the ranks decode in parallel instead of
+ * rank 0 decoding one image after the other while the rest wait. Every
+ * rank computes the same from the same job; JobDone's entries name the
+ * owners. Returns how many ranks got an image. */
+static int assign_decoders(int n, const dit_request *rq, int world, int32_t *owner)
 {
-    int64_t load[DIT_IPC_MAX_MEMBERS] = {0};
-    const int ranks = world < n ? world : n; /* ranks past n get nothing */
-    for (int k = 0; k < n; k++) {
-        int best = 0;
-        for (int r = 1; r < ranks && r < DIT_IPC_MAX_MEMBERS; r++)
-            if (load[r] < load[best])
-                best = r;
-        owner[k] = n > 1 ? best : 0;
-        load[best] += rq[k].gp.num_images > 1 ? rq[k].gp.num_images : 1;
-    }
+    int j = 0;
+    for (int k = 0; k < n; k++)
+        for (int i = 0; i < images_of(&rq[k]); i++, j++)
+            owner[k * DIT_GEN_MAX_IMAGES + i] = world > 1 ? j % world : 0;
+    return world < j ? world : j;
 }
 
 /* Resolves the job's members (member 0: the job's own request, then
@@ -802,12 +814,17 @@ static int run_job(worker *w, const Ditserve__Ipc__Job *job)
     float *flags = calloc(nn + 1, sizeof *flags);
     Ditserve__Ipc__JobDone *entries = calloc(nn, sizeof *entries);
     Ditserve__Ipc__JobDone **entry_ptrs = calloc(nn, sizeof *entry_ptrs);
-    int *owner = calloc(nn, sizeof *owner); /* the rank decoding each member */
-    bool *mine = calloc(nn, sizeof *mine);  /* owner[k] is this rank */
+    /* The rank decoding each image, and the images of each member this
+     * rank decodes. */
+    int32_t *owner = calloc(nn * DIT_GEN_MAX_IMAGES, sizeof *owner);
+    dit_gen_decode *mine = calloc(nn, sizeof *mine);
     const dit_pipeline_info *info = dit_pipeline_get_info(w->pipe);
     const bool video = info->frame_step > 0;
     double enc_wall = 0;   /* the results' encoding, wall time */
-    bool owns_any = false; /* this rank decodes a member */
+    bool owns_any = false; /* this rank decodes an image */
+    /* The message lists its members (JobDone.batch): a batch, or one
+     * request whose images several ranks decode. */
+    bool listed = n > 1;
     bool attached = false;
     bool peer_failed = false; /* this rank's failure only follows another's */
     bool abort_comm = false;
@@ -847,9 +864,13 @@ static int run_job(worker *w, const Ditserve__Ipc__Job *job)
     }
     st = resolve_members(job, info, n, rq, &diag);
     if (st == DIT_OK) {
-        assign_decoders(n, rq, w->world && w->decode_anywhere ? dit_comm_size(w->world) : 1, owner);
+        const int decoders = assign_decoders(
+            n, rq, w->world && w->decode_anywhere ? dit_comm_size(w->world) : 1, owner);
+        listed = n > 1 || decoders > 1;
         for (int k = 0; k < n; k++)
-            mine[k] = owner[k] == w->rank;
+            for (int i = 0; i < images_of(&rq[k]); i++)
+                if (owner[k * DIT_GEN_MAX_IMAGES + i] == w->rank)
+                    mine[k] |= 1u << i;
         st = flag_buf_reserve(w, nn + 1, &diag);
     }
     const dit_denoiser den = dit_runner_denoiser(w->runner);
@@ -917,7 +938,7 @@ report:;
     done.memory = &mem;
     done.rank = w->rank;
     done.peer_failed = peer_failed;
-    if (!books || n > 1) {
+    if (!books || listed) {
         done.job_id = job->job_id;
         done.status = (int32_t)st0;
         done.message = st0 == DIT_OK ? "" : (char *)dit_diag_msg(&diag);
@@ -926,14 +947,15 @@ report:;
          * cancellation included. */
         const char *msg0 = n == 1 && st != DIT_OK ? dit_diag_msg(&diag) : mo[0].msg;
         fill_done(&done, &tm0, video, job->job_id, st0, msg0, &res[0], &rq[0], mo[0].bytes,
-                  mo[0].nbytes, mo[0].image_bytes, !job->warmup && w->rank == 0, shape0,
-                  mo[0].t_encode, 0);
+                  mo[0].nbytes, mo[0].image_bytes,
+                  !job->warmup && w->rank == 0 ? images_of(&rq[0]) : 0, shape0, mo[0].t_encode, 0);
     }
-    if (books && n > 1 && (w->rank == 0 || owns_any)) {
+    if (books && listed && (w->rank == 0 || owns_any)) {
         /* Each member's own stages; a member's result also waited for the
-         * others'. Rank 0 lists every member, naming the rank whose message
-         * holds its result; another rank sends the entries too, its own
-         * members' with their results (ditd takes each from its owner). */
+         * others'. Rank 0 lists every member, naming the rank that holds
+         * each of its images; another rank that decoded images sends the
+         * entries too, with its images of each member (ditd takes each
+         * image from its owner and puts each member's together). */
         double own_all = enc_wall;
         for (int k = 0; k < n; k++)
             own_all += res[k].tokenize_ms + res[k].encode_ms + res[k].vae_ms;
@@ -943,9 +965,12 @@ report:;
             ditserve__ipc__job_done__init(&entries[k]);
             mo[k].tm = (Ditserve__V1__Timings)DITSERVE__V1__TIMINGS__INIT;
             fill_done(&entries[k], &mo[k].tm, video, ids[k], mo[k].st, mo[k].msg, &res[k], &rq[k],
-                      mo[k].bytes, mo[k].nbytes, mo[k].image_bytes, !job->warmup, mo[k].shape,
+                      mo[k].bytes, mo[k].nbytes, mo[k].image_bytes,
+                      job->warmup ? 0 : mask_count(mine[k], images_of(&rq[k])), mo[k].shape,
                       mo[k].t_encode, own_all - own);
-            entries[k].rank = owner[k];
+            entries[k].rank = owner[k * DIT_GEN_MAX_IMAGES];
+            entries[k].n_image_ranks = (size_t)images_of(&rq[k]);
+            entries[k].image_ranks = &owner[k * DIT_GEN_MAX_IMAGES];
             entry_ptrs[k] = &entries[k];
         }
         done.batch = entry_ptrs;
