@@ -1,11 +1,13 @@
 /* cpu backend ops against naive double-precision references. */
 #include <check.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_internal.h"
 #include "backend/cpu/cpu_math.h"
 #include "test_util.h"
 
@@ -624,7 +626,7 @@ START_TEST(masked_attention_matches_reference)
 END_TEST
 
 static void check_conv(int64_t B, int64_t Ci, int64_t H, int64_t W, int64_t Co, int64_t kk,
-                       int stride, int pad)
+                       int stride, int pad, int *direct_sets)
 {
     test_rng rng = {(uint64_t)(Ci * 131 + H * 17 + kk + stride)};
     const int64_t Ho = (H + 2 * pad - kk) / stride + 1, Wo = (W + 2 * pad - kk) / stride + 1;
@@ -655,6 +657,29 @@ static void check_conv(int64_t B, int64_t Ci, int64_t H, int64_t W, int64_t Co, 
     dit_tensor tb = dit_tensor_1d(b, DIT_F32, Co), ty = dit_tensor_4d(y, DIT_F32, B, Co, Ho, Wo);
     ck_assert_int_eq(be->ops->conv2d(be, &ty, &tx, &tw, &tb, stride, pad), DIT_OK);
     ck_assert_uint_eq(test_compare("conv2d", y, want, (size_t)(B * Co * Ho * Wo), 1e-5, 1e-5), 0);
+    /* The direct kernel on each instruction set this CPU has (no bias):
+     * the reference's values, and the same bits on every set. */
+    const size_t ny = (size_t)(B * Co * Ho * Wo);
+    float *ys[2] = {malloc(ny * 4), malloc(ny * 4)};
+    const dit_cpu_isa isas[2] = {DIT_CPU_ISA_AVX2, DIT_CPU_ISA_AVX512};
+    bool ran[2] = {false, false};
+    for (int k = 0; stride == 1 && k < 2; k++) {
+        const dit_status st =
+            dit_cpu_conv2d_direct_isa(isas[k], 2, x, w, ys[k], B, Ci, H, W, Co, kk, kk, pad);
+        if (st == DIT_ERR_UNSUPPORTED)
+            continue;
+        ck_assert_int_eq(st, DIT_OK);
+        ran[k] = true;
+        for (size_t e = 0; e < ny; e++)
+            ys[k][e] += b[(e / (size_t)(Ho * Wo)) % (size_t)Co];
+        ck_assert_uint_eq(
+            test_compare(k ? "conv2d avx512" : "conv2d avx2", ys[k], want, ny, 1e-5, 1e-5), 0);
+    }
+    if (ran[0] && ran[1])
+        ck_assert_int_eq(memcmp(ys[0], ys[1], ny * 4), 0);
+    *direct_sets |= (ran[0] ? 1 : 0) | (ran[1] ? 2 : 0);
+    free(ys[0]);
+    free(ys[1]);
     free(x);
     free(w);
     free(b);
@@ -664,30 +689,34 @@ static void check_conv(int64_t B, int64_t Ci, int64_t H, int64_t W, int64_t Co, 
 
 START_TEST(conv2d_matches_reference)
 {
-    check_conv(2, 3, 9, 7, 5, 3, 1, 1);
-    check_conv(1, 4, 8, 8, 6, 3, 2, 1);
-    check_conv(1, 5, 6, 5, 3, 1, 1, 0); /* pointwise path */
-    check_conv(1, 2, 5, 5, 2, 3, 1, 0); /* no padding */
+    int sets = 0; /* the direct kernel's instruction sets that ran */
+    check_conv(2, 3, 9, 7, 5, 3, 1, 1, &sets);
+    check_conv(1, 4, 8, 8, 6, 3, 2, 1, &sets);
+    check_conv(1, 5, 6, 5, 3, 1, 1, 0, &sets); /* pointwise path */
+    check_conv(1, 2, 5, 5, 2, 3, 1, 0, &sets); /* no padding */
     /* Rows cut on both sides (a kernel wider than the padding; padding
      * wider than the row), the stride-1 copy's edge cases. */
-    check_conv(1, 2, 4, 3, 2, 5, 1, 1);
-    check_conv(1, 2, 3, 2, 3, 3, 1, 2);
-    check_conv(2, 3, 6, 1, 2, 3, 1, 1);
+    check_conv(1, 2, 4, 3, 2, 5, 1, 1, &sets);
+    check_conv(1, 2, 3, 2, 3, 3, 1, 2, &sets);
+    check_conv(2, 3, 6, 1, 2, 3, 1, 1, &sets);
     /* The direct path (stride 1, at most 64 outputs, kernels up to 7): full
      * tiles and a ragged last one (tiles are 48 or 24 pixels), a ragged
      * block of output channels (7 = 4 + 3), a 3-channel conv_out, rows
      * enough that each thread's ring of input rows turns over (3 and 5
      * rows), 40 outputs (10 blocks); then a layer of 70 outputs and a 9x9
      * kernel, which go through the GEMM. */
-    check_conv(1, 5, 5, 150, 7, 3, 1, 1);
-    check_conv(2, 4, 3, 130, 3, 3, 1, 1);
-    check_conv(1, 3, 4, 70, 9, 5, 1, 2);
-    check_conv(1, 3, 17, 60, 5, 3, 1, 1);
-    check_conv(2, 2, 19, 50, 6, 5, 1, 2);
-    check_conv(1, 2, 11, 9, 3, 7, 1, 3);
-    check_conv(1, 6, 5, 9, 40, 3, 1, 1);
-    check_conv(1, 6, 5, 9, 70, 3, 1, 1);
-    check_conv(1, 2, 10, 12, 3, 9, 1, 4);
+    check_conv(1, 5, 5, 150, 7, 3, 1, 1, &sets);
+    check_conv(2, 4, 3, 130, 3, 3, 1, 1, &sets);
+    check_conv(1, 3, 4, 70, 9, 5, 1, 2, &sets);
+    check_conv(1, 3, 17, 60, 5, 3, 1, 1, &sets);
+    check_conv(2, 2, 19, 50, 6, 5, 1, 2, &sets);
+    check_conv(1, 2, 11, 9, 3, 7, 1, 3, &sets);
+    check_conv(1, 6, 5, 9, 40, 3, 1, 1, &sets);
+    check_conv(1, 6, 5, 9, 70, 3, 1, 1, &sets);
+    check_conv(1, 2, 10, 12, 3, 9, 1, 4, &sets);
+    printf("conv2d: direct kernel checked on%s%s%s\n", sets & 1 ? " AVX2+FMA" : "",
+           sets & 2 ? " AVX-512" : "", sets ? "" : " no instruction set (this CPU has neither)");
+    fflush(stdout);
 }
 END_TEST
 

@@ -47,12 +47,25 @@ dit_status dit_cpu_conv2d(dit_backend *be, const dit_tensor *y, const dit_tensor
                           const dit_tensor *w, const dit_tensor *bias, int stride, int pad);
 /* Stride-1 convolution, no bias, of the B images of x (B, Ci, H, W) into
  * y (B, Co, H + 2 pad - kh + 1, W + 2 pad - kw + 1) by the direct kernel;
- * DIT_ERR_UNSUPPORTED where it does not apply (a build without AVX2+FMA,
+ * DIT_ERR_UNSUPPORTED where it does not apply (a CPU or build without AVX2+FMA,
  * more than 64 outputs, a kernel taller than 7, an input row band beyond
  * its scratch bound) and the caller takes the GEMM. */
 dit_status dit_cpu_conv2d_direct(int nt, const float *x, const float *w, float *y, int64_t B,
                                  int64_t Ci, int64_t H, int64_t W, int64_t Co, int64_t kh,
                                  int64_t kw, int64_t pad);
+/* The direct kernel's instruction sets: the CPU's best, or one of them (to
+ * test each where the CPU has it: every set gives the same bits, each
+ * output summed in the same order). */
+typedef enum dit_cpu_isa {
+    DIT_CPU_ISA_BEST,
+    DIT_CPU_ISA_AVX2,   /* with FMA */
+    DIT_CPU_ISA_AVX512, /* AVX-512F */
+} dit_cpu_isa;
+/* dit_cpu_conv2d_direct on that set; DIT_ERR_UNSUPPORTED also where this
+ * CPU or build lacks it. */
+dit_status dit_cpu_conv2d_direct_isa(dit_cpu_isa isa, int nt, const float *x, const float *w,
+                                     float *y, int64_t B, int64_t Ci, int64_t H, int64_t W,
+                                     int64_t Co, int64_t kh, int64_t kw, int64_t pad);
 dit_status dit_cpu_group_norm(dit_backend *be, const dit_tensor *y, const dit_tensor *x,
                               const dit_tensor *weight, const dit_tensor *bias, int groups,
                               float eps, dit_act act);
