@@ -48,14 +48,6 @@ typedef __m256 dc_vec_avx2;
 #define DC_FMA(a, b, c) _mm256_fmadd_ps(a, b, c)
 #define DC_STORE(p, v) _mm256_storeu_ps(p, v)
 #include "backend/cpu/cpu_conv_direct_isa.inc"
-#undef DC_ISA
-#undef dc_vec
-#undef DC_L
-#undef DC_ZERO
-#undef DC_LOAD
-#undef DC_SET1
-#undef DC_FMA
-#undef DC_STORE
 #pragma GCC pop_options
 
 #pragma GCC push_options
@@ -70,14 +62,6 @@ typedef __m512 dc_vec_avx512;
 #define DC_FMA(a, b, c) _mm512_fmadd_ps(a, b, c)
 #define DC_STORE(p, v) _mm512_storeu_ps(p, v)
 #include "backend/cpu/cpu_conv_direct_isa.inc"
-#undef DC_ISA
-#undef dc_vec
-#undef DC_L
-#undef DC_ZERO
-#undef DC_LOAD
-#undef DC_SET1
-#undef DC_FMA
-#undef DC_STORE
 #pragma GCC pop_options
 
 #endif
