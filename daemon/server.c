@@ -441,6 +441,34 @@ static void resolve_loras(const dit_server *s, const job *j, job_loras *L)
  * when it could not be sent (its jobs failed, the mesh still idle). */
 static void log_unrun(dit_server *s, const job *j, grpc_status_code code, const char *why);
 
+/* The members' Queued (for one that arrived to an idle mesh and was never
+ * told its place: 0, "runs at once", with the queue as it was) and Started
+ * events, once the job is on its way to the workers. */
+static void tell_started(dit_server *s, dit_server_mesh *m, job **b, int n)
+{
+    const int depth = dit_queue_length(&s->queue) + n;
+    for (int k = 0; k < n; k++) {
+        job *j = b[k];
+        const double queue_ms = j->started_ms - j->arrived_ms;
+        if (j->kind == JOB_GENERATE) {
+            if (j->last_position < 0)
+                send_queued(j, 0, depth);
+            Ditserve__V1__Started st = DITSERVE__V1__STARTED__INIT;
+            st.queue_ms = queue_ms;
+            Ditserve__V1__GenerateEvent ev = DITSERVE__V1__GENERATE_EVENT__INIT;
+            ev.event_case = DITSERVE__V1__GENERATE_EVENT__EVENT_STARTED;
+            ev.started = &st;
+            send_event(j, &ev);
+        }
+        DIT_LOG(s->log, DIT_LOG_DEBUG, "queue",
+                "job %llu (%s) starts on %s after %.1f ms in the queue%s",
+                (unsigned long long)j->id, j->request_id, m->name, queue_ms,
+                n > 1 ? (k ? ", batched" : ", heading a batch") : "");
+    }
+}
+
+/* The job goes to the workers first and its clients hear of it after: a
+ * send to a client is a socket write, and the workers need not wait for it. */
 static bool run_batch(dit_server *s, dit_server_mesh *m, job **b, int n)
 {
     const double now = now_ms();
@@ -450,17 +478,6 @@ static bool run_batch(dit_server *s, dit_server_mesh *m, job **b, int n)
         j->batch_size = n;
         j->started_ms = now;
         m->members[k] = j;
-        Ditserve__V1__Started st = DITSERVE__V1__STARTED__INIT;
-        st.queue_ms = j->started_ms - j->arrived_ms;
-        Ditserve__V1__GenerateEvent ev = DITSERVE__V1__GENERATE_EVENT__INIT;
-        ev.event_case = DITSERVE__V1__GENERATE_EVENT__EVENT_STARTED;
-        ev.started = &st;
-        if (j->kind == JOB_GENERATE)
-            send_event(j, &ev);
-        DIT_LOG(s->log, DIT_LOG_DEBUG, "queue",
-                "job %llu (%s) starts on %s after %.1f ms in the queue%s",
-                (unsigned long long)j->id, j->request_id, m->name, st.queue_ms,
-                n > 1 ? (k ? ", batched" : ", heading a batch") : "");
     }
     m->n_members = n;
     m->job_id = b[0]->id;
@@ -498,9 +515,14 @@ static bool run_batch(dit_server *s, dit_server_mesh *m, job **b, int n)
     }
     ij.n_batch = (size_t)(n - 1);
     ij.batch = bmp;
-    if (dit_supervisor_run(m->sup, j->id, &ij, &diag) == DIT_OK) {
+    const uint64_t id = j->id;
+    if (dit_supervisor_run(m->sup, id, &ij, &diag) == DIT_OK) {
         dit_metrics_batch(s->metrics, n);
         free(L);
+        /* A mesh that broke as the job went out ended it already (job_done
+         * ran, the members are gone from m): nothing started to tell. */
+        if (m->n_members == n && m->job_id == id)
+            tell_started(s, m, b, n);
         return true;
     }
 failed:
@@ -859,7 +881,7 @@ static void on_generate(void *ctx, dit_rpc_call *call, const uint8_t *req, size_
     }
     dit_request_warning(r, &s->info, j->warning, sizeof j->warning);
     enqueue(s, j);
-    update_positions(s);
+    /* try_dispatch tells the queue its places, after sending what runs. */
     try_dispatch(s);
     return;
 reject:
@@ -931,7 +953,6 @@ dit_status dit_server_submit(dit_server *s, Ditserve__V1__GenerateRequest **reqs
         enqueue(s, made[k]);
         jobs[k] = made[k];
     }
-    update_positions(s);
     try_dispatch(s);
     return DIT_OK;
 reject:
