@@ -708,7 +708,7 @@ typedef struct assembly {
  * after image (offsets within each image): the daemon sends them that way,
  * and anything else means lost bytes. The images' bytes are kept one after
  * another; Result.image_bytes splits them. */
-static bool assemble(rpc *r, assembly *a, const Ditserve__V1__ResultChunk *ch)
+static bool assemble(rpc *r, assembly *a, Ditserve__V1__ResultChunk *ch)
 {
     if (ch->image_index == a->image + 1 && ch->offset == 0) {
         a->image++;
@@ -729,6 +729,16 @@ static bool assemble(rpc *r, assembly *a, const Ditserve__V1__ResultChunk *ch)
         rpc_fail(r, DIT_RPC_DATA_LOSS, "client: result larger than %zu bytes",
                  DIT_CLIENT_MAX_RESULT_BYTES);
         return false;
+    }
+    if (!a->data && n) {
+        /* The first chunk's bytes become the assembly as they are (an image
+         * of one chunk is never copied): protobuf-c allocated them on their
+         * own, with malloc, and frees them with the event unless taken. */
+        a->data = ch->data.data;
+        a->size = a->cap = n;
+        ch->data.data = NULL;
+        ch->data.len = 0;
+        return true;
     }
     if (a->size + n > a->cap) {
         size_t cap = a->cap ? a->cap : 1 << 16;
