@@ -4,6 +4,8 @@
 #include <stdbool.h>
 #include <string.h>
 
+/* Built with -fno-math-errno (worker/meson.build): see box_muller16. */
+
 void dit_mt19937_seed(dit_mt19937 *g, uint64_t seed)
 {
     g->state[0] = (uint32_t)(seed & 0xffffffffu);
@@ -12,23 +14,29 @@ void dit_mt19937_seed(dit_mt19937 *g, uint64_t seed)
     g->index = 624;
 }
 
+/* The recurrence in three runs, so that no index needs a modulo: words
+ * 0..226 read ahead 397 (old values), 227..622 read back 227 (words this
+ * twist already rewrote, as the one-loop form with (i + 397) % 624 does),
+ * and the last wraps to word 0. */
+static uint32_t twist_word(uint32_t hi, uint32_t lo, uint32_t far)
+{
+    const uint32_t y = (hi & 0x80000000u) | (lo & 0x7fffffffu);
+    return far ^ (y >> 1) ^ ((0u - (y & 1u)) & 0x9908b0dfu);
+}
+
 static void twist(dit_mt19937 *g)
 {
-    for (int i = 0; i < 624; i++) {
-        uint32_t y = (g->state[i] & 0x80000000u) | (g->state[(i + 1) % 624] & 0x7fffffffu);
-        uint32_t v = g->state[(i + 397) % 624] ^ (y >> 1);
-        if (y & 1u)
-            v ^= 0x9908b0dfu;
-        g->state[i] = v;
-    }
+    uint32_t *s = g->state;
+    for (int i = 0; i < 227; i++)
+        s[i] = twist_word(s[i], s[i + 1], s[i + 397]);
+    for (int i = 227; i < 623; i++)
+        s[i] = twist_word(s[i], s[i + 1], s[i - 227]);
+    s[623] = twist_word(s[623], s[0], s[396]);
     g->index = 0;
 }
 
-uint32_t dit_mt19937_next(dit_mt19937 *g)
+static uint32_t temper(uint32_t y)
 {
-    if (g->index >= 624)
-        twist(g);
-    uint32_t y = g->state[g->index++];
     y ^= y >> 11;
     y ^= (y << 7) & 0x9d2c5680u;
     y ^= (y << 15) & 0xefc60000u;
@@ -36,10 +44,39 @@ uint32_t dit_mt19937_next(dit_mt19937 *g)
     return y;
 }
 
-/* One uniform in [0, 1): 24 random bits, exact in f32. */
+uint32_t dit_mt19937_next(dit_mt19937 *g)
+{
+    if (g->index >= 624)
+        twist(g);
+    return temper(g->state[g->index++]);
+}
+
+/* One uniform in [0, 1): 24 random bits, exact in f32 (the scaling by
+ * 2^-24 is exact, so it equals torch's division in double). */
+static float uniform24_of(uint32_t r)
+{
+    return (float)(int32_t)(r & 0xffffffu) * 0x1p-24f;
+}
+
 static float uniform24(dit_mt19937 *g)
 {
-    return (float)((double)(dit_mt19937_next(g) & 0xffffffu) / 16777216.0);
+    return uniform24_of(dit_mt19937_next(g));
+}
+
+/* n uniforms, one per output, a twist's worth at a time. */
+static void fill_uniform24(dit_mt19937 *g, float *out, size_t n)
+{
+    while (n > 0) {
+        if (g->index >= 624)
+            twist(g);
+        const size_t k = (size_t)(624 - g->index) < n ? (size_t)(624 - g->index) : n;
+        const uint32_t *s = g->state + g->index;
+        for (size_t i = 0; i < k; i++)
+            out[i] = uniform24_of(temper(s[i]));
+        g->index += (int)k;
+        out += k;
+        n -= k;
+    }
 }
 
 /* torch turns uniforms into normals with Cephes-style f32 polynomials
@@ -61,9 +98,9 @@ static float cephes_logf(float x)
     float m;
     memcpy(&m, &bits, sizeof m);
     /* if m < sqrt(1/2): e -= 1, m = 2m - 1; else m = m - 1 */
-    float tmp = m < 0.707106781186547524f ? m : 0.0f;
-    if (m < 0.707106781186547524f)
-        e -= 1.0f;
+    const bool low = m < 0.707106781186547524f;
+    float tmp = low ? m : 0.0f;
+    e = low ? e - 1.0f : e;
     m = (m - 1.0f) + tmp;
     const float z = m * m;
     float y = 7.0376836292E-2f;
@@ -83,11 +120,8 @@ static float cephes_logf(float x)
 
 static void cephes_sincosf(float x, float *s, float *c)
 {
-    uint32_t sign_sin = 0;
-    if (x < 0) {
-        x = -x;
-        sign_sin = 0x80000000u;
-    }
+    uint32_t sign_sin = x < 0 ? 0x80000000u : 0u;
+    x = x < 0 ? -x : x;
     int32_t j = (int32_t)(x * 1.27323954473516f); /* 4 / pi, truncated */
     j = (j + 1) & ~1;
     const float y = (float)j;
@@ -119,7 +153,12 @@ static void cephes_sincosf(float x, float *s, float *c)
     memcpy(c, &b, sizeof b);
 }
 
-/* Box-Muller on 16 uniforms: (u1 = 1 - d[j], u2 = d[j + 8]) -> d[j], d[j+8]. */
+/* Box-Muller on 16 uniforms: (u1 = 1 - d[j], u2 = d[j + 8]) -> d[j], d[j+8].
+ * The eight lanes are independent and the code above has no branch, so
+ * the compiler runs them as one vector of each operation (sqrtf's argument,
+ * -2 log(u) for u in (0, 1], is never negative, so errno, which the build
+ * leaves out, could not be set anyway): every lane sees the same IEEE
+ * operations as the scalar form, and the same bits come out. */
 static void box_muller16(float *d)
 {
     const float two_pi = (float)(2.0 * 3.14159265358979323846);
@@ -144,8 +183,7 @@ void dit_torch_randn(dit_mt19937 *g, float *out, size_t n)
         memcpy(out, tmp, n * sizeof *out);
         return;
     }
-    for (size_t i = 0; i < n; i++)
-        out[i] = uniform24(g);
+    fill_uniform24(g, out, n);
     for (size_t i = 0; i + 16 <= n; i += 16)
         box_muller16(out + i);
     if (n % 16 != 0) {
