@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 /* The least room a read is offered. */
@@ -120,24 +121,109 @@ int dit_ipc_reader_next(dit_ipc_reader *r, Ditserve__Ipc__Envelope **out)
     return 1;
 }
 
+/* Writes the iovecs whole, through partial writes; 0, or -1. */
+static int write_all(int fd, struct iovec *iov, int n)
+{
+    while (n > 0) {
+        ssize_t w = writev(fd, iov, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return -1;
+        size_t done = (size_t)w;
+        while (n > 0 && done >= iov->iov_len) {
+            done -= iov->iov_len;
+            iov++;
+            n--;
+        }
+        if (n > 0) {
+            iov->iov_base = (uint8_t *)iov->iov_base + done;
+            iov->iov_len -= done;
+        }
+    }
+    return 0;
+}
+
+static size_t put_varint(uint8_t *p, uint64_t v)
+{
+    size_t n = 0;
+    while (v >= 0x80) {
+        p[n++] = (uint8_t)(v | 0x80);
+        v >>= 7;
+    }
+    p[n++] = (uint8_t)v;
+    return n;
+}
+
+static size_t varint_size(uint64_t v)
+{
+    size_t n = 1;
+    while (v >= 0x80) {
+        v >>= 7;
+        n++;
+    }
+    return n;
+}
+
+size_t dit_pb_field_head(uint8_t *out, uint32_t field, uint64_t len)
+{
+    const size_t n = put_varint(out, (uint64_t)field << 3 | 2);
+    return n + put_varint(out + n, len);
+}
+
+size_t dit_pb_field_head_size(uint32_t field, uint64_t len)
+{
+    return varint_size((uint64_t)field << 3 | 2) + varint_size(len);
+}
+
+/* The frame of a JobDone whose own image is large goes out in two parts:
+ * everything but the image, packed, then the image's bytes where they lie,
+ * never copied into a frame buffer. A protobuf field may follow the others,
+ * so the image is written as JobDone's last field (Envelope.done = 7,
+ * JobDone.image = 5, both length-delimited: wire type 2); any protobuf
+ * reader sees the same message. -2 when it does not fit a frame or there
+ * is no memory for its head (nothing written), -1 when the write fails. */
+static int write_done_split(int fd, const Ditserve__Ipc__JobDone *done)
+{
+    Ditserve__Ipc__JobDone rest = *done;
+    rest.image.data = NULL;
+    rest.image.len = 0;
+    const size_t img = done->image.len;
+    const size_t rest_len = ditserve__ipc__job_done__get_packed_size(&rest);
+    if (img > DIT_IPC_MAX_FRAME || rest_len > DIT_IPC_MAX_FRAME)
+        return -2;
+    const size_t body = rest_len + dit_pb_field_head_size(5, img) + img;
+    const size_t frame = dit_pb_field_head_size(7, body) + body;
+    if (frame > DIT_IPC_MAX_FRAME)
+        return -2;
+    uint8_t *head = malloc(4 + DIT_PB_FIELD_HEAD_MAX + rest_len + DIT_PB_FIELD_HEAD_MAX);
+    if (!head)
+        return -2;
+    size_t h = 0;
+    head[h++] = (uint8_t)(frame & 0xff);
+    head[h++] = (uint8_t)((frame >> 8) & 0xff);
+    head[h++] = (uint8_t)((frame >> 16) & 0xff);
+    head[h++] = (uint8_t)((frame >> 24) & 0xff);
+    h += dit_pb_field_head(head + h, 7, body);
+    h += ditserve__ipc__job_done__pack(&rest, head + h);
+    h += dit_pb_field_head(head + h, 5, img);
+    struct iovec iov[2] = {{head, h}, {done->image.data, img}};
+    const int rc = write_all(fd, iov, 2);
+    free(head);
+    return rc;
+}
+
 int dit_ipc_write_fd(int fd, const Ditserve__Ipc__Envelope *env)
 {
+    if (env->msg_case == DITSERVE__IPC__ENVELOPE__MSG_DONE && env->done &&
+        env->done->image.len >= DIT_IPC_SPLIT_MIN)
+        return write_done_split(fd, env->done);
     uint8_t *frame;
     size_t len;
     if (dit_ipc_encode(env, &frame, &len) != 0)
         return -2;
-    size_t off = 0;
-    int rc = 0;
-    while (off < len) {
-        ssize_t w = write(fd, frame + off, len - off);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0) {
-            rc = -1;
-            break;
-        }
-        off += (size_t)w;
-    }
+    struct iovec iov = {frame, len};
+    const int rc = write_all(fd, &iov, 1);
     free(frame);
     return rc;
 }

@@ -57,7 +57,19 @@ int dit_ipc_reader_next(dit_ipc_reader *r, Ditserve__Ipc__Envelope **out);
 /* Blocking helpers for the worker: write a whole frame, or read until one
  * envelope is complete. 0 on success, -1 on error or end of stream; the
  * write returns -2, having written nothing, when the envelope cannot be
- * encoded (over DIT_IPC_MAX_FRAME, or no memory for the frame). */
+ * encoded (over DIT_IPC_MAX_FRAME, or no memory for the frame). A JobDone
+ * whose image is at least DIT_IPC_SPLIT_MIN bytes is written without
+ * copying the image: the rest packed, the image after it as the message's
+ * last field (the same message to any reader). */
+#define DIT_IPC_SPLIT_MIN ((size_t)64 << 10)
+
+/* Protobuf wire helpers for a length-delimited field (wire type 2) written
+ * after the rest of its message, its bytes sent from where they lie: the
+ * field's tag and length, at most DIT_PB_FIELD_HEAD_MAX bytes, into out;
+ * returns how many (dit_pb_field_head_size: the same count alone). */
+#define DIT_PB_FIELD_HEAD_MAX 15
+size_t dit_pb_field_head(uint8_t *out, uint32_t field, uint64_t len);
+size_t dit_pb_field_head_size(uint32_t field, uint64_t len);
 int dit_ipc_write_fd(int fd, const Ditserve__Ipc__Envelope *env);
 int dit_ipc_read_fd(int fd, dit_ipc_reader *r, Ditserve__Ipc__Envelope **out);
 
