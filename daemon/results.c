@@ -1,5 +1,7 @@
 #include "results.h"
 
+#include "ipc_wire.h"
+
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -171,4 +173,31 @@ bool dit_results_merge(Ditserve__Ipc__JobDone *const *done, int n_ranks, const d
             base->timings->batch_others_ms += last - held;
     }
     return true;
+}
+
+size_t dit_chunk_event_head_max(const char *request_id)
+{
+    Ditserve__V1__GenerateEvent ev = DITSERVE__V1__GENERATE_EVENT__INIT;
+    ev.request_id = (char *)request_id;
+    /* The chunk's offset and image index: a tag and at most 10 bytes each. */
+    return ditserve__v1__generate_event__get_packed_size(&ev) + 2 * DIT_PB_FIELD_HEAD_MAX + 22;
+}
+
+size_t dit_chunk_event_head(const char *request_id, int64_t offset, int32_t image_index, size_t len,
+                            uint8_t *out)
+{
+    Ditserve__V1__ResultChunk rc = DITSERVE__V1__RESULT_CHUNK__INIT;
+    rc.offset = offset;
+    rc.image_index = image_index;
+    Ditserve__V1__GenerateEvent ev = DITSERVE__V1__GENERATE_EVENT__INIT;
+    ev.request_id = (char *)request_id;
+    /* GenerateEvent.chunk = 5 and ResultChunk.data = 2, length-delimited;
+     * the data empty in rc is left out of its packing. */
+    const size_t body =
+        ditserve__v1__result_chunk__get_packed_size(&rc) + dit_pb_field_head_size(2, len) + len;
+    size_t h = ditserve__v1__generate_event__pack(&ev, out);
+    h += dit_pb_field_head(out + h, 5, body);
+    h += ditserve__v1__result_chunk__pack(&rc, out + h);
+    h += dit_pb_field_head(out + h, 2, len);
+    return h;
 }

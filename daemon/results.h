@@ -9,6 +9,8 @@
  * whole results, so that what the server reads is one entry per member as
  * if one rank had made it.
  *
+ * Also the wire form of a result's chunk events (dit_chunk_event_head).
+ *
  * No I/O and no loop: plain messages in, the same messages out.
  * Owner: the supervisor, on the loop thread. */
 #ifndef DIT_DAEMON_RESULTS_H
@@ -18,6 +20,7 @@
 #include <stddef.h>
 
 #include "ditserve_ipc_ipc.pb-c.h"
+#include "ditserve_v1_generation.pb-c.h"
 
 /* The most images one entry may name (a request's num_images is at most
  * 8; anything past this is a malformed message). */
@@ -44,5 +47,16 @@
  * then left in a state only fit to be freed. */
 bool dit_results_merge(Ditserve__Ipc__JobDone *const *done, int n_ranks, const double *done_ms,
                        char *why, size_t cap);
+
+/* A result's bytes go to gRPC from where the worker's message holds them,
+ * not packed into a copy: the head of a GenerateEvent carrying one
+ * ResultChunk (`request_id`; `offset` within image `image_index`) whose
+ * `data`, len bytes, follows the head on the wire as the chunk's last field.
+ * Head and data make the same message, to any protobuf reader, as the event
+ * packed whole. Writes at most dit_chunk_event_head_max(request_id) bytes
+ * into out; returns how many. */
+size_t dit_chunk_event_head_max(const char *request_id);
+size_t dit_chunk_event_head(const char *request_id, int64_t offset, int32_t image_index, size_t len,
+                            uint8_t *out);
 
 #endif

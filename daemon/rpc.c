@@ -466,17 +466,17 @@ static void on_send(rpc_tag *t, bool ok)
     leave(c);
 }
 
-/* Queues `slice` (len bytes) as the call's next message; takes the
- * caller's reference. */
-static void queue_slice(dit_rpc_call *c, grpc_slice slice, size_t len)
+/* Queues the n slices (len bytes in all) as the call's next message; takes
+ * the caller's references. */
+static void queue_slices(dit_rpc_call *c, grpc_slice *slices, size_t n, size_t len)
 {
     out_msg *m = calloc(1, sizeof *m);
-    if (!m) {
-        grpc_slice_unref(slice);
+    if (m)
+        m->buf = grpc_raw_byte_buffer_create(slices, n);
+    for (size_t i = 0; i < n; i++)
+        grpc_slice_unref(slices[i]);
+    if (!m)
         return;
-    }
-    m->buf = grpc_raw_byte_buffer_create(&slice, 1);
-    grpc_slice_unref(slice);
     m->len = len;
     if (!c->acct)
         c->acct = acct_get(c->srv, dit_rpc_call_peer(c));
@@ -495,7 +495,8 @@ void dit_rpc_call_send(dit_rpc_call *c, const uint8_t *msg, size_t len)
 {
     if (c->dead || c->finish_requested)
         return;
-    queue_slice(c, grpc_slice_from_copied_buffer((const char *)msg, len), len);
+    grpc_slice slice = grpc_slice_from_copied_buffer((const char *)msg, len);
+    queue_slices(c, &slice, 1, len);
 }
 
 void dit_rpc_call_send_message(dit_rpc_call *c, const ProtobufCMessage *msg)
@@ -505,7 +506,22 @@ void dit_rpc_call_send_message(dit_rpc_call *c, const ProtobufCMessage *msg)
     const size_t len = protobuf_c_message_get_packed_size(msg);
     grpc_slice slice = grpc_slice_malloc(len);
     protobuf_c_message_pack(msg, GRPC_SLICE_START_PTR(slice));
-    queue_slice(c, slice, len);
+    queue_slices(c, &slice, 1, len);
+}
+
+void dit_rpc_call_send_parts(dit_rpc_call *c, const uint8_t *head, size_t head_len,
+                             const uint8_t *data, size_t len, void (*release)(void *), void *ctx)
+{
+    /* The data slice owns the one release: dropping it, sent or not,
+     * releases. */
+    grpc_slice parts[2] = {grpc_slice_from_copied_buffer((const char *)head, head_len),
+                           grpc_slice_new_with_user_data((void *)data, len, release, ctx)};
+    if (c->dead || c->finish_requested) {
+        grpc_slice_unref(parts[0]);
+        grpc_slice_unref(parts[1]);
+        return;
+    }
+    queue_slices(c, parts, 2, head_len + len);
 }
 
 void dit_rpc_call_finish(dit_rpc_call *c, grpc_status_code code, const char *details)

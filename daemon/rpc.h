@@ -83,6 +83,13 @@ void dit_rpc_call_send(dit_rpc_call *c, const uint8_t *msg, size_t len);
 /* The same for a protobuf message, packed straight into the buffer gRPC
  * sends (one copy of a result chunk instead of two). */
 void dit_rpc_call_send_message(dit_rpc_call *c, const ProtobufCMessage *msg);
+/* One message made of `head` (copied) and then `len` bytes at `data`, which
+ * are not copied: gRPC sends them from where they lie and, once done with
+ * them, calls release(ctx), on whichever thread drops them (the loop's or
+ * one of gRPC's). release runs exactly once, also when nothing is sent (a
+ * call already over). */
+void dit_rpc_call_send_parts(dit_rpc_call *c, const uint8_t *head, size_t head_len,
+                             const uint8_t *data, size_t len, void (*release)(void *), void *ctx);
 /* Ends the call with a status after the queued messages. At most once. */
 void dit_rpc_call_finish(dit_rpc_call *c, grpc_status_code code, const char *details);
 /* Bidi: ask for the next message (on_message fires when it arrives). */

@@ -2,6 +2,7 @@
 
 #include <limits.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +13,7 @@
 #include "grpc_health_v1_health.pb-c.h"
 #include "core/utf8.h"
 #include "ipc_wire.h"
+#include "results.h"
 #include "serve/request.h"
 #include "status_map.h"
 
@@ -1131,7 +1133,60 @@ static void on_progress(void *ctx, uint64_t job_id, int step, int total, double 
     }
 }
 
-static void send_result(dit_server *s, job *j, const Ditserve__Ipc__JobDone *d)
+/* The workers' JobDone while gRPC still sends result bytes straight out of
+ * it: one reference for on_done and one per chunk in flight; the last
+ * release frees it, on whichever thread gRPC drops its chunk. */
+typedef struct held_result {
+    atomic_int refs;
+    Ditserve__Ipc__Envelope *env;
+} held_result;
+
+static held_result *held_new(Ditserve__Ipc__Envelope *env)
+{
+    held_result *h = malloc(sizeof *h);
+    if (h) {
+        atomic_init(&h->refs, 1);
+        h->env = env;
+    }
+    return h;
+}
+
+static void held_release(void *p)
+{
+    held_result *h = p;
+    if (atomic_fetch_sub(&h->refs, 1) == 1) {
+        ditserve__ipc__envelope__free_unpacked(h->env, NULL);
+        free(h);
+    }
+}
+
+/* One chunk event: to a gRPC client the head packed and the bytes from
+ * where the JobDone holds them (held: NULL packs a copy); to a front end,
+ * the event. */
+static void send_chunk(job *j, held_result *held, int64_t offset, int32_t index,
+                       const uint8_t *data, size_t len)
+{
+    if (j->call && held && len > 0) {
+        uint8_t head[256];
+        if (dit_chunk_event_head_max(j->request_id) <= sizeof head) {
+            const size_t h = dit_chunk_event_head(j->request_id, offset, index, len, head);
+            atomic_fetch_add(&held->refs, 1);
+            dit_rpc_call_send_parts(j->call, head, h, data, len, held_release, held);
+            return;
+        }
+    }
+    Ditserve__V1__ResultChunk rc = DITSERVE__V1__RESULT_CHUNK__INIT;
+    rc.offset = offset;
+    rc.image_index = index;
+    rc.data.data = (uint8_t *)data;
+    rc.data.len = len;
+    Ditserve__V1__GenerateEvent ev = DITSERVE__V1__GENERATE_EVENT__INIT;
+    ev.event_case = DITSERVE__V1__GENERATE_EVENT__EVENT_CHUNK;
+    ev.chunk = &rc;
+    send_event(j, &ev);
+}
+
+static void send_result(dit_server *s, job *j, const Ditserve__Ipc__JobDone *d, held_result *held)
 {
     const size_t chunk = (size_t)s->cfg->chunk_bytes;
     /* Each image's chunks in turn, offsets within the image. A worker that
@@ -1146,17 +1201,9 @@ static void send_result(dit_server *s, job *j, const Ditserve__Ipc__JobDone *d)
         if (sizes[m] < 0 || (uint64_t)sizes[m] > d->image.len - base)
             break;
         const size_t len = (size_t)sizes[m];
-        for (size_t off = 0; off < len; off += chunk) {
-            Ditserve__V1__ResultChunk rc = DITSERVE__V1__RESULT_CHUNK__INIT;
-            rc.offset = (int64_t)off;
-            rc.image_index = (int32_t)m;
-            rc.data.data = d->image.data + base + off;
-            rc.data.len = len - off < chunk ? len - off : chunk;
-            Ditserve__V1__GenerateEvent ev = DITSERVE__V1__GENERATE_EVENT__INIT;
-            ev.event_case = DITSERVE__V1__GENERATE_EVENT__EVENT_CHUNK;
-            ev.chunk = &rc;
-            send_event(j, &ev);
-        }
+        for (size_t off = 0; off < len; off += chunk)
+            send_chunk(j, held, (int64_t)off, (int32_t)m, d->image.data + base + off,
+                       len - off < chunk ? len - off : chunk);
         base += len;
     }
     Ditserve__V1__Result res = DITSERVE__V1__RESULT__INIT;
@@ -1406,7 +1453,8 @@ static void lora_done(dit_server *s, job *j, dit_status st, grpc_status_code cod
 /* One job of the batch that ended: st and message are its own (the
  * whole job's when that failed), d its result (NULL without one). */
 static void member_done(dit_server *s, dit_server_mesh *m, job *j, dit_status st,
-                        const char *message, const Ditserve__Ipc__JobDone *d, double compute_ms)
+                        const char *message, const Ditserve__Ipc__JobDone *d, held_result *held,
+                        double compute_ms)
 {
     grpc_status_code code = dit_status_to_grpc(st);
     char detail[1300];
@@ -1482,7 +1530,7 @@ static void member_done(dit_server *s, dit_server_mesh *m, job *j, dit_status st
             s->requests_failed++;
         } else if (st == DIT_OK) {
             s->requests_ok++;
-            send_result(s, j, d);
+            send_result(s, j, d, held);
             fail_job(j, GRPC_STATUS_OK, NULL);
         } else {
             s->requests_failed++;
@@ -1540,6 +1588,9 @@ static void on_done(void *ctx, uint64_t job_id, dit_status st, const char *messa
     m->jobs_run++;
     m->requests_run += n;
     const Ditserve__Ipc__JobDone *done = st == DIT_OK && env ? env->done : NULL;
+    /* Without memory for the hold, chunks are packed copies and env goes
+     * here. */
+    held_result *held = env ? held_new(env) : NULL;
     for (int k = 0; k < n; k++) {
         job *j = b[k];
         const Ditserve__Ipc__JobDone *d = member_result(done, j->id, n);
@@ -1549,10 +1600,12 @@ static void on_done(void *ctx, uint64_t job_id, dit_status st, const char *messa
             mst = (dit_status)d->status;
             msg = d->message;
         }
-        member_done(s, m, j, mst, msg, mst == DIT_OK ? d : NULL, t - j->started_ms);
+        member_done(s, m, j, mst, msg, mst == DIT_OK ? d : NULL, held, t - j->started_ms);
         job_free(j);
     }
-    if (env)
+    if (held)
+        held_release(held);
+    else if (env)
         ditserve__ipc__envelope__free_unpacked(env, NULL);
     update_health(s);
     try_dispatch(s);

@@ -234,6 +234,70 @@ START_TEST(malformed_refused)
 }
 END_TEST
 
+/* A chunk event sent as head + data, the data where it lies, is the event
+ * packed whole: it unpacks to the same fields, and protobuf-c packs what it
+ * unpacked to the whole event's bytes, over lengths of one to several varint
+ * bytes, offsets and image indexes of several bytes too, and ids with or
+ * without text. */
+static void chunk_head_case(const char *rid, int64_t offset, int32_t index, size_t len)
+{
+    uint8_t *data = malloc(len ? len : 1);
+    ck_assert_ptr_nonnull(data);
+    for (size_t i = 0; i < len; i++)
+        data[i] = (uint8_t)(i * 7 + 3);
+    const size_t max = dit_chunk_event_head_max(rid);
+    uint8_t *wire = malloc(max + len);
+    ck_assert_ptr_nonnull(wire);
+    const size_t h = dit_chunk_event_head(rid, offset, index, len, wire);
+    ck_assert_uint_le(h, max);
+    memcpy(wire + h, data, len);
+
+    Ditserve__V1__ResultChunk rc = DITSERVE__V1__RESULT_CHUNK__INIT;
+    rc.offset = offset;
+    rc.image_index = index;
+    rc.data.data = data;
+    rc.data.len = len;
+    Ditserve__V1__GenerateEvent ev = DITSERVE__V1__GENERATE_EVENT__INIT;
+    ev.request_id = (char *)rid;
+    ev.event_case = DITSERVE__V1__GENERATE_EVENT__EVENT_CHUNK;
+    ev.chunk = &rc;
+    const size_t whole_len = ditserve__v1__generate_event__get_packed_size(&ev);
+    ck_assert_uint_eq(h + len, whole_len);
+    uint8_t *whole = malloc(whole_len);
+    ck_assert_ptr_nonnull(whole);
+    ditserve__v1__generate_event__pack(&ev, whole);
+
+    Ditserve__V1__GenerateEvent *got = ditserve__v1__generate_event__unpack(NULL, h + len, wire);
+    ck_assert_ptr_nonnull(got);
+    ck_assert_int_eq(got->event_case, DITSERVE__V1__GENERATE_EVENT__EVENT_CHUNK);
+    ck_assert_str_eq(got->request_id, rid);
+    ck_assert_int_eq(got->chunk->offset, offset);
+    ck_assert_int_eq(got->chunk->image_index, index);
+    ck_assert_uint_eq(got->chunk->data.len, len);
+    ck_assert(len == 0 || memcmp(got->chunk->data.data, data, len) == 0);
+    uint8_t *again = malloc(whole_len);
+    ck_assert_ptr_nonnull(again);
+    ck_assert_uint_eq(ditserve__v1__generate_event__get_packed_size(got), whole_len);
+    ditserve__v1__generate_event__pack(got, again);
+    ck_assert_int_eq(memcmp(again, whole, whole_len), 0);
+    ditserve__v1__generate_event__free_unpacked(got, NULL);
+    free(again);
+    free(whole);
+    free(wire);
+    free(data);
+}
+
+START_TEST(chunk_event_head_and_data_are_the_event)
+{
+    chunk_head_case("req-1", 0, 0, 100);
+    chunk_head_case("", 0, 0, 1);
+    chunk_head_case("a-longer-request-id-of-some-length", 1 << 20, 3, 150000);
+    chunk_head_case("x", (int64_t)5 << 32, 7, (size_t)3 << 20);
+    chunk_head_case("y", 127, 0, 127);
+    chunk_head_case("z", 128, 1, 128);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("daemon_results");
@@ -242,6 +306,7 @@ int main(void)
     tcase_add_test(tc, failed_holder_wins);
     tcase_add_test(tc, warmup_left_alone);
     tcase_add_test(tc, malformed_refused);
+    tcase_add_test(tc, chunk_event_head_and_data_are_the_event);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
