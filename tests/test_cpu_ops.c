@@ -156,6 +156,59 @@ START_TEST(blas_core_advice)
 }
 END_TEST
 
+/* The kernel set a backend gets: the build's own unless a level set above
+ * it runs on the CPU; a named set only where the build has it and the CPU
+ * reaches its level. */
+START_TEST(kernel_sets_pick)
+{
+    char sets[128];
+    dit_cpu_kernels_describe(sets, sizeof sets);
+    const bool level_sets = strstr(sets, ", x86-64-v3, x86-64-v4") != NULL;
+    const int build = dit_cpu_kernels_build_level();
+    ck_assert(build == 0 || build == 3 || build == 4);
+    const char *name = NULL;
+    dit_diag diag;
+    dit_diag_clear(&diag);
+    for (int cpu = 0; cpu <= 4; cpu++) {
+        ck_assert_int_eq(dit_cpu_kernels_pick(NULL, cpu, &name, &diag), DIT_OK);
+        const char *want = "build";
+        if (level_sets && cpu >= 4 && build < 4)
+            want = "x86-64-v4";
+        else if (level_sets && cpu >= 3 && build < 3)
+            want = "x86-64-v3";
+        ck_assert_str_eq(name, want);
+        ck_assert_int_eq(dit_cpu_kernels_pick("auto", cpu, &name, &diag), DIT_OK);
+        ck_assert_str_eq(name, want);
+        ck_assert_int_eq(dit_cpu_kernels_pick("", cpu, &name, &diag), DIT_OK);
+        ck_assert_str_eq(name, want);
+    }
+    ck_assert_int_eq(dit_cpu_kernels_pick("build", 4, &name, &diag), DIT_OK);
+    ck_assert_str_eq(name, "build");
+    dit_diag_clear(&diag);
+    ck_assert_int_eq(dit_cpu_kernels_pick("avx9", 4, &name, &diag), DIT_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(dit_diag_msg(&diag), "DIT_CPU_KERNELS=avx9"));
+    if (level_sets) {
+        ck_assert_int_eq(dit_cpu_kernels_pick("x86-64-v3", 3, &name, &diag), DIT_OK);
+        ck_assert_str_eq(name, "x86-64-v3");
+        ck_assert_int_eq(dit_cpu_kernels_pick("x86-64-v4", 4, &name, &diag), DIT_OK);
+        ck_assert_str_eq(name, "x86-64-v4");
+        dit_diag_clear(&diag);
+        ck_assert_int_eq(dit_cpu_kernels_pick("x86-64-v4", 3, &name, &diag), DIT_ERR_UNSUPPORTED);
+        ck_assert_ptr_nonnull(strstr(dit_diag_msg(&diag), "the set needs x86-64-v4"));
+        ck_assert_int_eq(dit_cpu_kernels_pick("x86-64-v3", 0, &name, &diag), DIT_ERR_UNSUPPORTED);
+    } else {
+        ck_assert_int_eq(dit_cpu_kernels_pick("x86-64-v3", 4, &name, &diag), DIT_ERR_INVALID_ARG);
+    }
+    /* The backend of this test runs the set the environment names (the
+     * 'kernels' suite) or the automatic one. */
+    const char *env = getenv("DIT_CPU_KERNELS");
+    ck_assert_int_eq(dit_cpu_kernels_pick(env, dit_cpu_kernels_cpu_level(), &name, &diag), DIT_OK);
+    ck_assert_str_eq(dit_cpu_backend_kernels(be), name);
+    if (env && env[0] && strcmp(env, "auto") != 0)
+        ck_assert_str_eq(dit_cpu_backend_kernels(be), env);
+}
+END_TEST
+
 START_TEST(linear_rejects_bad_shapes)
 {
     float buf[64] = {0};
@@ -775,6 +828,7 @@ static Suite *cpu_ops_suite(void)
     tcase_add_test(tc, linear_matches_reference);
     tcase_add_test(tc, linear_rejects_bad_shapes);
     tcase_add_test(tc, blas_core_advice);
+    tcase_add_test(tc, kernel_sets_pick);
     tcase_add_test(tc, layer_norm_mod_matches_reference);
     tcase_add_test(tc, rms_norm_rope_matches_reference);
     tcase_add_test(tc, gated_add_matches_reference);

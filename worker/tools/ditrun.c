@@ -82,7 +82,7 @@ static const char *const main_usage =
     "\n"
     "Options:\n"
     "  --help      show this help (ditrun <command> --help for a command's options)\n"
-    "  --version   print the version and the backends built in\n";
+    "  --version   print the version, the backends built in and the cpu kernel sets\n";
 
 static int usage_error(const char *usage, const char *fmt, const char *arg)
 {
@@ -539,8 +539,15 @@ int main(int argc, char **argv)
         return 0;
     }
     if (strcmp(cmd, "--version") == 0) {
-        printf("ditrun %s (backends: cpu%s)\n", DIT_VERSION,
-               dit_backend_available(DIT_BACKEND_CUDA) ? ", cuda" : "");
+        char sets[128];
+        dit_cpu_kernels_describe(sets, sizeof sets);
+        const char *pick = NULL;
+        dit_diag diag = {0};
+        dit_status st = dit_cpu_kernels_pick(getenv("DIT_CPU_KERNELS"), dit_cpu_kernels_cpu_level(),
+                                             &pick, &diag);
+        printf("ditrun %s (backends: cpu%s)\ncpu kernels: %s (sets built: %s)\n", DIT_VERSION,
+               dit_backend_available(DIT_BACKEND_CUDA) ? ", cuda" : "",
+               st == DIT_OK ? pick : dit_diag_msg(&diag), sets);
         return 0;
     }
     if (strcmp(cmd, "forward") == 0)

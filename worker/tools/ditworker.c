@@ -1250,8 +1250,12 @@ static int serve(worker *w)
     if (dit_backend_is_cuda(w->be))
         ready.device = (char *)dit_cuda_backend_device_name(w->be);
 #endif
-    char blas[160];
+    char blas[200];
     dit_cpu_blas_describe(blas, sizeof blas);
+    char kernels[64];
+    dit_cpu_backend_kernels_describe(w->be, kernels, sizeof kernels);
+    if (kernels[0])
+        snprintf(blas + strlen(blas), sizeof blas - strlen(blas), ", cpu kernels %s", kernels);
     ready.blas = blas;
     const dit_model *tm = dit_pipeline_transformer(w->pipe);
     ready.weight_bytes = (int64_t)tm->cls->weight_bytes(tm->impl);

@@ -164,22 +164,23 @@ static dit_status attention_core(dit_backend *be, const dit_tensor *out, const d
     return st;
 }
 
-dit_status dit_cpu_attention(dit_backend *be, const dit_tensor *out, const dit_tensor *lse,
-                             const dit_tensor *q, const dit_tensor *k, const dit_tensor *v,
-                             float scale)
+dit_status DIT_CPU_KERNEL(attention)(dit_backend *be, const dit_tensor *out, const dit_tensor *lse,
+                                     const dit_tensor *q, const dit_tensor *k, const dit_tensor *v,
+                                     float scale)
 {
     return attention_core(be, out, lse, q, k, v, scale, NULL, false);
 }
 
-dit_status dit_cpu_attention_masked(dit_backend *be, const dit_tensor *out, const dit_tensor *q,
-                                    const dit_tensor *k, const dit_tensor *v, float scale,
-                                    const dit_tensor *bias, bool causal)
+dit_status DIT_CPU_KERNEL(attention_masked)(dit_backend *be, const dit_tensor *out,
+                                            const dit_tensor *q, const dit_tensor *k,
+                                            const dit_tensor *v, float scale,
+                                            const dit_tensor *bias, bool causal)
 {
     return attention_core(be, out, NULL, q, k, v, scale, bias, causal);
 }
 
-dit_status dit_cpu_lse_merge(dit_backend *be, const dit_tensor *out, const dit_tensor *lse,
-                             const dit_tensor *out_b, const dit_tensor *lse_b)
+dit_status DIT_CPU_KERNEL(lse_merge)(dit_backend *be, const dit_tensor *out, const dit_tensor *lse,
+                                     const dit_tensor *out_b, const dit_tensor *lse_b)
 {
     if (!is_bshd(out) || !is_bshd(out_b) || !dit_tensor_same_shape(out, out_b))
         return DIT_ERR_INVALID_ARG;

@@ -20,8 +20,8 @@ static bool is_nchw(const dit_tensor *t)
 /* Column-buffer budget per band, in floats (8 MiB). */
 enum { CONV_COL_FLOATS = 2 << 20 };
 
-dit_status dit_cpu_conv2d(dit_backend *be, const dit_tensor *y, const dit_tensor *x,
-                          const dit_tensor *w, const dit_tensor *bias, int stride, int pad)
+dit_status DIT_CPU_KERNEL(conv2d)(dit_backend *be, const dit_tensor *y, const dit_tensor *x,
+                                  const dit_tensor *w, const dit_tensor *bias, int stride, int pad)
 {
     if (!is_nchw(x) || !is_nchw(y) || !is_nchw(w) || stride < 1 || pad < 0)
         return DIT_ERR_INVALID_ARG;
@@ -118,9 +118,9 @@ dit_status dit_cpu_conv2d(dit_backend *be, const dit_tensor *y, const dit_tensor
     return DIT_OK;
 }
 
-dit_status dit_cpu_group_norm(dit_backend *be, const dit_tensor *y, const dit_tensor *x,
-                              const dit_tensor *weight, const dit_tensor *bias, int groups,
-                              float eps, dit_act act)
+dit_status DIT_CPU_KERNEL(group_norm)(dit_backend *be, const dit_tensor *y, const dit_tensor *x,
+                                      const dit_tensor *weight, const dit_tensor *bias, int groups,
+                                      float eps, dit_act act)
 {
     if (!is_nchw(x) || !is_nchw(y) || !dit_tensor_same_shape(x, y) || groups < 1)
         return DIT_ERR_INVALID_ARG;
@@ -167,7 +167,7 @@ dit_status dit_cpu_group_norm(dit_backend *be, const dit_tensor *y, const dit_te
     return DIT_OK;
 }
 
-dit_status dit_cpu_upsample2x(dit_backend *be, const dit_tensor *y, const dit_tensor *x)
+dit_status DIT_CPU_KERNEL(upsample2x)(dit_backend *be, const dit_tensor *y, const dit_tensor *x)
 {
     if (!is_nchw(x) || !is_nchw(y))
         return DIT_ERR_INVALID_ARG;

@@ -20,31 +20,17 @@ static inline int dit_cpu_threads(dit_backend *be)
  * the same shape. Used for upload, download and copy. */
 dit_status dit_cpu_copy_strided(const dit_tensor *dst, const dit_tensor *src, int n_threads);
 
-dit_status dit_cpu_linear(dit_backend *be, const dit_tensor *y, const dit_tensor *x,
-                          const dit_tensor *w, const dit_tensor *bias, dit_act act, float beta);
-dit_status dit_cpu_activate(dit_backend *be, const dit_tensor *y, const dit_tensor *x, dit_act act);
-dit_status dit_cpu_layer_norm_mod(dit_backend *be, const dit_tensor *y, const dit_tensor *x,
-                                  const dit_tensor *shift, const dit_tensor *scale, float eps);
-dit_status dit_cpu_rms_norm_rope(dit_backend *be, const dit_tensor *x, const dit_tensor *weight,
-                                 float eps, const dit_tensor *cos, const dit_tensor *sin);
-dit_status dit_cpu_gated_add(dit_backend *be, const dit_tensor *res, const dit_tensor *x,
-                             const dit_tensor *gate);
-dit_status dit_cpu_attention(dit_backend *be, const dit_tensor *out, const dit_tensor *lse,
-                             const dit_tensor *q, const dit_tensor *k, const dit_tensor *v,
-                             float scale);
-dit_status dit_cpu_attention_masked(dit_backend *be, const dit_tensor *out, const dit_tensor *q,
-                                    const dit_tensor *k, const dit_tensor *v, float scale,
-                                    const dit_tensor *bias, bool causal);
-dit_status dit_cpu_layer_norm(dit_backend *be, const dit_tensor *y, const dit_tensor *x,
-                              const dit_tensor *weight, const dit_tensor *bias, float eps);
-dit_status dit_cpu_rms_norm(dit_backend *be, const dit_tensor *y, const dit_tensor *x,
-                            const dit_tensor *weight, float eps);
-dit_status dit_cpu_relative_bias(dit_backend *be, const dit_tensor *y, const dit_tensor *table,
-                                 const int32_t *buckets);
-dit_status dit_cpu_embedding(dit_backend *be, const dit_tensor *y, const dit_tensor *table,
-                             const int32_t *ids, int64_t n);
-dit_status dit_cpu_conv2d(dit_backend *be, const dit_tensor *y, const dit_tensor *x,
-                          const dit_tensor *w, const dit_tensor *bias, int stride, int pad);
+/* The kernels of the ops table under the names of the set this file is
+ * compiled for (cpu_kernels.h). */
+#define DIT_CPU_CAT_(a, b) a##b
+#define DIT_CPU_CAT(a, b) DIT_CPU_CAT_(a, b)
+#ifdef DIT_CPU_KERNEL_SUFFIX
+#define DIT_CPU_KERNEL(op) DIT_CPU_CAT(dit_cpu_##op, DIT_CPU_KERNEL_SUFFIX)
+#else
+#define DIT_CPU_KERNEL(op) dit_cpu_##op
+#endif
+#include "backend/cpu/cpu_kernels.h"
+
 /* Stride-1 convolution, no bias, of the B images of x (B, Ci, H, W) into
  * y (B, Co, H + 2 pad - kh + 1, W + 2 pad - kw + 1) by the direct kernel;
  * DIT_ERR_UNSUPPORTED where it does not apply (a CPU or build without AVX2+FMA,
@@ -66,11 +52,5 @@ typedef enum dit_cpu_isa {
 dit_status dit_cpu_conv2d_direct_isa(dit_cpu_isa isa, int nt, const float *x, const float *w,
                                      float *y, int64_t B, int64_t Ci, int64_t H, int64_t W,
                                      int64_t Co, int64_t kh, int64_t kw, int64_t pad);
-dit_status dit_cpu_group_norm(dit_backend *be, const dit_tensor *y, const dit_tensor *x,
-                              const dit_tensor *weight, const dit_tensor *bias, int groups,
-                              float eps, dit_act act);
-dit_status dit_cpu_upsample2x(dit_backend *be, const dit_tensor *y, const dit_tensor *x);
-dit_status dit_cpu_lse_merge(dit_backend *be, const dit_tensor *out, const dit_tensor *lse,
-                             const dit_tensor *out_b, const dit_tensor *lse_b);
 
 #endif

@@ -72,8 +72,9 @@ static void act_row(float *y, const float *x, int64_t n, dit_act act)
     }
 }
 
-dit_status dit_cpu_linear(dit_backend *be, const dit_tensor *y, const dit_tensor *x,
-                          const dit_tensor *w, const dit_tensor *bias, dit_act act, float beta)
+dit_status DIT_CPU_KERNEL(linear)(dit_backend *be, const dit_tensor *y, const dit_tensor *x,
+                                  const dit_tensor *w, const dit_tensor *bias, dit_act act,
+                                  float beta)
 {
     if (!is_f32_rows(x) || !is_f32_rows(y) || !w || w->dtype != DIT_F32 || w->ndim != 2 ||
         !dit_tensor_is_contiguous(w))
@@ -131,7 +132,8 @@ dit_status dit_cpu_linear(dit_backend *be, const dit_tensor *y, const dit_tensor
     return DIT_OK;
 }
 
-dit_status dit_cpu_activate(dit_backend *be, const dit_tensor *y, const dit_tensor *x, dit_act act)
+dit_status DIT_CPU_KERNEL(activate)(dit_backend *be, const dit_tensor *y, const dit_tensor *x,
+                                    dit_act act)
 {
     if (!is_f32_rows(x) || !is_f32_rows(y) || !dit_tensor_same_shape(x, y))
         return DIT_ERR_INVALID_ARG;
@@ -149,8 +151,9 @@ static bool is_batch_vec(const dit_tensor *t, int64_t B, int64_t C)
            dit_tensor_rows_dense(t);
 }
 
-dit_status dit_cpu_layer_norm_mod(dit_backend *be, const dit_tensor *y, const dit_tensor *x,
-                                  const dit_tensor *shift, const dit_tensor *scale, float eps)
+dit_status DIT_CPU_KERNEL(layer_norm_mod)(dit_backend *be, const dit_tensor *y, const dit_tensor *x,
+                                          const dit_tensor *shift, const dit_tensor *scale,
+                                          float eps)
 {
     if (!is_f32_rows(x) || !is_f32_rows(y) || x->ndim != 3 || !dit_tensor_same_shape(x, y))
         return DIT_ERR_INVALID_ARG;
@@ -198,8 +201,9 @@ dit_status dit_cpu_layer_norm_mod(dit_backend *be, const dit_tensor *y, const di
     return DIT_OK;
 }
 
-dit_status dit_cpu_rms_norm_rope(dit_backend *be, const dit_tensor *x, const dit_tensor *weight,
-                                 float eps, const dit_tensor *cos, const dit_tensor *sin)
+dit_status DIT_CPU_KERNEL(rms_norm_rope)(dit_backend *be, const dit_tensor *x,
+                                         const dit_tensor *weight, float eps, const dit_tensor *cos,
+                                         const dit_tensor *sin)
 {
     if (!is_f32_rows(x) || x->ndim != 4)
         return DIT_ERR_INVALID_ARG;
@@ -244,8 +248,8 @@ dit_status dit_cpu_rms_norm_rope(dit_backend *be, const dit_tensor *x, const dit
     return DIT_OK;
 }
 
-dit_status dit_cpu_gated_add(dit_backend *be, const dit_tensor *res, const dit_tensor *x,
-                             const dit_tensor *gate)
+dit_status DIT_CPU_KERNEL(gated_add)(dit_backend *be, const dit_tensor *res, const dit_tensor *x,
+                                     const dit_tensor *gate)
 {
     if (!is_f32_rows(res) || !is_f32_rows(x) || res->ndim != 3 || !dit_tensor_same_shape(res, x))
         return DIT_ERR_INVALID_ARG;
@@ -270,8 +274,8 @@ dit_status dit_cpu_gated_add(dit_backend *be, const dit_tensor *res, const dit_t
     return DIT_OK;
 }
 
-dit_status dit_cpu_layer_norm(dit_backend *be, const dit_tensor *y, const dit_tensor *x,
-                              const dit_tensor *weight, const dit_tensor *bias, float eps)
+dit_status DIT_CPU_KERNEL(layer_norm)(dit_backend *be, const dit_tensor *y, const dit_tensor *x,
+                                      const dit_tensor *weight, const dit_tensor *bias, float eps)
 {
     if (!is_f32_rows(x) || !is_f32_rows(y) || x->ndim != 3 || !dit_tensor_same_shape(x, y))
         return DIT_ERR_INVALID_ARG;
@@ -307,8 +311,8 @@ dit_status dit_cpu_layer_norm(dit_backend *be, const dit_tensor *y, const dit_te
     return DIT_OK;
 }
 
-dit_status dit_cpu_rms_norm(dit_backend *be, const dit_tensor *y, const dit_tensor *x,
-                            const dit_tensor *weight, float eps)
+dit_status DIT_CPU_KERNEL(rms_norm)(dit_backend *be, const dit_tensor *y, const dit_tensor *x,
+                                    const dit_tensor *weight, float eps)
 {
     if (!is_f32_rows(x) || !is_f32_rows(y) || x->ndim != 3 || !dit_tensor_same_shape(x, y))
         return DIT_ERR_INVALID_ARG;
@@ -333,8 +337,8 @@ dit_status dit_cpu_rms_norm(dit_backend *be, const dit_tensor *y, const dit_tens
     return DIT_OK;
 }
 
-dit_status dit_cpu_relative_bias(dit_backend *be, const dit_tensor *y, const dit_tensor *table,
-                                 const int32_t *buckets)
+dit_status DIT_CPU_KERNEL(relative_bias)(dit_backend *be, const dit_tensor *y,
+                                         const dit_tensor *table, const int32_t *buckets)
 {
     if (!y || !table || !buckets || y->dtype != DIT_F32 || y->ndim != 3 ||
         !dit_tensor_is_contiguous(y) || table->dtype != DIT_F32 || table->ndim != 2 ||
@@ -358,8 +362,8 @@ dit_status dit_cpu_relative_bias(dit_backend *be, const dit_tensor *y, const dit
     return DIT_OK;
 }
 
-dit_status dit_cpu_embedding(dit_backend *be, const dit_tensor *y, const dit_tensor *table,
-                             const int32_t *ids, int64_t n)
+dit_status DIT_CPU_KERNEL(embedding)(dit_backend *be, const dit_tensor *y, const dit_tensor *table,
+                                     const int32_t *ids, int64_t n)
 {
     (void)be;
     if (!is_f32_rows(y) || y->ndim != 2 || table->ndim != 2 || table->dtype != DIT_F32 ||
