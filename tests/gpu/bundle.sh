@@ -42,8 +42,9 @@ max_bytes=$((60 * 1024 * 1024))
 # NCCL, which the GPU machine has in its toolkit or its Python packages).
 glibc_re='^(ld-linux-x86-64\.so\.2|libc\.so\.6|libm\.so\.6|libdl\.so\.2|libpthread\.so\.0|librt\.so\.1|libresolv\.so\.2|libutil\.so\.1|linux-vdso\.so\.1)$'
 gpu_re='^(libcuda\.so\.[0-9]+|libcublas\.so\.[0-9]+|libcublasLt\.so\.[0-9]+|libnccl\.so\.[0-9]+)$'
-# Gzipped in the bundle (run.sh unpacks them once into a scratch folder).
-gz_re='^(libopenblas\.so\.[0-9]+|libgrpc\.so\.[0-9]+|libcrypto\.so\.[0-9]+)$'
+# Gzipped in the bundle (run.sh unpacks them once into a scratch folder): every
+# library of a megabyte or more, which keeps the bundle a few MiB under its limit.
+gz_re='^(libopenblas\.so\.[0-9]+|libgrpc\.so\.[0-9]+|libcrypto\.so\.[0-9]+|libgfortran\.so\.[0-9]+|libgnutls\.so\.[0-9]+|libunistring\.so\.[0-9]+|libp11-kit\.so\.[0-9]+)$'
 # Carried, but used only where the machine has none: a newer system libstdc++
 # is what the machine's own cuBLASLt and NCCL were built against.
 fallback_re='^(libstdc\+\+\.so\.6|libgcc_s\.so\.1)$'
