@@ -991,10 +991,14 @@ static enum MHD_Result queue(dit_http *h, struct MHD_Connection *conn, unsigned 
     if (type)
         MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, type);
     const char *origin = allowed_origin(h, conn);
-    if (origin) {
+    if (origin)
         MHD_add_response_header(resp, "Access-Control-Allow-Origin", origin);
+    /* With a list of origins the answer depends on the request's Origin
+     * whether or not it matched: without Vary a browser's cache may hand
+     * the copy it got with no Origin (a <video src>) to a fetch from an
+     * allowed origin, which then fails its CORS check. */
+    if (h->cors && (origin || strcmp(h->cors, "*") != 0))
         MHD_add_response_header(resp, "Vary", "Origin");
-    }
     MHD_add_response_header(resp, "X-Content-Type-Options", "nosniff");
     enum MHD_Result r = MHD_queue_response(conn, status, resp);
     MHD_destroy_response(resp);
@@ -1836,7 +1840,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
                 return answer_videos(h, conn, url, method);
             if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0) {
                 const bool known = strcmp(url, "/v1/models") == 0 || strcmp(url, "/health") == 0 ||
-                                   strcmp(url, "/") == 0;
+                                   strcmp(url, "/") == 0 || strcmp(url, "/index.html") == 0;
                 return send_simple_error(h, conn, known ? 405 : 404,
                                          known ? "method_not_allowed" : "not_found",
                                          known ? "this endpoint takes GET" : "no such endpoint");

@@ -33,10 +33,19 @@ const char *dit_openai_echo_name(const char *s)
     return n ? s : "(an empty name)";
 }
 
-/* The body must be UTF-8 and hold no \u0000 escape (a C string would end
- * there). */
+/* The most values a body may hold, counted as the '{', '[' and ',' outside
+ * its strings. A request needs about a hundred (every field, eight adapters);
+ * cJSON builds the whole tree before the fields are read, about 40 bytes of
+ * heap per byte of a body of small values, so without a bound a 1 MiB body
+ * costs 40 MiB on each of the connections at once. */
+enum { BODY_MAX_VALUES = 1024 };
+
+/* The body must be UTF-8, hold no \u0000 escape (a C string would end
+ * there) and at most BODY_MAX_VALUES values. */
 static const char *body_problem(const char *b, size_t n)
 {
+    bool in_string = false;
+    int values = 0;
     for (size_t i = 0; i < n;) {
         const unsigned char c = (unsigned char)b[i];
         if (c == 0)
@@ -47,6 +56,10 @@ static const char *body_problem(const char *b, size_t n)
             i += 2;
             continue;
         }
+        if (c == '"')
+            in_string = !in_string;
+        else if (!in_string && (c == '{' || c == '[' || c == ',') && ++values > BODY_MAX_VALUES)
+            return "the body holds more than 1024 JSON values";
         const size_t l = dit_utf8_len(b + i, n - i);
         if (!l)
             return "the body is not UTF-8";
@@ -400,9 +413,11 @@ static bool parse_images_object(const dit_openai_defaults *d, const cJSON *root,
         } else if (strcmp(k, "partial_images") == 0) {
             double pi;
             if (!get_int(f, "partial_images", 0, 0, &pi, e))
-                return dit_openai_fail(e, 400, "partial_images", "invalid_value",
-                                       "partial images are not served; progress events come with "
-                                       "stream: true");
+                return strcmp(e->code, "invalid_value") != 0
+                           ? false /* not an integer: get_int's invalid_type stands */
+                           : dit_openai_fail(e, 400, "partial_images", "invalid_value",
+                                             "partial images are not served; progress events "
+                                             "come with stream: true");
         } else if (strcmp(k, "seed") == 0) {
             if (!get_int(f, "seed", 0, (double)(DIT_OPENAI_IMAGES_SEED_SPAN - 1), &seed, e))
                 return false;

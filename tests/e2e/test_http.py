@@ -310,6 +310,8 @@ def errors():
                 ({"output_format": "jpeg"}, "output_format", "invalid_value"),
                 ({"stream": "yes"}, "stream", "invalid_type"),
                 ({"partial_images": 2}, "partial_images", "invalid_value"),
+                ({"partial_images": "x"}, "partial_images", "invalid_type"),
+                ({"partial_images": 1.5}, "partial_images", "invalid_type"),
                 ({"prompt": 5}, "prompt", "invalid_type"),
                 ({"prompt": "x" * 5000}, None, "body_too_large")]:
             status = 413 if code == "body_too_large" else 400
@@ -325,6 +327,17 @@ def errors():
         edge = '{"prompt": "' + "a" * (4096 - 14) + '",'
         assert len(edge) == 4096
         expect_error(d, 400, "invalid_json", edge)
+        # A body of many small values (the parse tree of such a body is
+        # about 40 times its size): refused before it is parsed, at 1025
+        # values, whether they are an unknown field's or a known one's.
+        many = '{"prompt": "a", "size": "64x64", "x": [' + ",".join(["0"] * 1100) + "]}"
+        expect_error(d, 400, "invalid_json", many, needle="more than 1024 JSON values")
+        expect_error(d, 400, "invalid_json", '{"loras": [' + ",".join(["{}"] * 600) + "]}",
+                     needle="more than 1024 JSON values")
+        # Commas and brackets inside strings are text, not values.
+        expect_error(d, 400, "invalid_value",
+                     dict(ok, prompt="a," * 1000, response_format="url"),
+                     needle="response_format")
         # Anything but whitespace after the object.
         expect_error(d, 400, "invalid_json", json.dumps(dict(ok)) + " junk",
                      needle="more after its JSON value")
@@ -342,6 +355,8 @@ def errors():
         expect_error(d, 404, "not_found", None, method="GET", path="/v1/nothing")
         expect_error(d, 405, "method_not_allowed", None, method="GET", path=GEN)
         expect_error(d, 405, "method_not_allowed", "{}", method="POST", path="/v1/models")
+        for path in ("/", "/index.html", "/health"):
+            expect_error(d, 405, "method_not_allowed", "{}", method="POST", path=path)
         c = client(d)
         try:
             c.images.generate(prompt=PROMPT, size="64x64", model="nope")
@@ -439,6 +454,12 @@ def auth_tls_cors():
             assert st == 200 and hdrs["access-control-allow-origin"] == "https://other.example"
             st, hdrs, _ = http_request(d, "GET", "/health", None, {"Origin": "https://app.example.evil"})
             assert "access-control-allow-origin" not in hdrs
+            # With a list of origins every answer varies by Origin, even one
+            # to a request without an Origin or with another one: a cache
+            # must not hand that copy to an allowed origin.
+            assert hdrs.get("vary") == "Origin", hdrs
+            st, hdrs, _ = http_request(d, "GET", "/health")
+            assert st == 200 and hdrs.get("vary") == "Origin", hdrs
             d.stop()
         finally:
             d.close()
