@@ -119,6 +119,7 @@ struct dit_supervisor {
     char job_msg[1024];
     int job_err_rank;     /* the rank whose report set job_status */
     bool job_peer_failed; /* that report only followed another rank's failure */
+    bool job_ends_mesh;   /* a rank said it leaves after the job (JobDone.worker_exits) */
     /* Each rank's JobDone while it succeeded: rank 0's is the result, and a
      * batch's members decoded on other ranks take their entries from
      * theirs (merge_batch). */
@@ -432,7 +433,12 @@ void dit_supervisor_fail(dit_supervisor *s, const char *reason)
     const bool job = s->phase == PH_RUNNING;
     if (!s->stopping)
         set_phase(s, PH_TEARDOWN);
-    if (job && s->job_status != DIT_OK && s->job_msg[0]) {
+    if (job && s->job_done_ranks == s->N) {
+        /* Every rank reported before the mesh went (some leave after a
+         * failure that ends it, JobDone.worker_exits): the job ends as they
+         * said. */
+        finish_job(s, s->job_status, s->job_msg);
+    } else if (job && s->job_status != DIT_OK && s->job_msg[0]) {
         /* A rank reported why the job failed before the mesh broke (a
          * peer that stalled or died, from its side): that is the cause; the
          * lost connection that follows (the reporting rank exits) is not. */
@@ -689,9 +695,22 @@ static void handle(conn *c, Ditserve__Ipc__Envelope *env)
             s->job_results[c->rank] = env;
             env = NULL; /* kept */
         }
+        if (d->worker_exits)
+            s->job_ends_mesh = true;
         if (++s->job_done_ranks == s->N) {
             if (s->job_status == DIT_OK)
                 s->backoff_s = SUP_BACKOFF_MIN_S; /* the mesh works: forget old failures */
+            if (s->job_ends_mesh) {
+                /* Every rank reported, but some leave now: the mesh is
+                 * rebuilt before the job's end is told, so that the queue
+                 * does not hand the next job to workers on their way out
+                 * (it would fail as soon as their sockets close). */
+                snprintf(reason, sizeof reason,
+                         "worker rank %d leaves after the job's failure (the mesh cannot go on)",
+                         s->job_err_rank);
+                dit_supervisor_fail(s, reason);
+                break;
+            }
             set_phase(s, PH_READY);
             finish_job(s, s->job_status, s->job_msg);
         } else if (d->status != DIT_OK && !d->peer_failed && s->job_collective &&
@@ -1311,6 +1330,7 @@ dit_status dit_supervisor_run(dit_supervisor *s, uint64_t job_id, const Ditserve
     memset(s->rank_done, 0, sizeof s->rank_done);
     s->job_status = DIT_OK;
     s->job_peer_failed = false;
+    s->job_ends_mesh = false;
     s->job_collective = !tmpl->lora_only;
     s->job_msg[0] = '\0';
     for (int r = 0; r < s->N; r++) {

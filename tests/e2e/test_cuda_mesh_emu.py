@@ -21,6 +21,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import grpc
@@ -439,6 +440,61 @@ def rank_stalled():
                               env={"DIT_EMU_NCCL_TIMEOUT_S": "3"})
     assert "nothing from rank 1 within 3 s" in details, details
     print(f"  failed {took:.1f} s after the stop: {details}")
+
+
+@case
+def device_fault():
+    """A device fault mid-request on a one-GPU mesh (the emulated GPU's
+    sticky illegal address, DIT_EMU_FAULT_FILE): the request fails naming
+    the CUDA error and the worker leaves (a CUDA context stays broken after
+    such a fault), and the request queued behind it is not handed to that
+    worker on its way out (where it failed as soon as its socket closed)
+    but waits for the rebuilt mesh, which serves it."""
+    fault = os.path.join(tempfile.mkdtemp(prefix="ditemu-fault-"), "fault")
+    d = EmuMesh(world=1, env={"DIT_EMU_FAULT_FILE": fault})
+    try:
+        api = d.api
+        call = api.generate(d.channel)(api.request(**dict(REQ, num_inference_steps=1000)),
+                                       timeout=600)
+        wait_progress(call)
+        queued = {}
+
+        def run_queued():
+            try:
+                queued["r"] = d.generate(timeout=300, **dict(REQ, seed=2))
+            except grpc.RpcError as e:
+                queued["r"] = e
+        t = threading.Thread(target=run_queued)
+        t.start()
+        t0 = time.monotonic()
+        while d.info().queue_depth < 1 and time.monotonic() - t0 < 60:
+            time.sleep(0.05)
+        assert d.info().queue_depth == 1, "the second request did not queue"
+        workers = children_of(d.proc.pid)
+        assert len(workers) == 1, workers
+        open(fault, "w").close()
+        try:
+            for _ in call:
+                pass
+            raise AssertionError("the request outlived its device")
+        except grpc.RpcError as e:
+            details = e.details()
+        os.unlink(fault)  # the rebuilt mesh's device is a sound one
+        assert "cudaErrorIllegalAddress" in details, details
+        print(f"  the faulted request: {details}")
+        t.join(300)
+        r = queued.get("r")
+        assert not isinstance(r, grpc.RpcError), \
+            f"the queued request failed: {r.code().name}: {r.details()}"
+        kinds, raw, res = r
+        assert kinds[-1] == "result" and res.seed == 2 and len(raw) == 3 * 128 * 64 * 4, kinds
+        info = d.info()
+        assert info.worker_restarts == 1, info
+        assert workers[0] not in children_of(d.proc.pid)
+        d.stop()
+    finally:
+        d.close()
+        shutil.rmtree(os.path.dirname(fault), ignore_errors=True)
 
 
 def main():

@@ -910,6 +910,14 @@ static int run_job(worker *w, const Ditserve__Ipc__Job *job)
     /* A failure of the step callback comes back as its status alone. */
     if (st != DIT_OK && w->step_diag.msg[0])
         dit_diag_set(&diag, st, "%s", w->step_diag.msg);
+    /* A device's failure comes back from the backend op that met it as its
+     * status alone: the backend's own words (the op, the CUDA error's name)
+     * say what happened. */
+    const char *be_err = st == DIT_ERR_DEVICE && !diag.msg[0] && w->be->ops->last_error
+                             ? w->be->ops->last_error(w->be)
+                             : NULL;
+    if (be_err && be_err[0])
+        dit_diag_set(&diag, st, "%s: %s", dit_status_str(st), be_err);
     if (attached)
         dit_lora_detach(lora_sites(w));
     /* Each finished member decoded here, in its own format. */
@@ -943,6 +951,8 @@ report:;
     done.memory = &mem;
     done.rank = w->rank;
     done.peer_failed = peer_failed;
+    /* As decided below, after the message goes. */
+    done.worker_exits = (mesh_fatal(st) && !w->socket_lost) || abort_comm;
     if (!books || listed) {
         done.job_id = job->job_id;
         done.status = (int32_t)st0;

@@ -27,7 +27,13 @@
  *    heuristic was told. The product of the bf16 operands is summed in f32
  *    (OpenBLAS), then alpha, beta C, the epilogue (bias, GELU) and D's
  *    type, in that order.
- * Problems are printed to stderr with what was asked. */
+ * Problems are printed to stderr with what was asked.
+ *
+ * A device fault on demand: with DIT_EMU_FAULT_FILE set, the first stream
+ * synchronisation or query after that file appears fails with
+ * cudaErrorIllegalAddress (what a kernel's bad access gives on a GPU), and
+ * so does every later one, and cudaGetLastError keeps returning it: the
+ * context is broken, as a real one stays after such a fault. */
 #include <cmath>
 #include <cstdarg>
 #include <cstdio>
@@ -93,7 +99,9 @@ struct runtime {
     emu::copies copies = emu::COPY_AT_ISSUE;
     emu::schedule sched = emu::SCHED_ROUND_ROBIN;
     int device_count = 1, device = 0;
-    std::set<int> held; /* devices this process holds (exclusive mode) */
+    std::set<int> held;               /* devices this process holds (exclusive mode) */
+    const char *fault_file = nullptr; /* DIT_EMU_FAULT_FILE */
+    bool faulted = false;
     bool configured = false;
 };
 
@@ -114,8 +122,24 @@ runtime &rt()
         r.device_count = ndev >= 1 && ndev <= 64 ? (int)ndev : 1;
         r.device_total = (size_t)(mib > 0 ? mib : 8192) << 20;
         r.streams.insert(&r.null_stream);
+        const char *ff = getenv("DIT_EMU_FAULT_FILE");
+        r.fault_file = ff && ff[0] ? ff : nullptr;
     }
     return r;
+}
+
+/* Whether the emulated device has faulted (DIT_EMU_FAULT_FILE): checked
+ * where a GPU reports a kernel's fault, at a synchronisation. */
+bool device_faulted()
+{
+    runtime &r = rt();
+    if (!r.faulted && r.fault_file && access(r.fault_file, F_OK) == 0) {
+        r.faulted = true;
+        fprintf(stderr, "emu_runtime: a device fault, as %s asks\n", r.fault_file);
+    }
+    if (r.faulted)
+        r.sticky = cudaErrorIllegalAddress;
+    return r.faulted;
 }
 
 emu_stream *stream_of(cudaStream_t s)
@@ -389,7 +413,8 @@ cudaError_t cudaDeviceGetAttribute(int *value, cudaDeviceAttr attr, int device)
 cudaError_t cudaGetLastError(void)
 {
     const cudaError_t e = rt().sticky;
-    rt().sticky = cudaSuccess;
+    if (!rt().faulted) /* a fault's error is sticky */
+        rt().sticky = cudaSuccess;
     return e;
 }
 
@@ -412,6 +437,8 @@ const char *cudaGetErrorName(cudaError_t e)
         return "cudaErrorDevicesUnavailable";
     case cudaErrorNotReady:
         return "cudaErrorNotReady";
+    case cudaErrorIllegalAddress:
+        return "cudaErrorIllegalAddress";
     case cudaErrorStreamCaptureUnsupported:
         return "cudaErrorStreamCaptureUnsupported";
     case cudaErrorStreamCaptureInvalidated:
@@ -440,6 +467,8 @@ const char *cudaGetErrorString(cudaError_t e)
         return "CUDA-capable device(s) is/are busy or unavailable";
     case cudaErrorNotReady:
         return "device not ready";
+    case cudaErrorIllegalAddress:
+        return "an illegal memory access was encountered";
     case cudaErrorStreamCaptureUnsupported:
         return "operation not permitted when stream is capturing";
     case cudaErrorStreamCaptureInvalidated:
@@ -698,7 +727,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t st)
     if (s->capturing)
         return capture_breaks(s, "cudaStreamSynchronize");
     flush(s);
-    return cudaSuccess;
+    return device_faulted() ? cudaErrorIllegalAddress : cudaSuccess;
 }
 
 /* Work in the queue is "running": the first query runs it and says not
@@ -708,6 +737,8 @@ cudaError_t cudaStreamQuery(cudaStream_t st)
     emu_stream *s = stream_of(st);
     if (s->capturing)
         return capture_breaks(s, "cudaStreamQuery");
+    if (device_faulted())
+        return cudaErrorIllegalAddress;
     if (s->queue.empty())
         return cudaSuccess;
     flush(s);

@@ -38,6 +38,7 @@ typedef enum cudaError_t {
     cudaErrorNoDevice = 100,
     cudaErrorInvalidDevice = 101,
     cudaErrorNotReady = 600,
+    cudaErrorIllegalAddress = 700,
     cudaErrorStreamCaptureUnsupported = 900,
     cudaErrorStreamCaptureInvalidated = 901,
     cudaErrorStreamCaptureUnjoined = 904,
