@@ -1452,9 +1452,11 @@ static void lora_done(dit_server *s, job *j, dit_status st, grpc_status_code cod
 
 /* One job of the batch that ended: st and message are its own (the
  * whole job's when that failed), d its result (NULL without one). */
+/* full: why the member's client has no room for its result (unread_ok's
+ * refusal, judged before any result of its batch was queued), or NULL. */
 static void member_done(dit_server *s, dit_server_mesh *m, job *j, dit_status st,
                         const char *message, const Ditserve__Ipc__JobDone *d, held_result *held,
-                        double compute_ms)
+                        double compute_ms, const reply *full)
 {
     grpc_status_code code = dit_status_to_grpc(st);
     char detail[1300];
@@ -1504,7 +1506,6 @@ static void member_done(dit_server *s, dit_server_mesh *m, job *j, dit_status st
         lora_done(s, j, st, code, detail, compute_ms);
         break;
     case JOB_GENERATE: {
-        reply rp;
         if (j->call)
             dit_rpc_call_set_user(j->call, NULL);
         if (j->told >= 0) {
@@ -1521,9 +1522,9 @@ static void member_done(dit_server *s, dit_server_mesh *m, job *j, dit_status st
             code = GRPC_STATUS_INTERNAL;
             snprintf(detail, sizeof detail, "the workers sent no result for this request");
         }
-        if (st == DIT_OK && j->call && !unread_ok(s, j->call, &rp)) {
+        if (st == DIT_OK && j->call && full) {
             /* Admitted while there was room; the client has not read since. */
-            dit_rpc_call_finish(j->call, rp.code, rp.msg);
+            dit_rpc_call_finish(j->call, full->code, full->msg);
             j->call = NULL;
             code = GRPC_STATUS_RESOURCE_EXHAUSTED;
             snprintf(detail, sizeof detail, "the result was dropped: too many unread results");
@@ -1591,6 +1592,20 @@ static void on_done(void *ctx, uint64_t job_id, dit_status st, const char *messa
     /* Without memory for the hold, chunks are packed copies and env goes
      * here. */
     held_result *held = env ? held_new(env) : NULL;
+    /* Whether each member's client has room for its result is judged
+     * before any result of the batch is queued: members that finish
+     * together do not count against each other (on one connection, the
+     * client could not have read the first before the second was judged). */
+    reply *full = NULL;
+    bool no_room[DIT_DAEMON_MAX_BATCH] = {false};
+    for (int k = 0; k < n; k++) {
+        job *j = b[k];
+        if (j->kind != JOB_GENERATE || !j->call || j->told >= 0)
+            continue;
+        if (!full && !(full = malloc(sizeof *full * (size_t)n)))
+            break; /* without memory to say why, results go out */
+        no_room[k] = !unread_ok(s, j->call, &full[k]);
+    }
     for (int k = 0; k < n; k++) {
         job *j = b[k];
         const Ditserve__Ipc__JobDone *d = member_result(done, j->id, n);
@@ -1600,9 +1615,11 @@ static void on_done(void *ctx, uint64_t job_id, dit_status st, const char *messa
             mst = (dit_status)d->status;
             msg = d->message;
         }
-        member_done(s, m, j, mst, msg, mst == DIT_OK ? d : NULL, held, t - j->started_ms);
+        member_done(s, m, j, mst, msg, mst == DIT_OK ? d : NULL, held, t - j->started_ms,
+                    no_room[k] ? &full[k] : NULL);
         job_free(j);
     }
+    free(full);
     if (held)
         held_release(held);
     else if (env)

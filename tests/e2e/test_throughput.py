@@ -543,6 +543,36 @@ def batch_message_budget():
 
 
 @case
+def batch_unread_room():
+    """Batched members whose results finish together on one connection do
+    not count against each other in --max-unread-bytes: two raw 256x256
+    results (768 KiB each) of one batch, on one connection with a 512 KiB
+    bound, both reach the client that reads them. (Judged member by member,
+    the second saw the first's bytes queued that instant and was dropped
+    with RESOURCE_EXHAUSTED; the bound itself: e2e_hardening_unread_results.)"""
+    d = Daemon("--max-batch", "2", "--max-unread-bytes", str(512 << 10), world=1)
+    try:
+        call = start_blocker(d)
+        reqs = [dict(prompt="x", width=256, height=256, num_inference_steps=1, seed=30 + k,
+                     output_format=RAW) for k in range(2)]
+        results, threads = run_concurrently(d, reqs)
+        assert d.info().queue_depth == 2
+        call.cancel()
+        for t in threads:
+            t.join(300)
+        for k in range(2):
+            r = results[k]
+            assert not isinstance(r, grpc.RpcError), \
+                f"member {k} failed: {r.code().name}: {r.details()}"
+            images, res = r
+            assert len(images[0]) == 3 * 256 * 256 * 4 and res.seed == 30 + k, res
+            assert res.batch_size == 2, res
+        d.stop()
+    finally:
+        d.close()
+
+
+@case
 def replicas():
     """--replicas 2 on ring-2 meshes: four workers, both meshes take work
     from one queue, ServerInfo and the metrics per mesh; a worker of one mesh
