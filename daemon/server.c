@@ -535,6 +535,17 @@ failed:
     m->busy_since_ms = 0;
     for (int k = 0; k < n; k++) {
         m->members[k] = NULL;
+        if (b[k]->kind == JOB_STARTUP_WARMUP && dit_supervisor_state(m->sup) == DIT_MESH_READY) {
+            /* Its message could not be made while the mesh stands: it would
+             * fail again, and nothing would queue another (only a rebuilt
+             * mesh does). Serve without it and say so, as for a warm-up
+             * that failed on the workers (member_done). */
+            m->warmed = true;
+            s->warmed = true;
+            DIT_LOG(s->log, DIT_LOG_WARN, "warmup", "warm-up%s%s not run: %s",
+                    s->n_meshes > 1 ? " of " : "", s->n_meshes > 1 ? m->name : "",
+                    dit_diag_msg(&diag));
+        }
         log_unrun(s, b[k], dit_status_to_grpc(diag.status), dit_diag_msg(&diag));
         fail_job(b[k], dit_status_to_grpc(diag.status), dit_diag_msg(&diag));
         job_free(b[k]);
