@@ -704,6 +704,29 @@ typedef struct assembly {
     size_t image_start; /* where its bytes begin in data */
 } assembly;
 
+/* Result.image_bytes, when it splits the result, must be sizes that add up
+ * to the bytes received: a caller writes each image from its offset. */
+static bool image_sizes_ok(rpc *r, const Ditserve__V1__Result *res, size_t received)
+{
+    uint64_t sum = 0;
+    for (size_t m = 0; m < res->n_image_bytes; m++) {
+        if (res->image_bytes[m] < 0 || (uint64_t)res->image_bytes[m] > received) {
+            rpc_fail(r, DIT_RPC_DATA_LOSS, "client: the Result's image %zu has %lld bytes", m,
+                     (long long)res->image_bytes[m]);
+            return false;
+        }
+        sum += (uint64_t)res->image_bytes[m]; /* each at most received: no overflow */
+    }
+    if (res->n_image_bytes > 0 && sum != received) {
+        rpc_fail(r, DIT_RPC_DATA_LOSS,
+                 "client: the Result's %zu images come to %llu bytes, %zu "
+                 "arrived",
+                 res->n_image_bytes, (unsigned long long)sum, received);
+        return false;
+    }
+    return true;
+}
+
 /* Appends one chunk. Chunks must arrive in order and without gaps, image
  * after image (offsets within each image): the daemon sends them that way,
  * and anything else means lost bytes. The images' bytes are kept one after
@@ -825,6 +848,8 @@ dit_rpc_code dit_client_generate(dit_client *c, const Ditserve__V1__GenerateRequ
                          (long long)res.result->total_bytes, asm_buf.size);
                 break;
             }
+            if (!image_sizes_ok(&r, res.result, asm_buf.size))
+                break;
             if (cb->result)
                 stop = cb->result(cb->user, rid, res.result, asm_buf.data, asm_buf.size);
             break;

@@ -252,7 +252,7 @@ int ctl_generate(int argc, char **argv, ctl_common *common)
     for (size_t m = 0; m < n_images; m++) {
         const size_t len = res->n_image_bytes > 1 ? (size_t)res->image_bytes[m] : out.size;
         size_t w = len;
-        if (base + len > out.size) {
+        if (len > out.size - base) { /* base <= out.size: no wrap */
             fprintf(stderr, "ditctl: the Result's image sizes exceed the %zu bytes received\n",
                     out.size);
             rc = CTL_EXIT_FAIL;

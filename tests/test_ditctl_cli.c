@@ -562,6 +562,15 @@ static grpc_status_code fake_generate(fake_server *s, grpc_call *call,
         res.n_shape = 3;
         res.shape = shape;
     }
+    /* Hostile image sizes: one that wraps (size_t of -1) and two that do
+     * not add up to the bytes sent. */
+    int64_t bad_sizes[2] = {1, -1};
+    if (strcmp(p, "negsize") == 0 || strcmp(p, "oversize") == 0) {
+        bad_sizes[0] = strcmp(p, "negsize") == 0 ? 1 : (int64_t)size;
+        bad_sizes[1] = strcmp(p, "negsize") == 0 ? -1 : 1;
+        res.n_image_bytes = 2;
+        res.image_bytes = bad_sizes;
+    }
     res.prompt_truncated = strcmp(p, "long") == 0;
     char *warnings[1] = {"negative_prompt has no effect (fake)"};
     if (strcmp(p, "warn") == 0) {
@@ -1051,6 +1060,16 @@ START_TEST(test_fake_generate_errors)
         ctl_run(out, NULL, "--target", fs.target, "generate", "--prompt", "short", "-o", png, NULL);
     ck_assert_int_eq(rc, 1);
     HAS(out, "ditctl: DATA_LOSS: client: Result announces 10001 bytes, 10000 arrived\n");
+    /* Image sizes from a hostile server: negative, or more than arrived. */
+    rc = ctl_run(out, NULL, "--target", fs.target, "generate", "--prompt", "negsize", "-o", png,
+                 NULL);
+    ck_assert_int_eq(rc, 1);
+    HAS(out, "ditctl: DATA_LOSS: client: the Result's image 1 has -1 bytes\n");
+    rc = ctl_run(out, NULL, "--target", fs.target, "generate", "--prompt", "oversize", "-o", png,
+                 NULL);
+    ck_assert_int_eq(rc, 1);
+    HAS(out, "ditctl: DATA_LOSS: client: the Result's 2 images come to 10001 bytes, 10000 "
+             "arrived\n");
     rc = ctl_run(out, NULL, "--target", fs.target, "generate", "--prompt", "noresult", "-o", png,
                  NULL);
     ck_assert_int_eq(rc, 1);
