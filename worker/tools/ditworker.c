@@ -330,8 +330,13 @@ static dit_status on_step(void *ctx, int step, int total, double elapsed_ms, boo
         Ditserve__Ipc__Envelope env = DITSERVE__IPC__ENVELOPE__INIT;
         env.msg_case = DITSERVE__IPC__ENVELOPE__MSG_PROGRESS;
         env.progress = &pr;
-        if (send_env(w, &env) == -1)
+        if (send_env(w, &env) == -1) {
+            /* Its own loss, as after the broadcast above: not a peer's
+             * failure, and no reason to abort the others' comm (they are
+             * past every collective of the job). */
+            w->socket_lost = true;
             return dit_diag_set(diag, DIT_ERR_PEER, "lost the daemon's socket");
+        }
     }
     return DIT_OK;
 }
@@ -610,7 +615,7 @@ typedef struct encode_item {
     dit_status st;
     uint8_t *bytes;
     size_t nbytes;
-    double ms;
+    double start_ms, end_ms; /* now_ms() around its encoding */
     char msg[DIT_DIAG_MAX];
 } encode_item;
 
@@ -622,9 +627,16 @@ static dit_status join_images(encode_item *items, int ni, size_t total, member_o
 {
     dit_status st = DIT_OK;
     size_t len = 0;
-    mo->t_encode = 0;
+    /* The member's encoding time is the span its images took, which ran on
+     * several threads at once: their sum would count that time several
+     * times over (and the member's batch_others_ms could go negative). */
+    double first = 0, last = 0;
     for (int i = 0; i < ni; i++) {
-        mo->t_encode += items[i].ms;
+        first = i == 0 || items[i].start_ms < first ? items[i].start_ms : first;
+        last = i == 0 || items[i].end_ms > last ? items[i].end_ms : last;
+    }
+    mo->t_encode = last - first;
+    for (int i = 0; i < ni; i++) {
         if (st == DIT_OK && items[i].st != DIT_OK) {
             st = items[i].st;
             snprintf(mo->msg, sizeof mo->msg, "%s", items[i].msg);
@@ -689,8 +701,8 @@ static int mask_count(dit_gen_decode mask, int ni)
  * of its own), then joins each member's into mo[k] in member and image
  * order, within what one message carries in all; a member that does not
  * fit, or whose image fails, gets that status in mst[k] and the message in
- * mo[k].msg. Each mo[k].t_encode is its own images' time; returns the wall
- * time of the whole. */
+ * mo[k].msg. Each mo[k].t_encode is the wall time its own images took
+ * (first start to last end); returns the wall time of the whole. */
 static double encode_members(int threads, bool video, int n, const dit_gen_result *res,
                              const dit_request *rq, const dit_gen_decode *mine, dit_status *mst,
                              member_out *mo)
@@ -726,9 +738,9 @@ static double encode_members(int threads, bool video, int n, const dit_gen_resul
         encode_item *it = &items[i];
         dit_diag d;
         dit_diag_clear(&d);
-        const double t = now_ms();
+        it->start_ms = now_ms();
         it->st = encode_image(&res[it->k], it->m, &rq[it->k], &it->bytes, &it->nbytes, &d);
-        it->ms = now_ms() - t;
+        it->end_ms = now_ms();
         if (it->st != DIT_OK)
             snprintf(it->msg, sizeof it->msg, "%s", dit_diag_msg(&d));
     }
@@ -931,9 +943,11 @@ static int run_job(worker *w, const Ditserve__Ipc__Job *job)
 report:;
     if (st != DIT_OK && !diag.msg[0]) /* never "ok" for a failure */
         dit_diag_set(&diag, st, "%s", dit_status_str(st));
-    /* A single job's status is the message's own; a batch's message says
-     * the job's, its entries the members'. */
-    const dit_status st0 = st != DIT_OK || n > 1 ? st : mst ? mst[0] : DIT_OK;
+    /* A single job's status is the message's own; a listed job's (a batch,
+     * or one request whose images several ranks decode) message says the
+     * job's, its entries the members'. (A listed single request whose own
+     * encoding failed here said that status with the message "ok".) */
+    const dit_status st0 = st != DIT_OK || listed ? st : mst ? mst[0] : DIT_OK;
     /* Out of memory for the bookkeeping: a bare JobDone with the status. */
     const bool books = rq && res && mst && mo && entries && entry_ptrs && owner && mine;
     for (int k = 0; books && k < n; k++) {
