@@ -404,6 +404,10 @@ static void pump(dit_rpc_call *c)
         c->dead = true;
         DIT_LOG(c->srv->log, DIT_LOG_WARN, "grpc", "start_batch failed (%d); dropping the call",
                 (int)err);
+        /* Ends it for the client too: its close notification then comes,
+         * and the call (with its unsent bytes) is freed, instead of being
+         * held until the client goes. */
+        grpc_call_cancel(c->call, NULL);
     }
 }
 
