@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 
 #include "grpc_health_v1_health.pb-c.h"
+#include "core/file_id.h"
 #include "core/utf8.h"
 #include "ipc_wire.h"
 #include "results.h"
@@ -434,6 +435,15 @@ static void resolve_loras(const dit_server *s, const job *j, job_loras *L)
         L->jl[L->n].name = j->req->loras[i]->name;
         L->jl[L->n].path = L->paths[L->n];
         L->jl[L->n].scale = j->req->loras[i]->scale;
+        /* The file as it is now: every rank loads these bytes or refuses
+         * (a file gone since gets the workers' own message). */
+        dit_file_id id;
+        if (dit_file_id_of(L->paths[L->n], &id)) {
+            L->jl[L->n].file_dev = id.dev;
+            L->jl[L->n].file_ino = id.ino;
+            L->jl[L->n].file_size = id.size;
+            L->jl[L->n].file_mtime_ns = id.mtime_ns;
+        }
         L->jlp[L->n] = &L->jl[L->n];
         L->n++;
     }
@@ -1388,6 +1398,16 @@ static void lora_op(dit_server *s, dit_rpc_call *call, const uint8_t *req, size_
                "'%s' is preloaded (ditd --lora) and stays loaded", lr->name);
         goto done;
     }
+    for (int i = 0; kind == JOB_LORA_UNLOAD && i < s->cfg->n_preload_loras; i++)
+        if (strcmp(s->cfg->preload_loras[i].path, path) == 0) {
+            /* The workers keep adapters by file: unloading this name would
+             * unload the preloaded one. */
+            refuse(&rp, GRPC_STATUS_FAILED_PRECONDITION,
+                   "'%s' is the file of the preloaded adapter '%s' (ditd --lora), which stays "
+                   "loaded",
+                   lr->name, s->cfg->preload_loras[i].name);
+            goto done;
+        }
     if (!admit(s, call, 1, &rp))
         goto done;
     r = malloc(sizeof *r);

@@ -15,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/file_id.h"
 #include "serve/host.h"
 #include "config.h"
 #include "ipc_wire.h"
@@ -505,6 +506,13 @@ static void send_setup_range(dit_supervisor *s, int from, int to)
         ditserve__ipc__job_lora__init(&pl[i]);
         pl[i].name = (char *)s->cfg.preload_loras[i].name;
         pl[i].path = (char *)s->cfg.preload_loras[i].path;
+        dit_file_id id; /* every rank preloads the same version */
+        if (dit_file_id_of(pl[i].path, &id)) {
+            pl[i].file_dev = id.dev;
+            pl[i].file_ino = id.ino;
+            pl[i].file_size = id.size;
+            pl[i].file_mtime_ns = id.mtime_ns;
+        }
         plp[i] = &pl[i];
         setup.n_preload_loras++;
     }

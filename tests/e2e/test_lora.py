@@ -441,6 +441,99 @@ def hot():
             d.close()
 
 
+def negated_b(src, dst):
+    """A copy of adapter file src with every lora_B tensor's sign flipped:
+    another version of the same adapter, which moves the image the other
+    way."""
+    with open(src, "rb") as f:
+        data = bytearray(f.read())
+    n = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8:8 + n])
+    for name, e in header.items():
+        if name == "__metadata__" or "lora_B" not in name:
+            continue
+        size = {"F32": 4, "F16": 2, "BF16": 2}[e["dtype"]]
+        a, b = e["data_offsets"]
+        for off in range(8 + n + a + size - 1, 8 + n + b, size):
+            data[off] ^= 0x80  # the sign bit, in a little-endian element's last byte
+    with open(dst, "wb") as f:
+        f.write(data)
+
+
+@case
+def file_changes():
+    """Adapter files that change while ditd serves (a two-rank mesh). A file
+    replaced after its adapter was cached gives the new version on every
+    rank (the workers keep adapters by file and version, and ditd names the
+    version it saw), not the cached old one. A file gone between admission
+    and the job's load is refused naming the file, not the server's folder.
+    An adapter preloaded from a --lora-dir file cannot be unloaded under
+    its file name."""
+    import threading
+    with tempfile.TemporaryDirectory() as tmp:
+        ldir = lora_dir(tmp)
+        new = os.path.join(tmp, "demo_peft_v2.safetensors")
+        negated_b(os.path.join(LORA, "demo_peft.safetensors"), new)
+        want_old = ditrun_raw(tmp, os.path.join(LORA, "demo_peft.safetensors") + ":0.8")
+        want_new = ditrun_raw(tmp, new + ":0.8")
+        assert want_new != want_old
+        shutil.copy(os.path.join(LORA, "demo_peft.safetensors"),
+                    os.path.join(ldir, "doomed.safetensors"))
+        d = Daemon("--lora-dir", ldir, "--ring", "2", "--lora",
+                   "style=" + os.path.join(ldir, "demo_peft.safetensors"), world=2)
+        try:
+            _, old, _ = d.generate(loras=[("demo_peft", 0.8)], **SMALL)
+            assert rel_error(floats(old), want_old) <= TOL
+            # Replaced the way writers should (rename over it).
+            staged = os.path.join(ldir, ".demo_peft.tmp")
+            shutil.copy(new, staged)
+            os.replace(staged, os.path.join(ldir, "demo_peft.safetensors"))
+            _, got, _ = d.generate(loras=[("demo_peft", 0.8)], **SMALL)
+            err = rel_error(floats(got), want_new)
+            print(f"after the file was replaced: rel {err:.2g} to the new version, "
+                  f"{rel_error(floats(got), want_old):.2g} to the old")
+            assert err <= TOL, "the cached old version was used"
+            # The preloaded name 'style' read the same file: it follows too.
+            _, styled, _ = d.generate(loras=[("style", 0.8)], **SMALL)
+            assert styled == got
+            # Gone after admission: the request waits behind a long one.
+            out = {}
+            blocker = threading.Thread(target=lambda: out.update(
+                b=d.generate(timeout=300, **dict(SMALL, num_inference_steps=300))))
+            blocker.start()
+            while d.info().running == 0 and blocker.is_alive():
+                time.sleep(0.005)
+
+            def queued():
+                try:
+                    out["q"] = d.generate(timeout=120, loras=[("doomed", 1.0)], **SMALL)
+                except grpc.RpcError as e:
+                    out["q"] = e
+            q = threading.Thread(target=queued)
+            q.start()
+            t0 = time.monotonic()
+            while d.info().queue_depth < 1 and time.monotonic() - t0 < 30:
+                time.sleep(0.005)
+            assert d.info().queue_depth == 1 and d.info().running == 1, d.info()
+            os.unlink(os.path.join(ldir, "doomed.safetensors"))
+            blocker.join(300)
+            q.join(120)
+            e = out["q"]
+            assert isinstance(e, grpc.RpcError), "a gone file was served"
+            assert e.code().name == "INVALID_ARGUMENT", (e.code(), e.details())
+            assert "doomed.safetensors" in e.details() and tmp not in e.details(), e.details()
+            print(f"  gone after admission: {e.details()}")
+            # UnloadLora of the preloaded file under its --lora-dir name.
+            call = lambda m, **kw: d.api.lora_rpc(d.channel, m)(  # noqa: E731
+                d.api.msg(f"ditserve.v1.{m}Request")(**kw), timeout=60)
+            expect_error(lambda: call("UnloadLora", name="demo_peft"), "FAILED_PRECONDITION",
+                         "preloaded adapter 'style'")
+            assert {li.name: li for li in call("ListLoras").loras}["style"].loaded
+            d.stop()
+        finally:
+            d.close()
+
+
 @case
 def fuse():
     """--lora-fuse merges an adapter at start: plain requests then equal

@@ -41,6 +41,7 @@ struct dit_st_file {
     void *map;
     size_t map_len;
     bool heap;             /* map is a malloc'ed copy of the file, not a mapping */
+    dit_file_id id;        /* fstat's, at open */
     dit_st_entry *entries; /* sorted by name; names owned here */
     size_t n;
     st_meta *meta;
@@ -537,6 +538,7 @@ static dit_status file_open(const char *path, bool copy, uint64_t max_bytes, dit
         st = dit_diag_set(diag, DIT_ERR_FORMAT, "%s: not a regular file", path);
         goto cleanup;
     }
+    dit_file_id_from_stat(&sb, &f->id);
     if (sb.st_size < 8) {
         st = dit_diag_set(diag, DIT_ERR_FORMAT,
                           "%s: file is %lld bytes, too short for a safetensors header", path,
@@ -591,6 +593,11 @@ dit_status dit_st_file_open(const char *path, dit_st_file **out, dit_diag *diag)
 dit_status dit_st_file_read(const char *path, uint64_t max_bytes, dit_st_file **out, dit_diag *diag)
 {
     return file_open(path, true, max_bytes, out, diag);
+}
+
+dit_file_id dit_st_file_id(const dit_st_file *f)
+{
+    return f->id;
 }
 
 void dit_st_file_close(dit_st_file *f)

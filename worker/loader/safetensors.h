@@ -21,6 +21,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/file_id.h"
 #include "core/status.h"
 #include "core/tensor.h"
 
@@ -47,6 +48,8 @@ dit_status dit_st_file_open(const char *path, dit_st_file **out, dit_diag *diag)
 dit_status dit_st_file_read(const char *path, uint64_t max_bytes, dit_st_file **out,
                             dit_diag *diag);
 void dit_st_file_close(dit_st_file *f);
+/* The file as the descriptor it was read or mapped from said, at open. */
+dit_file_id dit_st_file_id(const dit_st_file *f);
 size_t dit_st_file_count(const dit_st_file *f);
 /* Entries are sorted by name. */
 const dit_st_entry *dit_st_file_at(const dit_st_file *f, size_t i);

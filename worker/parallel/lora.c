@@ -73,6 +73,7 @@ struct dit_lora {
     size_t n_outs;
     int n_modules, max_rank;
     int64_t max_group_rank;
+    dit_file_id file;
 };
 
 dit_status dit_lora_sites_create(dit_lora_kohya_fn kohya, dit_lora_sites **out, dit_diag *diag)
@@ -612,6 +613,7 @@ dit_status dit_lora_load(dit_backend *be, const dit_lora_sites *sites, const cha
             l->max_rank = (int)r;
     }
     l->n_modules = (int)mods.n;
+    l->file = dit_st_file_id(f);
 
     size_t off = 0;
     for (size_t g0 = 0, g1; g0 < np; g0 = g1) {
@@ -715,7 +717,8 @@ void dit_lora_destroy(dit_lora *l)
 
 dit_lora_info dit_lora_get_info(const dit_lora *l)
 {
-    return (dit_lora_info){.n_modules = l->n_modules, .max_rank = l->max_rank, .bytes = l->bytes};
+    return (dit_lora_info){
+        .n_modules = l->n_modules, .max_rank = l->max_rank, .bytes = l->bytes, .file = l->file};
 }
 
 /* ------------------------------------------------------------------------ */

@@ -51,6 +51,7 @@
 
 #include "backend/arena.h"
 #include "backend/backend.h"
+#include "core/file_id.h"
 #include "core/status.h"
 #include "core/tensor.h"
 #include "parallel/tp_plan.h"
@@ -107,7 +108,8 @@ void dit_lora_destroy(dit_lora *l);
 typedef struct dit_lora_info {
     int n_modules; /* modules of the model the adapter changes */
     int max_rank;
-    size_t bytes; /* backend memory this rank holds for it */
+    size_t bytes;     /* backend memory this rank holds for it */
+    dit_file_id file; /* the file as it was when read (core/file_id.h) */
 } dit_lora_info;
 
 dit_lora_info dit_lora_get_info(const dit_lora *l);

@@ -420,16 +420,62 @@ static void lora_cache_trim(lora_cache *c, const dit_lora *const *keep, int nkee
     }
 }
 
+/* The file a JobLora names as ditd saw it. */
+static dit_file_id job_lora_file(const Ditserve__Ipc__JobLora *jl)
+{
+    return (dit_file_id){.dev = jl->file_dev,
+                         .ino = jl->file_ino,
+                         .size = jl->file_size,
+                         .mtime_ns = jl->file_mtime_ns};
+}
+
+/* A loader's message for a client: every mention of `path` (the server's
+ * folders) becomes the file's own name. */
+static void client_message(const char *why, const char *path, char *out, size_t cap)
+{
+    const char *slash = strrchr(path, '/');
+    const char *base = slash ? slash + 1 : path;
+    const size_t pn = strlen(path);
+    size_t o = 0;
+    out[0] = '\0';
+    while (*why && o + 1 < cap) {
+        if (pn && strncmp(why, path, pn) == 0) {
+            o += (size_t)snprintf(out + o, cap - o, "%s", base);
+            why += pn;
+        } else {
+            out[o++] = *why++;
+            out[o] = '\0';
+        }
+    }
+}
+
 /* The adapter of file `path`, loaded now unless the cache has it. A file
  * that cannot be loaded is the request's fault (INVALID_ARGUMENT, naming
  * the adapter and the loader's reason, which names the key); out of memory
- * and device errors stay what they are. */
-static dit_status lora_get(worker *w, const char *name, const char *path, bool pin,
-                           const dit_lora **out, dit_diag *diag)
+ * and device errors stay what they are. expect: the file as ditd saw it
+ * (JobLora's file_*; unknown: whatever is there): a cached adapter of
+ * another version is loaded again, and a file that is not that version by
+ * the time it is read is refused, so the ranks never mix versions. */
+static dit_status lora_get(worker *w, const char *name, const char *path, const dit_file_id *expect,
+                           bool pin, const dit_lora **out, dit_diag *diag)
 {
     lora_cache *c = &w->loras;
+    const char *slash = strrchr(path, '/');
+    const char *base = slash ? slash + 1 : path;
     for (size_t i = 0; i < c->n; i++)
         if (strcmp(c->e[i].path, path) == 0) {
+            const dit_file_id have = dit_lora_get_info(c->e[i].lora).file;
+            if (dit_file_id_known(expect) && !dit_file_id_equal(&have, expect)) {
+                /* Replaced or rewritten since it was read: the old version
+                 * goes (no job holds it: adapters are detached after each
+                 * job, and a job names a file once), the new one loads. */
+                pin = pin || c->e[i].pinned;
+                dit_lora_destroy(c->e[i].lora);
+                free(c->e[i].path);
+                c->bytes -= c->e[i].bytes;
+                c->e[i] = c->e[--c->n];
+                break;
+            }
             c->e[i].last_use = ++c->clock;
             c->e[i].pinned |= pin;
             c->hits++;
@@ -460,7 +506,6 @@ static dit_status lora_get(worker *w, const char *name, const char *path, bool p
     dit_status st = dit_lora_load(w->be, sites, path, max_file, &l, &d);
     if (st != DIT_OK) {
         free(dup);
-        const char *slash = strrchr(path, '/');
         if (st != DIT_ERR_NOMEM && st != DIT_ERR_DEVICE)
             st = DIT_ERR_INVALID_ARG;
         /* The client learns the file's name, not where the server keeps it. */
@@ -468,10 +513,20 @@ static dit_status lora_get(worker *w, const char *name, const char *path, bool p
         const size_t pn = strlen(path);
         if (strncmp(why, path, pn) == 0 && strncmp(why + pn, ": ", 2) == 0)
             why += pn + 2;
+        char msg[DIT_DIAG_MAX];
+        client_message(why, path, msg, sizeof msg);
         return dit_diag_set(diag, st, "LoRA adapter '%s' (file %s) cannot be loaded: %s", name,
-                            slash ? slash + 1 : path, why);
+                            base, msg);
     }
     const dit_lora_info info = dit_lora_get_info(l);
+    if (dit_file_id_known(expect) && !dit_file_id_equal(&info.file, expect)) {
+        free(dup);
+        dit_lora_destroy(l);
+        return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
+                            "LoRA adapter '%s' (file %s) changed on disk while the request was "
+                            "on its way to the workers; send the request again",
+                            name, base);
+    }
     c->e[c->n++] = (lora_entry){
         .path = dup, .lora = l, .bytes = info.bytes, .last_use = ++c->clock, .pinned = pin};
     c->bytes += info.bytes;
@@ -503,7 +558,8 @@ static dit_status lora_attach_job(worker *w, const Ditserve__Ipc__Job *job, bool
     for (size_t i = 0; i < job->n_loras; i++) {
         const Ditserve__Ipc__JobLora *jl = job->loras[i];
         const dit_lora *l = NULL;
-        if ((st = lora_get(w, jl->name, jl->path, false, &l, diag)) != DIT_OK) {
+        const dit_file_id want = job_lora_file(jl);
+        if ((st = lora_get(w, jl->name, jl->path, &want, false, &l, diag)) != DIT_OK) {
             /* The ones loaded for it so far stay cached within the bound. */
             if (n > 0)
                 lora_cache_trim(&w->loras, keep, n);
@@ -529,7 +585,7 @@ static dit_status lora_only_job(worker *w, const Ditserve__Ipc__Job *job, dit_di
                             DIT_REQUEST_MAX_LORAS);
     for (size_t k = 0; k < job->n_lora_evict; k++)
         for (size_t i = 0; i < c->n; i++)
-            if (strcmp(c->e[i].path, job->lora_evict[k]) == 0) {
+            if (!c->e[i].pinned && strcmp(c->e[i].path, job->lora_evict[k]) == 0) {
                 dit_lora_destroy(c->e[i].lora);
                 free(c->e[i].path);
                 c->bytes -= c->e[i].bytes;
@@ -539,8 +595,9 @@ static dit_status lora_only_job(worker *w, const Ditserve__Ipc__Job *job, dit_di
     const dit_lora *keep[DIT_REQUEST_MAX_LORAS];
     int n = 0;
     for (size_t i = 0; i < job->n_loras; i++) {
+        const dit_file_id want = job_lora_file(job->loras[i]);
         dit_status st =
-            lora_get(w, job->loras[i]->name, job->loras[i]->path, false, &keep[n], diag);
+            lora_get(w, job->loras[i]->name, job->loras[i]->path, &want, false, &keep[n], diag);
         if (st != DIT_OK) {
             if (n > 0)
                 lora_cache_trim(c, keep, n);
@@ -1180,7 +1237,8 @@ static dit_status setup(worker *w, const Ditserve__Ipc__Setup *s, dit_diag *diag
         const dit_lora *l;
         dit_diag d;
         dit_diag_clear(&d);
-        st = lora_get(w, s->preload_loras[i]->name, s->preload_loras[i]->path, true, &l, &d);
+        const dit_file_id want = job_lora_file(s->preload_loras[i]);
+        st = lora_get(w, s->preload_loras[i]->name, s->preload_loras[i]->path, &want, true, &l, &d);
         if (st == DIT_ERR_NOMEM || st == DIT_ERR_DEVICE)
             return dit_diag_set(diag, st, "%s", dit_diag_msg(&d));
         if (st != DIT_OK)
