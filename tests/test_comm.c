@@ -1695,6 +1695,17 @@ static int sc_abort(rank_ctx *cx)
         REQUIRE(cx, st != DIT_OK && now_s() - t0 < 1.0,
                 "all_reduce after this rank's own abort: %s after %.2f s", dit_status_name(st),
                 now_s() - t0);
+        /* Ops with nothing to move (no barrier to meet) fail as well. */
+        float none[1] = {0};
+        size_t zeros[DIT_SHM_MAX_RANKS] = {0};
+        st = cx->world->ops->all_reduce_sum(cx->world, none, 0, DIT_F32, &d);
+        REQUIRE(cx, st == DIT_ERR_PEER, "empty all_reduce after the abort: %s",
+                dit_status_name(st));
+        st = cx->world->ops->broadcast(cx->world, none, 0, 0, &d);
+        REQUIRE(cx, st == DIT_ERR_PEER, "empty broadcast after the abort: %s", dit_status_name(st));
+        st = cx->world->ops->all_gather_v(cx->world, none, none, zeros, &d);
+        REQUIRE(cx, st == DIT_ERR_PEER, "empty all_gather_v after the abort: %s",
+                dit_status_name(st));
         return 0;
     }
     const double t0 = now_s();

@@ -191,9 +191,12 @@ static dit_status wait_barrier(shm_comm *c, shm_group *g, uint32_t gen, dit_diag
         if (t >= next_check) {
             next_check = t + SHM_LIVENESS_PERIOD;
             for (int m = 0; m < g->size; m++) {
+                /* Arrived members too: one that died between its arrival
+                 * and the generation's step (the last to arrive) would
+                 * otherwise hold the others until the timeout. */
                 const int w = g->members[m];
                 const pid_t pid = atomic_load(&h->pids[w]);
-                if (atomic_load(&g->arrived[m]) == gen + 1 || pid <= 0)
+                if (pid <= 0)
                     continue;
                 if (pid_dead(pid)) {
                     if (atomic_load(&h->failed_rank) >= 0)
@@ -206,6 +209,8 @@ static dit_status wait_barrier(shm_comm *c, shm_group *g, uint32_t gen, dit_diag
             }
         }
         if (t - start > c->timeout_s) {
+            if (atomic_load(&g->gen) != gen)
+                break; /* it completed just now: no timeout */
             char late[256] = "";
             size_t used = 0;
             int first_late = -1;
@@ -267,6 +272,10 @@ static dit_status shm_all_gather_v(dit_comm *base, const void *send, void *recv,
                                    const size_t *counts, dit_diag *diag)
 {
     shm_comm *c = (shm_comm *)base;
+    /* Every op fails fast on a broken mesh, one with nothing to move (and
+     * so no barrier) too. */
+    if (atomic_load(&c->hdr->abort))
+        return aborted(c, diag);
     const int P = base->size, me = base->rank;
     const size_t cap = c->hdr->slot_bytes;
     size_t max = 0, displ[DIT_SHM_MAX_RANKS];
@@ -350,6 +359,8 @@ static dit_status shm_all_reduce_sum(dit_comm *base, void *buf, size_t count, di
                                      dit_diag *diag)
 {
     shm_comm *c = (shm_comm *)base;
+    if (atomic_load(&c->hdr->abort))
+        return aborted(c, diag);
     if (dtype != DIT_F32)
         return dit_diag_set(diag, DIT_ERR_UNSUPPORTED, "shm all-reduce sums f32 only, not %s",
                             dit_dtype_name(dtype));
@@ -390,6 +401,8 @@ static dit_status shm_all_reduce_sum(dit_comm *base, void *buf, size_t count, di
 static dit_status shm_broadcast(dit_comm *base, void *buf, size_t bytes, int root, dit_diag *diag)
 {
     shm_comm *c = (shm_comm *)base;
+    if (atomic_load(&c->hdr->abort))
+        return aborted(c, diag);
     if (root < 0 || root >= base->size)
         return dit_diag_set(diag, DIT_ERR_INVALID_ARG, "broadcast root %d outside group of %d",
                             root, base->size);
