@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import grpc
@@ -205,6 +206,27 @@ class Daemon:
 
 
 SANITIZER_NEEDLES = ("runtime error:", "AddressSanitizer", "LeakSanitizer", "ThreadSanitizer")
+
+
+def generate_queued(d, timeout=300, **fields):
+    """Starts d.generate(**fields) on a thread while a mesh is busy and
+    returns once ditd's queue holds it: (thread, out), where out["r"] is
+    its (kinds, data, result) or its grpc.RpcError once the thread ends."""
+    out = {}
+    before = d.info().queue_depth
+
+    def run():
+        try:
+            out["r"] = d.generate(timeout=timeout, **fields)
+        except grpc.RpcError as e:
+            out["r"] = e
+    t = threading.Thread(target=run)
+    t.start()
+    t0 = time.monotonic()
+    while d.info().queue_depth <= before and time.monotonic() - t0 < 60:
+        time.sleep(0.005)
+    assert d.info().queue_depth == before + 1, "the request did not queue"
+    return t, out
 
 
 def run_cases(cases, doc):

@@ -21,14 +21,13 @@ import struct
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 import grpc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ditapi  # noqa: E402
-from daemon import children_of, env_path, Daemon, run_cases, WAN_DEMO  # noqa: E402
+from daemon import children_of, env_path, Daemon, generate_queued, run_cases, WAN_DEMO  # noqa: E402
 from test_throughput import (run_concurrently, solo_results, wait_meshes_ready,  # noqa: E402
                              wait_progress)
 from test_lora import lora_dir  # noqa: E402
@@ -457,19 +456,7 @@ def device_fault():
         call = api.generate(d.channel)(api.request(**dict(REQ, num_inference_steps=1000)),
                                        timeout=600)
         wait_progress(call)
-        queued = {}
-
-        def run_queued():
-            try:
-                queued["r"] = d.generate(timeout=300, **dict(REQ, seed=2))
-            except grpc.RpcError as e:
-                queued["r"] = e
-        t = threading.Thread(target=run_queued)
-        t.start()
-        t0 = time.monotonic()
-        while d.info().queue_depth < 1 and time.monotonic() - t0 < 60:
-            time.sleep(0.05)
-        assert d.info().queue_depth == 1, "the second request did not queue"
+        t, queued = generate_queued(d, **dict(REQ, seed=2))
         workers = children_of(d.proc.pid)
         assert len(workers) == 1, workers
         open(fault, "w").close()

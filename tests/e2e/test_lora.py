@@ -22,7 +22,7 @@ import grpc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ditapi  # noqa: E402
-from daemon import Daemon, DEMO, env_path, run_cases  # noqa: E402
+from daemon import Daemon, DEMO, env_path, generate_queued, run_cases  # noqa: E402
 
 CASES = {}
 LORA = os.path.join(env_path("DIT_SOURCE_ROOT"), "tests", "data", "lora")
@@ -503,22 +503,12 @@ def file_changes():
             blocker.start()
             while d.info().running == 0 and blocker.is_alive():
                 time.sleep(0.005)
-
-            def queued():
-                try:
-                    out["q"] = d.generate(timeout=120, loras=[("doomed", 1.0)], **SMALL)
-                except grpc.RpcError as e:
-                    out["q"] = e
-            q = threading.Thread(target=queued)
-            q.start()
-            t0 = time.monotonic()
-            while d.info().queue_depth < 1 and time.monotonic() - t0 < 30:
-                time.sleep(0.005)
-            assert d.info().queue_depth == 1 and d.info().running == 1, d.info()
+            q, queued = generate_queued(d, timeout=120, loras=[("doomed", 1.0)], **SMALL)
+            assert d.info().running == 1, d.info()
             os.unlink(os.path.join(ldir, "doomed.safetensors"))
             blocker.join(300)
             q.join(120)
-            e = out["q"]
+            e = queued["r"]
             assert isinstance(e, grpc.RpcError), "a gone file was served"
             assert e.code().name == "INVALID_ARGUMENT", (e.code(), e.details())
             assert "doomed.safetensors" in e.details() and tmp not in e.details(), e.details()
