@@ -1079,10 +1079,19 @@ static void spawn_all(dit_supervisor *s)
                    (uint64_t)(s->cfg.startup_timeout_s * 1000), 0);
     for (int r = 0; r < s->L; r++) {
         worker_slot *w = &s->workers[r];
-        char rank[16];
+        char rank[16], parent[24];
         snprintf(rank, sizeof rank, "%d", r);
-        char *args[] = {
-            (char *)s->cfg.worker_path, "--connect", s->sock_path, "--rank", rank, NULL};
+        /* Our pid: a worker checks its parent against it, which holds
+         * where ditd is pid 1 (a container's entrypoint) too. */
+        snprintf(parent, sizeof parent, "%ld", (long)getpid());
+        char *args[] = {(char *)s->cfg.worker_path,
+                        "--connect",
+                        s->sock_path,
+                        "--rank",
+                        rank,
+                        "--parent-pid",
+                        parent,
+                        NULL};
         uv_stdio_container_t stdio[3] = {
             {.flags = UV_IGNORE},
             /* ditd's stdout carries its own lines (the listening address);

@@ -66,12 +66,13 @@ class Daemon:
     logs = []
 
     def __init__(self, *args, world=1, env=None, startup_s=60, wait_serving=True, creds=None,
-                 model=DEMO):
+                 model=DEMO, wrap=()):
         self.api = ditapi.Api(env_path("DIT_DESC"))
         self.logf = tempfile.NamedTemporaryFile(prefix="ditd-", suffix=".log", delete=False)
         Daemon.logs.append(self.logf.name)
-        cmd = [env_path("DITD"), "--model", model, "--listen", "127.0.0.1:0",
-               "--world-size", str(world)] + list(args)
+        # wrap: a command ditd runs under (its stdout stays ditd's).
+        cmd = list(wrap) + [env_path("DITD"), "--model", model, "--listen", "127.0.0.1:0",
+                            "--world-size", str(world)] + list(args)
         e = dict(os.environ)
         e.update(env or {})
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.logf, env=e)

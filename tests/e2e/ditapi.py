@@ -139,5 +139,66 @@ def collect_images(events):
     return out, result
 
 
+def png_rgb8(data):
+    """An 8-bit RGB PNG (what ditd encodes: colour type 2, depth 8, not
+    interlaced) as (width, height, pixels): the rows' bytes R, G, B, decoded
+    here with zlib and PNG's five row filters."""
+    import struct
+    import zlib
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    pos, idat, width = 8, b"", None
+    while pos < len(data):
+        n, kind = struct.unpack(">I4s", data[pos:pos + 8])
+        body = data[pos + 8:pos + 8 + n]
+        if kind == b"IHDR":
+            width, height, depth, ctype, _, _, interlace = struct.unpack(">IIBBBBB", body)
+            assert (depth, ctype, interlace) == (8, 2, 0), (depth, ctype, interlace)
+        elif kind == b"IDAT":
+            idat += body
+        elif kind == b"IEND":
+            break
+        pos += 12 + n
+    assert width is not None, "no IHDR"
+    raw, stride = zlib.decompress(idat), width * 3
+    out, prev = bytearray(), bytearray(stride)
+    for y in range(height):
+        f, row = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
+        for i in range(stride):
+            a = row[i - 3] if i >= 3 else 0
+            b, c = prev[i], prev[i - 3] if i >= 3 else 0
+            if f == 1:
+                row[i] = (row[i] + a) & 255
+            elif f == 2:
+                row[i] = (row[i] + b) & 255
+            elif f == 3:
+                row[i] = (row[i] + (a + b) // 2) & 255
+            elif f == 4:
+                p = a + b - c
+                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+                row[i] = (row[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
+            else:
+                assert f == 0, f"row filter {f}"
+        out += row
+        prev = row
+    return width, height, bytes(out)
+
+
+def png_matches_raw(png, raw, width, height):
+    """The largest difference, in 8-bit steps, between a PNG's pixels and a
+    raw (3, H, W) f32 result quantised as ditd's PNG encoder does it
+    (x * 0.5 + 0.5, clamped, * 255, rounded): 0 or 1 (rounding in doubles
+    here) when the PNG holds that image."""
+    import struct
+    w, h, px = png_rgb8(png)
+    assert (w, h) == (width, height), (w, h)
+    vals = struct.unpack(f"<{3 * w * h}f", raw)
+    worst = 0
+    for c in range(3):
+        for i in range(w * h):
+            v = min(max(vals[c * w * h + i] * 0.5 + 0.5, 0.0), 1.0)
+            worst = max(worst, abs(px[i * 3 + c] - round(v * 255)))
+    return worst
+
+
 def desc_path():
     return os.environ["DIT_DESC"]

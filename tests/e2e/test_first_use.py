@@ -231,6 +231,37 @@ def tools():
     assert p.returncode == 2 and "did you mean '--model'?" in p.stderr, p.stderr
 
 
+@case
+def pid_one():
+    """ditd as pid 1, as a container's entrypoint is (`docker run` of the
+    image, a Kubernetes pod without an init): its workers start and it
+    serves, a ring of two as much as one rank, and it drains and exits 0 on
+    SIGTERM. (A worker took a parent of pid 1 for a daemon that had died
+    and exited at once, so such a mesh restarted forever and never served;
+    ditd now tells each worker its pid, --parent-pid.) Skipped where no pid
+    namespace can be made (unshare needs CAP_SYS_ADMIN)."""
+    probe = subprocess.run(["unshare", "--pid", "--fork", "true"], capture_output=True)
+    if probe.returncode != 0:
+        print(f"skipped: unshare --pid: {probe.stderr.decode(errors='replace').strip()}")
+        return 77
+    for world, flags in ((1, ()), (2, ("--ring", "2"))):
+        d = Daemon(*flags, "--startup-timeout", "30", world=world, startup_s=30,
+                   wrap=("unshare", "--pid", "--fork", "--kill-child"))
+        try:
+            (ditd,) = children_of(d.proc.pid)  # under unshare: pid 1 of its namespace
+            with open(f"/proc/{ditd}/status") as f:
+                nspid = next(line.split()[-1] for line in f if line.startswith("NSpid:"))
+            assert nspid == "1", f"ditd is pid {nspid} in its namespace"
+            kinds, png, res = d.generate(seed=3, **SMALL)
+            assert png.startswith(PNG_MAGIC) and res.seed == 3, kinds
+            assert d.info().worker_restarts == 0, d.info()
+            os.kill(ditd, signal.SIGTERM)
+            assert d.proc.wait(60) == 0, d.log()
+            print(f"  world {world}: served as pid 1")
+        finally:
+            d.close()
+
+
 def main():
     return run_cases(CASES, __doc__)
 

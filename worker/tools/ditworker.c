@@ -54,7 +54,7 @@
 #endif
 
 static const char *const usage =
-    "usage: ditworker --connect SOCKET --rank R\n"
+    "usage: ditworker --connect SOCKET --rank R [--parent-pid PID]\n"
     "       ditworker --join HOST:PORT --secret-file FILE [options]\n"
     "\n"
     "One rank of a ditd mesh; it receives the mesh setup and the model to load from\n"
@@ -1382,12 +1382,17 @@ out:
     return rc;
 }
 
-static int run_local(const char *path, int rank)
+/* parent: the daemon's pid (--parent-pid), 0 when not given. */
+static int run_local(const char *path, int rank, long long parent)
 {
     /* Die with the daemon, even one that exits without stopping us (a
-     * second SIGTERM, a crash): a worker has no reason to outlive it. */
+     * second SIGTERM, a crash): a worker has no reason to outlive it. A
+     * daemon that died before the line below took effect is no longer our
+     * parent: the process that adopted us is. With --parent-pid that is
+     * any other pid; without, pid 1 stands for it, which is wrong where
+     * ditd is itself pid 1 (a container's entrypoint), hence the flag. */
     prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() == 1)
+    if (parent > 0 ? (long long)getppid() != parent : getppid() == 1)
         return 1;
     worker w;
     memset(&w, 0, sizeof w);
@@ -1626,7 +1631,7 @@ static int run_joined(const join_opts *jo)
 /* The command line, filled from the option table below. */
 typedef struct worker_args {
     const char *connect, *join, *secret_file, *model;
-    long long rank, device, threads;
+    long long rank, device, threads, parent_pid;
     bool rank_given, once;
 } worker_args;
 
@@ -1669,6 +1674,10 @@ static const dit_option worker_opts[] = {
      WOFF(model), 0, 0, NULL, false},
     {"once", 0, DIT_OPT_FLAG, NULL, NULL, "exit when the first mesh ends instead of joining again",
      NULL, WOFF(once), 0, 0, NULL, false},
+    {"parent-pid", 0, DIT_OPT_INT, NULL, "PID",
+     "with --connect: the daemon's pid (ditd passes its own): a worker whose parent is another "
+     "process (the daemon died before it started) exits at once",
+     NULL, WOFF(parent_pid), 1, 4194304, NULL, false},
 };
 
 int main(int argc, char **argv)
@@ -1706,7 +1715,7 @@ int main(int argc, char **argv)
             fprintf(stderr, "ditworker: --connect needs --rank (see --help)\n");
             return 2;
         }
-        return run_local(path, (int)rank);
+        return run_local(path, (int)rank, wa.parent_pid);
     }
     if (!jo.address) {
         fprintf(stderr,
