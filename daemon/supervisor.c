@@ -163,9 +163,14 @@ static dit_mesh_state public_state(sup_phase ph)
     return DIT_MESH_STOPPED;
 }
 
-/* Moves to ph; callers hear of it only when the public state changes. */
+/* Moves to ph; callers hear of it only when the public state changes. A
+ * stopping mesh only goes on stopping: a worker that says hello or ready
+ * after the stop began (it was still starting) must not bring the mesh back
+ * to loading or ready, where the stop would never complete. */
 static void set_phase(dit_supervisor *s, sup_phase ph)
 {
+    if (s->stopping && ph != PH_STOPPING && ph != PH_STOPPED && s->phase != PH_RUNNING)
+        return;
     const dit_mesh_state before = public_state(s->phase), after = public_state(ph);
     s->phase = ph;
     if (before == after)
@@ -612,6 +617,16 @@ static void handle(conn *c, Ditserve__Ipc__Envelope *env)
         }
         c->rank = r;
         s->by_rank[r] = c;
+        if (s->stopping) {
+            /* Started before the stop and connected after it: it missed
+             * the Shutdown the others got, and has nothing to load. */
+            Ditserve__Ipc__Shutdown sd = DITSERVE__IPC__SHUTDOWN__INIT;
+            Ditserve__Ipc__Envelope out = DITSERVE__IPC__ENVELOPE__INIT;
+            out.msg_case = DITSERVE__IPC__ENVELOPE__MSG_SHUTDOWN;
+            out.shutdown = &sd;
+            send_to(c, &out);
+            break;
+        }
         if (++s->hellos == s->N)
             send_setup(s);
         break;

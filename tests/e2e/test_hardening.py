@@ -124,6 +124,35 @@ def warmup_queued():
 
 
 @case
+def stop_while_starting():
+    """SIGTERM while a mesh's workers are still starting (each says hello
+    only after the stop began, as a slow start would), with one mesh and
+    with two: ditd stops and exits 0 within seconds, no worker left. (A late
+    hello took the stopping mesh back to loading and ready, where its stop
+    never completed: ditd hung until killed.)"""
+    import stat
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        slow = os.path.join(tmp, "slow-worker")
+        with open(slow, "w") as f:
+            f.write(f"#!/bin/sh\nsleep 1.5\nexec {env_path('DITWORKER')} \"$@\"\n")
+        os.chmod(slow, stat.S_IRWXU)
+        for flags in ((), ("--replicas", "2", "--threads", "1")):
+            d = Daemon("--worker", slow, *flags, wait_serving=False)
+            try:
+                time.sleep(0.3)  # the workers are sleeping: no hello yet
+                t0 = time.monotonic()
+                d.stop(timeout_s=20)
+                took = time.monotonic() - t0
+                print(f"  {' '.join(flags) or 'one mesh'}: stopped while starting in {took:.1f} s")
+                assert took < 10, took
+                assert "state: ready" not in d.log(), d.log()
+                no_sanitizer_reports(d)
+            finally:
+                d.close()
+
+
+@case
 def unread_results():
     """A client that stops reading (HTTP/2 window never reopened) while it
     keeps sending Generate calls: ditd holds at most --max-unread-bytes for
