@@ -415,8 +415,8 @@ int main(int argc, char **argv)
 
     int metrics_port = -1;
     if (d->cfg.metrics_port >= 0 &&
-        dit_metrics_start(d->cfg.metrics_port, 0, d->cfg.model_name, &s->metrics, &metrics_port,
-                          &diag) != DIT_OK) {
+        dit_metrics_start(d->cfg.metrics_port, 0, d->cfg.model_name, d->cfg.replicas, &s->metrics,
+                          &metrics_port, &diag) != DIT_OK) {
         fprintf(stderr, "ditd: %s\n", dit_diag_msg(&diag));
         rc = 2;
         dit_server_drain(s);

@@ -10,6 +10,8 @@
 #include <netinet/in.h>
 #include <uv.h>
 
+#include "core/utf8.h"
+
 #define N_STATUS 17
 #define N_BUCKETS 14
 #define N_RANKS 64
@@ -69,7 +71,7 @@ typedef struct histogram {
 struct dit_metrics {
     uv_mutex_t mu;
     struct MHD_Daemon *httpd;
-    char model[128];
+    char model[512]; /* the label value, escaped (label_value) */
     uint64_t requests[N_STATUS];
     histogram queue, latency, step;
     int queued, running;
@@ -455,25 +457,69 @@ static enum MHD_Result on_accept(void *cls, const struct sockaddr *addr, socklen
     return MHD_YES;
 }
 
-dit_status dit_metrics_start(int port, int loopback_only, const char *model, dit_metrics **out,
-                             int *bound_port, dit_diag *diag)
+/* `s` as a Prometheus label value in out (cap bytes, NUL included): \, "
+ * and a newline escaped, bytes that are not UTF-8 as '?', cut before a
+ * character or an escape that would not fit whole (the text format refuses
+ * the whole scrape over one bad value). */
+static void label_value(const char *s, char *out, size_t cap)
+{
+    size_t o = 0, n = strlen(s);
+    for (size_t i = 0; i < n;) {
+        size_t len = dit_utf8_len(s + i, n - i);
+        const char *src = s + i;
+        char esc[2];
+        size_t w = len;
+        if (len == 0) { /* not UTF-8 */
+            src = "?";
+            w = len = 1;
+        } else if (s[i] == '\\' || s[i] == '"' || s[i] == '\n') {
+            esc[0] = '\\';
+            esc[1] = s[i] == '\n' ? 'n' : s[i];
+            src = esc;
+            w = 2;
+        }
+        if (o + w + 1 > cap)
+            break;
+        memcpy(out + o, src, w);
+        o += w;
+        i += len;
+    }
+    out[o] = '\0';
+}
+
+dit_status dit_metrics_start(int port, int loopback_only, const char *model, int n_meshes,
+                             dit_metrics **out, int *bound_port, dit_diag *diag)
 {
     dit_metrics *m = calloc(1, sizeof *m);
     if (!m)
         return dit_diag_set(diag, DIT_ERR_NOMEM, "out of memory");
     uv_mutex_init(&m->mu);
-    snprintf(m->model, sizeof m->model, "%s", model);
+    label_value(model ? model : "", m->model, sizeof m->model);
+    m->n_meshes = n_meshes < 1 ? 1 : n_meshes > N_MESHES ? N_MESHES : n_meshes;
     for (int i = 0; i < N_MESHES; i++)
         snprintf(m->mesh_state[i], sizeof m->mesh_state[i], "starting");
+    /* Every address: IPv6 and IPv4 on one socket, so that a ditd serving
+     * gRPC on IPv6 (an IPv6-only cluster) is scraped there too; IPv4 alone
+     * where the host has no IPv6. epoll (poll where there is none): select()
+     * would fail on descriptors past FD_SETSIZE, which a busy ditd reaches. */
+    if (!loopback_only) {
+        struct sockaddr_in6 addr6 = {.sin6_family = AF_INET6, .sin6_port = htons((uint16_t)port)};
+        addr6.sin6_addr = in6addr_any;
+        m->httpd = MHD_start_daemon(MHD_USE_AUTO_INTERNAL_THREAD | MHD_USE_DUAL_STACK,
+                                    (uint16_t)port, on_accept, m, on_http, m, MHD_OPTION_SOCK_ADDR,
+                                    (struct sockaddr *)&addr6, MHD_OPTION_CONNECTION_LIMIT,
+                                    (unsigned)METRICS_MAX_CONNS, MHD_OPTION_CONNECTION_TIMEOUT,
+                                    (unsigned)METRICS_IDLE_TIMEOUT_S, MHD_OPTION_NOTIFY_CONNECTION,
+                                    on_conn_event, m, MHD_OPTION_END);
+    }
     struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
     addr.sin_addr.s_addr = htonl(loopback_only ? INADDR_LOOPBACK : INADDR_ANY);
-    /* epoll (poll where there is none): select() would fail on descriptors
-     * past FD_SETSIZE, which a busy ditd reaches. */
-    m->httpd = MHD_start_daemon(MHD_USE_AUTO_INTERNAL_THREAD, (uint16_t)port, on_accept, m, on_http,
-                                m, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
-                                MHD_OPTION_CONNECTION_LIMIT, (unsigned)METRICS_MAX_CONNS,
-                                MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)METRICS_IDLE_TIMEOUT_S,
-                                MHD_OPTION_NOTIFY_CONNECTION, on_conn_event, m, MHD_OPTION_END);
+    if (!m->httpd)
+        m->httpd = MHD_start_daemon(MHD_USE_AUTO_INTERNAL_THREAD, (uint16_t)port, on_accept, m,
+                                    on_http, m, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
+                                    MHD_OPTION_CONNECTION_LIMIT, (unsigned)METRICS_MAX_CONNS,
+                                    MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)METRICS_IDLE_TIMEOUT_S,
+                                    MHD_OPTION_NOTIFY_CONNECTION, on_conn_event, m, MHD_OPTION_END);
     if (!m->httpd) {
         uv_mutex_destroy(&m->mu);
         free(m);

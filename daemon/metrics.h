@@ -13,10 +13,13 @@
 
 typedef struct dit_metrics dit_metrics;
 
-/* Listens on 127.0.0.1 when `loopback_only`, else every address; port 0
- * picks a free one, written to *bound_port. */
-dit_status dit_metrics_start(int port, int loopback_only, const char *model, dit_metrics **out,
-                             int *bound_port, dit_diag *diag);
+/* Listens on 127.0.0.1 when `loopback_only`, else every address (IPv6 and
+ * IPv4 where the host has IPv6); port 0 picks a free one, written to
+ * *bound_port. `model` is the label value of every series (escaped here);
+ * n_meshes: the meshes ditd starts (--replicas), each with its series from
+ * the first scrape. */
+dit_status dit_metrics_start(int port, int loopback_only, const char *model, int n_meshes,
+                             dit_metrics **out, int *bound_port, dit_diag *diag);
 void dit_metrics_stop(dit_metrics *m);
 
 /* A request ended with this gRPC status name (OK, INVALID_ARGUMENT, ...);

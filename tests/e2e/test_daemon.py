@@ -10,6 +10,7 @@ import os
 import re
 import resource
 import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -1003,6 +1004,42 @@ def metrics():
             raise AssertionError("a path other than /metrics was served")
         except urllib.error.HTTPError as e:
             assert e.code == 404
+        d.stop()
+    finally:
+        d.close()
+    # A model name with a quote, a backslash, a newline and a byte that is
+    # not UTF-8 (the folder's name, or --model-name): every line is still
+    # the text format (a bad one makes Prometheus refuse the whole scrape),
+    # the label says the name escaped; with --replicas 2 both meshes have
+    # their series from the first scrape; IPv6 reaches the port too.
+    odd = b'my "odd"\\ model\n\xff'
+    d = Daemon("--metrics-port", "0", "--replicas", "2", "--threads", "1",
+               "--model-name", odd.decode("utf-8", "surrogateescape"), wait_serving=False)
+    try:
+        line = d.proc.stdout.readline().decode()
+        assert line.startswith("ditd: metrics on http://"), line
+        port = int(line.split()[-1].rsplit(":", 1)[1].split("/")[0])
+        sample = re.compile(r'^[a-zA-Z_:][a-zA-Z0-9_:]*'
+                            r'(\{[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\[\\"n])*"'
+                            r'(?:,[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\[\\"n])*")*\})? \S+$')
+        hosts = ["127.0.0.1"]
+        try:
+            with socket.socket(socket.AF_INET6) as probe:
+                probe.bind(("::1", 0))
+            hosts.append("[::1]")
+        except OSError:
+            print("  no IPv6 loopback here: IPv4 only")
+        for host in hosts:
+            with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10) as r:
+                text = r.read().decode()
+            bad = [l for l in text.splitlines() if l and not l.startswith("#")
+                   and not sample.match(l)]
+            assert not bad, bad[:3]
+            want = 'model="my \\"odd\\"\\\\ model\\n?"'
+            assert want in text, text[:400]
+            for mesh in ("0", "1"):
+                assert re.search(f'ditserve_mesh_state{{.*mesh="{mesh}"', text), (mesh, text)
+        d.wait_serving(60)
         d.stop()
     finally:
         d.close()
