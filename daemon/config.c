@@ -32,6 +32,11 @@ typedef struct raw {
     long long lora_cache;
     int n_loras;
     dit_daemon_lora loras[DIT_DAEMON_MAX_PRELOAD_LORAS];
+    /* DITD_LORA is set: its value is set_lora's first call, and the first
+     * --lora flag after it replaces it (the flag wins, as for every
+     * setting) instead of adding to it. */
+    bool lora_env;
+    int lora_calls;
 } raw;
 
 /* --lora-fuse NAME[:SCALE]: the adapter by the name --lora gives it, or
@@ -89,6 +94,8 @@ static int resolve_fuse(const char *val, const raw *r, dit_daemon_config *cfg)
 static int set_lora(void *target, const char *val, char *err, size_t cap)
 {
     raw *r = target;
+    if (r->lora_env && r->lora_calls++ == 1)
+        r->n_loras = 0; /* the first flag: DITD_LORA's adapters go */
     const char *p = val;
     for (;;) {
         const char *end = strchr(p, ',');
@@ -372,6 +379,8 @@ int dit_daemon_config_parse(dit_daemon_config *cfg, int argc, char **argv)
 {
     raw r;
     memset(&r, 0, sizeof r);
+    const char *lora_env = getenv("DITD_LORA");
+    r.lora_env = lora_env && lora_env[0];
     const int rc = dit_options_parse(&table, &r, argc, argv, NULL);
     if (rc != 0)
         return rc;

@@ -54,7 +54,7 @@ static void clear_env(void)
      * CK_FORK=no shares the environment. */
     const char *vars[] = {"DITD_MODEL",    "DITD_MAX_QUEUE",     "DITD_LISTEN",
                           "DITD_LOG_JSON", "DITD_DRAIN_TIMEOUT", "DITD_RING",
-                          "DITD_BACKEND",  "DITD_CFG_PARALLEL"};
+                          "DITD_BACKEND",  "DITD_CFG_PARALLEL",  "DITD_LORA"};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++)
         unsetenv(vars[i]);
 }
@@ -344,6 +344,22 @@ START_TEST(lora_flags)
     const char *none[] = {"--model", "m", NULL};
     ck_assert_int_eq(parse(&cfg, out, sizeof out, err, sizeof err, none), 0);
     ck_assert(cfg.n_preload_loras == 0 && !cfg.lora_dir);
+    /* DITD_LORA alone, and a --lora flag, which replaces it (the flag wins)
+     * rather than adding to it: the same name in both is no clash. */
+    setenv("DITD_LORA", "a=/dev/null,e=/dev/null", 1);
+    ck_assert_int_eq(parse(&cfg, out, sizeof out, err, sizeof err, none), 0);
+    ck_assert_int_eq(cfg.n_preload_loras, 2);
+    const char *flag_b[] = {"--model", "m", "--lora", "b=/dev/null", NULL};
+    ck_assert_int_eq(parse(&cfg, out, sizeof out, err, sizeof err, flag_b), 0);
+    ck_assert_int_eq(cfg.n_preload_loras, 1);
+    ck_assert_str_eq(cfg.preload_loras[0].name, "b");
+    const char *flag_a2[] = {"--model", "m",           "--lora", "a=/dev/null",
+                             "--lora",  "c=/dev/null", NULL};
+    ck_assert_int_eq(parse(&cfg, out, sizeof out, err, sizeof err, flag_a2), 0);
+    ck_assert_int_eq(cfg.n_preload_loras, 2);
+    ck_assert_str_eq(cfg.preload_loras[0].name, "a");
+    ck_assert_str_eq(cfg.preload_loras[1].name, "c");
+    unsetenv("DITD_LORA");
     ck_assert_int_eq(cfg.lora_cache_bytes, 2147483648ll);
     struct {
         const char *flag, *value, *needle;
