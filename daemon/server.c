@@ -1066,6 +1066,10 @@ static void queue_startup_warmup(dit_server *s, dit_server_mesh *m)
 {
     if (!s->cfg->warmup || m->warmed)
         return;
+    if (s->draining) { /* see dit_server_drain */
+        m->warmed = true;
+        return;
+    }
     for (dit_queue_item *it = dit_queue_peek(&s->queue); it; it = dit_queue_next(it))
         if (JOB_OF(it)->kind == JOB_STARTUP_WARMUP && JOB_OF(it)->target == m->index)
             return;
@@ -1988,7 +1992,32 @@ int dit_server_methods(dit_server *s, const dit_rpc_method **out)
 void dit_server_drain(dit_server *s)
 {
     s->draining = true;
+    /* A drain runs what was accepted, at once: a startup warm-up (queued,
+     * or running while requests wait: health says NOT_SERVING during it,
+     * but a ready mesh admits them) would only spend the drain's time
+     * before them, and they could end at --drain-timeout. */
+    for (dit_queue_item *it = dit_queue_peek(&s->queue); it;) {
+        job *j = JOB_OF(it);
+        it = dit_queue_next(it);
+        if (j->kind == JOB_STARTUP_WARMUP) {
+            dit_queue_remove(&s->queue, &j->qi);
+            job_free(j);
+        }
+    }
+    for (int i = 0; i < s->n_meshes; i++) {
+        dit_server_mesh *m = &s->meshes[i];
+        m->warmed = true;
+        /* One running: it stops at its next step, and the mesh takes the
+         * accepted requests. */
+        if (m->n_members == 1 && m->members[0]->kind == JOB_STARTUP_WARMUP) {
+            snprintf(m->members[0]->cancel_reason, sizeof m->members[0]->cancel_reason,
+                     "the server is shutting down");
+            dit_supervisor_cancel(m->sup, m->members[0]->id);
+        }
+    }
+    update_positions(s);
     update_health(s);
+    try_dispatch(s);
 }
 
 int dit_server_pending(const dit_server *s)

@@ -11,6 +11,7 @@ import math
 import os
 import random
 import re
+import signal
 import socket
 import struct
 import subprocess
@@ -23,8 +24,10 @@ import grpc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ditapi  # noqa: E402
-from daemon import alive, children_of, Daemon, DEMO, env_path, run_cases  # noqa: E402
+from daemon import alive, children_of, Daemon, DEMO, env_path, generate_queued  # noqa: E402
+from daemon import run_cases  # noqa: E402
 
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SMALL = dict(prompt="a red fox in the snow", width=64, height=64, num_inference_steps=2)
 LONG = dict(prompt="a very long job", width=512, height=512, num_inference_steps=1000)
 # The demo model's text widths (tests/data/demo/transformer/config.json).
@@ -150,6 +153,33 @@ def stop_while_starting():
                 no_sanitizer_reports(d)
             finally:
                 d.close()
+
+
+@case
+def drain_during_warmup():
+    """SIGTERM while the start-up warm-up (--warmup) runs and a request
+    waits behind it (a ready mesh admits requests while it warms up): the
+    warm-up stops at its next step and the accepted request is served
+    within --drain-timeout; ditd exits 0. (The warm-up ran to its end first,
+    and the request failed UNAVAILABLE when the drain timed out.)"""
+    d = Daemon("--warmup", "1024x1024:1000", "--drain-timeout", "8", "--threads", "1",
+               wait_serving=False)
+    try:
+        wait_for(lambda: "state: ready" in d.log(), 60, "the mesh ready and warming up")
+        t, out = generate_queued(d, timeout=60, seed=1, **SMALL)
+        t0 = time.monotonic()
+        d.proc.send_signal(signal.SIGTERM)
+        t.join(60)
+        r = out["r"]
+        assert not isinstance(r, grpc.RpcError), f"{r.code().name}: {r.details()}"
+        kinds, png, res = r
+        assert png.startswith(PNG_MAGIC), kinds
+        print(f"  the request was served {time.monotonic() - t0:.1f} s after the signal")
+        assert d.proc.wait(30) == 0, d.log()
+        assert "warm-up failed" in d.log() and "shutting down" in d.log(), d.log()
+        no_sanitizer_reports(d)
+    finally:
+        d.close()
 
 
 @case
