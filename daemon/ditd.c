@@ -394,6 +394,8 @@ int main(int argc, char **argv)
         .tls_client_ca = d->cfg.tls_client_ca,
         .auth_token = token[0] ? token : NULL,
         .log = lg,
+        .refused = dit_server_rpc_refused,
+        .refused_ctx = s,
     };
     if (dit_rpc_server_create(&d->loop, &rc_cfg, methods, n_methods, &s->rpc, &s->port, &diag) !=
         DIT_OK) {

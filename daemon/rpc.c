@@ -111,6 +111,8 @@ struct dit_rpc_server {
     int live;
     char *auth_header; /* "Bearer <token>" */
     const dit_log *log;
+    void (*refused)(void *ctx, const char *path, grpc_status_code code, const char *why);
+    void *refused_ctx;
     conn_acct *accts;
     int64_t unsent;           /* over every call */
     int64_t statuses_pending; /* calls finished whose status has not gone out yet */
@@ -704,22 +706,26 @@ static void dispatch_new_call(dit_rpc_call *c)
         mark_dead(c);
     }
     const dit_rpc_method *m = &s->methods[c->method];
+    grpc_status_code code = GRPC_STATUS_OK;
+    const char *why = NULL;
+    grpc_byte_buffer_reader r;
     if (!authorized(c)) {
-        dit_rpc_call_finish(c, GRPC_STATUS_UNAUTHENTICATED,
-                            "missing or wrong bearer token (metadata 'authorization: Bearer ...')");
-        return;
-    }
-    if (m->kind == DIT_RPC_BIDI_STREAM) {
+        code = GRPC_STATUS_UNAUTHENTICATED;
+        why = "missing or wrong bearer token (metadata 'authorization: Bearer ...')";
+    } else if (m->kind == DIT_RPC_BIDI_STREAM) {
         m->on_call(m->ctx, c, NULL, 0);
         return;
+    } else if (!c->payload) {
+        code = GRPC_STATUS_INVALID_ARGUMENT;
+        why = "the request message is missing";
+    } else if (!grpc_byte_buffer_reader_init(&r, c->payload)) {
+        code = GRPC_STATUS_INVALID_ARGUMENT;
+        why = "cannot read the request message";
     }
-    if (!c->payload) {
-        dit_rpc_call_finish(c, GRPC_STATUS_INVALID_ARGUMENT, "the request message is missing");
-        return;
-    }
-    grpc_byte_buffer_reader r;
-    if (!grpc_byte_buffer_reader_init(&r, c->payload)) {
-        dit_rpc_call_finish(c, GRPC_STATUS_INVALID_ARGUMENT, "cannot read the request message");
+    if (why) {
+        dit_rpc_call_finish(c, code, why);
+        if (s->refused)
+            s->refused(s->refused_ctx, m->path, code, why);
         return;
     }
     grpc_slice sl = grpc_byte_buffer_reader_readall(&r);
@@ -866,6 +872,8 @@ dit_status dit_rpc_server_create(uv_loop_t *loop, const dit_rpc_config *cfg,
     s->methods = methods;
     s->n_methods = n_methods;
     s->log = cfg->log;
+    s->refused = cfg->refused;
+    s->refused_ctx = cfg->refused_ctx;
     s->shutdown_tag.fn = on_grpc_shutdown;
     uv_mutex_init(&s->mu);
     s->handles = calloc((size_t)n_methods, sizeof *s->handles);

@@ -64,6 +64,12 @@ typedef struct dit_rpc_config {
     /* Bearer token required on methods without public_auth; NULL: none. */
     const char *auth_token;
     const dit_log *log;
+    /* Optional, loop thread: a call answered here before its method's
+     * handler saw it (a missing or wrong token, no or an unreadable request
+     * message), so that the server counts and logs it like the refusals its
+     * handlers make. */
+    void (*refused)(void *ctx, const char *path, grpc_status_code code, const char *why);
+    void *refused_ctx;
 } dit_rpc_config;
 
 dit_status dit_rpc_server_create(uv_loop_t *loop, const dit_rpc_config *cfg,

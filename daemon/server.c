@@ -877,13 +877,30 @@ static void log_refused(dit_server *s, const Ditserve__V1__GenerateRequest *r,
     dit_metrics_request(s->metrics, dit_rpc_status_name(code), -1, -1);
 }
 
+/* A Generate refused before its request could be read: counted and logged
+ * like the others, with what is known (nothing of the request). */
+static void log_unread(dit_server *s, grpc_status_code code, const char *why)
+{
+    s->requests_failed++;
+    dit_log_request(s->log, "-", s->cfg->model_name, 0, 0, 0, "", 0, 0, dit_rpc_status_name(code),
+                    why);
+    dit_metrics_request(s->metrics, dit_rpc_status_name(code), -1, -1);
+}
+
+void dit_server_rpc_refused(void *ctx, const char *path, grpc_status_code code, const char *why)
+{
+    if (strcmp(path, "/ditserve.v1.Generation/Generate") == 0)
+        log_unread(ctx, code, why);
+}
+
 static void on_generate(void *ctx, dit_rpc_call *call, const uint8_t *req, size_t len)
 {
     dit_server *s = ctx;
     Ditserve__V1__GenerateRequest *r = ditserve__v1__generate_request__unpack(NULL, len, req);
     if (!r) {
-        dit_rpc_call_finish(call, GRPC_STATUS_INVALID_ARGUMENT,
-                            "the request is not a valid ditserve.v1.GenerateRequest message");
+        const char *why = "the request is not a valid ditserve.v1.GenerateRequest message";
+        dit_rpc_call_finish(call, GRPC_STATUS_INVALID_ARGUMENT, why);
+        log_unread(s, GRPC_STATUS_INVALID_ARGUMENT, why);
         return;
     }
     dit_request_strip_unknown(&r->base);

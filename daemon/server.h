@@ -109,6 +109,12 @@ typedef struct dit_server {
     dit_rpc_method methods[11]; /* filled by dit_server_methods */
 } dit_server;
 
+/* dit_rpc_config.refused: a Generate call the gRPC layer answered before
+ * on_generate (a missing or wrong token, no message) is counted in the
+ * metrics and the request log like every refused request. ctx: the
+ * server. */
+void dit_server_rpc_refused(void *ctx, const char *path, grpc_status_code code, const char *why);
+
 /* The methods ditd serves, in registration order. */
 int dit_server_methods(dit_server *s, const dit_rpc_method **out);
 

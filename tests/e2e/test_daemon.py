@@ -875,6 +875,21 @@ def tls_auth():
             expect_error(lambda: ditapi.collect(api.generate(d.channel)(api.request(**SMALL),
                                                                         timeout=10)),
                          "UNAUTHENTICATED")
+            # A refused Generate has its request-log line, like every other
+            # refusal.
+            assert re.search(r"request: id=- .*status=UNAUTHENTICATED", d.log()), d.log()
+            # A message that is not a GenerateRequest: refused, and logged too.
+            raw = grpc.RpcError
+            bad = d.channel.unary_stream("/ditserve.v1.Generation/Generate",
+                                         request_serializer=lambda b: b,
+                                         response_deserializer=lambda b: b)
+            try:
+                list(bad(b"\xff\xff\xff", timeout=10, metadata=auth))
+                raise AssertionError("a message that is not a GenerateRequest was served")
+            except raw as e:
+                assert e.code() == grpc.StatusCode.INVALID_ARGUMENT, e
+            assert re.search(r"request: id=- .*status=INVALID_ARGUMENT detail=the request is not "
+                             r"a valid", d.log()), d.log()
             assert api.server_info(d.channel)(info_req, timeout=10, metadata=auth).world_size == 1
             # The worker IPC socket: in a folder only the daemon's user can
             # enter, itself readable and writable by that user alone.
@@ -980,10 +995,16 @@ def metrics():
         kinds, png, _ = ditapi.collect(call)
         assert kinds[-1] == "result"
         expect_error(lambda: d.generate(timeout=10, **dict(SMALL, width=100)), "INVALID_ARGUMENT")
+        # One that is not a GenerateRequest at all counts as well.
+        not_a_request = d.channel.unary_stream("/ditserve.v1.Generation/Generate",
+                                               request_serializer=lambda b: b,
+                                               response_deserializer=lambda b: b)
+        expect_error(lambda: list(not_a_request(b"\xff\xff\xff", timeout=10)),
+                     "INVALID_ARGUMENT", "not a valid")
         after = scrape()
         ok = 'ditserve_requests_total{model="demo",status="OK"}'
         bad = 'ditserve_requests_total{model="demo",status="INVALID_ARGUMENT"}'
-        assert after[ok] == 1 and after[bad] == 1, (after[ok], after[bad])
+        assert after[ok] == 1 and after[bad] == 2, (after[ok], after[bad])
         assert after['ditserve_step_seconds_count{model="demo"}'] == 60
         assert after['ditserve_step_seconds_bucket{model="demo",le="+Inf"}'] == 60
         assert after['ditserve_request_seconds_count{model="demo"}'] == 1
