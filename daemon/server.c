@@ -529,7 +529,8 @@ static bool run_batch(dit_server *s, dit_server_mesh *m, job **b, int n)
     ij.batch = bmp;
     const uint64_t id = j->id;
     if (dit_supervisor_run(m->sup, id, &ij, &diag) == DIT_OK) {
-        dit_metrics_batch(s->metrics, n);
+        if (j->kind == JOB_GENERATE) /* requests per generation: no warm-ups, no loads */
+            dit_metrics_batch(s->metrics, n);
         free(L);
         /* A mesh that broke as the job went out ended it already (job_done
          * ran, the members are gone from m): nothing started to tell. */

@@ -967,7 +967,7 @@ def metrics():
     latency histograms, the mesh state, each rank's memory."""
     import urllib.error
     import urllib.request
-    d = Daemon("--ring", "2", "--metrics-port", "0", world=2)
+    d = Daemon("--ring", "2", "--metrics-port", "0", "--warmup", "64x64:1", world=2)
     try:
         line = d.proc.stdout.readline().decode()
         assert line.startswith("ditd: metrics on http://"), line
@@ -1005,6 +1005,8 @@ def metrics():
         ok = 'ditserve_requests_total{model="demo",status="OK"}'
         bad = 'ditserve_requests_total{model="demo",status="INVALID_ARGUMENT"}'
         assert after[ok] == 1 and after[bad] == 2, (after[ok], after[bad])
+        # Requests per generation: the one generation, not the start-up warm-up.
+        assert after['ditserve_batch_size_count{model="demo"}'] == 1, after
         assert after['ditserve_step_seconds_count{model="demo"}'] == 60
         assert after['ditserve_step_seconds_bucket{model="demo",le="+Inf"}'] == 60
         assert after['ditserve_request_seconds_count{model="demo"}'] == 1
