@@ -200,5 +200,35 @@ def png_matches_raw(png, raw, width, height):
     return worst
 
 
+def mp4_info(data):
+    """(width, height, frames) of an MP4's first video track, read from its
+    boxes (tkhd's 16.16 sizes, stsz's sample count); its sample entry must
+    be H.264 ('avc1'), what ditd encodes."""
+    info = {}
+
+    def walk(buf):
+        off = 0
+        while off + 8 <= len(buf):
+            size, kind = int.from_bytes(buf[off:off + 4], "big"), buf[off + 4:off + 8]
+            assert size >= 8 and off + size <= len(buf), (kind, size, off, len(buf))
+            body = buf[off + 8:off + size]
+            if kind in (b"moov", b"trak", b"mdia", b"minf", b"stbl"):
+                walk(body)
+            elif kind == b"tkhd" and "width" not in info:
+                at = 76 if body[0] == 0 else 88
+                info["width"] = int.from_bytes(body[at:at + 4], "big") >> 16
+                info["height"] = int.from_bytes(body[at + 4:at + 8], "big") >> 16
+            elif kind == b"stsd" and "codec" not in info:
+                info["codec"] = body[12:16]  # version/flags, count, then the entry's size, type
+            elif kind == b"stsz" and "frames" not in info:
+                info["frames"] = int.from_bytes(body[8:12], "big")
+            off += size
+
+    assert data[4:8] == b"ftyp", data[:16]
+    walk(data)
+    assert info.get("codec") == b"avc1", info
+    return info["width"], info["height"], info["frames"]
+
+
 def desc_path():
     return os.environ["DIT_DESC"]

@@ -8,6 +8,7 @@ a context-parallel mesh, over real gRPC.
 
 import json
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -16,6 +17,7 @@ import tempfile
 import grpc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import ditapi  # noqa: E402
 from daemon import Daemon, env_path, run_cases, WAN_DEMO  # noqa: E402
 
 CASES = {}
@@ -128,6 +130,7 @@ def generate():
         assert res.format == d.api.enum("ditserve.v1.OutputFormat", "OUTPUT_FORMAT_MP4"), res
         assert data[4:8] == b"ftyp" and res.total_bytes == len(data), data[:16]
         assert (res.num_frames, res.fps) == (5, 8), res
+        assert ditapi.mp4_info(data) == (res.width, res.height, 5), ditapi.mp4_info(data)
         assert res.timings.encode_ms > 0, res.timings
 
         with tempfile.TemporaryDirectory() as tmp:
@@ -137,10 +140,10 @@ def generate():
                                 "--steps", "2", "--seed", "1", "-o", clip],
                                capture_output=True, text=True, timeout=120)
             assert p.returncode == 0, p.stdout + p.stderr
-            assert "(MP4)" in p.stdout or "MP4)" in p.stdout, p.stdout
+            assert re.search(r"^wrote .*clip\.mp4 \(\d+ bytes, MP4\)$", p.stdout, re.M), p.stdout
             assert "size: 32x48, 5 frames at 16 fps" in p.stdout, p.stdout
             with open(clip, "rb") as f:
-                assert f.read(8)[4:] == b"ftyp"
+                assert ditapi.mp4_info(f.read()) == (32, 48, 5)
             raw = os.path.join(tmp, "clip.safetensors")
             p = subprocess.run([env_path("DITCTL"), "--target", d.target, "generate", "--prompt",
                                 "a boat", "--width", "32", "--height", "48", "--frames", "5",
@@ -228,4 +231,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
