@@ -2,9 +2,11 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sys/file.h>
 #include <sys/socket.h>
 #include <stdarg.h>
 #include <signal.h>
@@ -91,6 +93,10 @@ struct dit_supervisor {
     const dit_log *log;
     const char *name; /* log subsystem */
     char sock_dir[64];
+    /* sock_dir/owner.lock, flock'ed for the supervisor's life: another ditd
+     * removes the folder only when it can take the lock (reclaim_sock_dirs),
+     * whatever pid namespace each runs in. */
+    int lock_fd;
     char sock_path[128];
     uv_pipe_t listener;
     worker_slot workers[SUP_MAX_RANKS];
@@ -1206,6 +1212,9 @@ static dit_status open_join_port(dit_supervisor *s, dit_diag *diag)
 
 /* Removes /tmp/ditd-PID-* socket folders of this user whose ditd is gone:
  * the socket inside, then the folder (rmdir refuses one holding more). */
+/* A socket folder's lock file, flock'ed by its live owner. */
+#define SOCK_LOCK_NAME "owner.lock"
+
 static int reclaim_sock_dirs(void)
 {
     DIR *dir = opendir("/tmp");
@@ -1226,12 +1235,29 @@ static int reclaim_sock_dirs(void)
         if (fstatat(dirfd(dir), e->d_name, &sb, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISDIR(sb.st_mode) ||
             sb.st_uid != geteuid())
             continue;
+        /* No such pid here; but a ditd in another pid namespace (a
+         * container sharing /tmp) has a pid that means nothing here: its
+         * lock says it lives. A folder without a lock file is a moment old
+         * (its owner is about to make one) or an older ditd's: left alone
+         * for a minute. */
         char path[400];
+        snprintf(path, sizeof path, "/tmp/%s/" SOCK_LOCK_NAME, e->d_name);
+        const int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+        if (fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) != 0) {
+            close(fd);
+            continue;
+        }
+        if (fd < 0 && (errno != ENOENT || time(NULL) - sb.st_mtime < 60))
+            continue;
+        if (fd >= 0)
+            unlink(path);
         snprintf(path, sizeof path, "/tmp/%s/ipc.sock", e->d_name);
         unlink(path);
         snprintf(path, sizeof path, "/tmp/%s", e->d_name);
         if (rmdir(path) == 0)
             removed++;
+        if (fd >= 0)
+            close(fd);
     }
     closedir(dir);
     return removed;
@@ -1277,6 +1303,19 @@ dit_status dit_supervisor_create(uv_loop_t *loop, const dit_supervisor_config *c
         free(s);
         return st;
     }
+    char lock_path[sizeof s->sock_dir + sizeof SOCK_LOCK_NAME + 1];
+    snprintf(lock_path, sizeof lock_path, "%s/" SOCK_LOCK_NAME, s->sock_dir);
+    s->lock_fd = open(lock_path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (s->lock_fd < 0 || flock(s->lock_fd, LOCK_EX | LOCK_NB) != 0) {
+        dit_status st = dit_diag_set(diag, DIT_ERR_IO, "cannot lock the socket folder %s: %s",
+                                     s->sock_dir, strerror(errno));
+        if (s->lock_fd >= 0)
+            close(s->lock_fd);
+        unlink(lock_path);
+        rmdir(s->sock_dir);
+        free(s);
+        return st;
+    }
     snprintf(s->sock_path, sizeof s->sock_path, "%s/ipc.sock", s->sock_dir);
     uv_pipe_init(loop, &s->listener, 0);
     s->listener.data = s;
@@ -1286,6 +1325,8 @@ dit_status dit_supervisor_create(uv_loop_t *loop, const dit_supervisor_config *c
     if (err != 0) {
         dit_status st = dit_diag_set(diag, DIT_ERR_IO, "cannot listen on %s: %s", s->sock_path,
                                      uv_strerror(err));
+        unlink(lock_path);
+        close(s->lock_fd);
         rmdir(s->sock_dir);
         uv_close((uv_handle_t *)&s->listener, free_on_close);
         return st;
@@ -1449,6 +1490,11 @@ static void on_listener_closed(uv_handle_t *h)
 {
     dit_supervisor *s = h->data;
     unlink(s->sock_path);
+    char lock_path[sizeof s->sock_dir + sizeof SOCK_LOCK_NAME + 1];
+    snprintf(lock_path, sizeof lock_path, "%s/" SOCK_LOCK_NAME, s->sock_dir);
+    unlink(lock_path);
+    close(s->lock_fd);
+    s->lock_fd = -1;
     rmdir(s->sock_dir);
     on_handle_closed(h);
 }

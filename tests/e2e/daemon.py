@@ -209,6 +209,16 @@ class Daemon:
 SANITIZER_NEEDLES = ("runtime error:", "AddressSanitizer", "LeakSanitizer", "ThreadSanitizer")
 
 
+def wait_for(pred, timeout_s, what):
+    """Until pred() holds (seconds it took); fails after timeout_s."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout_s:
+        if pred():
+            return time.monotonic() - t0
+        time.sleep(0.01)
+    raise AssertionError(f"{what}: not within {timeout_s} s")
+
+
 def generate_queued(d, timeout=300, **fields):
     """Starts d.generate(**fields) on a thread while a mesh is busy and
     returns once ditd's queue holds it: (thread, out), where out["r"] is

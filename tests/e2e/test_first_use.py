@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import grpc
@@ -136,10 +137,14 @@ def serving():
             t0 = time.monotonic()
             while d.info().running == 0 and time.monotonic() - t0 < 30:
                 time.sleep(0.05)
+            assert d.info().running == 1, "the job did not start"
             proc.send_signal(2)
             _, err = proc.communicate(timeout=30)
             assert proc.returncode == 130, (proc.returncode, err)
         d.wait_idle(30)
+        # The Ctrl-C cancelled the job on the daemon too.
+        last = [ln for ln in d.log().splitlines() if "request: " in ln][-1]
+        assert "steps=1000" in last and "status=CANCELLED" in last, last
         d.stop()
     finally:
         d.close()
@@ -244,6 +249,30 @@ def pid_one():
     if probe.returncode != 0:
         print(f"skipped: unshare --pid: {probe.stderr.decode(errors='replace').strip()}")
         return 77
+    # A ditd outside the namespace, sharing /tmp and /dev/shm: the pid-1
+    # ditd's clean-up of what dead daemons left must not take its socket
+    # folder (its pid means nothing in the new namespace; its lock does).
+    neighbour = Daemon()
+    try:
+        with open(f"/proc/{neighbour.workers[0]}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+        folder = os.path.dirname(argv[argv.index(b"--connect") + 1].decode())
+        run_pid_one()
+        assert os.path.isdir(folder), f"the neighbour's socket folder {folder} was removed"
+        # And it still rebuilds (its workers connect there) and serves.
+        os.kill(neighbour.workers[0], signal.SIGKILL)
+        t0 = time.monotonic()
+        while neighbour.info().worker_restarts < 1 and time.monotonic() - t0 < 30:
+            time.sleep(0.05)
+        neighbour.wait_serving(60)
+        _, png, _ = neighbour.generate(seed=5, **SMALL)
+        assert png.startswith(PNG_MAGIC)
+        neighbour.stop()
+    finally:
+        neighbour.close()
+
+
+def run_pid_one():
     for world, flags in ((1, ()), (2, ("--ring", "2"))):
         d = Daemon(*flags, "--startup-timeout", "30", world=world, startup_s=30,
                    wrap=("unshare", "--pid", "--fork", "--kill-child"))
@@ -255,9 +284,20 @@ def pid_one():
             kinds, png, res = d.generate(seed=3, **SMALL)
             assert png.startswith(PNG_MAGIC) and res.seed == 3, kinds
             assert d.info().worker_restarts == 0, d.info()
+            # SIGTERM with a request running: it finishes, then ditd exits 0.
+            out = {}
+            t = threading.Thread(target=lambda: out.update(
+                r=d.generate(timeout=120, seed=4, **dict(SMALL, num_inference_steps=200))))
+            t.start()
+            t0 = time.monotonic()
+            while d.info().running == 0 and time.monotonic() - t0 < 30:
+                time.sleep(0.01)
+            assert d.info().running == 1, "the request did not start"
             os.kill(ditd, signal.SIGTERM)
+            t.join(120)
+            assert "r" in out and out["r"][1].startswith(PNG_MAGIC), out
             assert d.proc.wait(60) == 0, d.log()
-            print(f"  world {world}: served as pid 1")
+            print(f"  world {world}: served as pid 1, drained a running request")
         finally:
             d.close()
 

@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -83,6 +84,11 @@ struct dit_shm_segment {
     char name[64];
     void *base;
     size_t size;
+    /* The segment's descriptor, flock'ed while its name exists: another
+     * process's dit_shm_reclaim_stale can tell a live creator from a gone
+     * one by the lock, in any pid namespace (the pid in the name means
+     * nothing in another one). -1 once the name is gone. */
+    int lock_fd;
 };
 
 enum slot_kind { SLOT_A = 0, SLOT_B = 1, SLOT_P = 2 };
@@ -630,7 +636,13 @@ dit_status dit_shm_segment_create(const dit_shm_config *cfg, dit_shm_segment **o
     if (!seg)
         return dit_diag_set(diag, DIT_ERR_NOMEM, "out of memory");
     snprintf(seg->name, sizeof seg->name, "%s", cfg->name);
+    seg->lock_fd = -1;
     int fd = shm_open(cfg->name, O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        close(fd);
+        shm_unlink(cfg->name);
+        fd = -1;
+    }
     if (fd < 0) {
         dit_status st =
             dit_diag_set(diag, DIT_ERR_IO, "shm_open(%s): %s", cfg->name, strerror(errno));
@@ -646,14 +658,15 @@ dit_status dit_shm_segment_create(const dit_shm_config *cfg, dit_shm_segment **o
         return st;
     }
     void *base = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
     if (base == MAP_FAILED) {
         dit_status st =
             dit_diag_set(diag, DIT_ERR_IO, "shm %s: mmap: %s", cfg->name, strerror(errno));
+        close(fd);
         shm_unlink(cfg->name);
         free(seg);
         return st;
     }
+    seg->lock_fd = fd; /* (FD_CLOEXEC: shm_open sets it) */
     shm_header *h = base;
     h->world_size = cfg->world_size;
     h->slot_bytes = slot_bytes;
@@ -698,6 +711,9 @@ void dit_shm_segment_unlink(dit_shm_segment *seg)
         return;
     shm_unlink(seg->name);
     seg->name[0] = '\0';
+    if (seg->lock_fd >= 0)
+        close(seg->lock_fd);
+    seg->lock_fd = -1;
 }
 
 int dit_shm_reclaim_stale(void)
@@ -715,7 +731,9 @@ int dit_shm_reclaim_stale(void)
         pid = strtol(e->d_name + 4, &end, 10);
         if (end == e->d_name + 4 || *end != '-' || pid <= 0 || pid > INT_MAX)
             continue;
-        /* Only when the creator is gone (not merely another user's). */
+        /* Only when the creator is gone (not merely another user's): no
+         * such pid here, and nobody holds the segment's lock (a creator in
+         * another pid namespace, whose pid means nothing here, does). */
         if (kill((pid_t)pid, 0) == 0 || errno != ESRCH)
             continue;
         struct stat sb;
@@ -724,8 +742,12 @@ int dit_shm_reclaim_stale(void)
             continue;
         char name[300];
         snprintf(name, sizeof name, "/%s", e->d_name);
-        if (shm_unlink(name) == 0)
+        const int fd = shm_open(name, O_RDWR | O_NOFOLLOW, 0);
+        if (fd < 0)
+            continue;
+        if (flock(fd, LOCK_EX | LOCK_NB) == 0 && shm_unlink(name) == 0)
             removed++;
+        close(fd);
     }
     closedir(dir);
     return removed;
