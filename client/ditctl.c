@@ -297,8 +297,8 @@ static const dit_option common_opts[] = {
            "the daemon; a HOST alone means HOST:50051, ditd's port (default 127.0.0.1:50051)",
            "DITCTL_TARGET", set_target),
     CUSTOM("timeout", 0, "SECONDS",
-           "deadline of each call; 0: none (default 10 for health, info and models; none for "
-           "generate, warmup and bench)",
+           "deadline of each call; 0: none (default 10 for health, info, models and loras; none "
+           "for generate, warmup, bench and loras --load/--unload)",
            NULL, set_timeout),
     CFLAG("tls", "use TLS, verifying the server with the system's roots", set_tls),
     CUSTOM("ca", 0, "FILE", "use TLS, verifying the server with the PEM roots in FILE", NULL,
@@ -317,7 +317,7 @@ static int request_int(const char *v, long lo, int32_t *out, char *err, size_t c
 {
     long n;
     if (!ctl_parse_long(v, lo, INT32_MAX, &n)) {
-        snprintf(err, cap, "wants an integer from %ld, not '%s'", lo, v);
+        snprintf(err, cap, "wants an integer from %ld to %d, not '%s'", lo, INT32_MAX, v);
         return -1;
     }
     *out = (int32_t)n;

@@ -187,6 +187,19 @@ static int on_result(void *user, const char *rid, const Ditserve__V1__Result *re
     return 0;
 }
 
+/* Image m's file of n: FILE.ext for one, FILE_m.ext for several. */
+static void image_path(const char *output, size_t n, size_t m, char *path, size_t cap)
+{
+    if (n == 1) {
+        snprintf(path, cap, "%s", output);
+        return;
+    }
+    const char *slash = strrchr(output, '/'), *dot = strrchr(output, '.');
+    if (!dot || (slash && dot < slash))
+        dot = output + strlen(output);
+    snprintf(path, cap, "%.*s_%zu%s", (int)(dot - output), output, m, dot);
+}
+
 int ctl_generate(int argc, char **argv, ctl_common *common)
 {
     gen_args a;
@@ -258,18 +271,16 @@ int ctl_generate(int argc, char **argv, ctl_common *common)
             rc = CTL_EXIT_FAIL;
             goto cleanup;
         }
-        if (n_images == 1) {
-            snprintf(path, sizeof path, "%s", a.output);
-        } else {
-            const char *slash = strrchr(a.output, '/'), *dot = strrchr(a.output, '.');
-            if (!dot || (slash && dot < slash))
-                dot = a.output + strlen(a.output);
-            snprintf(path, sizeof path, "%.*s_%zu%s", (int)(dot - a.output), a.output, m, dot);
-        }
+        image_path(a.output, n_images, m, path, sizeof path);
         if ((got_raw ? ctl_write_raw(path, res, out.request_id, out.data + base, len, &w, err,
                                      sizeof err)
                      : ctl_write_file(path, out.data + base, len, err, sizeof err)) != 0) {
             fprintf(stderr, "ditctl: %s\n", err);
+            /* All of the request's images or none: the ones written go. */
+            for (size_t k = 0; k < m; k++) {
+                image_path(a.output, n_images, k, path, sizeof path);
+                unlink(path);
+            }
             rc = CTL_EXIT_FAIL;
             goto cleanup;
         }

@@ -93,12 +93,13 @@ static size_t json_escape(char *dst, size_t cap, const char *s)
         else
             buf[0] = (char)ch, buf[1] = '\0';
         size_t k = strlen(piece);
-        if (n + k < cap)
-            memcpy(dst + n, piece, k);
+        if (n + k >= cap) /* whole pieces only: the text stays JSON */
+            break;
+        memcpy(dst + n, piece, k);
         n += k;
     }
     if (cap)
-        dst[n < cap ? n : cap - 1] = '\0';
+        dst[n] = '\0';
     return n;
 }
 
