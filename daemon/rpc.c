@@ -723,9 +723,9 @@ static void dispatch_new_call(dit_rpc_call *c)
         why = "cannot read the request message";
     }
     if (why) {
-        dit_rpc_call_finish(c, code, why);
-        if (s->refused)
+        if (s->refused) /* before the client hears, which may then look */
             s->refused(s->refused_ctx, m->path, code, why);
+        dit_rpc_call_finish(c, code, why);
         return;
     }
     grpc_slice sl = grpc_byte_buffer_reader_readall(&r);

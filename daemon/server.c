@@ -900,8 +900,9 @@ static void on_generate(void *ctx, dit_rpc_call *call, const uint8_t *req, size_
     Ditserve__V1__GenerateRequest *r = ditserve__v1__generate_request__unpack(NULL, len, req);
     if (!r) {
         const char *why = "the request is not a valid ditserve.v1.GenerateRequest message";
-        dit_rpc_call_finish(call, GRPC_STATUS_INVALID_ARGUMENT, why);
+        /* Counted and logged before the client hears (it may look). */
         log_unread(s, GRPC_STATUS_INVALID_ARGUMENT, why);
+        dit_rpc_call_finish(call, GRPC_STATUS_INVALID_ARGUMENT, why);
         return;
     }
     dit_request_strip_unknown(&r->base);
@@ -926,9 +927,10 @@ static void on_generate(void *ctx, dit_rpc_call *call, const uint8_t *req, size_
     try_dispatch(s);
     return;
 reject:
-    /* Refused requests get their request-log line too. */
-    dit_rpc_call_finish(call, rp.code, rp.msg);
+    /* Refused requests get their request-log line too, before the client
+     * hears (it may look). */
     log_refused(s, r, rp.code, rp.msg);
+    dit_rpc_call_finish(call, rp.code, rp.msg);
     ditserve__v1__generate_request__free_unpacked(r, NULL);
 }
 
