@@ -244,8 +244,11 @@ def pid_one():
     SIGTERM. (A worker took a parent of pid 1 for a daemon that had died
     and exited at once, so such a mesh restarted forever and never served;
     ditd now tells each worker its pid, --parent-pid.) Skipped where no pid
-    namespace can be made (unshare needs CAP_SYS_ADMIN)."""
-    probe = subprocess.run(["unshare", "--pid", "--fork", "true"], capture_output=True)
+    namespace can be made (unshare needs CAP_SYS_ADMIN). The namespace has
+    its own /proc (--mount-proc), as a container's has: the sanitizers read
+    a process's threads there."""
+    probe = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"],
+                           capture_output=True)
     if probe.returncode != 0:
         print(f"skipped: unshare --pid: {probe.stderr.decode(errors='replace').strip()}")
         return 77
@@ -275,7 +278,7 @@ def pid_one():
 def run_pid_one():
     for world, flags in ((1, ()), (2, ("--ring", "2"))):
         d = Daemon(*flags, "--startup-timeout", "30", world=world, startup_s=30,
-                   wrap=("unshare", "--pid", "--fork", "--kill-child"))
+                   wrap=("unshare", "--pid", "--fork", "--mount-proc", "--kill-child"))
         try:
             (ditd,) = children_of(d.proc.pid)  # under unshare: pid 1 of its namespace
             with open(f"/proc/{ditd}/status") as f:
