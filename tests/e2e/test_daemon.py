@@ -22,6 +22,7 @@ import grpc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ditapi  # noqa: E402
+from daemon import wait_for  # noqa: E402
 from daemon import alive, children_of, Daemon, DEMO, env_path, generate_queued  # noqa: E402
 from daemon import run_cases  # noqa: E402
 from daemon import WAN_DEMO, without_text_encoders  # noqa: E402
@@ -1066,15 +1067,6 @@ def metrics():
         d.stop()
     finally:
         d.close()
-
-
-def wait_for(pred, timeout_s, what):
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout_s:
-        if pred():
-            return time.monotonic() - t0
-        time.sleep(0.05)
-    raise AssertionError(f"{what}: not within {timeout_s} s")
 
 
 @case

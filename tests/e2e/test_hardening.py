@@ -24,6 +24,7 @@ import grpc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ditapi  # noqa: E402
+from daemon import wait_for  # noqa: E402
 from daemon import alive, children_of, Daemon, DEMO, env_path, generate_queued  # noqa: E402
 from daemon import run_cases  # noqa: E402
 
@@ -60,15 +61,6 @@ def wait_progress(call):
         if ev.WhichOneof("event") == "progress":
             return ev
     raise AssertionError("the stream ended before any progress")
-
-
-def wait_for(pred, timeout_s, what):
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout_s:
-        if pred():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"no {what} within {timeout_s} s")
 
 
 def raw_generate(d, payload, timeout=30):

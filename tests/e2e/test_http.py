@@ -26,6 +26,7 @@ import openai
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ditapi  # noqa: E402
+from daemon import wait_for  # noqa: E402
 from daemon import Daemon, run_cases, WAN_DEMO  # noqa: E402
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -103,15 +104,6 @@ def expect_error(d, status, code, body, headers=None, needle="", method="POST", 
     assert err["code"] == code, f"{body!r:.200}: code {err['code']!r}, expected {code!r}"
     assert needle.lower() in err["message"].lower(), f"{err['message']!r} lacks {needle!r}"
     return err
-
-
-def wait_for(pred, timeout_s, what):
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout_s:
-        if pred():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"no {what} within {timeout_s} s")
 
 
 def running(d):
