@@ -395,6 +395,16 @@ static dit_lora_sites *lora_sites(worker *w)
     return dit_model_lora_sites((dit_model *)dit_pipeline_transformer(w->pipe));
 }
 
+/* Frees entry i (its adapter, path and bytes); the last entry takes its
+ * place. */
+static void lora_cache_drop(lora_cache *c, size_t i)
+{
+    dit_lora_destroy(c->e[i].lora);
+    free(c->e[i].path);
+    c->bytes -= c->e[i].bytes;
+    c->e[i] = c->e[--c->n];
+}
+
 /* Drops the least recently used adapters (not pinned, not in keep[0..nkeep))
  * while the cache holds more than its limit. */
 static void lora_cache_trim(lora_cache *c, const dit_lora *const *keep, int nkeep)
@@ -412,10 +422,7 @@ static void lora_cache_trim(lora_cache *c, const dit_lora *const *keep, int nkee
             return;
         fprintf(stderr, "ditworker: LoRA adapter %s evicted (%zu bytes)\n", c->e[victim].path,
                 c->e[victim].bytes);
-        dit_lora_destroy(c->e[victim].lora);
-        free(c->e[victim].path);
-        c->bytes -= c->e[victim].bytes;
-        c->e[victim] = c->e[--c->n];
+        lora_cache_drop(c, victim);
         c->evictions++;
     }
 }
@@ -470,10 +477,7 @@ static dit_status lora_get(worker *w, const char *name, const char *path, const 
                  * goes (no job holds it: adapters are detached after each
                  * job, and a job names a file once), the new one loads. */
                 pin = pin || c->e[i].pinned;
-                dit_lora_destroy(c->e[i].lora);
-                free(c->e[i].path);
-                c->bytes -= c->e[i].bytes;
-                c->e[i] = c->e[--c->n];
+                lora_cache_drop(c, i);
                 break;
             }
             c->e[i].last_use = ++c->clock;
@@ -586,10 +590,7 @@ static dit_status lora_only_job(worker *w, const Ditserve__Ipc__Job *job, dit_di
     for (size_t k = 0; k < job->n_lora_evict; k++)
         for (size_t i = 0; i < c->n; i++)
             if (!c->e[i].pinned && strcmp(c->e[i].path, job->lora_evict[k]) == 0) {
-                dit_lora_destroy(c->e[i].lora);
-                free(c->e[i].path);
-                c->bytes -= c->e[i].bytes;
-                c->e[i] = c->e[--c->n]; /* an unload, not an eviction */
+                lora_cache_drop(c, i); /* an unload, not an eviction */
                 break;
             }
     const dit_lora *keep[DIT_REQUEST_MAX_LORAS];
