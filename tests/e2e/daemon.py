@@ -2,6 +2,7 @@
 the end-to-end tests."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -118,6 +119,12 @@ class Daemon:
     def log(self):
         with open(self.logf.name, errors="replace") as f:
             return f.read()
+
+    def finished(self, ids):
+        """Those of the request ids whose jobs have ended, in the order of
+        their request log lines (written as each job ends: with one mesh,
+        the order the jobs ran in)."""
+        return [m for m in re.findall(r"request: id=(\S+) ", self.log()) if m in ids]
 
     def health(self, service=""):
         req = self.api.msg("grpc.health.v1.HealthCheckRequest")(service=service)

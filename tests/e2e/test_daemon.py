@@ -128,37 +128,18 @@ def generate():
         assert png_a == png_b and res_b.seed == res_a.seed
 
         # Priorities: with the mesh busy, a later high-priority request runs
-        # before an earlier low-priority one.
-        started = []
-        lock = threading.Lock()
-
-        def run(name, prio, steps):
-            req = dict(SMALL, num_inference_steps=steps)
-            call = api.generate(d.channel)(api.request(priority=prio, request_id=name, seed=1, **req),
-                                           timeout=120)
-            for ev in call:
-                if ev.WhichOneof("event") == "started":
-                    with lock:
-                        started.append(name)
-
-        busy = threading.Thread(target=run, args=("busy", 0, 200))
-        busy.start()
-        t0 = time.monotonic()
-        while "busy" not in started and time.monotonic() - t0 < 30:
-            time.sleep(0.01)
-        low = threading.Thread(target=run, args=("low", 0, 2))
-        low.start()
-        t0 = time.monotonic()
-        while d.info().queue_depth < 1 and time.monotonic() - t0 < 30:
-            time.sleep(0.01)
-        high = threading.Thread(target=run, args=("high", 5, 2))
-        high.start()
-        t0 = time.monotonic()
-        while d.info().queue_depth < 2 and time.monotonic() - t0 < 30:
-            time.sleep(0.01)
-        for th in (busy, low, high):
+        # before an earlier low-priority one. The order is read from ditd's
+        # request log (one line as each job ends), not from client threads.
+        busy = api.generate(d.channel)(api.request(priority=0, request_id="busy", seed=1, **LONG),
+                                       timeout=600)
+        wait_progress(busy)
+        low, _ = generate_queued(d, priority=0, request_id="low", seed=1, **SMALL)
+        high, _ = generate_queued(d, priority=5, request_id="high", seed=1, **SMALL)
+        busy.cancel()
+        for th in (low, high):
             th.join(120)
-        assert started == ["busy", "high", "low"], started
+        ran = d.finished({"busy", "low", "high"})
+        assert ran == ["busy", "high", "low"], ran
 
         info = d.info()
         assert info.world_size == 2 and info.layout.ring_degree == 2 and info.backend == "cpu", info
@@ -273,7 +254,7 @@ def health_reflection():
         p = subprocess.run([env_path("DITD"), "--model", DEMO] + flags, capture_output=True,
                            text=True, timeout=60)
         assert p.returncode == 2 and needle in p.stderr, (flags, p.returncode, p.stderr)
-    d = Daemon("--warmup", "256x256:60", wait_serving=False)
+    d = Daemon("--warmup", "512x512:60", wait_serving=False)
     try:
         api = d.api
         H = "grpc.health.v1.HealthCheckResponse.ServingStatus"

@@ -155,7 +155,7 @@ def warming_up():
     """The startup warm-up is visible: health NOT_SERVING, info (and ditctl
     info) mesh_state warming_up, then SERVING and ready; a mesh rebuilt
     after a worker's death is warmed up again before it serves."""
-    d = Daemon("--warmup", "256x256:60", wait_serving=False)
+    d = Daemon("--warmup", "512x512:60", wait_serving=False)
     exe = env_path("DITCTL")
     try:
         H = "grpc.health.v1.HealthCheckResponse.ServingStatus"

@@ -1246,7 +1246,7 @@ def browser_video():
         fill("height", 64)
         fill("frames", 17)
         fill("fps", 8)
-        fill("steps", 60)
+        fill("steps", 600)
         fill("seed", 1234)
         drv.find_element(By.ID, "generate").click()
         seen = []
