@@ -480,6 +480,7 @@ def worker_kill():
         api = d.api
         H = "grpc.health.v1.HealthCheckResponse.ServingStatus"
         states = []
+        watching = threading.Event()
 
         def watch():
             w = api.health_watch(d.channel)(api.msg("grpc.health.v1.HealthCheckRequest")(),
@@ -487,6 +488,7 @@ def worker_kill():
             try:
                 for r in w:
                     states.append(r.status)
+                    watching.set()
                     if len(states) >= 3:
                         break
             except grpc.RpcError:
@@ -494,6 +496,8 @@ def worker_kill():
 
         watcher = threading.Thread(target=watch)
         watcher.start()
+        # The watch is registered (its first status came) before the kill.
+        assert watching.wait(30), "no first health status"
         call = api.generate(d.channel)(api.request(seed=1, request_id="victim", **LONG), timeout=600)
         wait_progress(call)
         qt, queued_result = generate_queued(d, seed=5, request_id="survivor", **SMALL)
@@ -619,16 +623,15 @@ def drain():
     d = Daemon("--ring", "2", "--drain-timeout", "60", world=2)
     try:
         api = d.api
-        call = api.generate(d.channel)(api.request(seed=1, **dict(SMALL, width=128, height=128,
-                                                                  num_inference_steps=100)),
-                                       timeout=300)
+        # A long job holds the mesh while the checks run (it is cancelled
+        # after them); the queued one is the accepted work that must finish.
+        call = api.generate(d.channel)(api.request(seed=1, request_id="long", **LONG), timeout=600)
         wait_progress(call)
+        qt, queued = generate_queued(d, seed=2, request_id="accepted", **SMALL)
         d.proc.send_signal(signal.SIGTERM)
-        t0 = time.monotonic()
-        while "draining" not in d.log() and time.monotonic() - t0 < 10:
-            time.sleep(0.01)
+        wait_for(lambda: "draining" in d.log(), 10, "the drain")
         # New calls, on this connection or a new one, are refused with a
-        # reason while the accepted one runs.
+        # reason while the accepted ones run.
         other = grpc.insecure_channel(d.target)
         for ch in (d.channel, other):
             expect_error(lambda: ditapi.collect(api.generate(ch)(api.request(**SMALL), timeout=10)),
@@ -636,8 +639,12 @@ def drain():
         H = "grpc.health.v1.HealthCheckResponse.ServingStatus"
         assert d.health() == api.enum(H, "NOT_SERVING")
         other.close()
-        kinds, png, res = ditapi.collect(call)
+        call.cancel()
+        qt.join(120)
+        assert not isinstance(queued["r"], grpc.RpcError), queued["r"]
+        kinds, png, res = queued["r"]
         assert kinds[-1] == "result" and png.startswith(PNG_MAGIC), "the drain lost the request"
+        assert res.seed == 2, res
         rc = d.proc.wait(60)
         assert rc == 0, f"ditd exited {rc}\n{d.log()}"
         assert "NOT_SERVING" in d.log()
@@ -682,7 +689,8 @@ def drain():
         wait_progress(call)
         workers = children_of(d.proc.pid)
         d.proc.send_signal(signal.SIGINT)
-        time.sleep(0.2)
+        # The second signal after ditd took the first (signals do not queue).
+        wait_for(lambda: "draining" in d.log(), 10, "the drain")
         d.proc.send_signal(signal.SIGINT)
         rc = d.proc.wait(30)
         assert rc == 1, f"second signal: ditd exited {rc}"
@@ -967,8 +975,10 @@ def metrics():
             return out
 
         api = d.api
+        # 600 steps (a few seconds): still running when the scrape comes,
+        # even on a loaded machine.
         call = api.generate(d.channel)(api.request(seed=1, **dict(SMALL, width=128, height=128,
-                                                                  num_inference_steps=60)),
+                                                                  num_inference_steps=600)),
                                        timeout=300)
         wait_progress(call)
         during = scrape()
@@ -989,8 +999,8 @@ def metrics():
         assert after[ok] == 1 and after[bad] == 2, (after[ok], after[bad])
         # Requests per generation: the one generation, not the start-up warm-up.
         assert after['ditserve_batch_size_count{model="demo"}'] == 1, after
-        assert after['ditserve_step_seconds_count{model="demo"}'] == 60
-        assert after['ditserve_step_seconds_bucket{model="demo",le="+Inf"}'] == 60
+        assert after['ditserve_step_seconds_count{model="demo"}'] == 600
+        assert after['ditserve_step_seconds_bucket{model="demo",le="+Inf"}'] == 600
         assert after['ditserve_request_seconds_count{model="demo"}'] == 1
         assert after['ditserve_request_seconds_sum{model="demo"}'] > 0
         assert after['ditserve_queue_seconds_count{model="demo"}'] == 1
