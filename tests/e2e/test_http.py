@@ -625,10 +625,10 @@ def slow_clients():
         assert 1.5 <= idle <= 6, f"idle connections closed after {idle:.1f} s"
         assert http_request(d, "GET", "/health")[0] == 200
         # A body that trickles in, a byte a second (never idle for 2 s).
+        t0 = time.monotonic()
         s = socket.create_connection((u.hostname, u.port))
         s.sendall(b"POST " + GEN.encode() + b" HTTP/1.1\r\nHost: x\r\nContent-Type: "
                   b"application/json\r\nContent-Length: 100\r\n\r\n")
-        t0 = time.monotonic()
         cut = False
         for _ in range(20):
             try:
@@ -676,8 +676,10 @@ def short_idle_timeout():
     d = Daemon("--http-listen", "127.0.0.1:0", "--http-idle-timeout", "0.4")
     u = urllib.parse.urlsplit(d.http_url)
     try:
-        silent = socket.create_connection((u.hostname, u.port))
+        # Timed from before the connect, so that a stall of this client
+        # cannot shorten what it measures.
         t0 = time.monotonic()
+        silent = socket.create_connection((u.hostname, u.port))
         assert closed_by_server(silent, 5), "a silent connection stayed open"
         closed = time.monotonic() - t0
         print(f"  a silent connection closed after {closed:.1f} s")
@@ -698,10 +700,10 @@ def short_idle_timeout():
             assert chunk, f"the stream was closed while its job waited: {got!r}"
             got += chunk
             beats += [time.monotonic()] * chunk.count(b": keep-alive")
-        # Twice within the 1 s timeout: about six in 3 s, and never a gap
-        # the idle timeout would close (0.5 s apart, with slack for load).
-        gaps = [b - a for a, b in zip(beats, beats[1:])]
-        assert len(beats) >= 4 and max(gaps) < 1.0, (len(beats), gaps)
+        # Twice within the 1 s timeout: about six in 3 s. (A gap the idle
+        # timeout closes ends the stream, which the loop above catches; the
+        # times this client read them are no measure of when they were sent.)
+        assert len(beats) >= 4, len(beats)
         blocker.cancel()
         s.settimeout(60)
         while b"image_generation.completed" not in got:

@@ -403,7 +403,7 @@ def hot():
     import threading
     # Long enough that LoadLora and UnloadLora arrive while it runs (the
     # asserts below check that it still ran), short enough for CI.
-    long_req = dict(SMALL, num_inference_steps=150)
+    long_req = dict(SMALL, num_inference_steps=400)
     with tempfile.TemporaryDirectory() as tmp:
         d = Daemon("--lora-dir", lora_dir(tmp), "--ring", "2", world=2)
         try:
@@ -508,16 +508,15 @@ def file_changes():
             _, styled, _ = d.generate(loras=[("style", 0.8)], **SMALL)
             assert styled == got
             # Gone after admission: the request waits behind a long one.
-            out = {}
-            blocker = threading.Thread(target=lambda: out.update(
-                b=d.generate(timeout=300, **dict(SMALL, num_inference_steps=300))))
-            blocker.start()
-            while d.info().running == 0 and blocker.is_alive():
-                time.sleep(0.005)
+            # (A long job, cancelled once the file is gone.)
+            blocker = d.api.generate(d.channel)(d.api.request(
+                prompt="a very long job", width=512, height=512, num_inference_steps=1000),
+                timeout=600)
+            assert any(ev.WhichOneof("event") == "progress" for ev in blocker)
             q, queued = generate_queued(d, timeout=120, loras=[("doomed", 1.0)], **SMALL)
             assert d.info().running == 1, d.info()
             os.unlink(os.path.join(ldir, "doomed.safetensors"))
-            blocker.join(300)
+            blocker.cancel()
             q.join(120)
             e = queued["r"]
             assert isinstance(e, grpc.RpcError), "a gone file was served"
