@@ -161,11 +161,14 @@ class Daemon:
         call = self.api.generate(self.channel)(self.api.request(**fields), timeout=timeout)
         return ditapi.collect(call)
 
-    def stop(self, sig=signal.SIGTERM, timeout_s=60, expect_rc=0):
-        """Signals ditd and checks it exits with expect_rc, leaving no worker."""
+    def stop(self, sig=signal.SIGTERM, timeout_s=60, expect_rc=0, after_signal=None):
+        """Signals ditd and checks it exits with expect_rc, leaving no worker.
+        after_signal, if given, is called once the signal is sent."""
         workers = children_of(self.proc.pid) or self.workers
         self.channel.close()
         self.proc.send_signal(sig)
+        if after_signal:
+            after_signal()
         try:
             rc = self.proc.wait(timeout_s)
         except subprocess.TimeoutExpired:

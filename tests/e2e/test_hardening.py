@@ -130,19 +130,27 @@ def stop_while_starting():
     with tempfile.TemporaryDirectory() as tmp:
         slow = os.path.join(tmp, "slow-worker")
         woke = os.path.join(tmp, "woke")
+        go = os.path.join(tmp, "go")
+        # Each worker waits for the go file, which the test makes once the
+        # stop has begun.
         with open(slow, "w") as f:
-            f.write(f"#!/bin/sh\nsleep 1.5\necho >> {woke}\n"
+            f.write(f"#!/bin/sh\nwhile [ ! -e {go} ]; do sleep 0.02; done\necho >> {woke}\n"
                     f"exec {env_path('DITWORKER')} \"$@\"\n")
         os.chmod(slow, stat.S_IRWXU)
         for flags, n in (((), 1), (("--replicas", "2", "--threads", "1"), 2)):
+            for f in (woke, go):
+                if os.path.exists(f):
+                    os.unlink(f)
             d = Daemon("--worker", slow, *flags, wait_serving=False)
             try:
-                # Spawned and asleep: their hello comes after the stop below.
+                # Spawned and waiting: their hello comes after the stop below.
                 wait_for(lambda: len(children_of(d.proc.pid)) == n, 10, "the workers spawned")
-                if os.path.exists(woke):
-                    os.unlink(woke)
                 t0 = time.monotonic()
-                d.stop(timeout_s=20)
+                def release():
+                    # Once every mesh is stopping, the workers may go on.
+                    wait_for(lambda: d.log().count("state: stopping") == n, 10, "the stop")
+                    open(go, "w").close()
+                d.stop(timeout_s=20, after_signal=release)
                 took = time.monotonic() - t0
                 print(f"  {' '.join(flags) or 'one mesh'}: stopped while starting in {took:.1f} s")
                 assert took < 10, took

@@ -881,7 +881,7 @@ def browser():
         fill("negative_prompt", "blurry")
         fill("width", 96)
         fill("height", 64)
-        fill("steps", 200)
+        fill("steps", 600)
         fill("guidance", 4)
         fill("seed", 1234)
         drv.find_element(By.ID, "generate").click()
@@ -910,7 +910,7 @@ def browser():
         png = base64.b64decode(src.split(",", 1)[1])
         call = d.api.generate(d.channel)(d.api.request(
             prompt="a lighthouse at dusk", negative_prompt="blurry", width=96, height=64,
-            num_inference_steps=200, guidance_scale=4.0, seed=1234), timeout=120)
+            num_inference_steps=600, guidance_scale=4.0, seed=1234), timeout=120)
         assert png == ditapi.collect(call)[1]
         # An error reaches the page too (a size the form allows, the server
         # not: past --max-pixels).
