@@ -592,10 +592,11 @@ def stale_files():
         assert os.path.exists(live_seg), "a live process's segment was removed"
         assert os.path.exists(held_seg) and os.path.isdir(held_dir), "a locked one was removed"
         assert os.path.isdir(young_dir), "a folder a moment old was removed"
-        # At least these three (other ditd processes killed on this host may
-        # have left more).
+        # d2 says what it removed. (Not asserted to be these three: a ditd of
+        # another test starting at the same moment may reclaim some first;
+        # that they are gone is what the asserts above check.)
         m = re.search(r"removed (\d+) socket folder\(s\) and shm segment\(s\)", d2.log())
-        assert m and int(m.group(1)) >= 3, d2.log()
+        print(f"  d2 removed {m.group(1) if m else 0} stale folder(s) and segment(s)")
         kinds, png, _ = d2.generate(seed=1, **SMALL)
         assert kinds[-1] == "result" and png
         d2.stop()
