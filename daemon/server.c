@@ -352,6 +352,36 @@ static bool eligible(const job *j, const dit_server_mesh *m)
     return m->warmed;
 }
 
+/* A client's own deadline timer cancels the call as the deadline passes,
+ * which ditd hears up to a one-way trip early by its clock. */
+#define DEADLINE_SLACK_MS 50.0
+
+/* Ends within slack_ms by its client's deadline (none for HTTP jobs). */
+static bool deadline_within(const job *j, double slack_ms)
+{
+    return j->call && !dit_rpc_call_cancelled(j->call) &&
+           dit_rpc_call_deadline_ms(j->call) <= slack_ms;
+}
+
+/* Past its deadline while it waited: the call's cancel is on its way (and
+ * takes it out of the queue); it is not sent to a mesh meanwhile. */
+static bool expired(const job *j)
+{
+    return deadline_within(j, 0.0);
+}
+
+/* When the oldest job mesh m may run arrived (ms; 0 when none). */
+static double oldest_arrival(dit_server *s, const dit_server_mesh *m)
+{
+    double oldest = 0;
+    for (dit_queue_item *it = dit_queue_peek(&s->queue); it; it = dit_queue_next(it)) {
+        const job *j = JOB_OF(it);
+        if (has_client(j) && eligible(j, m) && (oldest == 0 || j->arrived_ms < oldest))
+            oldest = j->arrived_ms;
+    }
+    return oldest;
+}
+
 /* The batch mesh m runs next: the first job it may run (the highest
  * priority, then the oldest) and, for a Generate job with --max-batch
  * above 1, the waiting Generate jobs dit_request_batchable pairs with it,
@@ -375,7 +405,7 @@ static int collect_batch(dit_server *s, dit_server_mesh *m, job **out, bool *roo
             job_free(j); /* the client left while it waited */
             continue;
         }
-        if (eligible(j, m)) {
+        if (eligible(j, m) && !expired(j)) {
             head = j;
             break;
         }
@@ -392,7 +422,7 @@ static int collect_batch(dit_server *s, dit_server_mesh *m, job **out, bool *roo
     int skipped_max = INT_MIN;
     for (; it && n < s->cfg->max_batch; it = dit_queue_next(it)) {
         job *j = JOB_OF(it);
-        if (!has_client(j))
+        if (!has_client(j) || expired(j))
             continue;
         const size_t jb =
             j->kind == JOB_GENERATE ? ditserve__v1__generate_request__get_packed_size(j->req) : 0;
@@ -528,14 +558,17 @@ static bool run_batch(dit_server *s, dit_server_mesh *m, job **b, int n)
     ij.n_batch = (size_t)(n - 1);
     ij.batch = bmp;
     const uint64_t id = j->id;
+    const bool generation = j->kind == JOB_GENERATE;
     if (dit_supervisor_run(m->sup, id, &ij, &diag) == DIT_OK) {
-        if (j->kind == JOB_GENERATE) /* requests per generation: no warm-ups, no loads */
-            dit_metrics_batch(s->metrics, n);
         free(L);
         /* A mesh that broke as the job went out ended it already (job_done
-         * ran, the members are gone from m): nothing started to tell. */
-        if (m->n_members == n && m->job_id == id)
+         * ran and freed the members, b[0] included): nothing started, to
+         * tell or to count. */
+        if (m->n_members == n && m->job_id == id) {
+            if (generation) /* requests per generation: no warm-ups, no loads */
+                dit_metrics_batch(s->metrics, n);
             tell_started(s, m, b, n);
+        }
         return true;
     }
 failed:
@@ -561,6 +594,7 @@ failed:
         fail_job(b[k], dit_status_to_grpc(diag.status), dit_diag_msg(&diag));
         job_free(b[k]);
     }
+    update_health(s); /* a mesh served without its warm-up is SERVING */
     return false;
 }
 
@@ -588,12 +622,17 @@ static void try_dispatch(dit_server *s)
         if (n == 0)
             continue;
         if (room && b[0]->kind == JOB_GENERATE && s->cfg->batch_wait_ms > 0) {
-            /* --batch-wait-ms: the head may wait that long after it arrived
-             * for company; the timer looks again when the first wait is
-             * over. The other meshes still run what they may (a startup
-             * warm-up of their own). */
-            const double wait = b[0]->arrived_ms + s->cfg->batch_wait_ms - now_ms();
-            if (wait > 0.5) {
+            /* --batch-wait-ms: the mesh may wait for company until the
+             * oldest job it could run has waited that long (a more urgent
+             * head that came later does not restart the clock), and never
+             * past a member's deadline. The timer looks again when the
+             * first wait is over. The other meshes still run what they may
+             * (a startup warm-up of their own). */
+            const double wait = oldest_arrival(s, m) + s->cfg->batch_wait_ms - now_ms();
+            bool due = false;
+            for (int k = 0; k < n; k++)
+                due = due || deadline_within(b[k], wait + DEADLINE_SLACK_MS);
+            if (wait > 0.5 && !due) {
                 wait_min = wait_min > 0 && wait_min < wait ? wait_min : wait;
                 continue;
             }
@@ -948,11 +987,9 @@ static void cancel_job(dit_server *s, job *j, grpc_status_code code, const char 
         log_unrun(s, j, code, "left the queue");
         dit_queue_remove(&s->queue, &j->qi);
         job_free(j);
-        update_positions(s);
+        try_dispatch(s); /* what a held batch waited for may have changed */
     }
 }
-
-#define DEADLINE_SLACK_MS 50.0
 
 static void on_job_cancel(void *ctx, dit_rpc_call *call)
 {

@@ -22,7 +22,7 @@ import grpc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ditapi  # noqa: E402
-from daemon import alive, children_of, Daemon, DEMO, run_cases  # noqa: E402
+from daemon import alive, children_of, Daemon, DEMO, generate_queued, run_cases  # noqa: E402
 from daemon import without_text_encoders  # noqa: E402
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -532,6 +532,42 @@ def batch_wait():
         waited = results[0][1].timings.queue_ms
         print(f"  a full batch of 16 images ran after {waited:.0f} ms")
         assert waited < 3000, f"the full batch waited: {waited:.0f} ms"
+        d.stop()
+    finally:
+        d.close()
+
+
+@case
+def batch_wait_bounds():
+    """--batch-wait-ms holds a batch open for company at most that long
+    after the oldest waiting request came, and never past a member's
+    deadline: a request whose deadline is nearer than the window runs at
+    once; a more urgent request that comes later (and cannot join) does
+    not restart the clock for the one already waiting."""
+    d = Daemon("--max-batch", "4", "--batch-wait-ms", "3000", world=1)
+    try:
+        # Alone, with a 1.5 s deadline against the 3 s window: it runs.
+        kinds, png, res = d.generate(timeout=1.5, seed=1, **SMALL)
+        assert kinds[-1] == "result" and png.startswith(PNG_MAGIC)
+        print(f"  a request with a deadline inside the window waited "
+              f"{res.timings.queue_ms:.0f} ms")
+        assert res.timings.queue_ms < 1000, res.timings
+        # A waits for company; a second later U (more urgent, another
+        # shape, so not A's company) comes. The mesh runs U when A has
+        # waited 3 s, about 2 s after U came, not 3 s after.
+        a, a_out = generate_queued(d, seed=2, request_id="A", **SMALL)
+        time.sleep(1.0)
+        u, u_out = generate_queued(d, seed=3, priority=5, request_id="U",
+                                   **dict(SMALL, width=96))
+        for t in (a, u):
+            t.join(60)
+        for out in (a_out, u_out):
+            assert not isinstance(out["r"], grpc.RpcError), out["r"]
+        u_wait = u_out["r"][2].timings.queue_ms
+        a_wait = a_out["r"][2].timings.queue_ms
+        print(f"  U came 1 s after A and waited {u_wait:.0f} ms; A waited {a_wait:.0f} ms")
+        assert u_wait < 2600, f"U waited its own 3 s window ({u_wait:.0f} ms)"
+        assert d.finished({"A", "U"}) == ["U", "A"]
         d.stop()
     finally:
         d.close()
