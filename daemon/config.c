@@ -202,8 +202,8 @@ static const dit_option defs[] = {
         "rank loads the VAE); 1: one request at a time",
         "DITD_MAX_BATCH", max_batch, 1, DIT_DAEMON_MAX_BATCH),
     INT("batch-wait-ms", "0", "MS",
-        "hold an idle mesh up to MS milliseconds after the first request in queue order arrived, "
-        "for more requests to batch with it",
+        "hold an idle mesh up to MS milliseconds after the oldest waiting request arrived, for "
+        "more requests to batch with it (never past a request's deadline)",
         "DITD_BATCH_WAIT_MS", batch_wait_ms, 0, 10000),
     INT("replicas", "1", "M",
         "meshes to run (M x N workers, GPUs m*N .. m*N+N-1 for mesh m), all taking requests "
