@@ -325,7 +325,7 @@ char *dit_metrics_render(dit_metrics *m)
         "%llu\n",
         md, (unsigned long long)m->batch_sum, md, (unsigned long long)m->batch_n);
     put(&t,
-        "# HELP ditserve_lora_loads_total LoRA adapter files the workers loaded.\n"
+        "# HELP ditserve_lora_loads_total LoRA adapter files the meshes loaded.\n"
         "# TYPE ditserve_lora_loads_total counter\nditserve_lora_loads_total{model=\"%s\"} %lld\n"
         "# HELP ditserve_lora_cache_hits_total Adapter uses served by the workers' caches.\n"
         "# TYPE ditserve_lora_cache_hits_total counter\n"
@@ -333,10 +333,11 @@ char *dit_metrics_render(dit_metrics *m)
         "# HELP ditserve_lora_evictions_total Adapters dropped to stay within the cache bound.\n"
         "# TYPE ditserve_lora_evictions_total counter\n"
         "ditserve_lora_evictions_total{model=\"%s\"} %lld\n"
-        "# HELP ditserve_lora_cached_adapters Adapters rank 0 holds loaded.\n"
+        "# HELP ditserve_lora_cached_adapters Adapters loaded, over every mesh's cache.\n"
         "# TYPE ditserve_lora_cached_adapters gauge\n"
         "ditserve_lora_cached_adapters{model=\"%s\"} %lld\n"
-        "# HELP ditserve_lora_cached_bytes Memory rank 0 holds for loaded adapters.\n"
+        "# HELP ditserve_lora_cached_bytes Memory a rank holds for loaded adapters, over every "
+        "mesh's cache.\n"
         "# TYPE ditserve_lora_cached_bytes gauge\nditserve_lora_cached_bytes{model=\"%s\"} %lld\n",
         md, (long long)m->lora_loads, md, (long long)m->lora_hits, md, (long long)m->lora_evictions,
         md, (long long)m->lora_cached, md, (long long)m->lora_cached_bytes);

@@ -310,13 +310,16 @@ static grpc_status_code lora_path(const dit_server *s, const char *name, char *b
     return GRPC_STATUS_NOT_FOUND;
 }
 
-/* The bytes rank 0 holds for the adapter of file `path`, or -1 when it is
- * not loaded. */
+/* The bytes a rank 0 holds for the adapter of file `path` (the first mesh
+ * that has it loaded), or -1 when no mesh has. */
 static int64_t lora_loaded_bytes(const dit_server *s, const char *path)
 {
-    for (int i = 0; i < s->n_loras_loaded; i++)
-        if (strcmp(s->loras_loaded[i].path, path) == 0)
-            return s->loras_loaded[i].bytes;
+    for (int k = 0; k < s->n_meshes; k++) {
+        const dit_server_mesh *m = &s->meshes[k];
+        for (int i = 0; i < m->n_loras_loaded; i++)
+            if (strcmp(m->loras_loaded[i].path, path) == 0)
+                return m->loras_loaded[i].bytes;
+    }
     return -1;
 }
 
@@ -1720,42 +1723,47 @@ static void on_done(void *ctx, uint64_t job_id, dit_status st, const char *messa
     try_dispatch(s);
 }
 
-static void loras_loaded_clear(dit_server *s)
+static void loras_loaded_clear(dit_server_mesh *m)
 {
-    for (int i = 0; i < s->n_loras_loaded; i++)
-        free(s->loras_loaded[i].path);
-    free(s->loras_loaded);
-    s->loras_loaded = NULL;
-    s->n_loras_loaded = 0;
+    for (int i = 0; i < m->n_loras_loaded; i++)
+        free(m->loras_loaded[i].path);
+    free(m->loras_loaded);
+    m->loras_loaded = NULL;
+    m->n_loras_loaded = 0;
 }
 
 static void on_worker_memory(void *ctx, int rank, const Ditserve__Ipc__WorkerMemory *mem)
 {
     dit_server_mesh *m = ctx;
     dit_server *s = m->srv;
-    if (rank == 0 && m->index == 0) {
-        /* Rank 0 speaks for the mesh: every rank loads the same adapters. */
-        loras_loaded_clear(s);
+    if (rank == 0) {
+        /* Rank 0 speaks for its mesh: every rank of a mesh loads the same
+         * adapters. Each mesh has its own cache. */
+        loras_loaded_clear(m);
         const size_t n = mem->n_loras < 4096 ? mem->n_loras : 4096;
-        s->loras_loaded = n ? calloc(n, sizeof *s->loras_loaded) : NULL;
-        for (size_t i = 0; s->loras_loaded && i < n; i++) {
+        m->loras_loaded = n ? calloc(n, sizeof *m->loras_loaded) : NULL;
+        for (size_t i = 0; m->loras_loaded && i < n; i++) {
             char *p = strdup(mem->loras[i]->path ? mem->loras[i]->path : "");
             if (!p)
                 break;
-            s->loras_loaded[s->n_loras_loaded].path = p;
-            s->loras_loaded[s->n_loras_loaded++].bytes = mem->loras[i]->bytes;
+            m->loras_loaded[m->n_loras_loaded].path = p;
+            m->loras_loaded[m->n_loras_loaded++].bytes = mem->loras[i]->bytes;
         }
         /* Counters since the worker's mesh came up: a smaller one means a
          * new mesh, counted from zero. */
         const int64_t now[3] = {mem->lora_loads, mem->lora_hits, mem->lora_evictions};
-        int64_t d[3], bytes = 0;
+        int64_t d[3], bytes = 0, cached = 0;
         for (int k = 0; k < 3; k++) {
-            d[k] = now[k] >= s->lora_counts[k] ? now[k] - s->lora_counts[k] : now[k];
-            s->lora_counts[k] = now[k];
+            d[k] = now[k] >= m->lora_counts[k] ? now[k] - m->lora_counts[k] : now[k];
+            m->lora_counts[k] = now[k];
         }
-        for (int i = 0; i < s->n_loras_loaded; i++)
-            bytes += s->loras_loaded[i].bytes;
-        dit_metrics_lora(s->metrics, d[0], d[1], d[2], s->n_loras_loaded, bytes);
+        /* The gauges: every mesh's cache. */
+        for (int k = 0; k < s->n_meshes; k++) {
+            cached += s->meshes[k].n_loras_loaded;
+            for (int i = 0; i < s->meshes[k].n_loras_loaded; i++)
+                bytes += s->meshes[k].loras_loaded[i].bytes;
+        }
+        dit_metrics_lora(s->metrics, d[0], d[1], d[2], cached, bytes);
     }
     dit_metrics_worker_memory(s->metrics, m->index, rank, mem->host_rss_bytes,
                               mem->device_used_bytes, mem->device_total_bytes,
@@ -2106,7 +2114,8 @@ void dit_server_abort_pending(dit_server *s, const char *why)
 
 void dit_server_free_jobs(dit_server *s)
 {
-    loras_loaded_clear(s);
+    for (int i = 0; i < s->n_meshes; i++)
+        loras_loaded_clear(&s->meshes[i]);
     dit_queue_item *it;
     while ((it = dit_queue_pop(&s->queue)) != NULL)
         job_free(JOB_OF(it));

@@ -50,6 +50,12 @@ typedef struct dit_job_client {
 /* One worker mesh (ditd --replicas runs several) and the batch it runs:
  * the jobs of one ipc Job, member 0 first (members[k] NULL once that
  * member's job ended early: cancelled, its result dropped). */
+/* An adapter a mesh's rank 0 reported loaded (its WorkerMemory). */
+typedef struct dit_server_lora {
+    char *path;
+    int64_t bytes;
+} dit_server_lora;
+
 typedef struct dit_server_mesh {
     struct dit_server *srv;
     int index;
@@ -62,6 +68,11 @@ typedef struct dit_server_mesh {
     double busy_since_ms;
     double busy_ms; /* time it ran jobs, finished ones */
     int64_t jobs_run, requests_run;
+    /* Its own LoRA cache, as its rank 0 last reported it: the adapters
+     * loaded, and the counters (loads, hits, evictions) for deltas. */
+    dit_server_lora *loras_loaded;
+    int n_loras_loaded;
+    int64_t lora_counts[3];
 } dit_server_mesh;
 
 typedef struct dit_server {
@@ -98,14 +109,6 @@ typedef struct dit_server {
     int n_watchers, cap_watchers;
     /* counters */
     int64_t requests_ok, requests_failed;
-    /* The LoRA adapters rank 0 last reported loaded (its WorkerMemory). */
-    struct dit_server_lora {
-        char *path;
-        int64_t bytes;
-    } * loras_loaded;
-    int n_loras_loaded;
-    /* Rank 0's last LoRA counters (loads, hits, evictions), for deltas. */
-    int64_t lora_counts[3];
     dit_rpc_method methods[11]; /* filled by dit_server_methods */
 } dit_server;
 

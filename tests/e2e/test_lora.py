@@ -396,6 +396,48 @@ def rpcs():
 
 
 @case
+def replicas():
+    """With --replicas 2 each mesh keeps its own cache: an adapter used on
+    both is loaded by both, and the metrics and ListLoras count both
+    meshes' caches (not mesh 0's alone)."""
+    import urllib.request
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Daemon("--lora-dir", lora_dir(tmp), "--replicas", "2", "--threads", "1",
+                   "--metrics-port", "0")
+        try:
+            line = d.proc.stdout.readline().decode()
+            assert line.startswith("ditd: metrics on http://"), line
+            url = line.split()[-1].replace("0.0.0.0", "127.0.0.1")
+
+            def lora_metrics():
+                with urllib.request.urlopen(url, timeout=10) as resp:
+                    text = resp.read().decode()
+                return {l.split("{")[0]: float(l.split()[-1]) for l in text.splitlines()
+                        if l.startswith("ditserve_lora")}
+            # One long request holds a mesh; the second runs on the other.
+            first = d.api.generate(d.channel)(d.api.request(
+                loras=[("demo_peft", 0.8)], **dict(SMALL, num_inference_steps=1000)),
+                timeout=300)
+            assert any(ev.WhichOneof("event") == "progress" for ev in first)
+            _, png, _ = d.generate(loras=[("demo_peft", 0.8)], **SMALL)
+            assert png
+            first.cancel()
+            d.wait_idle(30)
+            assert [m.jobs for m in d.info().meshes] == [1, 1], d.info().meshes
+            wait_for(lambda: lora_metrics().get("ditserve_lora_cached_adapters") == 2, 10,
+                     "both meshes' caches in the metrics")
+            m = lora_metrics()
+            got = {li.name: li for li in d.api.lora_rpc(d.channel, "ListLoras")(
+                d.api.msg("ditserve.v1.ListLorasRequest")(), timeout=10).loras}
+            assert got["demo_peft"].loaded and got["demo_peft"].bytes > 0, got
+            assert m["ditserve_lora_loads_total"] == 2, m
+            assert m["ditserve_lora_cached_bytes"] == 2 * got["demo_peft"].bytes, m
+            d.stop()
+        finally:
+            d.close()
+
+
+@case
 def hot():
     """LoadLora and UnloadLora while generations run (a two-rank mesh): the
     running one finishes unchanged, the next ones see the adapter come and
