@@ -13,6 +13,7 @@
  *     between CPUs torch dispatches differently). */
 #include <check.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -108,7 +109,7 @@ START_TEST(schedules_and_steps_match_diffusers)
         memcpy(x, x0, sizeof x);
         for (int i = 0; i < N; i++) {
             memcpy(v, mo + (size_t)i * n, sizeof v);
-            dit_scheduler_step(s, i, x, v, n);
+            ck_assert_int_eq(dit_scheduler_step(s, i, x, v, n, &diag), DIT_OK);
             memcpy(want, wx + (size_t)(i + 1) * n, sizeof want);
             memcpy(exact, wl + (size_t)(i + 1) * n, sizeof exact);
             double scale = 0.0, scale_l = 0.0;
@@ -229,6 +230,31 @@ START_TEST(rejects_what_it_does_not_implement)
 }
 END_TEST
 
+/* Memory for the multistep history that cannot be had is a status, not an
+ * abort (a worker would take its mesh down with it), and the scheduler
+ * takes steps again once there is memory; a step other than 0 without
+ * step 0 before it is refused. */
+START_TEST(history_out_of_memory_is_a_status)
+{
+    char path[1200];
+    snprintf(path, sizeof path, "%s/wan_480p/scheduler_config.json", root);
+    dit_diag diag;
+    dit_diag_clear(&diag);
+    dit_scheduler *s = NULL;
+    ck_assert_msg(dit_scheduler_load(path, "UniPCMultistepScheduler", &s, &diag) == DIT_OK, "%s",
+                  diag.msg);
+    ck_assert_int_eq(dit_scheduler_set_timesteps(s, 4, 64, &diag), DIT_OK);
+    float x[8] = {0}, v[8] = {0};
+    const size_t huge = SIZE_MAX / 2;
+    ck_assert_int_eq(dit_scheduler_step(s, 0, x, v, huge, &diag), DIT_ERR_NOMEM);
+    ck_assert_msg(strstr(diag.msg, "out of memory"), "%s", diag.msg);
+    ck_assert_int_eq(dit_scheduler_step(s, 1, x, v, 8, &diag), DIT_ERR_INTERNAL);
+    for (int i = 0; i < 4; i++)
+        ck_assert_int_eq(dit_scheduler_step(s, i, x, v, 8, &diag), DIT_OK);
+    dit_scheduler_free(s);
+}
+END_TEST
+
 int main(void)
 {
     snprintf(root, sizeof root, "%s/tests/data/scheduler/unipc", test_env("DIT_SOURCE_ROOT"));
@@ -238,6 +264,7 @@ int main(void)
                         (int)(sizeof configs / sizeof *configs));
     tcase_add_test(tc, schedules_match_diffusers_at_many_step_counts);
     tcase_add_test(tc, rejects_what_it_does_not_implement);
+    tcase_add_test(tc, history_out_of_memory_is_a_status);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

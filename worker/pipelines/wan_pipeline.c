@@ -338,7 +338,7 @@ static dit_status wan_pipe_generate_batch(void *pv, const dit_pipeline_info *inf
         if (cfg)
             dit_gen_batch_cfg(&b, out, N, gps, DIT_GEN_CFG_GUIDANCE);
         dit_gen_batch_scatter(&b, out, N, v);
-        dit_scheduler_step(p->sched, i, lat, v, (size_t)(T * N));
+        DIT_CHECK(dit_scheduler_step(p->sched, i, lat, v, (size_t)(T * N), diag));
         dit_gen_batch_step_time(res, n, now_ms() - t0, &step_min, &step_max);
         DIT_CHECK(dit_gen_batch_progress(&b, progress, progress_ctx, i + 1, gp->steps,
                                          now_ms() - t_loop, res, member_st, v, N, &regather, diag));

@@ -167,10 +167,13 @@ static dit_status fme_schedule(const void *s, int steps, int64_t seq_len, float 
     return dit_flow_scheduler_schedule(s, steps, seq_len, sigmas, timesteps, diag);
 }
 
-static void fme_step(void *s, int i, const float *sigmas, float *x, const float *v, size_t n)
+static dit_status fme_step(void *s, int i, const float *sigmas, float *x, const float *v, size_t n,
+                           dit_diag *diag)
 {
     (void)s;
+    (void)diag;
     dit_flow_scheduler_step(x, v, n, sigmas[i], sigmas[i + 1]);
+    return DIT_OK;
 }
 
 const dit_scheduler_class dit_flow_match_euler_class = {

@@ -106,7 +106,8 @@ float dit_scheduler_timestep(const dit_scheduler *s, int i)
     return s->timesteps[i];
 }
 
-void dit_scheduler_step(dit_scheduler *s, int i, float *x, const float *v, size_t n)
+dit_status dit_scheduler_step(dit_scheduler *s, int i, float *x, const float *v, size_t n,
+                              dit_diag *diag)
 {
-    s->cls->step(s->impl, i, s->sigmas, x, v, n);
+    return s->cls->step(s->impl, i, s->sigmas, x, v, n, diag);
 }

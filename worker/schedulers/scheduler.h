@@ -24,8 +24,10 @@ typedef struct dit_scheduler_class {
     dit_status (*schedule)(const void *s, int steps, int64_t seq_len, float *sigmas,
                            float *timesteps, dit_diag *diag);
     /* One step i: x <- step(x, model output v), n elements. Called once per
-     * step in order; multistep schedulers keep their history in s. */
-    void (*step)(void *s, int i, const float *sigmas, float *x, const float *v, size_t n);
+     * step in order; multistep schedulers keep their history in s (and may
+     * fail for want of memory for it at step 0). */
+    dit_status (*step)(void *s, int i, const float *sigmas, float *x, const float *v, size_t n,
+                       dit_diag *diag);
     /* Optional (NULL: nothing to do): called by dit_scheduler_set_timesteps
      * after schedule, with the step count; multistep schedulers drop the
      * history of an earlier generation here. */
@@ -48,6 +50,7 @@ dit_status dit_scheduler_set_timesteps(dit_scheduler *s, int steps, int64_t seq_
 float dit_scheduler_timestep(const dit_scheduler *s, int i);
 
 /* Step i on n latents with the model output v. */
-void dit_scheduler_step(dit_scheduler *s, int i, float *x, const float *v, size_t n);
+dit_status dit_scheduler_step(dit_scheduler *s, int i, float *x, const float *v, size_t n,
+                              dit_diag *diag);
 
 #endif

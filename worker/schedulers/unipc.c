@@ -1,6 +1,7 @@
 #include "schedulers/unipc.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -457,25 +458,27 @@ static dit_status unipc_start(void *s, int steps, dit_diag *diag)
 }
 
 /* Buffers for n elements, allocated on a generation's first step. */
-static void ensure_buffers(unipc *u, size_t n)
+static dit_status ensure_buffers(unipc *u, size_t n, dit_diag *diag)
 {
     if (u->n == n && u->buf[0])
-        return;
+        return DIT_OK;
     const int nb = u->c.solver_order + 2;
+    u->n = 0; /* none until all are there */
     for (int i = 0; i < nb; i++) {
         free(u->buf[i]);
-        u->buf[i] = malloc(sizeof(float) * (n ? n : 1));
-        if (!u->buf[i]) {
-            /* step() has no status to return; a worker may abort. */
-            fprintf(stderr, "UniPCMultistepScheduler: out of memory for %zu latents\n", n);
-            abort();
-        }
+        u->buf[i] = n <= SIZE_MAX / sizeof(float) ? malloc(sizeof(float) * (n ? n : 1)) : NULL;
+        if (!u->buf[i])
+            return dit_diag_set(diag, DIT_ERR_NOMEM,
+                                "UniPCMultistepScheduler: out of memory for the history of %zu "
+                                "latents",
+                                n);
     }
     u->n = n;
     for (int i = 0; i < u->c.solver_order; i++)
         u->hist[i] = u->buf[i];
     u->spare = u->buf[u->c.solver_order];
     u->last = u->buf[u->c.solver_order + 1];
+    return DIT_OK;
 }
 
 static bool corrector_disabled(const unipc *u, int i)
@@ -486,13 +489,19 @@ static bool corrector_disabled(const unipc *u, int i)
     return false;
 }
 
-static void unipc_step(void *s, int i, const float *sigmas, float *x, const float *v, size_t n)
+static dit_status unipc_step(void *s, int i, const float *sigmas, float *x, const float *v,
+                             size_t n, dit_diag *diag)
 {
     unipc *u = s;
     const int order = u->c.solver_order;
     if (i == 0) {
         reset(u);
-        ensure_buffers(u, n);
+        const dit_status st = ensure_buffers(u, n, diag);
+        if (st != DIT_OK)
+            return st;
+    } else if (u->n != n || !u->buf[0]) {
+        return dit_diag_set(diag, DIT_ERR_INTERNAL,
+                            "UniPCMultistepScheduler: step %d of %zu latents without step 0", i, n);
     }
     /* convert_model_output: x0 = sample - sigma * v. */
     float *m = u->spare;
@@ -519,6 +528,7 @@ static void unipc_step(void *s, int i, const float *sigmas, float *x, const floa
     predict(u, i, this_order, sigmas, x, n);
     if (u->lower_order_nums < order)
         u->lower_order_nums++;
+    return DIT_OK;
 }
 
 const dit_scheduler_class dit_unipc_class = {
