@@ -33,8 +33,11 @@ dit_status dit_gen_batch_init(dit_gen_batch *b, const dit_pipeline_info *info, i
     /* One block: off, ni (int64), then active, mask (bool). */
     const size_t n_ = (size_t)n;
     char *blk = calloc(1, n_ * (2 * sizeof(int64_t) + 2 * sizeof(bool)));
-    if (!blk)
+    if (!blk) {
+        for (int k = 0; k < n; k++)
+            member_st[k] = DIT_ERR_NOMEM; /* as for any failure: every member's */
         return dit_diag_set(diag, DIT_ERR_NOMEM, "out of memory");
+    }
     b->off = (int64_t *)blk;
     b->ni = b->off + n_;
     b->active = (bool *)(b->ni + n_);
