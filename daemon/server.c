@@ -1837,6 +1837,7 @@ void dit_server_destroy_meshes(dit_server *s)
     for (int i = 0; i < s->n_meshes; i++) {
         dit_supervisor_destroy(s->meshes[i].sup);
         s->meshes[i].sup = NULL;
+        loras_loaded_clear(&s->meshes[i]);
     }
     s->n_meshes = 0;
 }
@@ -2114,7 +2115,7 @@ void dit_server_abort_pending(dit_server *s, const char *why)
 
 void dit_server_free_jobs(dit_server *s)
 {
-    for (int i = 0; i < s->n_meshes; i++)
+    for (int i = 0; i < DIT_DAEMON_MAX_REPLICAS; i++)
         loras_loaded_clear(&s->meshes[i]);
     dit_queue_item *it;
     while ((it = dit_queue_pop(&s->queue)) != NULL)

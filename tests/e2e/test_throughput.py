@@ -546,9 +546,9 @@ def batch_wait_bounds():
     not restart the clock for the one already waiting."""
     d = Daemon("--max-batch", "4", "--batch-wait-ms", "3000", world=1)
     try:
-        # Alone, with a 1.5 s deadline against the 3 s window: it runs.
-        kinds, png, res = d.generate(timeout=1.5, seed=1, **SMALL)
-        assert kinds[-1] == "result" and png.startswith(PNG_MAGIC)
+        # Alone, with a 2.5 s deadline against the 3 s window: it runs.
+        kinds, png, res = d.generate(timeout=2.5, seed=1, **SMALL)
+        assert kinds[-1] == "result" and png.startswith(PNG_MAGIC), kinds
         print(f"  a request with a deadline inside the window waited "
               f"{res.timings.queue_ms:.0f} ms")
         assert res.timings.queue_ms < 1000, res.timings
@@ -567,7 +567,8 @@ def batch_wait_bounds():
         a_wait = a_out["r"][2].timings.queue_ms
         print(f"  U came 1 s after A and waited {u_wait:.0f} ms; A waited {a_wait:.0f} ms")
         assert u_wait < 2600, f"U waited its own 3 s window ({u_wait:.0f} ms)"
-        assert d.finished({"A", "U"}) == ["U", "A"]
+        ran = d.finished({"A", "U"})
+        assert ran == ["U", "A"], ran
         d.stop()
     finally:
         d.close()
