@@ -623,6 +623,9 @@ typedef struct vjob {
     int progress;                                 /* 0-100 */
     int64_t created_at, completed_at, expires_at; /* unix seconds; 0: not yet */
     grpc_status_code code;
+    /* The error's code when it is not the gRPC status's (the store's own
+     * refusal), else NULL. */
+    const char *ecode;
     char msg[DIT_DIAG_MAX];
     uint8_t *data; /* the MP4 as its chunks arrive */
     size_t len, cap;
@@ -786,6 +789,7 @@ static void on_video_finish(void *ctx, grpc_status_code code, const char *msg)
     uv_mutex_lock(&h->vmu);
     if (code == GRPC_STATUS_OK && v->too_big) {
         code = GRPC_STATUS_RESOURCE_EXHAUSTED;
+        v->ecode = "video_store_full";
         msg = "the video is larger than the store holds (--http-video-bytes)";
     } else if (code == GRPC_STATUS_OK && !v->whole) {
         code = GRPC_STATUS_INTERNAL;
@@ -795,6 +799,7 @@ static void on_video_finish(void *ctx, grpc_status_code code, const char *msg)
         vexpire_locked(h, wall_s());
         if (h->vbytes + (int64_t)v->len > h->cfg.video_bytes) {
             code = GRPC_STATUS_RESOURCE_EXHAUSTED;
+            v->ecode = "video_store_full";
             msg = "the finished videos held fill the store (--http-video-bytes); delete some or "
                   "wait for them to expire";
         }
@@ -1414,7 +1419,7 @@ static cJSON *video_json(const vjob *v)
     cJSON_AddStringToObject(o, "size", buf);
     if (v->state == V_FAILED) {
         cJSON *e = cJSON_AddObjectToObject(o, "error");
-        cJSON_AddStringToObject(e, "code", grpc_code_name(v->code));
+        cJSON_AddStringToObject(e, "code", v->ecode ? v->ecode : grpc_code_name(v->code));
         cJSON_AddStringToObject(e, "message", v->msg);
     } else {
         cJSON_AddNullToObject(o, "error");

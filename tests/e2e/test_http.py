@@ -1163,7 +1163,8 @@ def video_errors():
 def video_store():
     """The store holds --http-video-jobs jobs (more: 429, until one is
     deleted); DELETE cancels a running job and a queued one, and the queue
-    goes on; finished jobs expire after --http-video-retention."""
+    goes on; finished jobs expire after --http-video-retention; a clip that
+    does not fit --http-video-bytes fails with video_store_full."""
     import warnings
     warnings.simplefilter("ignore", DeprecationWarning)
     d = Daemon("--http-listen", "127.0.0.1:0", "--http-video-jobs", "3",
@@ -1203,6 +1204,38 @@ def video_store():
         video_error(openai.RateLimitError, lambda: c.videos.create(prompt=PROMPT, **CLIP))
         for vid in ids:
             assert wait_video(c, vid)[0].status == "completed"
+        d.stop()
+    finally:
+        d.close()
+    # --http-video-bytes at its least, 1 MiB: two clips of about 650 KiB
+    # each fit alone but not together, and one of about 1.3 MiB not at all.
+    # A clip that does not fit fails with the store's own code.
+    d = Daemon("--http-listen", "127.0.0.1:0", "--http-video-bytes", "1048576", model=WAN_DEMO)
+    try:
+        c = client(d)
+        mid = {"prompt": PROMPT, "size": "256x256", "num_frames": 33, "num_inference_steps": 1}
+        first, second = (json.loads(http_request(d, "POST", VIDEOS, dict(mid, seed=s))[2])["id"]
+                         for s in (1, 2))
+        a, _ = wait_video(c, first)
+        b, _ = wait_video(c, second)
+        assert a.status == "completed", a
+        size_a = len(c.videos.download_content(first).read())
+        assert 1048576 // 2 < size_a < 1048576, size_a
+        assert b.status == "failed" and b.error.code == "video_store_full", b
+        assert "--http-video-bytes" in b.error.message, b
+        video_error(openai.ConflictError, lambda: c.videos.download_content(second))
+        c.videos.delete(first)
+        c.videos.delete(second)
+        big = json.loads(http_request(d, "POST", VIDEOS, {
+            "prompt": PROMPT, "size": "512x512", "num_frames": 17, "num_inference_steps": 1,
+            "seed": 3})[2])["id"]
+        done, _ = wait_video(c, big)
+        assert done.status == "failed" and done.error.code == "video_store_full", done
+        assert "larger than the store" in done.error.message, done
+        # The store is empty again: a clip that fits is served.
+        again = json.loads(http_request(d, "POST", VIDEOS, dict(mid, seed=1))[2])["id"]
+        assert wait_video(c, again)[0].status == "completed"
+        assert len(c.videos.download_content(again).read()) == size_a
         d.stop()
     finally:
         d.close()
