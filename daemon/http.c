@@ -622,6 +622,10 @@ typedef struct vjob {
     uint64_t seed;
     int progress;                                 /* 0-100 */
     int64_t created_at, completed_at, expires_at; /* unix seconds; 0: not yet */
+    /* When it is forgotten, on CLOCK_MONOTONIC (ms): expires_at as it was
+     * when the job ended, so that a step of the wall clock neither sweeps
+     * the store nor keeps a job in it. */
+    uint64_t expires_ms;
     grpc_status_code code;
     /* The error's code when it is not the gRPC status's (the store's own
      * refusal), else NULL. */
@@ -654,6 +658,13 @@ static int64_t wall_s(void)
     return (int64_t)time(NULL);
 }
 
+static uint64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
 /* Drops one reference (vmu held); the last frees the job. */
 static void vdrop_locked(dit_http *h, vjob *v)
 {
@@ -682,14 +693,14 @@ static void video_sent(void *cls)
     vunref(v->h, v);
 }
 
-/* Forgets finished jobs past their retention (vmu held). */
-static void vexpire_locked(dit_http *h, int64_t now)
+/* Forgets finished jobs past their retention (vmu held; now: mono_ms()). */
+static void vexpire_locked(dit_http *h, uint64_t now)
 {
     vjob **pp = &h->vhead;
     h->vtail = NULL;
     while (*pp) {
         vjob *v = *pp;
-        if ((v->state == V_COMPLETED || v->state == V_FAILED) && v->expires_at <= now) {
+        if ((v->state == V_COMPLETED || v->state == V_FAILED) && v->expires_ms <= now) {
             *pp = v->next;
             v->in_store = false;
             h->vcount--;
@@ -707,9 +718,13 @@ static void vend_locked(dit_http *h, vjob *v, vstate state, grpc_status_code cod
     v->state = state;
     v->code = code;
     snprintf(v->msg, sizeof v->msg, "%s", msg && *msg ? msg : "failed");
-    v->completed_at = wall_s();
+    struct timespec wall;
+    clock_gettime(CLOCK_REALTIME, &wall);
+    v->completed_at = (int64_t)wall.tv_sec;
     /* Whole seconds, rounded up: a retention under one second keeps it one. */
     v->expires_at = v->completed_at + (int64_t)ceil(h->cfg.video_retention_s);
+    const int64_t left_ms = (v->expires_at - v->completed_at) * 1000 - wall.tv_nsec / 1000000;
+    v->expires_ms = mono_ms() + (uint64_t)(left_ms > 0 ? left_ms : 0);
     if (state == V_COMPLETED) {
         v->progress = 100;
         return;
@@ -796,7 +811,7 @@ static void on_video_finish(void *ctx, grpc_status_code code, const char *msg)
         msg = "the video did not arrive whole";
     }
     if (code == GRPC_STATUS_OK) {
-        vexpire_locked(h, wall_s());
+        vexpire_locked(h, mono_ms());
         if (h->vbytes + (int64_t)v->len > h->cfg.video_bytes) {
             code = GRPC_STATUS_RESOURCE_EXHAUSTED;
             v->ecode = "video_store_full";
@@ -936,13 +951,6 @@ typedef struct req_ctx {
     uint64_t t0_ms;
     gen *g;
 } req_ctx;
-
-static uint64_t mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
 
 /* What the served model fills in for fields a request leaves out. */
 static dit_openai_defaults defaults_of(const dit_http *h)
@@ -1520,7 +1528,7 @@ static enum MHD_Result answer_video_create(dit_http *h, struct MHD_Connection *c
     for (int i = 0; i < 16; i++)
         snprintf(v->id + 6 + 2 * i, 3, "%02x", rnd[i]);
     uv_mutex_lock(&h->vmu);
-    vexpire_locked(h, wall_s());
+    vexpire_locked(h, mono_ms());
     if (h->vcount + h->vreserved >= h->cfg.video_jobs)
         dit_openai_fail(
             &b, 429, NULL, "video_store_full",
@@ -1608,7 +1616,7 @@ static enum MHD_Result answer_video_list(dit_http *h, struct MHD_Connection *con
     cJSON_AddStringToObject(o, "object", "list");
     cJSON *data = cJSON_AddArrayToObject(o, "data");
     uv_mutex_lock(&h->vmu);
-    vexpire_locked(h, wall_s());
+    vexpire_locked(h, mono_ms());
     const int n = h->vcount;
     vjob **all = n ? malloc((size_t)n * sizeof *all) : NULL;
     if (n && !all) {
@@ -1696,7 +1704,7 @@ static enum MHD_Result answer_videos(dit_http *h, struct MHD_Connection *conn, c
         }
     }
     uv_mutex_lock(&h->vmu);
-    vexpire_locked(h, wall_s());
+    vexpire_locked(h, mono_ms());
     vjob *v = vfind_locked(h, id, id_len);
     if (!v) {
         uv_mutex_unlock(&h->vmu);
