@@ -146,7 +146,7 @@ struct dit_http {
     vjob *vhead, *vtail; /* oldest first */
     int vcount;          /* in the list */
     int vreserved;       /* created, admission not decided yet */
-    int64_t vbytes;      /* finished MP4 bytes held */
+    int64_t vbytes;      /* MP4 bytes held, finished or arriving */
     /* The connections libmicrohttpd holds, accepted and not yet reaped,
      * for on_accept. nconns counts them all, the list those whose socket is
      * known. Under cmu. */
@@ -631,10 +631,11 @@ typedef struct vjob {
      * refusal), else NULL. */
     const char *ecode;
     char msg[DIT_DIAG_MAX];
-    uint8_t *data; /* the MP4 as its chunks arrive */
+    uint8_t *data; /* the MP4 as its chunks arrive; cap = len once completed */
     size_t len, cap;
-    bool whole, too_big;
-    size_t counted; /* bytes of it in h->vbytes */
+    bool whole;
+    const char *too_big; /* why its clip did not fit the store (finish fails it), or NULL */
+    size_t counted;      /* bytes of it in h->vbytes: len, while it holds data */
     Ditserve__V1__Timings timings;
 } vjob;
 
@@ -732,6 +733,8 @@ static void vend_locked(dit_http *h, vjob *v, vstate state, grpc_status_code cod
     free(v->data); /* a failed job keeps no bytes */
     v->data = NULL;
     v->len = v->cap = 0;
+    h->vbytes -= (int64_t)v->counted;
+    v->counted = 0;
 }
 
 /* Loop thread: what a video's job reports. */
@@ -758,8 +761,21 @@ static void on_video_event(void *ctx, const Ditserve__V1__GenerateEvent *ev)
         const size_t n = ev->chunk->data.len;
         if (v->too_big)
             break;
-        if ((int64_t)(v->len + n) > h->cfg.video_bytes) {
-            v->too_big = true; /* finish refuses it */
+        /* Bytes in flight count against what is left of the store, as the
+         * finished ones do: the store's bound holds for the memory used. */
+        if (h->vbytes + (int64_t)n > h->cfg.video_bytes)
+            vexpire_locked(h, mono_ms());
+        if (h->vbytes + (int64_t)n > h->cfg.video_bytes) {
+            /* The finish refuses it; what arrived so far goes now. */
+            v->too_big = (int64_t)(v->len + n) > h->cfg.video_bytes
+                             ? "the video is larger than the store holds (--http-video-bytes)"
+                             : "the videos held (finished or arriving) fill the store "
+                               "(--http-video-bytes); delete some or wait for them to expire";
+            free(v->data);
+            v->data = NULL;
+            v->len = v->cap = 0;
+            h->vbytes -= (int64_t)v->counted;
+            v->counted = 0;
             break;
         }
         if (v->len + n > v->cap) {
@@ -774,6 +790,8 @@ static void on_video_event(void *ctx, const Ditserve__V1__GenerateEvent *ev)
         }
         memcpy(v->data + v->len, ev->chunk->data.data, n);
         v->len += n;
+        v->counted += n;
+        h->vbytes += (int64_t)n;
         break;
     }
     case DITSERVE__V1__GENERATE_EVENT__EVENT_RESULT: {
@@ -805,24 +823,24 @@ static void on_video_finish(void *ctx, grpc_status_code code, const char *msg)
     if (code == GRPC_STATUS_OK && v->too_big) {
         code = GRPC_STATUS_RESOURCE_EXHAUSTED;
         v->ecode = "video_store_full";
-        msg = "the video is larger than the store holds (--http-video-bytes)";
+        msg = v->too_big;
     } else if (code == GRPC_STATUS_OK && !v->whole) {
         code = GRPC_STATUS_INTERNAL;
         msg = "the video did not arrive whole";
     }
     if (code == GRPC_STATUS_OK) {
         vexpire_locked(h, mono_ms());
-        if (h->vbytes + (int64_t)v->len > h->cfg.video_bytes) {
-            code = GRPC_STATUS_RESOURCE_EXHAUSTED;
-            v->ecode = "video_store_full";
-            msg = "the finished videos held fill the store (--http-video-bytes); delete some or "
-                  "wait for them to expire";
+        /* Its bytes are counted already (as they arrived). The buffer
+         * shrinks to them: the store counts len, and doubling left up to
+         * twice that allocated (the old one stays if realloc fails). */
+        if (v->cap > v->len && v->len > 0) {
+            uint8_t *p = realloc(v->data, v->len);
+            if (p) {
+                v->data = p;
+                v->cap = v->len;
+            }
         }
-    }
-    if (code == GRPC_STATUS_OK) {
         vend_locked(h, v, V_COMPLETED, code, "");
-        v->counted = v->len;
-        h->vbytes += (int64_t)v->len;
     } else {
         vend_locked(h, v, V_FAILED, code, msg);
     }
@@ -1536,10 +1554,9 @@ static enum MHD_Result answer_video_create(dit_http *h, struct MHD_Connection *c
             "them to expire",
             h->vcount + h->vreserved);
     else if (h->vbytes >= h->cfg.video_bytes)
-        dit_openai_fail(
-            &b, 429, NULL, "video_store_full",
-            "the finished videos held fill the store (--http-video-bytes); delete some or "
-            "wait for them to expire");
+        dit_openai_fail(&b, 429, NULL, "video_store_full",
+                        "the videos held (finished or arriving) fill the store "
+                        "(--http-video-bytes); delete some or wait for them to expire");
     else
         h->vreserved++;
     uv_mutex_unlock(&h->vmu);
