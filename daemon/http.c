@@ -615,6 +615,7 @@ typedef struct vjob {
     int refs;
     bool in_store;
     bool decided, refused; /* admission */
+    bool ended_in_submit;  /* admitted, and its job ended inside dit_server_submit */
     vstate state;
     char id[VIDEO_ID_LEN + 1];
     char *model, *prompt;
@@ -868,6 +869,8 @@ static void video_submit(dit_http *h, vjob *v)
     if (ok) {
         if (v->state != V_COMPLETED && v->state != V_FAILED)
             v->job = job;
+        else
+            v->ended_in_submit = true;
     } else {
         v->req = req; /* still ours */
         v->refused = true;
@@ -1585,8 +1588,12 @@ static enum MHD_Result answer_video_create(dit_http *h, struct MHD_Connection *c
         uv_mutex_unlock(&h->vmu);
         return MHD_NO;
     }
-    if (v->refused) {
-        dit_openai_fail(&b, http_status_of(v->code), NULL, grpc_code_name(v->code), "%s", v->msg);
+    /* Refused, or admitted and failed inside dit_server_submit (a mesh
+     * that fails as the job is sent to it reports at once): an error
+     * answer, as for images, and nothing stored. */
+    if (v->refused || (v->ended_in_submit && v->state == V_FAILED)) {
+        dit_openai_fail(&b, http_status_of(v->code), NULL,
+                        v->ecode ? v->ecode : grpc_code_name(v->code), "%s", v->msg);
         vdrop_locked(h, v);
         uv_mutex_unlock(&h->vmu);
         return send_error(h, conn, &b);
