@@ -1620,6 +1620,40 @@ static const char *query_arg(struct MHD_Connection *conn, const char *name)
     return MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, name);
 }
 
+/* A page of GET /v1/videos takes no more items once their JSON passes
+ * this (it always takes one), and says has_more: an item echoes a prompt
+ * of up to 64 KiB, which JSON's escapes make up to six times longer, so a
+ * page of 100 could be about 40 MiB per request. */
+#define VIDEO_LIST_PAGE_BYTES ((size_t)4 << 20)
+
+/* Text that grows; failed once an allocation failed. */
+typedef struct textbuf {
+    char *p;
+    size_t len, cap;
+    bool failed;
+} textbuf;
+
+static void text_add(textbuf *t, const char *s, size_t n)
+{
+    if (t->failed)
+        return;
+    if (t->len + n + 1 > t->cap) {
+        size_t cap = t->cap ? t->cap : 4096;
+        while (cap < t->len + n + 1)
+            cap *= 2;
+        char *p = realloc(t->p, cap);
+        if (!p) {
+            t->failed = true;
+            return;
+        }
+        t->p = p;
+        t->cap = cap;
+    }
+    memcpy(t->p + t->len, s, n);
+    t->len += n;
+    t->p[t->len] = '\0';
+}
+
 static enum MHD_Result answer_video_list(dit_http *h, struct MHD_Connection *conn)
 {
     const char *limit_s = query_arg(conn, "limit"), *order = query_arg(conn, "order"),
@@ -1636,16 +1670,12 @@ static enum MHD_Result answer_video_list(dit_http *h, struct MHD_Connection *con
         return send_simple_error(h, conn, 400, "invalid_value",
                                  "'order' must be \"asc\" or \"desc\"");
     const bool desc = !order || strcmp(order, "desc") == 0;
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "object", "list");
-    cJSON *data = cJSON_AddArrayToObject(o, "data");
     uv_mutex_lock(&h->vmu);
     vexpire_locked(h, mono_ms());
     const int n = h->vcount;
     vjob **all = n ? malloc((size_t)n * sizeof *all) : NULL;
     if (n && !all) {
         uv_mutex_unlock(&h->vmu);
-        cJSON_Delete(o);
         return send_simple_error(h, conn, 500, "internal_error", "out of memory");
     }
     int k = 0;
@@ -1660,32 +1690,51 @@ static enum MHD_Result answer_video_list(dit_http *h, struct MHD_Connection *con
         if (start < 0) {
             uv_mutex_unlock(&h->vmu);
             free(all);
-            cJSON_Delete(o);
             return send_simple_error(h, conn, 404, "video_not_found",
                                      "'after' names no video held here");
         }
     }
-    const char *first = NULL, *last = NULL;
+    /* The page is written as text item by item, so that its size is
+     * known as it grows (the ids are ASCII, fit to quote as they are). */
+    textbuf t = {0};
+    static const char head[] = "{\"object\":\"list\",\"data\":[";
+    text_add(&t, head, sizeof head - 1);
+    char first[VIDEO_ID_LEN + 3] = "null", last[VIDEO_ID_LEN + 3] = "null";
+    size_t items = 0; /* bytes of the items' JSON */
     int i = start;
-    for (; i < k && i - start < limit; i++) {
+    for (; i < k && i - start < limit && items <= VIDEO_LIST_PAGE_BYTES; i++) {
         const vjob *v = all[desc ? k - 1 - i : i];
-        cJSON_AddItemToArray(data, video_json(v));
-        if (!first)
-            first = v->id;
-        last = v->id;
+        cJSON *item = video_json(v);
+        char *text = item ? cJSON_PrintUnformatted(item) : NULL;
+        cJSON_Delete(item);
+        if (!text) {
+            t.failed = true;
+            break;
+        }
+        const size_t len = strlen(text);
+        if (i > start)
+            text_add(&t, ",", 1);
+        text_add(&t, text, len);
+        free(text);
+        items += len;
+        if (i == start)
+            snprintf(first, sizeof first, "\"%s\"", v->id);
+        snprintf(last, sizeof last, "\"%s\"", v->id);
     }
-    if (first)
-        cJSON_AddStringToObject(o, "first_id", first);
-    else
-        cJSON_AddNullToObject(o, "first_id");
-    if (last)
-        cJSON_AddStringToObject(o, "last_id", last);
-    else
-        cJSON_AddNullToObject(o, "last_id");
-    cJSON_AddBoolToObject(o, "has_more", i < k);
+    char tail[2 * sizeof first + 64];
+    snprintf(tail, sizeof tail, "],\"first_id\":%s,\"last_id\":%s,\"has_more\":%s}", first, last,
+             i < k ? "true" : "false");
+    text_add(&t, tail, strlen(tail));
     uv_mutex_unlock(&h->vmu);
     free(all);
-    return send_json(h, conn, MHD_HTTP_OK, o);
+    if (t.failed) {
+        free(t.p);
+        return send_simple_error(h, conn, 500, "internal_error", "out of memory");
+    }
+    struct MHD_Response *resp = MHD_create_response_from_buffer(t.len, t.p, MHD_RESPMEM_MUST_FREE);
+    if (!resp)
+        free(t.p);
+    return queue(h, conn, MHD_HTTP_OK, resp, "application/json");
 }
 
 /* GET and DELETE under /v1/videos (POST, which has a body, is

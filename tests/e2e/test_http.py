@@ -1036,6 +1036,31 @@ def videos():
         video_error(openai.NotFoundError, lambda: c.videos.download_content(v.id))
         video_error(openai.NotFoundError, lambda: c.videos.delete(v.id))
         assert v.id not in [x.id for x in c.videos.list().data]
+        # A page stops taking items once their JSON passes 4 MiB (one item
+        # always goes) and says has_more: each item echoes its prompt, here
+        # 60000 control characters, each 6 bytes as a JSON escape.
+        held = [v9["id"], v17.id]
+        big = {"prompt": "\x01" * 60000, "size": "32x32", "num_frames": 5,
+               "num_inference_steps": 1}
+        for k in range(16):
+            st, _, body = http_request(d, "POST", VIDEOS, dict(big, seed=k))
+            assert st == 200, body[:300]
+            held.append(json.loads(body)["id"])
+        for vid in held[2:]:
+            assert wait_video(c, vid)[0].status == "completed"
+        st, _, raw = http_request(d, "GET", f"{VIDEOS}?limit=100&order=asc")
+        page = json.loads(raw)
+        got = [x["id"] for x in page["data"]]
+        assert st == 200 and page["has_more"] and 2 < len(got) < len(held), (len(got), len(raw))
+        assert len(raw) < (4 << 20) + 400_000, len(raw)
+        assert got == held[:len(got)] and page["last_id"] == got[-1], got
+        st, _, raw = http_request(d, "GET", f"{VIDEOS}?limit=100&order=asc&after={got[-1]}")
+        page = json.loads(raw)
+        assert st == 200 and not page["has_more"], page["has_more"]
+        assert got + [x["id"] for x in page["data"]] == held
+        # The client's auto-pagination goes through every page, either way.
+        assert [x.id for x in c.videos.list(limit=100, order="asc")] == held
+        assert [x.id for x in c.videos.list(limit=100)] == held[::-1]
         # /v1/images/generations on the video model: one frame, as a PNG.
         img = c.images.generate(prompt=PROMPT, size="32x32", extra_body={"num_inference_steps": 1})
         assert base64.b64decode(img.data[0].b64_json).startswith(PNG_MAGIC)
