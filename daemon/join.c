@@ -150,20 +150,10 @@ bool dit_joiners_handle(dit_joiners *j, dit_joiner *p, Ditserve__Ipc__Envelope *
             j, p, true, "wrong secret (the worker's secret file differs from --join-secret-file)");
         goto done;
     }
-    if (strcmp(j->cfg.backend, "cpu") == 0 && N > 1 && strcmp(r->host_id, j->host_id) != 0) {
-        dit_joiners_refuse(j, p, true,
-                           "the cpu backend's shared-memory mesh needs every rank on the daemon's "
-                           "host (%s), and this worker is on %s; across hosts, use the cuda "
-                           "backend (NCCL)",
-                           j->host_id, r->host_id);
-        goto done;
-    }
-    if (r->rank != -1 && (r->rank < L || r->rank >= N)) {
-        dit_joiners_refuse(j, p, true,
-                           "rank %d is not a remote rank of this mesh (remote ranks: %d to %d)",
-                           r->rank, L, N - 1);
-        goto done;
-    }
+    /* The worker proved the secret: the daemon proves it back before
+     * anything else, a refusal included. A worker takes only a refusal that
+     * follows this proof as final; one before it could come from anyone on
+     * the path (serve/join_auth.h). */
     Ditserve__Ipc__JoinAccept acc = DITSERVE__IPC__JOIN_ACCEPT__INIT;
     if (dit_join_mac(j->cfg.secret, "daemon", r->nonce.data, r->nonce.len, p->nonce,
                      sizeof p->nonce, want, &diag) != DIT_OK) {
@@ -178,6 +168,20 @@ bool dit_joiners_handle(dit_joiners *j, dit_joiner *p, Ditserve__Ipc__Envelope *
     if (j->io.send(j->io.ctx, p, &out) != 0) {
         dit_joiners_remove(j, p);
         j->io.close(j->io.ctx, p, false);
+        goto done;
+    }
+    if (strcmp(j->cfg.backend, "cpu") == 0 && N > 1 && strcmp(r->host_id, j->host_id) != 0) {
+        dit_joiners_refuse(j, p, true,
+                           "the cpu backend's shared-memory mesh needs every rank on the daemon's "
+                           "host (%s), and this worker is on %s; across hosts, use the cuda "
+                           "backend (NCCL)",
+                           j->host_id, r->host_id);
+        goto done;
+    }
+    if (r->rank != -1 && (r->rank < L || r->rank >= N)) {
+        dit_joiners_refuse(j, p, true,
+                           "rank %d is not a remote rank of this mesh (remote ranks: %d to %d)",
+                           r->rank, L, N - 1);
         goto done;
     }
     p->joined = true;

@@ -13,7 +13,10 @@
  * Rules: a peer that has not joined may send one frame (a JoinRequest) of
  * at most DIT_JOINERS_PREAUTH_BYTES within DIT_JOINERS_AUTH_S; at most
  * DIT_JOINERS_MAX_PENDING handshakes run at once, a new one closing the
- * oldest. A joined worker waits in the pool (in arrival order) until
+ * oldest. A worker that proved the secret gets the daemon's proof (the
+ * JoinAccept) first, even when a refusal follows (a rank the mesh lacks,
+ * another host on the cpu backend): a worker trusts only a refusal sent
+ * after that proof. A joined worker waits in the pool (in arrival order) until
  * dit_joiners_take gives it a rank; from then on it is the mesh's.
  *
  * Owner: the loop thread (the supervisor's). */

@@ -1,6 +1,7 @@
 /* The join handshake (daemon/join.c) over a fake transport: the challenge,
- * a right and a wrong answer, ranks asked for, the pool's order, the
- * handshake limit and the handshake deadline. */
+ * a right and a wrong answer, the daemon's proof before a refusal, ranks
+ * asked for, the pool's order, the handshake limit and the handshake
+ * deadline; and the escaping of what a peer sends (serve/join_auth.c). */
 #include <check.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,7 +16,9 @@ typedef struct fake_peer {
     int sent, closed;
     bool flushed;
     Ditserve__Ipc__Envelope__MsgCase last;
+    Ditserve__Ipc__Envelope__MsgCase order[4]; /* the first four sent */
     unsigned char challenge[DIT_JOIN_NONCE_BYTES];
+    unsigned char proof[DIT_JOIN_MAC_BYTES]; /* the JoinAccept's MAC */
     char refused[600];
 } fake_peer;
 
@@ -25,8 +28,13 @@ static int fake_send(void *ctx, dit_joiner *p, const Ditserve__Ipc__Envelope *en
 {
     (void)ctx;
     fake_peer *f = PEER_OF(p);
+    if (f->sent < 4)
+        f->order[f->sent] = env->msg_case;
     f->sent++;
     f->last = env->msg_case;
+    if (env->msg_case == DITSERVE__IPC__ENVELOPE__MSG_ACCEPT &&
+        env->accept->mac.len == DIT_JOIN_MAC_BYTES)
+        memcpy(f->proof, env->accept->mac.data, DIT_JOIN_MAC_BYTES);
     if (env->msg_case == DITSERVE__IPC__ENVELOPE__MSG_CHALLENGE)
         memcpy(f->challenge, env->challenge->nonce.data, DIT_JOIN_NONCE_BYTES);
     if (env->msg_case == DITSERVE__IPC__ENVELOPE__MSG_REFUSED)
@@ -168,6 +176,71 @@ START_TEST(cpu_backend_wants_the_same_host)
 }
 END_TEST
 
+/* Whether f got the daemon's proof that checks (answer()'s worker nonce). */
+static bool proved(const fake_peer *f)
+{
+    unsigned char nonce[DIT_JOIN_NONCE_BYTES], want[DIT_JOIN_MAC_BYTES];
+    memset(nonce, 7, sizeof nonce);
+    dit_diag d;
+    dit_diag_clear(&d);
+    ck_assert_int_eq(dit_join_mac(&secret, "daemon", nonce, sizeof nonce, f->challenge,
+                                  DIT_JOIN_NONCE_BYTES, want, &d),
+                     DIT_OK);
+    return memcmp(f->proof, want, sizeof want) == 0;
+}
+
+START_TEST(a_refusal_after_the_workers_proof_follows_the_daemons)
+{
+    /* A rank the mesh lacks, another host on the cpu backend: the worker
+     * proved the secret, so the daemon proves it back first, and the worker
+     * can take the refusal as final. */
+    const Ditserve__Ipc__Envelope__MsgCase C = DITSERVE__IPC__ENVELOPE__MSG_CHALLENGE,
+                                           A = DITSERVE__IPC__ENVELOPE__MSG_ACCEPT,
+                                           R = DITSERVE__IPC__ENVELOPE__MSG_REFUSED;
+    dit_joiners *j = make("cuda");
+    fake_peer a = {0}, b = {0};
+    dit_joiners_accept(j, &a.jp, "10.0.0.1:5000", 0.0, false);
+    ck_assert(!dit_joiners_handle(j, &a.jp, answer(&a, &secret, 9, NULL)));
+    ck_assert_int_eq(a.sent, 3);
+    ck_assert(a.order[0] == C && a.order[1] == A && a.order[2] == R);
+    ck_assert(proved(&a));
+    ck_assert_msg(strstr(a.refused, "rank 9 is not a remote rank"), "%s", a.refused);
+    ck_assert_int_eq(a.closed, 1);
+    ck_assert(a.flushed);
+    /* A wrong secret: no proof for a worker that gave none. */
+    dit_join_secret other = secret;
+    other.bytes[3] ^= 1;
+    dit_joiners_accept(j, &b.jp, "10.0.0.2:5000", 0.0, false);
+    ck_assert(!dit_joiners_handle(j, &b.jp, answer(&b, &other, -1, NULL)));
+    ck_assert_int_eq(b.sent, 2);
+    ck_assert(b.order[0] == C && b.order[1] == R);
+    dit_joiners_destroy(j);
+
+    j = make("cpu");
+    fake_peer c = {0};
+    dit_joiners_accept(j, &c.jp, "10.0.0.3:5000", 0.0, false);
+    ck_assert(!dit_joiners_handle(j, &c.jp, answer(&c, &secret, -1, "elsewhere")));
+    ck_assert(c.order[0] == C && c.order[1] == A && c.order[2] == R);
+    ck_assert(proved(&c));
+    dit_joiners_destroy(j);
+}
+END_TEST
+
+START_TEST(a_peers_text_is_escaped)
+{
+    char out[64];
+    dit_join_escape("wrong secret\x1b[2J\nFAKE: ok\\ \x7f\xc3\xa9", out, sizeof out);
+    ck_assert_str_eq(out, "wrong secret\\x1b[2J\\x0aFAKE: ok\\x5c \\x7f\\xc3\\xa9");
+    dit_join_escape(NULL, out, sizeof out);
+    ck_assert_str_eq(out, "");
+    char small[12];
+    dit_join_escape("\n\n\n\n", small, sizeof small);
+    ck_assert_str_eq(small, "\\x0a\\x0a...");
+    dit_join_escape("abc", small, 3); /* no room for "...": nothing */
+    ck_assert_str_eq(small, "");
+}
+END_TEST
+
 START_TEST(handshake_limit_closes_the_oldest)
 {
     dit_joiners *j = make("cuda");
@@ -223,6 +296,8 @@ int main(void)
     tcase_add_test(tc, anything_but_a_join_request_is_refused);
     tcase_add_test(tc, ranks_asked_for_and_pool_order);
     tcase_add_test(tc, cpu_backend_wants_the_same_host);
+    tcase_add_test(tc, a_refusal_after_the_workers_proof_follows_the_daemons);
+    tcase_add_test(tc, a_peers_text_is_escaped);
     tcase_add_test(tc, handshake_limit_closes_the_oldest);
     tcase_add_test(tc, handshakes_expire_joined_workers_stay);
     tcase_add_test(tc, closing_refuses_new_peers);

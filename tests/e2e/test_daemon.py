@@ -1095,6 +1095,11 @@ def join():
         secret = secret_file("secret", "7f3a9c0e5b2d48e1a6c4f0b9d3e7a215\n")
         wrong = secret_file("wrong", "00000000000000000000000000000000\n")
         short = secret_file("short", "tiny\n")
+        # An address that is not HOST:PORT is the worker's own mistake: it
+        # exits at once instead of retrying.
+        bad = subprocess.run([worker, "--join", "127.0.0.1", "--secret-file", secret],
+                             capture_output=True, text=True, timeout=10)
+        assert bad.returncode == 2 and "HOST:PORT" in bad.stderr, (bad.returncode, bad.stderr)
         d = Daemon("--ring", "2", "--local-ranks", "1", "--join-listen", "127.0.0.1:0",
                    "--join-secret-file", secret, world=2, wait_serving=False)
         try:
@@ -1107,10 +1112,18 @@ def join():
                 return subprocess.run([worker, "--join", d.join_target, "--once"] + list(extra),
                                       capture_output=True, timeout=timeout)
 
-            r = join_once("--secret-file", wrong)
-            err = r.stderr.decode()
-            assert r.returncode == 3 and "wrong secret" in err, (r.returncode, err)
-            assert "refused the worker" in d.log() and "wrong secret" in d.log()
+            # A wrong secret: the daemon refuses before it has proved the
+            # secret, so the worker cannot tell its refusal from a forged
+            # one and keeps trying (saying why each time) instead of exiting.
+            wp = subprocess.Popen([worker, "--join", d.join_target, "--once", "--secret-file",
+                                   wrong], stderr=subprocess.PIPE)
+            wait_for(lambda: d.log().count("wrong secret") >= 2, 30, "a second wrong-secret try")
+            assert wp.poll() is None, "the worker gave up on an unproved refusal"
+            wp.kill()
+            err = wp.communicate()[1].decode()
+            assert "wrong secret" in err and "not for good" in err, err
+            assert "refused the worker" in d.log()
+            # A rank the mesh lacks: refused after the daemon's proof, for good.
             r = join_once("--secret-file", secret, "--rank", "5")
             err = r.stderr.decode()
             assert r.returncode == 3 and "not a remote rank" in err, (r.returncode, err)

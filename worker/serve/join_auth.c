@@ -117,6 +117,30 @@ void dit_join_host_id(char *buf, size_t n)
     snprintf(buf, n, "%s/%s", host, boot);
 }
 
+void dit_join_escape(const char *in, char *out, size_t cap)
+{
+    if (cap == 0)
+        return;
+    const size_t room = cap >= 4 ? cap - 4 : 0; /* for "..." and the NUL */
+    size_t o = 0;
+    for (const unsigned char *p = (const unsigned char *)(in ? in : ""); *p; p++) {
+        char tmp[8];
+        const int t = *p >= 0x20 && *p < 0x7f && *p != '\\'
+                          ? snprintf(tmp, sizeof tmp, "%c", *p)
+                          : snprintf(tmp, sizeof tmp, "\\x%02x", *p);
+        if (o + (size_t)t > room) {
+            if (cap >= 4) {
+                memcpy(out + o, "...", 3);
+                o += 3;
+            }
+            break;
+        }
+        memcpy(out + o, tmp, (size_t)t);
+        o += (size_t)t;
+    }
+    out[o] = '\0';
+}
+
 dit_status dit_join_split_address(const char *addr, char *host, size_t host_n, int *port,
                                   dit_diag *diag)
 {

@@ -8,6 +8,12 @@
  * answer can be replayed. The secret never crosses the wire. The stream
  * itself is not encrypted: the join port belongs on a private network.
  *
+ * A peer trusts nothing the other sends before its proof: a worker takes a
+ * refusal as final only when the daemon sent it after its JoinAccept (the
+ * daemon proves itself to a worker that proved the secret before it
+ * refuses one, daemon/join.h); before that anyone on the path could have
+ * sent it.
+ *
  * Owner: the caller; no state of its own. */
 #ifndef DIT_SERVE_JOIN_AUTH_H
 #define DIT_SERVE_JOIN_AUTH_H
@@ -51,6 +57,12 @@ bool dit_join_mac_equal(const uint8_t *got, size_t got_len,
 /* "hostname/boot-id": equal on two processes that share a kernel and a
  * host name (and so, in practice, /dev/shm). */
 void dit_join_host_id(char *buf, size_t n);
+
+/* Copies a string a peer sent (a refusal's reason) into out (cap bytes,
+ * NUL-terminated) so that printing it cannot drive a terminal or start a
+ * line of its own: bytes outside printable ASCII, and backslashes, become
+ * \xNN. What does not fit ends in "...". */
+void dit_join_escape(const char *in, char *out, size_t cap);
 
 /* Splits "HOST:PORT" ("[v6]:PORT" too); PORT 0..65535. */
 dit_status dit_join_split_address(const char *addr, char *host, size_t host_n, int *port,

@@ -64,9 +64,11 @@ static const char *const usage =
 
 static const char *const epilog =
     "A joined worker reconnects (1 s, doubling to 30 s) whenever its mesh ends or the\n"
-    "daemon cannot be reached, until SIGTERM. Exit status: 0 after a clean end, 1 on\n"
-    "a failure, 2 on bad usage, 3 when the daemon refused it for good (wrong secret,\n"
-    "wrong host for the cpu backend, a rank it does not have).\n";
+    "daemon cannot be reached or refuses it before proving that it holds the secret\n"
+    "(a wrong secret among them: it is logged each time), until SIGTERM. Exit status:\n"
+    "0 after a clean end, 1 on a failure, 2 on bad usage, 3 when the daemon, after\n"
+    "proving the secret, refused it for good (wrong host for the cpu backend, a rank\n"
+    "it does not have).\n";
 
 /* Settings of a joined worker that override the daemon's setup. */
 typedef struct join_opts {
@@ -132,6 +134,10 @@ typedef struct worker {
     bool shutdown_seen; /* the daemon asked us to exit */
     bool ready;         /* this mesh came up (a joined worker's backoff resets) */
     bool device_failed; /* a device error: the process should not go on */
+    /* A joined worker refused by the daemon after its proof: why (escaped;
+     * empty: not refused) and whether for good. */
+    char refusal[512];
+    bool refused_for_good;
 } worker;
 
 static double now_ms(void)
@@ -1303,6 +1309,14 @@ static int serve(worker *w)
         rc = 0;
         goto out;
     }
+    if (w->join && in->msg_case == DITSERVE__IPC__ENVELOPE__MSG_REFUSED) {
+        /* It follows the daemon's proof (handshake): the daemon's word. */
+        char reason[400];
+        dit_join_escape(in->refused->reason, reason, sizeof reason);
+        snprintf(w->refusal, sizeof w->refusal, "refused: %s", reason);
+        w->refused_for_good = in->refused->permanent;
+        goto out;
+    }
     if (in->msg_case != DITSERVE__IPC__ENVELOPE__MSG_SETUP) {
         fprintf(stderr, "ditworker rank %d: expected the setup, got message %d\n", w->rank,
                 (int)in->msg_case);
@@ -1489,7 +1503,20 @@ static void set_recv_timeout(int fd, int seconds)
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
 }
 
-/* The challenge-response of serve/join_auth.h. */
+/* A refusal that came before the daemon proved the secret, into msg. */
+static void unproved_refusal(const Ditserve__Ipc__JoinRefused *r, char *msg, size_t msgn)
+{
+    char reason[400];
+    dit_join_escape(r->reason, reason, sizeof reason);
+    snprintf(msg, msgn, "refused before the daemon proved the secret, so not for good: %s", reason);
+}
+
+/* The challenge-response of serve/join_auth.h. Until the daemon has proved
+ * that it holds the secret, what it sends could come from anyone who can
+ * reach this connection: a refusal, a first message that is not a
+ * challenge, a proof that does not check are reasons to try again later
+ * (JOIN_RETRY, with the backoff), never to give up. A refusal after the
+ * proof (serve() reads it) is the daemon's word. */
 static int handshake(worker *w, const dit_join_secret *secret, char *msg, size_t msgn)
 {
     int rc = JOIN_RETRY;
@@ -1503,20 +1530,17 @@ static int handshake(worker *w, const dit_join_secret *secret, char *msg, size_t
         goto out;
     }
     if (in->msg_case == DITSERVE__IPC__ENVELOPE__MSG_REFUSED) {
-        snprintf(msg, msgn, "refused: %s", in->refused->reason ? in->refused->reason : "");
-        rc = in->refused->permanent ? JOIN_REFUSED : JOIN_RETRY;
+        unproved_refusal(in->refused, msg, msgn);
         goto out;
     }
     if (in->msg_case != DITSERVE__IPC__ENVELOPE__MSG_CHALLENGE ||
         in->challenge->nonce.len != sizeof theirs) {
-        snprintf(msg, msgn, "this is not a ditd join port (unexpected first message)");
-        rc = JOIN_REFUSED;
+        snprintf(msg, msgn, "the peer is not a ditd join port (unexpected first message)");
         goto out;
     }
     if (in->challenge->protocol != DIT_JOIN_PROTOCOL) {
         snprintf(msg, msgn, "the daemon speaks join protocol %d, this worker %d",
                  in->challenge->protocol, DIT_JOIN_PROTOCOL);
-        rc = JOIN_REFUSED;
         goto out;
     }
     memcpy(theirs, in->challenge->nonce.data, sizeof theirs);
@@ -1547,8 +1571,7 @@ static int handshake(worker *w, const dit_join_secret *secret, char *msg, size_t
         goto out;
     }
     if (in->msg_case == DITSERVE__IPC__ENVELOPE__MSG_REFUSED) {
-        snprintf(msg, msgn, "refused: %s", in->refused->reason ? in->refused->reason : "");
-        rc = in->refused->permanent ? JOIN_REFUSED : JOIN_RETRY;
+        unproved_refusal(in->refused, msg, msgn);
         goto out;
     }
     if (in->msg_case == DITSERVE__IPC__ENVELOPE__MSG_SHUTDOWN) {
@@ -1560,7 +1583,6 @@ static int handshake(worker *w, const dit_join_secret *secret, char *msg, size_t
             DIT_OK ||
         !dit_join_mac_equal(in->accept->mac.data, in->accept->mac.len, mac)) {
         snprintf(msg, msgn, "the daemon could not prove it holds the secret");
-        rc = JOIN_REFUSED;
         goto out;
     }
     set_recv_timeout(w->fd, 0); /* the wait for a rank may be long */
@@ -1573,9 +1595,16 @@ out:
 
 static int run_joined(const join_opts *jo)
 {
-    dit_join_secret *secret = malloc(sizeof *secret);
     dit_diag diag;
     dit_diag_clear(&diag);
+    /* What the worker can check itself is final: retrying cannot mend it. */
+    char host[256];
+    int port;
+    if (dit_join_split_address(jo->address, host, sizeof host, &port, &diag) != DIT_OK) {
+        fprintf(stderr, "ditworker: --join: %s\n", dit_diag_msg(&diag));
+        return 2;
+    }
+    dit_join_secret *secret = malloc(sizeof *secret);
     if (!secret || dit_join_secret_read(jo->secret_file, secret, &diag) != DIT_OK) {
         fprintf(stderr, "ditworker: %s\n", secret ? dit_diag_msg(&diag) : "out of memory");
         free(secret);
@@ -1597,7 +1626,12 @@ static int run_joined(const join_opts *jo)
             fprintf(stderr, "ditworker: joined %s; waiting for a rank\n", jo->address);
             joined = true;
             rc = serve(&w);
-            snprintf(msg, sizeof msg, rc == 0 ? "the mesh ended" : "the mesh failed");
+            if (w.refusal[0]) {
+                snprintf(msg, sizeof msg, "%s", w.refusal);
+                rc = w.refused_for_good ? JOIN_REFUSED : JOIN_RETRY;
+            } else {
+                snprintf(msg, sizeof msg, rc == 0 ? "the mesh ended" : "the mesh failed");
+            }
         }
         const bool was_ready = w.ready, device_failed = w.device_failed;
         teardown(&w);
