@@ -551,6 +551,17 @@ void dit_rpc_call_finish(dit_rpc_call *c, grpc_status_code code, const char *det
     maybe_free(c);
 }
 
+/* Whether a request message of len bytes is over the method's own bound;
+ * sets *why when it is. */
+static bool over_method_bound(const dit_rpc_method *m, size_t len, char *why, size_t cap)
+{
+    if (m->max_request_bytes <= 0 || (int64_t)len <= m->max_request_bytes)
+        return false;
+    snprintf(why, cap, "the request message is %zu bytes; %s takes at most %lld", len, m->path,
+             (long long)m->max_request_bytes);
+    return true;
+}
+
 static void on_recv(rpc_tag *t, bool ok)
 {
     dit_rpc_call *c = CONTAINER(t, dit_rpc_call, recv_tag);
@@ -559,7 +570,11 @@ static void on_recv(rpc_tag *t, bool ok)
     grpc_byte_buffer *buf = c->recv_buf;
     c->recv_buf = NULL;
     const dit_rpc_method *m = &c->srv->methods[c->method];
-    if (ok && buf && !c->finish_requested) {
+    char why[256];
+    if (ok && buf && !c->finish_requested &&
+        over_method_bound(m, grpc_byte_buffer_length(buf), why, sizeof why)) {
+        dit_rpc_call_finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED, why);
+    } else if (ok && buf && !c->finish_requested) {
         grpc_byte_buffer_reader r;
         grpc_byte_buffer_reader_init(&r, buf);
         grpc_slice sl = grpc_byte_buffer_reader_readall(&r);
@@ -652,9 +667,9 @@ const char *dit_rpc_call_peer(dit_rpc_call *c)
 static bool same_secret(const uint8_t *a, size_t na, const char *b)
 {
     const size_t nb = strlen(b);
-    unsigned diff = (unsigned)(na ^ nb);
+    size_t diff = na ^ nb; /* all its bits: a length 2^32 longer differs too */
     for (size_t i = 0; i < nb; i++)
-        diff |= (unsigned)(b[i] ^ (i < na ? a[i] : 0));
+        diff |= (size_t)(uint8_t)(b[i] ^ (i < na ? a[i] : 0));
     return diff == 0;
 }
 
@@ -708,6 +723,7 @@ static void dispatch_new_call(dit_rpc_call *c)
     const dit_rpc_method *m = &s->methods[c->method];
     grpc_status_code code = GRPC_STATUS_OK;
     const char *why = NULL;
+    char bound[256];
     grpc_byte_buffer_reader r;
     if (!authorized(c)) {
         code = GRPC_STATUS_UNAUTHENTICATED;
@@ -718,6 +734,9 @@ static void dispatch_new_call(dit_rpc_call *c)
     } else if (!c->payload) {
         code = GRPC_STATUS_INVALID_ARGUMENT;
         why = "the request message is missing";
+    } else if (over_method_bound(m, grpc_byte_buffer_length(c->payload), bound, sizeof bound)) {
+        code = GRPC_STATUS_RESOURCE_EXHAUSTED;
+        why = bound;
     } else if (!grpc_byte_buffer_reader_init(&r, c->payload)) {
         code = GRPC_STATUS_INVALID_ARGUMENT;
         why = "cannot read the request message";
@@ -858,6 +877,8 @@ static void on_grpc_shutdown(rpc_tag *t, bool ok)
     check_shutdown_done(s);
 }
 
+static void on_async_closed(uv_handle_t *h);
+
 dit_status dit_rpc_server_create(uv_loop_t *loop, const dit_rpc_config *cfg,
                                  const dit_rpc_method *methods, int n_methods, dit_rpc_server **out,
                                  int *bound_port, dit_diag *diag)
@@ -865,6 +886,7 @@ dit_status dit_rpc_server_create(uv_loop_t *loop, const dit_rpc_config *cfg,
     dit_status st = DIT_OK;
     char *cert = NULL, *key = NULL, *ca = NULL;
     grpc_server_credentials *creds = NULL;
+    bool async_up = false;
     dit_rpc_server *s = calloc(1, sizeof *s);
     if (!s)
         return dit_diag_set(diag, DIT_ERR_NOMEM, "out of memory");
@@ -890,8 +912,14 @@ dit_status dit_rpc_server_create(uv_loop_t *loop, const dit_rpc_config *cfg,
         }
         snprintf(s->auth_header, n, "Bearer %s", cfg->auth_token);
     }
-    grpc_arg args[5];
+    grpc_arg args[6];
     int nargs = 0;
+    /* Streams one connection may have open at once (HTTP/2's default is
+     * no limit): a client cannot hold calls without bound on one
+     * connection; more wait in the client until one ends. */
+    args[nargs++] = (grpc_arg){.type = GRPC_ARG_INTEGER,
+                               .key = GRPC_ARG_MAX_CONCURRENT_STREAMS,
+                               .value.integer = DIT_RPC_MAX_STREAMS};
     /* gRPC sets SO_REUSEPORT by default, which lets a second ditd bind the
      * port this one holds and take half its clients: bind exclusively. */
     args[nargs++] =
@@ -959,6 +987,7 @@ dit_status dit_rpc_server_create(uv_loop_t *loop, const dit_rpc_config *cfg,
         goto cleanup;
     }
     s->async.data = s;
+    async_up = true;
     grpc_server_start(s->server);
     if (uv_thread_create(&s->thread, cq_thread, s) != 0) {
         st = dit_diag_set(diag, DIT_ERR_INTERNAL, "cannot start the completion-queue thread");
@@ -994,10 +1023,15 @@ cleanup:
             grpc_server_destroy(s->server);
             grpc_completion_queue_destroy(s->cq);
         }
-        free(s->handles);
-        free(s->auth_header);
-        uv_mutex_destroy(&s->mu);
-        free(s);
+        if (async_up) {
+            /* The loop holds the handle: s goes in its close callback. */
+            uv_close((uv_handle_t *)&s->async, on_async_closed);
+        } else {
+            free(s->handles);
+            free(s->auth_header);
+            uv_mutex_destroy(&s->mu);
+            free(s);
+        }
     }
     return st;
 }

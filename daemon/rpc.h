@@ -37,6 +37,9 @@ typedef enum dit_rpc_kind {
     DIT_RPC_BIDI_STREAM,   /* many requests, many responses */
 } dit_rpc_kind;
 
+/* Streams (calls) one HTTP/2 connection may have open at once. */
+#define DIT_RPC_MAX_STREAMS 256
+
 typedef struct dit_rpc_method {
     const char *path; /* "/package.Service/Method" */
     dit_rpc_kind kind;
@@ -52,6 +55,12 @@ typedef struct dit_rpc_method {
      * dit_rpc_call_finish (any status) to let the call go. */
     void (*on_cancel)(void *ctx, dit_rpc_call *call);
     void *ctx;
+    /* The largest request message this method takes, in bytes (0: the
+     * server's --max-message-bytes). Larger ones are refused with
+     * RESOURCE_EXHAUSTED before they are read: a small request that
+     * protobuf-c would unpack into many unknown fields costs dozens of
+     * times its size. */
+    int64_t max_request_bytes;
 } dit_rpc_method;
 
 typedef struct dit_rpc_config {

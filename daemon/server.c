@@ -196,6 +196,10 @@ static void on_health_check(void *ctx, dit_rpc_call *call, const uint8_t *req, s
     }
 }
 
+/* Health watches open at once, over every client: each is a call ditd
+ * holds and tells of every change. */
+#define HEALTH_MAX_WATCHERS 1024
+
 static void on_health_watch(void *ctx, dit_rpc_call *call, const uint8_t *req, size_t len)
 {
     dit_server *s = ctx;
@@ -206,6 +210,11 @@ static void on_health_watch(void *ctx, dit_rpc_call *call, const uint8_t *req, s
     if (s->draining && !s->serving) {
         send_health(call, GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING);
         dit_rpc_call_finish(call, GRPC_STATUS_UNAVAILABLE, "the server is shutting down");
+        return;
+    }
+    if (s->n_watchers >= HEALTH_MAX_WATCHERS) {
+        dit_rpc_call_finish(call, GRPC_STATUS_RESOURCE_EXHAUSTED,
+                            "too many health watches open (1024); use Check, or fewer watches");
         return;
     }
     if (s->n_watchers == s->cap_watchers) {
@@ -2007,11 +2016,22 @@ static void on_reflection_call(void *ctx, dit_rpc_call *call, const uint8_t *req
     dit_rpc_call_read(call);
 }
 
+/* Unread bytes on its connection past which a reflection stream takes no
+ * more requests (answers it does not read would pile up, and count
+ * against --max-unread-total, which refuses everyone's Generate calls). */
+#define REFLECTION_MAX_UNSENT ((int64_t)1 << 20)
+
 static void on_reflection_message(void *ctx, dit_rpc_call *call, const uint8_t *msg, size_t len)
 {
     dit_server *s = ctx;
     if (!msg) {
         dit_rpc_call_finish(call, GRPC_STATUS_OK, NULL);
+        return;
+    }
+    if (dit_rpc_call_conn_unsent(call) > REFLECTION_MAX_UNSENT) {
+        dit_rpc_call_finish(
+            call, GRPC_STATUS_RESOURCE_EXHAUSTED,
+            "over 1 MiB unread on this connection: read the answers before asking more");
         return;
     }
     uint8_t *resp;
@@ -2029,25 +2049,32 @@ static void on_reflection_message(void *ctx, dit_rpc_call *call, const uint8_t *
 
 int dit_server_methods(dit_server *s, const dit_rpc_method **out)
 {
+    /* Every request but Generate's is a few names and numbers: 16 KiB is
+     * far more than any needs (reflection's symbol and file names, 64 KiB). */
+    const int64_t small = 16 << 10, refl = 64 << 10;
     const dit_rpc_method m[] = {
         {"/ditserve.v1.Generation/Generate", DIT_RPC_SERVER_STREAM, false, on_generate, NULL,
-         on_job_cancel, s},
-        {"/ditserve.v1.Generation/ListModels", DIT_RPC_UNARY, false, on_list_models, NULL, NULL, s},
+         on_job_cancel, s, 0},
+        {"/ditserve.v1.Generation/ListModels", DIT_RPC_UNARY, false, on_list_models, NULL, NULL, s,
+         small},
         {"/ditserve.v1.Generation/GetServerInfo", DIT_RPC_UNARY, false, on_server_info, NULL, NULL,
-         s},
-        {"/ditserve.v1.Generation/Warmup", DIT_RPC_UNARY, false, on_warmup, NULL, on_job_cancel, s},
-        {"/ditserve.v1.Generation/ListLoras", DIT_RPC_UNARY, false, on_list_loras, NULL, NULL, s},
+         s, small},
+        {"/ditserve.v1.Generation/Warmup", DIT_RPC_UNARY, false, on_warmup, NULL, on_job_cancel, s,
+         small},
+        {"/ditserve.v1.Generation/ListLoras", DIT_RPC_UNARY, false, on_list_loras, NULL, NULL, s,
+         small},
         {"/ditserve.v1.Generation/LoadLora", DIT_RPC_UNARY, false, on_load_lora, NULL,
-         on_job_cancel, s},
+         on_job_cancel, s, small},
         {"/ditserve.v1.Generation/UnloadLora", DIT_RPC_UNARY, false, on_unload_lora, NULL,
-         on_job_cancel, s},
-        {"/grpc.health.v1.Health/Check", DIT_RPC_UNARY, true, on_health_check, NULL, NULL, s},
+         on_job_cancel, s, small},
+        {"/grpc.health.v1.Health/Check", DIT_RPC_UNARY, true, on_health_check, NULL, NULL, s,
+         small},
         {"/grpc.health.v1.Health/Watch", DIT_RPC_SERVER_STREAM, true, on_health_watch, NULL,
-         on_health_watch_cancel, s},
+         on_health_watch_cancel, s, small},
         {"/grpc.reflection.v1.ServerReflection/ServerReflectionInfo", DIT_RPC_BIDI_STREAM, false,
-         on_reflection_call, on_reflection_message, NULL, s},
+         on_reflection_call, on_reflection_message, NULL, s, refl},
         {"/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", DIT_RPC_BIDI_STREAM,
-         false, on_reflection_call, on_reflection_message, NULL, s},
+         false, on_reflection_call, on_reflection_message, NULL, s, refl},
     };
     _Static_assert(sizeof m == sizeof s->methods, "dit_server.methods has room for every method");
     memcpy(s->methods, m, sizeof m);

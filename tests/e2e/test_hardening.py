@@ -16,6 +16,7 @@ import socket
 import struct
 import subprocess
 import sys
+import threading
 import time
 import urllib.parse
 import urllib.request
@@ -312,6 +313,67 @@ def unread_results():
             assert e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED), e
         stalled.close()
         stalled2.close()
+        no_sanitizer_reports(d)
+    finally:
+        d.close()
+
+
+@case
+def small_methods():
+    """Methods whose requests are a few names and numbers take at most
+    16 KiB (reflection 64 KiB): a 1 MiB health check of unknown fields,
+    which protobuf-c would unpack at dozens of times its size, is refused
+    with RESOURCE_EXHAUSTED before it is read, without the token too, and
+    ditd serves on. A reflection stream whose client reads nothing stops
+    at about 1 MiB of unread answers on its connection instead of piling
+    them up against --max-unread-total, which refuses everyone's Generate
+    calls once full."""
+    d = Daemon("--max-unread-total", str(2 << 20))
+    try:
+        api = d.api
+        H = "grpc.health.v1.HealthCheckResponse.ServingStatus"
+        raw_check = d.channel.unary_unary("/grpc.health.v1.Health/Check",
+                                          request_serializer=lambda b: b,
+                                          response_deserializer=lambda b: b)
+        rss0 = rss_mib(d.proc.pid)
+        # Field 15, varint 0, repeated: unknown to HealthCheckRequest.
+        for size in (1 << 20, (16 << 10) + 2):
+            details = expect_error(lambda: raw_check(b"\x78\x00" * (size // 2), timeout=20),
+                                   "RESOURCE_EXHAUSTED", "at most 16384")
+        print(f"  {details}; ditd RSS {rss0:.0f} -> {rss_mib(d.proc.pid):.0f} MiB")
+        # Under the bound, unknown fields are fine (proto3 keeps them).
+        assert raw_check(b"\x78\x00" * 100, timeout=10) is not None
+        assert d.health() == api.enum(H, "SERVING")
+        # Reflection answers nobody reads (the window stays 64 KiB).
+        opts = [("grpc.http2.bdp_probe", 0), ("grpc.use_local_subchannel_pool", 1)]
+        stalled = grpc.insecure_channel(d.target, options=opts)
+        Req = api.msg("grpc.reflection.v1.ServerReflectionRequest")
+        sent = threading.Event()
+
+        def requests():
+            for _ in range(400):  # about 10 KiB of answer each
+                yield Req(file_containing_symbol="ditserve.v1.Generation")
+            sent.set()
+        stream = api.reflection(stalled)(requests(), timeout=120)
+        assert sent.wait(30), "the requests were not taken"
+        # Over the observation, ditd keeps serving Generate to others: its
+        # unread total (2 MiB here) is not filled by the reflection answers.
+        for k in range(5):
+            kinds, png, _ = d.generate(timeout=60, seed=k, **SMALL)
+            assert kinds[-1] == "result" and png
+            time.sleep(0.2)
+        answers = 0
+        try:
+            for _ in stream:
+                answers += 1
+            ended = "OK"
+        except grpc.RpcError as e:
+            ended = e.code().name
+            assert ended == "RESOURCE_EXHAUSTED" and "unread" in e.details(), e
+        print(f"  the stalled reflection stream: {answers} answers, then {ended}")
+        assert ended == "RESOURCE_EXHAUSTED" or answers == 400, (answers, ended)
+        stalled.close()
+        d.stop()
         no_sanitizer_reports(d)
     finally:
         d.close()
