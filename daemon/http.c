@@ -86,6 +86,19 @@ struct gen {
 
 typedef struct vjob vjob;
 
+/* "video_" and 32 hex digits from getrandom: the id alone fetches the MP4. */
+#define VIDEO_ID_LEN 38
+/* Ids of jobs deleted or expired that a list's `after` still finds: a
+ * client that deletes while it pages on (the openai client's
+ * auto-pagination) names one it has just deleted. */
+#define VIDEO_GONE_MAX 1024
+
+/* A job that left the store, and its place in the store's order. */
+typedef struct vgone {
+    char id[VIDEO_ID_LEN + 1];
+    uint64_t seq;
+} vgone;
+
 typedef enum op_kind {
     OP_SUBMIT,  /* an images request's job */
     OP_CANCEL,  /* their client left */
@@ -142,11 +155,14 @@ struct dit_http {
     int n_meshes;
     /* /v1/videos' store. Lock order: a request's mu is never held with it. */
     uv_mutex_t vmu;
-    uv_cond_t vcv;       /* admission decided */
-    vjob *vhead, *vtail; /* oldest first */
-    int vcount;          /* in the list */
-    int vreserved;       /* created, admission not decided yet */
-    int64_t vbytes;      /* MP4 bytes held, finished or arriving */
+    uv_cond_t vcv;               /* admission decided */
+    vjob *vhead, *vtail;         /* oldest first */
+    int vcount;                  /* in the list */
+    int vreserved;               /* created, admission not decided yet */
+    int64_t vbytes;              /* MP4 bytes held, finished or arriving */
+    uint64_t vseq;               /* the last vjob.seq given */
+    vgone vgone[VIDEO_GONE_MAX]; /* a ring: the last jobs to leave the store */
+    int vgone_next;              /* where the next one goes */
     /* The connections libmicrohttpd holds, accepted and not yet reaped,
      * for on_accept. nconns counts them all, the list those whose socket is
      * known. Under cmu. */
@@ -593,8 +609,6 @@ static void submit(dit_http *h, gen *g)
 /* ------------------------------------------------------------------------ */
 /* /v1/videos: asynchronous jobs kept in a store                             */
 
-/* "video_" and 32 hex digits from getrandom: the id alone fetches the MP4. */
-#define VIDEO_ID_LEN 38
 /* Fields a form body (multipart or urlencoded) may carry. */
 #define FORM_MAX_FIELDS 32
 /* What a polling client is told to wait between status requests. */
@@ -614,6 +628,7 @@ typedef struct vjob {
     Ditserve__V1__GenerateRequest *req; /* the creator's until admitted */
     int refs;
     bool in_store;
+    uint64_t seq;          /* its place in the store's order (1, 2, ...), given as it enters */
     bool decided, refused; /* admission */
     bool ended_in_submit;  /* admitted, and its job ended inside dit_server_submit */
     vstate state;
@@ -695,6 +710,18 @@ static void video_sent(void *cls)
     vunref(v->h, v);
 }
 
+/* Takes a job out of the store's count (vmu held; the caller unlinks it
+ * and drops the store's reference), keeping its id and place for `after`. */
+static void vleave_locked(dit_http *h, vjob *v)
+{
+    vgone *g = &h->vgone[h->vgone_next];
+    h->vgone_next = (h->vgone_next + 1) % VIDEO_GONE_MAX;
+    memcpy(g->id, v->id, sizeof g->id);
+    g->seq = v->seq;
+    v->in_store = false;
+    h->vcount--;
+}
+
 /* Forgets finished jobs past their retention (vmu held; now: mono_ms()). */
 static void vexpire_locked(dit_http *h, uint64_t now)
 {
@@ -704,8 +731,7 @@ static void vexpire_locked(dit_http *h, uint64_t now)
         vjob *v = *pp;
         if ((v->state == V_COMPLETED || v->state == V_FAILED) && v->expires_ms <= now) {
             *pp = v->next;
-            v->in_store = false;
-            h->vcount--;
+            vleave_locked(h, v);
             vdrop_locked(h, v);
             continue;
         }
@@ -1600,6 +1626,7 @@ static enum MHD_Result answer_video_create(dit_http *h, struct MHD_Connection *c
     }
     /* This connection's reference becomes the store's. */
     v->in_store = true;
+    v->seq = ++h->vseq;
     if (h->vtail)
         h->vtail->next = v;
     else
@@ -1681,18 +1708,27 @@ static enum MHD_Result answer_video_list(dit_http *h, struct MHD_Connection *con
     int k = 0;
     for (vjob *v = h->vhead; v && k < n; v = v->next)
         all[k++] = v;
+    /* `after` is a place in the store's order: that of a job held, or of
+     * one deleted or expired lately (the list goes on past it). */
     int start = 0;
     if (after) {
-        start = -1;
-        for (int i = 0; i < k; i++)
-            if (strcmp(all[desc ? k - 1 - i : i]->id, after) == 0)
-                start = i + 1;
-        if (start < 0) {
+        uint64_t seq = 0;
+        for (int i = 0; i < k && !seq; i++)
+            if (strcmp(all[i]->id, after) == 0)
+                seq = all[i]->seq;
+        for (int i = 0; i < VIDEO_GONE_MAX && !seq; i++)
+            if (h->vgone[i].seq && strcmp(h->vgone[i].id, after) == 0)
+                seq = h->vgone[i].seq;
+        if (!seq) {
             uv_mutex_unlock(&h->vmu);
             free(all);
             return send_simple_error(h, conn, 404, "video_not_found",
                                      "'after' names no video held here");
         }
+        /* The list is in seq order: skip those at or before the place. */
+        for (int i = 0; i < k; i++)
+            if (desc ? all[i]->seq >= seq : all[i]->seq <= seq)
+                start++;
     }
     /* The page is written as text item by item, so that its size is
      * known as it grows (the ids are ASCII, fit to quote as they are). */
@@ -1795,8 +1831,7 @@ static enum MHD_Result answer_videos(dit_http *h, struct MHD_Connection *conn, c
         h->vtail = NULL;
         for (vjob *p = h->vhead; p; p = p->next)
             h->vtail = p;
-        v->in_store = false;
-        h->vcount--;
+        vleave_locked(h, v);
         const bool live = v->state == V_QUEUED || v->state == V_RUNNING;
         if (live)
             v->refs++; /* the cancel op's */

@@ -956,8 +956,8 @@ def videos():
     """The openai client creates a video (a multipart form), polls it to
     completed and downloads an H.264 MP4 with the frames and size asked for,
     the gRPC path's for the same request; JSON bodies, num_frames and the
-    seconds rule; list, variants, delete; images from the video model stay
-    one-frame PNGs."""
+    seconds rule; list (pages bounded in bytes, `after` a deleted job),
+    variants, delete; images from the video model stay one-frame PNGs."""
     import warnings
     warnings.simplefilter("ignore", DeprecationWarning)  # the client marks Sora's API so
     d = Daemon("--http-listen", "127.0.0.1:0", model=WAN_DEMO)
@@ -1061,6 +1061,23 @@ def videos():
         # The client's auto-pagination goes through every page, either way.
         assert [x.id for x in c.videos.list(limit=100, order="asc")] == held
         assert [x.id for x in c.videos.list(limit=100)] == held[::-1]
+        # `after` naming a deleted job goes on from its place, both ways;
+        # an id never held is 404.
+        assert [x.id for x in c.videos.list(after=v.id, order="asc", limit=100)] == held
+        c.videos.delete(held[5])
+        page = c.videos.list(after=held[5], order="asc", limit=3)
+        assert [x.id for x in page.data] == held[6:9] and page.has_more, page
+        page = c.videos.list(after=held[5], limit=3)
+        assert [x.id for x in page.data] == held[4:1:-1] and page.has_more, page
+        del held[5]
+        expect_error(d, 404, "video_not_found", None, method="GET",
+                     path=f"{VIDEOS}?after=video_{'0' * 32}")
+        # So a client may delete what it lists as it pages on.
+        seen = []
+        for x in c.videos.list(limit=5, order="asc"):
+            seen.append(x.id)
+            c.videos.delete(x.id)
+        assert seen == held and c.videos.list().data == [], seen
         # /v1/images/generations on the video model: one frame, as a PNG.
         img = c.images.generate(prompt=PROMPT, size="32x32", extra_body={"num_inference_steps": 1})
         assert base64.b64decode(img.data[0].b64_json).startswith(PNG_MAGIC)
