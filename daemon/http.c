@@ -528,7 +528,7 @@ static bool finish_gen(gen *g, grpc_status_code code, const char *msg)
     if (code != GRPC_STATUS_OK && !g->failed) {
         g->failed = true;
         g->code = code;
-        snprintf(g->msg, sizeof g->msg, "%s", msg && *msg ? msg : "failed");
+        dit_openai_copy_text(g->msg, sizeof g->msg, msg && *msg ? msg : "failed");
         if (g->stream) {
             const unsigned st = http_status_of(code);
             cJSON *o = error_json(st, NULL, grpc_code_name(code), g->msg);
@@ -587,7 +587,7 @@ static void submit(dit_http *h, gen *g)
         g->req = req; /* still ours */
         g->failed = true;
         g->code = code;
-        snprintf(g->msg, sizeof g->msg, "%s", msg);
+        dit_openai_copy_text(g->msg, sizeof g->msg, msg);
         g->phase = GEN_DONE;
         uv_mutex_unlock(&g->mu);
         uv_cond_broadcast(&g->cv);
@@ -745,7 +745,7 @@ static void vend_locked(dit_http *h, vjob *v, vstate state, grpc_status_code cod
 {
     v->state = state;
     v->code = code;
-    snprintf(v->msg, sizeof v->msg, "%s", msg && *msg ? msg : "failed");
+    dit_openai_copy_text(v->msg, sizeof v->msg, msg && *msg ? msg : "failed");
     struct timespec wall;
     clock_gettime(CLOCK_REALTIME, &wall);
     v->completed_at = (int64_t)wall.tv_sec;
@@ -901,7 +901,7 @@ static void video_submit(dit_http *h, vjob *v)
         v->req = req; /* still ours */
         v->refused = true;
         v->code = code;
-        snprintf(v->msg, sizeof v->msg, "%s", msg);
+        dit_openai_copy_text(v->msg, sizeof v->msg, msg);
         vdrop_locked(h, v); /* the loop's: no job will report */
     }
     uv_mutex_unlock(&h->vmu);

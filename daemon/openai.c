@@ -11,6 +11,17 @@
 #include "core/utf8.h"
 #include "serve/request.h"
 
+/* s was cut to its first len bytes: drops a UTF-8 sequence the cut left
+ * incomplete at its end (its lead byte and up to 2 continuation bytes). */
+static void cut_at_char(char *s, size_t len)
+{
+    size_t i = len;
+    while (i > 0 && len - i < 3 && ((unsigned char)s[i - 1] & 0xc0) == 0x80)
+        i--;
+    if (i > 0 && (unsigned char)s[i - 1] >= 0xc0 && dit_utf8_len(s + i - 1, len - i + 1) == 0)
+        s[i - 1] = '\0';
+}
+
 bool dit_openai_fail(dit_openai_error *e, unsigned status, const char *param, const char *code,
                      const char *fmt, ...)
 {
@@ -19,9 +30,21 @@ bool dit_openai_fail(dit_openai_error *e, unsigned status, const char *param, co
     e->status = status;
     e->param = param;
     e->code = code;
-    vsnprintf(e->msg, sizeof e->msg, fmt, ap);
+    const int n = vsnprintf(e->msg, sizeof e->msg, fmt, ap);
     va_end(ap);
+    if (n >= (int)sizeof e->msg)
+        cut_at_char(e->msg, sizeof e->msg - 1);
     return false;
+}
+
+void dit_openai_copy_text(char *dst, size_t cap, const char *src)
+{
+    const size_t n = strlen(src);
+    const size_t len = n < cap ? n : cap - 1;
+    memcpy(dst, src, len);
+    dst[len] = '\0';
+    if (len < n)
+        cut_at_char(dst, len);
 }
 
 const char *dit_openai_echo_name(const char *s)

@@ -52,9 +52,16 @@ typedef struct dit_openai_error {
     char msg[512];
 } dit_openai_error;
 
-/* Fills e and returns false (so that `return dit_openai_fail(...)` refuses). */
+/* Fills e and returns false (so that `return dit_openai_fail(...)` refuses).
+ * A message longer than e->msg is cut at a UTF-8 character boundary, so
+ * that well-formed text stays well-formed (a JSON string must be). */
 bool dit_openai_fail(dit_openai_error *e, unsigned status, const char *param, const char *code,
                      const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
+/* Copies the string src into dst (cap > 0 bytes, NUL included), cut where
+ * it must be at a UTF-8 character boundary, as dit_openai_fail does: for
+ * the server's messages, which an error or a Video object quotes. */
+void dit_openai_copy_text(char *dst, size_t cap, const char *src);
 
 /* s when it is fit to quote in a refusal (1 to 64 letters, digits and
  * '_'), else a description of it. */
