@@ -1051,8 +1051,12 @@ static enum MHD_Result queue(dit_http *h, struct MHD_Connection *conn, unsigned 
     if (type)
         MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, type);
     const char *origin = allowed_origin(h, conn);
-    if (origin)
+    if (origin) {
         MHD_add_response_header(resp, "Access-Control-Allow-Origin", origin);
+        /* A script on that origin reads only CORS-safelisted headers and
+         * those named here: the poll hint of /v1/videos/{id}. */
+        MHD_add_response_header(resp, "Access-Control-Expose-Headers", "openai-poll-after-ms");
+    }
     /* With a list of origins the answer depends on the request's Origin
      * whether or not it matched: without Vary a browser's cache may hand
      * the copy it got with no Origin (a <video src>) to a fetch from an

@@ -449,6 +449,8 @@ def auth_tls_cors():
                                        {"Origin": "https://other.example",
                                         "Authorization": f"Bearer {token}"})
             assert st == 200 and hdrs["access-control-allow-origin"] == "https://other.example"
+            # A page on another origin may read the poll hint of /v1/videos.
+            assert "openai-poll-after-ms" in hdrs.get("access-control-expose-headers", ""), hdrs
             st, hdrs, _ = http_request(d, "GET", "/health", None, {"Origin": "https://app.example.evil"})
             assert "access-control-allow-origin" not in hdrs
             # With a list of origins every answer varies by Origin, even one
