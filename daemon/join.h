@@ -31,7 +31,7 @@
 #include "serve/join_auth.h"
 
 #define DIT_JOINERS_AUTH_S 5.0
-#define DIT_JOINERS_PREAUTH_BYTES 4096
+#define DIT_JOINERS_PREAUTH_BYTES DIT_JOIN_PREAUTH_BYTES
 /* An honest handshake takes one round trip: idle sockets past this many
  * cannot lock real workers out. */
 #define DIT_JOINERS_MAX_PENDING 32

@@ -1,6 +1,7 @@
 """`ditworker --join` against a fake daemon on TCP loopback: what a peer
 that has not proved the shared secret sends cannot make the worker give up
-for good, and what it prints of such a peer is escaped.
+for good, make it reserve memory or hold it past the handshake's deadline,
+and what it prints of such a peer is escaped.
 
     test_join_peer.py CASE      runs one case (meson registers each as a test)
     test_join_peer.py --list    lists the cases
@@ -33,6 +34,7 @@ def case(fn):
 
 
 SECRET = b"7f3a9c0e5b2d48e1a6c4f0b9d3e7a215"
+HANDSHAKE_S = 10  # DIT_JOIN_HANDSHAKE_S (worker/serve/join_auth.h)
 # Envelope fields (proto/ditserve/ipc/ipc.proto).
 CHALLENGE, JOIN, ACCEPT, REFUSED = 9, 10, 11, 12
 # A reason that would clear the screen and forge a line of its own.
@@ -134,6 +136,20 @@ def until_closed(c, timeout_s=15):
     return time.monotonic() - t0
 
 
+def hwm(pid):
+    """The peak resident memory of process pid, in bytes."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM")
+
+
+def hang_up(c):
+    """Closes the connection at once (the worker tries again)."""
+    return 0.0
+
+
 class FakeDaemon:
     """A listener on loopback in place of ditd's join port. Connection i is
     handled by handlers[i] (the last one for all later connections); what a
@@ -147,6 +163,7 @@ class FakeDaemon:
         self.handlers = handlers
         self.conns = 0
         self.results = []
+        self.worker_pid = None  # set once the worker runs
         threading.Thread(target=self._serve, daemon=True).start()
 
     def _serve(self):
@@ -199,6 +216,7 @@ def run(handlers, check):
     with tempfile.TemporaryDirectory() as tmp:
         fake = FakeDaemon(*handlers)
         w = Worker(tmp, fake.address)
+        fake.worker_pid = w.proc.pid
         try:
             check(fake, w)
         except BaseException:
@@ -273,6 +291,72 @@ def proved_refusal():
         assert fake.conns == 1 and isinstance(fake.results[0], float), fake.results
 
     run([prove_then_refuse], check)
+
+
+@case
+def big_frame():
+    """A length prefix of 512 MiB before any proof, then bytes as fast as the
+    worker takes them: the worker refuses the frame at once, without taking
+    them in, and tries again."""
+
+    def big(c):
+        wait_for(lambda: fake_pid[0], 10, "the worker's pid")
+        before = hwm(fake_pid[0])
+        c.sendall(struct.pack("<I", 512 << 20))
+        t0 = time.monotonic()
+        sent = 0
+        c.settimeout(5)
+        try:
+            while sent < 64 << 20 and time.monotonic() - t0 < 10:
+                sent += c.send(bytes(1 << 20))
+        except (BrokenPipeError, ConnectionResetError, socket.timeout):
+            pass
+        took = time.monotonic() - t0 + until_closed(c)
+        return took, sent, hwm(fake_pid[0]) - before
+
+    fake_pid = [None]
+
+    def check(fake, w):
+        fake_pid[0] = fake.worker_pid
+        wait_for(lambda: fake.conns >= 2 or w.proc.poll() is not None, 30, "a second connection")
+        assert w.proc.poll() is None, f"the worker exited ({w.proc.returncode})"
+        took, sent, grew = fake.results[0]
+        assert took < 3, f"the worker took {took:.1f} s to close ({sent} bytes sent)"
+        assert grew < 16 << 20, f"the worker's peak memory grew by {grew >> 20} MiB"
+        assert b"frame of 536870912 bytes" in w.stderr(), w.stderr()
+
+    run([big, hang_up], check)
+
+
+@case
+def drip():
+    """A peer that sends a frame one byte a second: the handshake gives up
+    at its deadline (10 s from connecting), and the worker tries again."""
+
+    def dribble(c):
+        c.sendall(struct.pack("<I", 3000))
+        t0 = time.monotonic()
+        c.settimeout(1)
+        while time.monotonic() - t0 < 3 * HANDSHAKE_S:
+            try:
+                c.send(b"\0")
+                if c.recv(1) == b"":
+                    break
+            except socket.timeout:
+                continue
+            except OSError:
+                break
+        return time.monotonic() - t0
+
+    def check(fake, w):
+        wait_for(lambda: fake.conns >= 2 or w.proc.poll() is not None, 4 * HANDSHAKE_S,
+                 "a second connection")
+        assert w.proc.poll() is None, f"the worker exited ({w.proc.returncode})"
+        took = fake.results[0]
+        assert took < HANDSHAKE_S + 2, f"the dribbling peer held the worker {took:.1f} s"
+        assert b"did not finish within 10 s" in w.stderr(), w.stderr()
+
+    run([dribble, hang_up], check)
 
 
 if __name__ == "__main__":

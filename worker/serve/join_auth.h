@@ -29,6 +29,13 @@
 #define DIT_JOIN_MAC_BYTES 32
 #define DIT_JOIN_SECRET_MIN 16
 #define DIT_JOIN_SECRET_MAX 4096
+/* Either side reads at most this much in one frame from a peer that has not
+ * proved the secret (the handshake's messages take a few hundred bytes):
+ * a length prefix from anyone must not make it reserve more. */
+#define DIT_JOIN_PREAUTH_BYTES 4096
+/* A worker's handshake, from connected to the daemon's proof, in seconds
+ * at most: a peer that answers byte by byte cannot hold it longer. */
+#define DIT_JOIN_HANDSHAKE_S 10
 
 typedef struct dit_join_secret {
     unsigned char bytes[DIT_JOIN_SECRET_MAX];

@@ -25,6 +25,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <omp.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <signal.h>
@@ -1497,10 +1498,64 @@ static int tcp_connect(const char *address, char *err, size_t errn)
     return fd;
 }
 
-static void set_recv_timeout(int fd, int seconds)
+/* Reads one frame from the daemon before it has proved the secret: at most
+ * DIT_JOIN_PREAUTH_BYTES (a longer length prefix is refused before anything
+ * is reserved for it), and only until deadline_ms (now_ms's clock), however
+ * slowly the bytes come. It reads no further than the frame, so what follows
+ * stays in the socket. 0 with *out, or -1 with why in msg. */
+static int read_preauth(worker *w, double deadline_ms, Ditserve__Ipc__Envelope **out, char *msg,
+                        size_t msgn)
 {
-    struct timeval tv = {.tv_sec = seconds};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    dit_ipc_reader *r = &w->reader;
+    for (;;) {
+        size_t want = 4 - r->len;
+        if (r->len >= 4) {
+            const size_t n = (size_t)r->buf[0] | (size_t)r->buf[1] << 8 | (size_t)r->buf[2] << 16 |
+                             (size_t)r->buf[3] << 24;
+            if (n > DIT_JOIN_PREAUTH_BYTES) {
+                snprintf(msg, msgn,
+                         "the peer sent a frame of %zu bytes before proving the secret (at "
+                         "most %d)",
+                         n, DIT_JOIN_PREAUTH_BYTES);
+                return -1;
+            }
+            const int got = dit_ipc_reader_next(r, out);
+            if (got > 0)
+                return 0;
+            if (got < 0) {
+                snprintf(msg, msgn, "the peer sent a corrupt message during the handshake");
+                return -1;
+            }
+            want = 4 + n - r->len;
+        }
+        const double left_ms = deadline_ms - now_ms();
+        if (left_ms <= 0) {
+            snprintf(msg, msgn, "the handshake did not finish within %d s", DIT_JOIN_HANDSHAKE_S);
+            return -1;
+        }
+        struct pollfd p = {.fd = w->fd, .events = POLLIN};
+        const int pr = poll(&p, 1, (int)left_ms + 1);
+        if (pr < 0 && errno != EINTR) {
+            snprintf(msg, msgn, "cannot wait for the daemon: %s", strerror(errno));
+            return -1;
+        }
+        if (pr <= 0)
+            continue;
+        uint8_t *room;
+        size_t cap;
+        if (dit_ipc_reader_room(r, want, want, &room, &cap) != 0) {
+            snprintf(msg, msgn, "out of memory");
+            return -1;
+        }
+        const ssize_t got = read(w->fd, room, want);
+        if (got < 0 && (errno == EINTR || errno == EAGAIN))
+            continue;
+        if (got <= 0) {
+            snprintf(msg, msgn, "the daemon closed the connection during the handshake");
+            return -1;
+        }
+        dit_ipc_reader_commit(r, (size_t)got);
+    }
 }
 
 /* A refusal that came before the daemon proved the secret, into msg. */
@@ -1524,11 +1579,9 @@ static int handshake(worker *w, const dit_join_secret *secret, char *msg, size_t
     dit_diag_clear(&diag);
     Ditserve__Ipc__Envelope *in = NULL;
     unsigned char mine[DIT_JOIN_NONCE_BYTES], theirs[DIT_JOIN_NONCE_BYTES], mac[DIT_JOIN_MAC_BYTES];
-    set_recv_timeout(w->fd, 10);
-    if (dit_ipc_read_fd(w->fd, &w->reader, &in) != 0) {
-        snprintf(msg, msgn, "the daemon closed the connection or sent nothing within 10 s");
+    const double deadline_ms = now_ms() + DIT_JOIN_HANDSHAKE_S * 1e3;
+    if (read_preauth(w, deadline_ms, &in, msg, msgn) != 0)
         goto out;
-    }
     if (in->msg_case == DITSERVE__IPC__ENVELOPE__MSG_REFUSED) {
         unproved_refusal(in->refused, msg, msgn);
         goto out;
@@ -1566,10 +1619,12 @@ static int handshake(worker *w, const dit_join_secret *secret, char *msg, size_t
     Ditserve__Ipc__Envelope env = DITSERVE__IPC__ENVELOPE__INIT;
     env.msg_case = DITSERVE__IPC__ENVELOPE__MSG_JOIN;
     env.join = &jr;
-    if (send_env(w, &env) != 0 || dit_ipc_read_fd(w->fd, &w->reader, &in) != 0) {
+    if (send_env(w, &env) != 0) {
         snprintf(msg, msgn, "the daemon closed the connection during the handshake");
         goto out;
     }
+    if (read_preauth(w, deadline_ms, &in, msg, msgn) != 0)
+        goto out;
     if (in->msg_case == DITSERVE__IPC__ENVELOPE__MSG_REFUSED) {
         unproved_refusal(in->refused, msg, msgn);
         goto out;
@@ -1585,8 +1640,7 @@ static int handshake(worker *w, const dit_join_secret *secret, char *msg, size_t
         snprintf(msg, msgn, "the daemon could not prove it holds the secret");
         goto out;
     }
-    set_recv_timeout(w->fd, 0); /* the wait for a rank may be long */
-    rc = JOIN_OK;
+    rc = JOIN_OK; /* from here frames may be large, and the wait for a rank long */
 out:
     if (in)
         ditserve__ipc__envelope__free_unpacked(in, NULL);
