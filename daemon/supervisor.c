@@ -917,16 +917,14 @@ static void on_read(uv_stream_t *stream, ssize_t n, const uv_buf_t *buf)
 }
 
 /* A remote host that vanishes without closing is noticed within about a
- * minute (15 s idle, then 5 probes 9 s apart), not the kernel's hours. */
-static void keepalive(uv_tcp_t *t)
+ * minute, not the kernel's hours (keepalive) or its 15 minutes of
+ * retransmissions (with data in flight): serve/join_auth.h. */
+static void join_socket_options(conn *c, const char *addr)
 {
-    uv_tcp_keepalive(t, 1, 15);
     uv_os_fd_t fd;
-    if (uv_fileno((uv_handle_t *)t, &fd) == 0) {
-        int intvl = 9, cnt = 5;
-        setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
-        setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
-    }
+    if (uv_fileno(&c->h.handle, &fd) != 0 || dit_join_socket_options(fd) != 0)
+        DIT_LOG(c->s->log, DIT_LOG_WARN, "join",
+                "cannot set the TCP keepalive and timeout of the connection from %s", addr);
 }
 
 static conn *new_conn(dit_supervisor *s, bool tcp)
@@ -997,8 +995,7 @@ static void on_join_connection(uv_stream_t *server, int status)
             snprintf(addr, sizeof addr, "%s:%d", ip, port);
         }
     }
-    uv_tcp_nodelay(&c->h.tcp, 1);
-    keepalive(&c->h.tcp);
+    join_socket_options(c, addr);
     if (uv_read_start(&c->h.stream, alloc_cb, on_read) != 0) {
         close_conn(c);
         return;

@@ -1,11 +1,15 @@
 /* The join handshake (daemon/join.c) over a fake transport: the challenge,
  * a right and a wrong answer, the daemon's proof before a refusal, ranks
  * asked for, the pool's order, the handshake limit and the handshake
- * deadline; and the escaping of what a peer sends (serve/join_auth.c). */
+ * deadline; and the escaping of what a peer sends and the TCP options of a
+ * join connection (serve/join_auth.c). */
 #include <check.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "join.h"
@@ -241,6 +245,34 @@ START_TEST(a_peers_text_is_escaped)
 }
 END_TEST
 
+static int sockopt(int fd, int level, int name)
+{
+    int v = -1;
+    socklen_t len = sizeof v;
+    ck_assert_int_eq(getsockopt(fd, level, name, &v, &len), 0);
+    return v;
+}
+
+START_TEST(join_sockets_time_out_with_data_in_flight)
+{
+    /* Keepalive probes only an idle connection: TCP_USER_TIMEOUT bounds a
+     * write to a vanished peer, at the keepalive's minute. */
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(dit_join_socket_options(fd), 0);
+    ck_assert_int_eq(sockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT), 60000);
+    ck_assert_int_eq(sockopt(fd, SOL_SOCKET, SO_KEEPALIVE), 1);
+    ck_assert_int_eq(sockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE), 15);
+    ck_assert_int_eq(sockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL), 9);
+    ck_assert_int_eq(sockopt(fd, IPPROTO_TCP, TCP_KEEPCNT), 5);
+    ck_assert_int_eq(sockopt(fd, IPPROTO_TCP, TCP_NODELAY), 1);
+    ck_assert_int_le(DIT_JOIN_KEEPIDLE_S + DIT_JOIN_KEEPINTVL_S * DIT_JOIN_KEEPCNT,
+                     DIT_JOIN_USER_TIMEOUT_MS / 1000);
+    close(fd);
+    ck_assert_int_eq(dit_join_socket_options(-1), -1); /* not a socket: said so */
+}
+END_TEST
+
 START_TEST(handshake_limit_closes_the_oldest)
 {
     dit_joiners *j = make("cuda");
@@ -298,6 +330,7 @@ int main(void)
     tcase_add_test(tc, cpu_backend_wants_the_same_host);
     tcase_add_test(tc, a_refusal_after_the_workers_proof_follows_the_daemons);
     tcase_add_test(tc, a_peers_text_is_escaped);
+    tcase_add_test(tc, join_sockets_time_out_with_data_in_flight);
     tcase_add_test(tc, handshake_limit_closes_the_oldest);
     tcase_add_test(tc, handshakes_expire_joined_workers_stay);
     tcase_add_test(tc, closing_refuses_new_peers);

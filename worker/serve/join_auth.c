@@ -2,14 +2,45 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/rand.h>
+
+int dit_join_socket_options(int fd)
+{
+    const int one = 1, idle = DIT_JOIN_KEEPIDLE_S, intvl = DIT_JOIN_KEEPINTVL_S,
+              cnt = DIT_JOIN_KEEPCNT;
+    const unsigned user_timeout = DIT_JOIN_USER_TIMEOUT_MS;
+    int rc = 0, err = 0;
+    const struct {
+        int level, name;
+        const void *val;
+        socklen_t len;
+    } opts[] = {
+        {IPPROTO_TCP, TCP_NODELAY, &one, sizeof one},
+        {SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one},
+        {IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle},
+        {IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl},
+        {IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt},
+        {IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout, sizeof user_timeout},
+    };
+    for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++)
+        if (setsockopt(fd, opts[i].level, opts[i].name, opts[i].val, opts[i].len) != 0 && !rc) {
+            rc = -1;
+            err = errno;
+        }
+    if (rc)
+        errno = err;
+    return rc;
+}
 
 dit_status dit_join_secret_read(const char *path, dit_join_secret *out, dit_diag *diag)
 {

@@ -42,6 +42,26 @@ typedef struct dit_join_secret {
     size_t len;
 } dit_join_secret;
 
+/* A join connection's TCP timing, the same on both ends: keepalive probes
+ * after 15 s idle, 9 s apart, and a user timeout (TCP_USER_TIMEOUT) of
+ * 60 s, so that a peer that vanished without closing is noticed within
+ * about a minute. Keepalive alone probes only an idle connection: with data
+ * in flight a write to a vanished peer would wait out the kernel's
+ * retransmissions (about 15 minutes). The kernel applies the user timeout
+ * to a closed receive window too (a peer that reads nothing for a minute
+ * while more waits to go than its buffers hold); neither side leaves the
+ * other so: the daemon reads at all times, and sends a worker in a job no
+ * more than small cancels. */
+#define DIT_JOIN_KEEPIDLE_S 15
+#define DIT_JOIN_KEEPINTVL_S 9
+#define DIT_JOIN_KEEPCNT 5
+#define DIT_JOIN_USER_TIMEOUT_MS 60000
+
+/* Sets the TCP options of a join connection (either end): no Nagle delay,
+ * and the keepalive and user timeout above. 0, or -1 with errno when one
+ * cannot be set (the others are set still). */
+int dit_join_socket_options(int fd);
+
 /* Reads the secret from a file (trailing newlines and spaces dropped). It
  * must hold at least DIT_JOIN_SECRET_MIN bytes. */
 dit_status dit_join_secret_read(const char *path, dit_join_secret *out, dit_diag *diag);

@@ -1488,13 +1488,11 @@ static int tcp_connect(const char *address, char *err, size_t errn)
     freeaddrinfo(res);
     if (fd < 0)
         return -1;
-    int one = 1, idle = 15, intvl = 5, cnt = 3;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    /* A host that vanishes without closing is noticed within a minute. */
-    setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
-    setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
-    setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
-    setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
+    /* A host that vanishes without closing is noticed within about a
+     * minute, with data in flight or not. */
+    if (dit_join_socket_options(fd) != 0)
+        fprintf(stderr, "ditworker: cannot set the connection's TCP options: %s\n",
+                strerror(errno));
     return fd;
 }
 
