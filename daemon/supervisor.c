@@ -86,6 +86,25 @@ typedef struct conn {
 
 #define CONN_OF_JOINER(p) ((conn *)(void *)((char *)(p)-offsetof(conn, jp)))
 
+/* A listener's spare handle. libuv stops a listener whose callback leaves
+ * the connection waiting unaccepted, for good, and keeps its fd; one that
+ * gets no conn (no memory) is accepted into the spare and closed at once.
+ * While the spare closes (a second such connection in the same loop turn)
+ * the next one waits, and the spare's close callback takes it. */
+typedef struct sup_spare {
+    union {
+        uv_handle_t handle;
+        uv_stream_t stream;
+        uv_pipe_t pipe;
+        uv_tcp_t tcp;
+    } h;
+    struct dit_supervisor *s;
+    uv_stream_t *server;
+    uv_connection_cb retry; /* the listener's callback */
+    bool closing;           /* in use until its close callback */
+    bool waiting;           /* a connection waits in server for it */
+} sup_spare;
+
 struct dit_supervisor {
     uv_loop_t *loop;
     dit_supervisor_config cfg;
@@ -102,6 +121,7 @@ struct dit_supervisor {
     worker_slot workers[SUP_MAX_RANKS];
     int N, L; /* world size, ranks started here */
     uv_tcp_t join_listener;
+    sup_spare spare, join_spare; /* the listeners' (sup_spare) */
     uv_timer_t join_timer;
     bool join_open;
     int join_port;
@@ -271,7 +291,7 @@ static void check_torn_down(dit_supervisor *s);
 static void maybe_free(dit_supervisor *s)
 {
     if (s->destroyed && s->handles_open == 0 && s->open_conns == 0 && s->open_joiners == 0 &&
-        s->open_procs == 0) {
+        s->open_procs == 0 && !s->spare.closing && !s->join_spare.closing) {
         dit_joiners_destroy(s->joiners);
         free(s);
     }
@@ -953,14 +973,52 @@ static conn *new_conn(dit_supervisor *s, bool tcp)
     return c;
 }
 
+static void on_spare_closed(uv_handle_t *h)
+{
+    sup_spare *sp = h->data;
+    dit_supervisor *s = sp->s;
+    sp->closing = false;
+    const bool waiting = sp->waiting;
+    sp->waiting = false;
+    if (waiting && !s->destroyed && !uv_is_closing((uv_handle_t *)sp->server))
+        sp->retry(sp->server, 0);
+    maybe_free(s);
+}
+
+/* The connection waiting on server gets no conn (no memory): it is closed
+ * through the listener's spare, which needs no memory of its own, so that
+ * the listener goes on. Allocation failure cannot be caused in a test. */
+static void drop_connection(dit_supervisor *s, uv_stream_t *server, sup_spare *sp,
+                            uv_connection_cb cb)
+{
+    if (sp->closing) {
+        sp->waiting = true; /* the listener pauses until the spare is free */
+        return;
+    }
+    sp->s = s;
+    sp->server = server;
+    sp->retry = cb;
+    if (server->type == UV_TCP)
+        uv_tcp_init(s->loop, &sp->h.tcp);
+    else
+        uv_pipe_init(s->loop, &sp->h.pipe, 0);
+    sp->h.handle.data = sp;
+    sp->closing = true;
+    (void)uv_accept(server, &sp->h.stream);
+    uv_close(&sp->h.handle, on_spare_closed);
+    DIT_LOG(s->log, DIT_LOG_WARN, s->name, "no memory for a new connection: closed it");
+}
+
 static void on_connection(uv_stream_t *server, int status)
 {
     dit_supervisor *s = server->data;
     if (status < 0)
         return;
     conn *c = new_conn(s, false);
-    if (!c)
+    if (!c) {
+        drop_connection(s, server, &s->spare, on_connection);
         return;
+    }
     if (uv_accept(server, &c->h.stream) != 0 || uv_read_start(&c->h.stream, alloc_cb, on_read) != 0)
         close_conn(c);
 }
@@ -971,8 +1029,10 @@ static void on_join_connection(uv_stream_t *server, int status)
     if (status < 0)
         return;
     conn *c = new_conn(s, true);
-    if (!c)
+    if (!c) {
+        drop_connection(s, server, &s->join_spare, on_join_connection);
         return;
+    }
     char addr[80] = "an unknown address";
     if (uv_accept(server, &c->h.stream) != 0) {
         close_conn(c);
