@@ -32,8 +32,10 @@
 
 #define DIT_JOINERS_AUTH_S 5.0
 #define DIT_JOINERS_PREAUTH_BYTES DIT_JOIN_PREAUTH_BYTES
-/* An honest handshake takes one round trip: idle sockets past this many
- * cannot lock real workers out. */
+/* An honest handshake takes one round trip, so closing the oldest past this
+ * many lets a real worker in past any number of idle connections; a flood
+ * of new ones (this many within a worker's round trip, again and again)
+ * still closes real handshakes, and the workers retry. */
 #define DIT_JOINERS_MAX_PENDING 32
 
 /* One TCP peer, embedded in the transport owner's connection. The fields

@@ -1143,8 +1143,9 @@ def join():
                     got += chunk
             assert d.health() == api.enum(H, "NOT_SERVING")
             # Idle connections: at most 32 handshakes at a time; each new one
-            # past that closes the oldest, so idle sockets cannot lock
-            # workers out.
+            # past that closes the oldest, so a real worker gets in past
+            # idle sockets (a fast enough flood of new ones still would not
+            # let it: README, Deployment).
             socks = [socket.create_connection((host, int(port)), timeout=10) for _ in range(40)]
             # Every connection gets its challenge (the first eight before
             # they are closed), so all 40 are accepted by now.

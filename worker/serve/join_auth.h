@@ -4,9 +4,13 @@
  * The daemon sends a fresh 32-byte nonce; the worker answers with its own
  * nonce and HMAC-SHA256(secret, "worker" 0 daemon_nonce worker_nonce); the
  * daemon checks it and answers HMAC-SHA256(secret, "daemon" 0 worker_nonce
- * daemon_nonce), so each side knows the other holds the secret and neither
- * answer can be replayed. The secret never crosses the wire. The stream
- * itself is not encrypted: the join port belongs on a private network.
+ * daemon_nonce), so each side knows the other held the secret when the
+ * connection was made, and an answer from one handshake is worth nothing in
+ * another. The secret never crosses the wire. Nothing after the handshake
+ * is encrypted or authenticated: a peer that can redirect a worker's
+ * connection can relay a live handshake and then own the stream, and NCCL's
+ * traffic is unauthenticated too, so the mesh belongs on a private network
+ * (a cluster network, a VPN or WireGuard tunnel).
  *
  * A peer trusts nothing the other sends before its proof: a worker takes a
  * refusal as final only when the daemon sent it after its JoinAccept (the
