@@ -443,6 +443,28 @@ static dit_file_id job_lora_file(const Ditserve__Ipc__JobLora *jl)
                          .mtime_ns = jl->file_mtime_ns};
 }
 
+/* A job that names one file twice (two adapter names for the same path)
+ * with two versions of it: the daemon saw the file change between its two
+ * looks. Loading the second would drop the first while the job holds it;
+ * the job is refused instead. */
+static dit_status check_one_version(Ditserve__Ipc__JobLora *const *loras, size_t n, dit_diag *diag)
+{
+    for (size_t i = 0; i < n; i++)
+        for (size_t j = i + 1; j < n; j++) {
+            if (strcmp(loras[i]->path, loras[j]->path) != 0)
+                continue;
+            const dit_file_id a = job_lora_file(loras[i]), b = job_lora_file(loras[j]);
+            const bool same =
+                dit_file_id_known(&a) ? dit_file_id_equal(&a, &b) : !dit_file_id_known(&b);
+            if (!same)
+                return dit_diag_set(diag, DIT_ERR_INVALID_ARG,
+                                    "LoRA adapters '%s' and '%s' are one file, which changed "
+                                    "while the request was admitted; send it again",
+                                    loras[i]->name, loras[j]->name);
+        }
+    return DIT_OK;
+}
+
 /* A loader's message for a client: every mention of `path` (the server's
  * folders) becomes the file's own name. */
 static void client_message(const char *why, const char *path, char *out, size_t cap)
@@ -566,6 +588,8 @@ static dit_status lora_attach_job(worker *w, const Ditserve__Ipc__Job *job, bool
     if (job->n_loras > DIT_REQUEST_MAX_LORAS)
         return dit_diag_set(diag, DIT_ERR_INVALID_ARG, "a job has at most %d LoRA adapters",
                             DIT_REQUEST_MAX_LORAS);
+    if ((st = check_one_version(job->loras, job->n_loras, diag)) != DIT_OK)
+        return st;
     for (size_t i = 0; i < job->n_loras; i++) {
         const Ditserve__Ipc__JobLora *jl = job->loras[i];
         const dit_lora *l = NULL;
@@ -594,6 +618,9 @@ static dit_status lora_only_job(worker *w, const Ditserve__Ipc__Job *job, dit_di
     if (job->n_loras > DIT_REQUEST_MAX_LORAS)
         return dit_diag_set(diag, DIT_ERR_INVALID_ARG, "a job loads at most %d LoRA adapters",
                             DIT_REQUEST_MAX_LORAS);
+    dit_status vst = check_one_version(job->loras, job->n_loras, diag);
+    if (vst != DIT_OK)
+        return vst;
     for (size_t k = 0; k < job->n_lora_evict; k++)
         for (size_t i = 0; i < c->n; i++)
             if (!c->e[i].pinned && strcmp(c->e[i].path, job->lora_evict[k]) == 0) {
@@ -1087,8 +1114,18 @@ report:;
         Ditserve__Ipc__JobDone bare = DITSERVE__IPC__JOB_DONE__INIT;
         bare.job_id = job->job_id;
         bare.rank = w->rank;
-        bare.status = (int32_t)(bytes > DIT_IPC_MAX_FRAME ? DIT_ERR_INVALID_ARG : DIT_ERR_NOMEM);
-        bare.message = msg;
+        /* A failed job's own status and what it says of the mesh stay (the
+         * daemon must not hand the next job to a worker about to exit). */
+        if (st != DIT_OK) {
+            bare.status = (int32_t)st;
+            bare.message = (char *)dit_diag_msg(&diag);
+        } else {
+            bare.status =
+                (int32_t)(bytes > DIT_IPC_MAX_FRAME ? DIT_ERR_INVALID_ARG : DIT_ERR_NOMEM);
+            bare.message = msg;
+        }
+        bare.worker_exits = done.worker_exits;
+        bare.peer_failed = done.peer_failed;
         bare.memory = &mem;
         env.done = &bare;
         rc = send_env(w, &env);
