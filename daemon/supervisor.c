@@ -901,7 +901,17 @@ static void on_read(uv_stream_t *stream, ssize_t n, const uv_buf_t *buf)
     if (n < 0) {
         const int rank = c->rank;
         close_conn(c);
-        if (!s->stopping && rank >= 0) {
+        if (!s->stopping && rank >= 0 && c->tcp && s->phase == PH_GATHERING) {
+            /* A joined worker that leaves before the mesh's setup went out
+             * (a pod restarting while another rank is awaited) frees its
+             * rank for the next joiner; the rest of the mesh waits on. */
+            s->hellos--;
+            DIT_LOG(s->log, DIT_LOG_WARN, "join",
+                    "the worker for rank %d (at %s) left before the mesh started; waiting for "
+                    "another",
+                    rank, c->jp.addr);
+            assign_remote(s);
+        } else if (!s->stopping && rank >= 0) {
             char reason[200];
             if (c->tcp)
                 snprintf(reason, sizeof reason, "lost the connection to worker rank %d (at %s)",

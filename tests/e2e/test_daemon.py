@@ -1223,6 +1223,54 @@ def join():
 
 
 @case
+def join_gathering():
+    """A joined worker that leaves while the mesh still waits for another
+    rank frees its rank: the local worker is not restarted and the mesh
+    starts once two joiners are there. (Before, the whole mesh was torn
+    down and started again, with doubled back-off on every side.)"""
+    worker = env_path("DITWORKER")
+    joiners = []
+    with tempfile.TemporaryDirectory() as tmp:
+        secret = os.path.join(tmp, "secret")
+        with open(secret, "w") as f:
+            f.write("7f3a9c0e5b2d48e1a6c4f0b9d3e7a215\n")
+        d = Daemon("--ring", "4", "--local-ranks", "2", "--threads", "1", "--join-listen",
+                   "127.0.0.1:0", "--join-secret-file", secret, world=4, wait_serving=False)
+
+        def join():
+            p = subprocess.Popen([worker, "--join", d.join_target, "--secret-file", secret],
+                                 stderr=subprocess.DEVNULL)
+            joiners.append(p)
+            return p
+        try:
+            wait_for(lambda: d.join_target, 30, "the join port")
+            local = children_of(d.proc.pid)
+            assert len(local) == 2, local
+            first = join()
+            wait_for(lambda: re.search(r"rank \d: the worker at", d.log()), 30, "the first join")
+            first.kill()
+            first.wait(10)
+            wait_for(lambda: "left before the mesh started" in d.log(), 30, "the rank freed")
+            assert "tearing the mesh down" not in d.log(), d.log()
+            assert children_of(d.proc.pid) == local, "the local worker was restarted"
+            join()
+            join()
+            d.wait_serving(120)
+            info = d.info()
+            assert info.mesh_state == "ready" and info.worker_restarts == 0, info
+            assert children_of(d.proc.pid) == local
+            _, png, _ = d.generate(seed=7, **SMALL)
+            assert png.startswith(PNG_MAGIC)
+            d.stop()
+        finally:
+            for p in joiners:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait(10)
+            d.close()
+
+
+@case
 def cfg_parallel():
     """ditd --cfg-parallel on 2 workers: GetServerInfo reports cfg_degree 2,
     and a true-CFG request gives ditrun's PNG on the same layout."""
