@@ -11,7 +11,17 @@ struct dit_joiners {
     char host_id[320];
     dit_joiner *peers; /* handshaking and pooled */
     uint64_t seq;
+    double evict_logged_s; /* when the last eviction was logged (0: never) */
+    int64_t evicted;       /* handshakes closed for room since then */
 };
+
+/* Whether two "IP:PORT" (or "[IPv6]:PORT") addresses are of one host. */
+static bool same_source(const char *a, const char *b)
+{
+    const char *ca = strrchr(a, ':'), *cb = strrchr(b, ':');
+    const size_t na = ca ? (size_t)(ca - a) : strlen(a), nb = cb ? (size_t)(cb - b) : strlen(b);
+    return na == nb && memcmp(a, b, na) == 0;
+}
 
 dit_status dit_joiners_create(const dit_joiners_config *cfg, const dit_joiners_io *io,
                               dit_joiners **out, dit_diag *diag)
@@ -77,20 +87,37 @@ void dit_joiners_accept(dit_joiners *j, dit_joiner *p, const char *addr, double 
     p->seq = ++j->seq;
     snprintf(p->addr, sizeof p->addr, "%s", addr);
     int pending = 0;
-    dit_joiner *oldest = NULL;
-    for (dit_joiner *o = j->peers; o; o = o->next) {
-        if (o->joined)
-            continue;
-        pending++;
-        if (!oldest || o->seq < oldest->seq)
-            oldest = o;
-    }
-    if (pending >= DIT_JOINERS_MAX_PENDING && oldest) {
-        DIT_LOG(j->cfg.log, DIT_LOG_WARN, "join",
-                "%d handshakes in progress; closed the oldest, from %s, for one from %s", pending,
-                oldest->addr, p->addr);
-        dit_joiners_remove(j, oldest);
-        j->io.close(j->io.ctx, oldest, false);
+    for (dit_joiner *o = j->peers; o; o = o->next)
+        pending += !o->joined;
+    if (pending >= DIT_JOINERS_MAX_PENDING) {
+        /* The oldest handshake of the source with the most of them: one
+         * address that floods the port closes its own handshakes, not
+         * those of workers elsewhere. */
+        dit_joiner *victim = NULL;
+        int most = 0;
+        for (dit_joiner *o = j->peers; o; o = o->next) {
+            if (o->joined)
+                continue;
+            int n = 0;
+            for (dit_joiner *q = j->peers; q; q = q->next)
+                n += !q->joined && same_source(q->addr, o->addr);
+            if (n > most || (n == most && o->seq < victim->seq)) {
+                most = n;
+                victim = o;
+            }
+        }
+        /* Logged once a minute at most: a flood must not flood the log. */
+        j->evicted++;
+        if (now_s - j->evict_logged_s >= 60.0 || j->evict_logged_s == 0) {
+            DIT_LOG(j->cfg.log, DIT_LOG_WARN, "join",
+                    "%d handshakes in progress; closed the oldest from %s (%d handshakes from "
+                    "there) for one from %s; %lld closed for room since the last such line",
+                    pending, victim->addr, most, p->addr, (long long)j->evicted);
+            j->evict_logged_s = now_s > 0 ? now_s : 1e-9;
+            j->evicted = 0;
+        }
+        dit_joiners_remove(j, victim);
+        j->io.close(j->io.ctx, victim, false);
     }
     p->listed = true;
     p->next = j->peers;

@@ -291,6 +291,35 @@ START_TEST(handshake_limit_closes_the_oldest)
 }
 END_TEST
 
+/* One address that floods the port closes its own handshakes: a worker's
+ * from elsewhere, older than all of them, stays. */
+START_TEST(a_flood_closes_its_own_handshakes)
+{
+    dit_joiners *j = make("cuda");
+    static fake_peer honest, flood[3 * DIT_JOINERS_MAX_PENDING];
+    memset(&honest, 0, sizeof honest);
+    memset(flood, 0, sizeof flood);
+    dit_joiners_accept(j, &honest.jp, "10.0.0.2:7000", 0.0, false);
+    for (int i = 0; i < 3 * DIT_JOINERS_MAX_PENDING; i++)
+        dit_joiners_accept(j, &flood[i].jp, "10.0.0.66:1000", 1.0 + i, false);
+    ck_assert_int_eq(honest.closed, 0);
+    /* The flood's oldest went first, its newest stay. */
+    ck_assert_int_eq(flood[0].closed, 1);
+    ck_assert_int_eq(flood[3 * DIT_JOINERS_MAX_PENDING - 1].closed, 0);
+    int open = 0;
+    for (int i = 0; i < 3 * DIT_JOINERS_MAX_PENDING; i++)
+        open += !flood[i].closed;
+    ck_assert_int_eq(open, DIT_JOINERS_MAX_PENDING - 1);
+    /* IPv6 addresses are told apart by host too. */
+    static fake_peer v6[2];
+    memset(v6, 0, sizeof v6);
+    dit_joiners_accept(j, &v6[0].jp, "[fd00::1]:5000", 200.0, false);
+    dit_joiners_accept(j, &v6[1].jp, "[fd00::2]:5000", 201.0, false);
+    ck_assert_int_eq(v6[0].closed + v6[1].closed + honest.closed, 0);
+    dit_joiners_destroy(j);
+}
+END_TEST
+
 START_TEST(handshakes_expire_joined_workers_stay)
 {
     dit_joiners *j = make("cuda");
@@ -332,6 +361,7 @@ int main(void)
     tcase_add_test(tc, a_peers_text_is_escaped);
     tcase_add_test(tc, join_sockets_time_out_with_data_in_flight);
     tcase_add_test(tc, handshake_limit_closes_the_oldest);
+    tcase_add_test(tc, a_flood_closes_its_own_handshakes);
     tcase_add_test(tc, handshakes_expire_joined_workers_stay);
     tcase_add_test(tc, closing_refuses_new_peers);
     suite_add_tcase(s, tc);
