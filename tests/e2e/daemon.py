@@ -91,6 +91,14 @@ class Daemon:
                 self.proc.wait()
                 raise AssertionError(f"ditd printed no join address: {line!r}\n{self.log()}")
             self.join_target = line.split()[-1]
+        self.metrics_url = None
+        if "--metrics-port" in args:
+            line = self.proc.stdout.readline().decode()
+            if not line.startswith("ditd: metrics on http://"):
+                self.proc.kill()
+                self.proc.wait()
+                raise AssertionError(f"ditd printed no metrics address: {line!r}\n{self.log()}")
+            self.metrics_url = line.split()[-1].replace("0.0.0.0", "127.0.0.1")
         self.http_url = None
         if "--http-listen" in args:
             # After the join and metrics lines, when those are asked for.

@@ -961,9 +961,7 @@ def metrics():
     import urllib.request
     d = Daemon("--ring", "2", "--metrics-port", "0", "--warmup", "64x64:1", world=2)
     try:
-        line = d.proc.stdout.readline().decode()
-        assert line.startswith("ditd: metrics on http://"), line
-        url = line.split()[-1].replace("0.0.0.0", "127.0.0.1")
+        url = d.metrics_url
 
         def scrape():
             with urllib.request.urlopen(url, timeout=10) as r:
@@ -1033,9 +1031,7 @@ def metrics():
     d = Daemon("--metrics-port", "0", "--replicas", "2", "--threads", "1",
                "--model-name", odd.decode("utf-8", "surrogateescape"), wait_serving=False)
     try:
-        line = d.proc.stdout.readline().decode()
-        assert line.startswith("ditd: metrics on http://"), line
-        port = int(line.split()[-1].rsplit(":", 1)[1].split("/")[0])
+        port = int(d.metrics_url.rsplit(":", 1)[1].split("/")[0])
         sample = re.compile(r'^[a-zA-Z_:][a-zA-Z0-9_:]*'
                             r'(\{[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\[\\"n])*"'
                             r'(?:,[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\[\\"n])*")*\})? \S+$')

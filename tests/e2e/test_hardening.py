@@ -57,6 +57,17 @@ def expect_error(fn, code, *needles):
     raise AssertionError(f"expected {code}, the call succeeded")
 
 
+def ends_with(call, code):
+    """Reads a stalled call to its end, which must be an error `code`."""
+    try:
+        for _ in call:
+            pass
+    except grpc.RpcError as e:
+        assert e.code() == code, e
+        return
+    raise AssertionError("a stalled call finished")
+
+
 def wait_progress(call):
     for ev in call:
         if ev.WhichOneof("event") == "progress":
@@ -271,23 +282,13 @@ def unread_results():
         a3, sent = admitted("a3", "a1 was cancelled", timeout=2)
         # Read only after the deadline (reading would open the window).
         time.sleep(max(0.0, sent + 2.5 - time.monotonic()))
-        try:
-            for _ in a3:
-                pass
-            raise AssertionError("a stalled call finished")
-        except grpc.RpcError as e:
-            assert e.code() == grpc.StatusCode.DEADLINE_EXCEEDED, e
+        ends_with(a3, grpc.StatusCode.DEADLINE_EXCEEDED)
         # ditd let a3 go at its deadline: room for another beside a2.
         a4, _ = admitted("a4", "a3's deadline")
         a4.cancel()
         a2.cancel()
         for call in (a1, a2, a4):
-            try:
-                for _ in call:
-                    pass
-                raise AssertionError("a stalled call finished")
-            except grpc.RpcError as e:
-                assert e.code() == grpc.StatusCode.CANCELLED, e
+            ends_with(call, grpc.StatusCode.CANCELLED)
         t0 = time.monotonic()
         while True:
             try:
@@ -690,9 +691,7 @@ def metrics_idle():
     d = Daemon("--metrics-port", "0")
     socks = []
     try:
-        line = d.proc.stdout.readline().decode()
-        assert line.startswith("ditd: metrics on "), line
-        url = line.split()[-1]
+        url = d.metrics_url
         port = int(url.rsplit(":", 1)[1].split("/")[0])
 
         def scrape():

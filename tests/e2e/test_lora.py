@@ -324,9 +324,7 @@ def rpcs():
                    tok, "--metrics-port", "0")
         md = (("authorization", "Bearer s3cret-token-for-tests"),)
         try:
-            line = d.proc.stdout.readline().decode()
-            assert line.startswith("ditd: metrics on http://"), line
-            url = line.split()[-1].replace("0.0.0.0", "127.0.0.1")
+            url = d.metrics_url
             api = d.api
             call = lambda m, **kw: api.lora_rpc(d.channel, m)(  # noqa: E731
                 api.msg(f"ditserve.v1.{m}Request")(**kw), timeout=60, metadata=md)
@@ -405,9 +403,7 @@ def replicas():
         d = Daemon("--lora-dir", lora_dir(tmp), "--replicas", "2", "--threads", "1",
                    "--metrics-port", "0")
         try:
-            line = d.proc.stdout.readline().decode()
-            assert line.startswith("ditd: metrics on http://"), line
-            url = line.split()[-1].replace("0.0.0.0", "127.0.0.1")
+            url = d.metrics_url
 
             def lora_metrics():
                 with urllib.request.urlopen(url, timeout=10) as resp:

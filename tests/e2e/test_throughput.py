@@ -79,9 +79,7 @@ def assert_close(got, want, what, rel=1e-5):
 
 
 def scraper(d):
-    line = d.proc.stdout.readline().decode()
-    assert line.startswith("ditd: metrics on http://"), line
-    url = line.split()[-1].replace("0.0.0.0", "127.0.0.1")
+    url = d.metrics_url
 
     def scrape():
         with urllib.request.urlopen(url, timeout=10) as r:
