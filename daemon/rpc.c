@@ -77,6 +77,7 @@ struct dit_rpc_call {
     void *user;
     char *peer;
     conn_acct *acct;     /* set with the first message queued */
+    bool acct_tried;     /* looked for once: a call counts all its bytes there or none */
     int64_t unsent;      /* bytes of this call's queued messages */
     bool status_counted; /* in the server's statuses_pending (loop thread) */
 };
@@ -481,11 +482,20 @@ static void queue_slices(dit_rpc_call *c, grpc_slice *slices, size_t n, size_t l
         m->buf = grpc_raw_byte_buffer_create(slices, n);
     for (size_t i = 0; i < n; i++)
         grpc_slice_unref(slices[i]);
-    if (!m)
+    if (!m) {
+        /* A stream missing a message must not end OK: the call ends, and
+         * its handler hears of it as of a client's cancel, when the close
+         * comes back (not from here: the caller may hold what that frees). */
+        mark_dead(c);
+        grpc_call_cancel_with_status(c->call, GRPC_STATUS_RESOURCE_EXHAUSTED,
+                                     "out of memory for a message", NULL);
         return;
+    }
     m->len = len;
-    if (!c->acct)
+    if (!c->acct_tried) {
+        c->acct_tried = true;
         c->acct = acct_get(c->srv, dit_rpc_call_peer(c));
+    }
     account(c, (int64_t)len);
     uv_mutex_lock(&c->smu);
     if (c->tail)
