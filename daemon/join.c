@@ -145,6 +145,8 @@ void dit_joiners_accept(dit_joiners *j, dit_joiner *p, const char *addr, double 
     }
 }
 
+static void drop_earlier_boots(dit_joiners *j, const dit_joiner *p);
+
 bool dit_joiners_handle(dit_joiners *j, dit_joiner *p, Ditserve__Ipc__Envelope *env)
 {
     const int N = j->cfg.world_size, L = j->cfg.local_ranks;
@@ -214,6 +216,8 @@ bool dit_joiners_handle(dit_joiners *j, dit_joiner *p, Ditserve__Ipc__Envelope *
     p->joined = true;
     p->want_rank = r->rank;
     p->pid = r->pid;
+    snprintf(p->host, sizeof p->host, "%s", r->host_id);
+    drop_earlier_boots(j, p);
     char asks[48] = "";
     if (r->rank >= 0)
         snprintf(asks, sizeof asks, ", asks for rank %d", r->rank);
@@ -223,6 +227,27 @@ bool dit_joiners_handle(dit_joiners *j, dit_joiner *p, Ditserve__Ipc__Envelope *
 done:
     ditserve__ipc__envelope__free_unpacked(env, NULL);
     return joined;
+}
+
+/* Pooled workers of p's host from an earlier boot of it are gone (the host
+ * restarted within the keepalive's minute): closed, so that a rank never
+ * goes to one of them ahead of the live worker. */
+static void drop_earlier_boots(dit_joiners *j, const dit_joiner *p)
+{
+    const char *slash = strchr(p->host, '/');
+    const size_t name = slash ? (size_t)(slash - p->host) : strlen(p->host);
+    dit_joiner *next;
+    for (dit_joiner *q = j->peers; q; q = next) {
+        next = q->next;
+        if (q == p || !q->joined || strncmp(q->host, p->host, name) != 0 ||
+            (q->host[name] != '/' && q->host[name] != '\0') || strcmp(q->host, p->host) == 0)
+            continue;
+        DIT_LOG(j->cfg.log, DIT_LOG_INFO, "join",
+                "the waiting worker pid %d at %s is from an earlier boot of its host; closed",
+                q->pid, q->addr);
+        dit_joiners_remove(j, q);
+        j->io.close(j->io.ctx, q, false);
+    }
 }
 
 void dit_joiners_expire(dit_joiners *j, double now_s)

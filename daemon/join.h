@@ -48,8 +48,9 @@ typedef struct dit_joiner {
     double since_s;
     int want_rank; /* -1: any */
     unsigned char nonce[DIT_JOIN_NONCE_BYTES];
-    char addr[80]; /* "IP:PORT" of the peer */
-    int pid;       /* the worker's, once joined */
+    char addr[80];  /* "IP:PORT" of the peer */
+    char host[320]; /* its host id ("hostname/boot id"), once joined */
+    int pid;        /* the worker's, once joined */
 } dit_joiner;
 
 typedef struct dit_joiners_io {

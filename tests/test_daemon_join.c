@@ -320,6 +320,29 @@ START_TEST(a_flood_closes_its_own_handshakes)
 }
 END_TEST
 
+/* A host that restarted within the keepalive's minute: its worker from
+ * the earlier boot, still pooled, is closed when the new one joins, so no
+ * rank goes to it; another host's worker stays. */
+START_TEST(a_new_boot_drops_the_old_boots_worker)
+{
+    dit_joiners *j = make("cuda");
+    fake_peer old = {0}, other = {0}, fresh = {0};
+    dit_joiners_accept(j, &old.jp, "10.0.0.7:5000", 0.0, false);
+    ck_assert(dit_joiners_handle(j, &old.jp, answer(&old, &secret, -1, "node7/boot-1")));
+    dit_joiners_accept(j, &other.jp, "10.0.0.8:5000", 1.0, false);
+    ck_assert(dit_joiners_handle(j, &other.jp, answer(&other, &secret, -1, "node70/boot-9")));
+    dit_joiners_accept(j, &fresh.jp, "10.0.0.7:5001", 2.0, false);
+    ck_assert(dit_joiners_handle(j, &fresh.jp, answer(&fresh, &secret, -1, "node7/boot-2")));
+    ck_assert_int_eq(old.closed, 1);
+    ck_assert_int_eq(other.closed + fresh.closed, 0);
+    /* The pool hands out the live ones, oldest first. */
+    ck_assert_ptr_eq(dit_joiners_take(j, 2, true), &other.jp);
+    ck_assert_ptr_eq(dit_joiners_take(j, 3, true), &fresh.jp);
+    ck_assert_ptr_null(dit_joiners_take(j, 2, true));
+    dit_joiners_destroy(j);
+}
+END_TEST
+
 START_TEST(handshakes_expire_joined_workers_stay)
 {
     dit_joiners *j = make("cuda");
@@ -362,6 +385,7 @@ int main(void)
     tcase_add_test(tc, join_sockets_time_out_with_data_in_flight);
     tcase_add_test(tc, handshake_limit_closes_the_oldest);
     tcase_add_test(tc, a_flood_closes_its_own_handshakes);
+    tcase_add_test(tc, a_new_boot_drops_the_old_boots_worker);
     tcase_add_test(tc, handshakes_expire_joined_workers_stay);
     tcase_add_test(tc, closing_refuses_new_peers);
     suite_add_tcase(s, tc);
