@@ -275,6 +275,43 @@ def pid_one():
         neighbour.close()
 
 
+@case
+def worker_pid_one():
+    """A joined worker as pid 1 of its namespace (a worker pod's container):
+    SIGTERM ends it at once. (As pid 1 it had no handler, so the kernel
+    dropped the signal and a pod's deletion waited its whole grace period
+    for SIGKILL.) Skipped where no pid namespace can be made."""
+    probe = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"],
+                           capture_output=True)
+    if probe.returncode != 0:
+        print(f"skipped: unshare --pid: {probe.stderr.decode(errors='replace').strip()}")
+        return 77
+    with tempfile.TemporaryDirectory() as tmp:
+        secret = os.path.join(tmp, "secret")
+        with open(secret, "w") as f:
+            f.write("7f3a9c0e5b2d48e1a6c4f0b9d3e7a215\n")
+        # Nothing listens on port 1: it retries, as a worker waiting for
+        # its leader does.
+        p = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", "--kill-child",
+                              env_path("DITWORKER"), "--join", "127.0.0.1:1", "--secret-file",
+                              secret], stderr=subprocess.PIPE)
+        try:
+            # Its first retry line: it runs (past its start-up) and waits.
+            line = p.stderr.readline().decode()
+            assert "cannot connect" in line, line
+            (worker,) = children_of(p.pid)
+            with open(f"/proc/{worker}/status") as f:
+                nspid = next(line.split()[-1] for line in f if line.startswith("NSpid:"))
+            assert nspid == "1", f"the worker is pid {nspid} in its namespace"
+            os.kill(worker, signal.SIGTERM)
+            rc = p.wait(10)
+            assert rc == 128 + signal.SIGTERM, f"unshare returned {rc}"
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
 def run_pid_one():
     for world, flags in ((1, ()), (2, ("--ring", "2"))):
         d = Daemon(*flags, "--startup-timeout", "30", world=world, startup_s=30,

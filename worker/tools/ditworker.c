@@ -1804,6 +1804,12 @@ static const dit_option worker_opts[] = {
      NULL, WOFF(parent_pid), 1, 4194304, NULL, false},
 };
 
+/* SIGTERM or SIGINT as pid 1: the end it is elsewhere (async-signal-safe). */
+static void on_stop_signal(int sig)
+{
+    _exit(128 + sig);
+}
+
 int main(int argc, char **argv)
 {
     dit_cpu_blas_core_fix(argv, false);
@@ -1820,6 +1826,17 @@ int main(int argc, char **argv)
     /* A broken connection must be an error on write, not a signal (ditd's
      * uv_spawn starts workers with every signal at its default). */
     signal(SIGPIPE, SIG_IGN);
+    if (getpid() == 1) {
+        /* pid 1 of a container (a joined worker's pod): the kernel drops
+         * the signals it has no handler for, so SIGTERM would wait out the
+         * pod's grace period and end in SIGKILL. It ends the worker, as it
+         * does anywhere else. */
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = on_stop_signal;
+        sigaction(SIGTERM, &sa, NULL);
+        sigaction(SIGINT, &sa, NULL);
+    }
     const char *path = wa.connect;
     const bool rank_given = wa.rank_given;
     const long rank = (long)wa.rank;
