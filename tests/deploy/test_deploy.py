@@ -103,8 +103,9 @@ def k8s():
     port = int(cfg["DITD_LISTEN"].rsplit(":", 1)[1])
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert ports["grpc"] == port, (ports, port)
-    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-        assert c[probe]["grpc"]["port"] == port, f"{probe} is not on the gRPC port"
+    check_probes(c, port)
+    check_runs_ditd(c)
+    check_pod_security(spec)
 
     mport = int(cfg["DITD_METRICS_PORT"])
     ann = pod["metadata"]["annotations"]
@@ -148,7 +149,8 @@ def k8s():
     assert ports["http"] == hport, (ports, hport)
     hsvc = objs[("Service", "ditd-http")]["spec"]
     assert all(labels.get(k) == v for k, v in hsvc["selector"].items())
-    assert hsvc["ports"][0]["targetPort"] == "http" and "sessionAffinity" not in hsvc
+    # Video jobs live in the pod that made them: polls go back there.
+    assert hsvc["ports"][0]["targetPort"] == "http" and hsvc["sessionAffinity"] == "ClientIP"
     ing_path = os.path.join(K8S, "examples", "ingress-http.yaml")
     p = subprocess.run([tool("kubernetes-validate"), "--strict", ing_path], capture_output=True,
                        text=True)
@@ -161,7 +163,47 @@ def k8s():
     assert int(ann["nginx.ingress.kubernetes.io/proxy-read-timeout"]) >= 600
     backend = ing["spec"]["rules"][0]["http"]["paths"][0]["backend"]["service"]
     assert backend["name"] == "ditd-http" and backend["port"]["name"] == "http"
+    assert ann["nginx.ingress.kubernetes.io/affinity"] == "cookie"
+    strategy = dep["spec"]["strategy"]["rollingUpdate"]
+    assert strategy["maxSurge"] == 0 and strategy["maxUnavailable"] == 1, strategy
     assert ing["metadata"]["namespace"] == objs[("Service", "ditd-http")]["metadata"]["namespace"]
+
+
+def dockerfile_argv():
+    """The image's ENTRYPOINT and CMD, as lists."""
+    text = open(os.path.join(ROOT, "deploy", "Dockerfile")).read()
+    import json
+    ent = re.findall(r"^ENTRYPOINT (.+)$", text, re.M)
+    cmd = re.findall(r"^CMD (.+)$", text, re.M)
+    return (json.loads(ent[-1]) if ent else []), (json.loads(cmd[-1]) if cmd else [])
+
+
+def check_runs_ditd(c):
+    """The container starts ditd serving: what Kubernetes runs (command, or
+    the image's ENTRYPOINT; args, or the image's CMD when neither command
+    nor args is set) is ditd, and not --help (which exits at once)."""
+    ent, cmd = dockerfile_argv()
+    argv = c.get("command") or ent
+    args = c.get("args") if "args" in c else (cmd if "command" not in c else [])
+    assert argv and argv[0].endswith("/ditd"), argv
+    assert not any(a in ("--help", "-h", "--version") for a in argv + (args or [])), argv + args
+
+
+def check_probes(c, port):
+    """Readiness and start-up on gRPC health; liveness on the port alone,
+    since health is NOT_SERVING through a mesh rebuild (minutes) and while
+    a multi-node mesh lacks a rank (no bound)."""
+    for probe in ("startupProbe", "readinessProbe"):
+        assert c[probe]["grpc"]["port"] == port, f"{probe} is not on the gRPC port"
+    live = c["livenessProbe"]
+    assert "grpc" not in live and live["tcpSocket"]["port"] == port, live
+
+
+def check_pod_security(spec):
+    """The restricted Pod Security level: RuntimeDefault seccomp, and no
+    API token, which ditd never uses."""
+    assert spec["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+    assert spec["automountServiceAccountToken"] is False
 
 
 def dockerfile_user():
@@ -180,6 +222,10 @@ def k8s_multinode():
     lc = [c for c in lpod["spec"]["containers"] if c["name"] == "ditd"][0]
     wc = [c for c in wpod["spec"]["containers"] if c["name"] == "ditworker"][0]
     assert lc["envFrom"][0]["configMapRef"]["name"] == "ditd-multinode-config"
+    check_probes(lc, int(cfg["DITD_LISTEN"].rsplit(":", 1)[1]))
+    check_runs_ditd(lc)
+    check_pod_security(lpod["spec"])
+    check_pod_security(wpod["spec"])
 
     # Ranks add up: leader GPUs = local ranks, worker pods x GPUs = the rest.
     world = int(cfg["DITD_WORLD_SIZE"])
@@ -233,8 +279,6 @@ def k8s_multinode():
     # Clients reach the leader's gRPC port, which the probes watch.
     port = int(cfg["DITD_LISTEN"].rsplit(":", 1)[1])
     assert lports["grpc"] == port
-    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-        assert lc[probe]["grpc"]["port"] == port, f"{probe} is not on the gRPC port"
     csvc = objs[("Service", "ditd")]["spec"]
     assert all(labels.get(k) == v for k, v in csvc["selector"].items())
     assert csvc["ports"][0]["port"] == port
