@@ -1033,7 +1033,14 @@ static const char *allowed_origin(dit_http *h, struct MHD_Connection *conn)
     const size_t n = strlen(origin);
     for (const char *p = h->cors; *p;) {
         const char *end = strchr(p, ',');
-        const size_t len = end ? (size_t)(end - p) : strlen(p);
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        /* "a, b": the blanks around an entry are not part of it. */
+        while (len && (*p == ' ' || *p == '\t')) {
+            p++;
+            len--;
+        }
+        while (len && (p[len - 1] == ' ' || p[len - 1] == '\t'))
+            len--;
         if (len == n && memcmp(p, origin, n) == 0)
             return origin;
         if (!end)
@@ -1123,9 +1130,11 @@ static bool authorized(dit_http *h, struct MHD_Connection *conn)
         return false;
     v += 7;
     const size_t a = strlen(v), b = strlen(h->token);
+    /* As long whatever was sent: the time tells nothing of the token's
+     * length either. */
     unsigned char diff = a != b;
-    for (size_t i = 0; i < a && i < b; i++)
-        diff |= (unsigned char)(v[i] ^ h->token[i]);
+    for (size_t i = 0; i < b; i++)
+        diff |= (unsigned char)((i < a ? v[i] : 0) ^ h->token[i]);
     return diff == 0;
 }
 
@@ -1916,6 +1925,54 @@ static bool form_content_type(struct MHD_Connection *conn)
                               strlen(MHD_HTTP_POST_ENCODING_FORM_URLENCODED)) == 0);
 }
 
+/* What a request says of its body's length. */
+typedef struct framing {
+    int content_lengths, transfer_encodings;
+    bool chunked; /* the (only) Transfer-Encoding is "chunked" */
+} framing;
+
+static enum MHD_Result count_framing(void *cls, enum MHD_ValueKind kind, const char *key,
+                                     const char *value)
+{
+    (void)kind;
+    framing *f = cls;
+    if (strcasecmp(key, "Content-Length") == 0)
+        f->content_lengths++;
+    else if (strcasecmp(key, "Transfer-Encoding") == 0) {
+        f->transfer_encodings++;
+        f->chunked = value && strcasecmp(value, "chunked") == 0;
+    }
+    return MHD_YES;
+}
+
+/* A body whose length two readers could read two ways (several
+ * Content-Length headers, Transfer-Encoding beside Content-Length, an
+ * encoding other than chunked) is refused: a proxy in front that reads it
+ * the other way would take the rest for another request. */
+static bool ambiguous_framing(struct MHD_Connection *conn)
+{
+    framing f = {0};
+    MHD_get_connection_values(conn, MHD_HEADER_KIND, count_framing, &f);
+    return f.content_lengths > 1 || f.transfer_encodings > 1 ||
+           (f.transfer_encodings && (f.content_lengths || !f.chunked));
+}
+
+/* A POST or DELETE from a page of another origin that --http-cors-origins
+ * does not list. A form posts across sites without a preflight (and
+ * without a token the server cannot tell it from its user's); same-origin
+ * pages (the playground) send an Origin of the Host they talk to. */
+static bool cross_site_write(dit_http *h, struct MHD_Connection *conn, const char *method)
+{
+    if (strcmp(method, "POST") != 0 && strcmp(method, "DELETE") != 0)
+        return false;
+    const char *origin = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Origin");
+    if (!origin || allowed_origin(h, conn))
+        return false;
+    const char *host = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Host");
+    const char *auth = strstr(origin, "://");
+    return !host || !auth || strcasecmp(auth + 3, host) != 0;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
                                   const char *method, const char *version, const char *upload,
                                   size_t *upload_size, void **con_cls)
@@ -1956,6 +2013,19 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
                 MHD_add_response_header(resp, "Access-Control-Max-Age", "600");
             }
             return queue(h, conn, MHD_HTTP_NO_CONTENT, resp, NULL);
+        }
+        if (ambiguous_framing(conn)) {
+            rc->answered = true;
+            return send_simple_error(h, conn, 400, "invalid_framing",
+                                     "the body's length is given more than one way (several "
+                                     "Content-Length headers, or Transfer-Encoding beside one, or "
+                                     "an encoding other than chunked)");
+        }
+        if (cross_site_write(h, conn, method)) {
+            rc->answered = true;
+            return send_simple_error(h, conn, 403, "cross_origin_refused",
+                                     "a page of another origin may not POST or DELETE here; the "
+                                     "server lists the pages it allows in --http-cors-origins");
         }
         rc->is_gen = strcmp(url, "/v1/images/generations") == 0;
         rc->is_video = strcmp(url, "/v1/videos") == 0 && strcmp(method, "POST") == 0;

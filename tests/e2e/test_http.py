@@ -579,6 +579,65 @@ def disconnect():
         d.close()
 
 
+def raw_exchange(d, head, body=b""):
+    """Sends a request's bytes as given; (status, the answer's bytes)."""
+    u = urllib.parse.urlsplit(d.http_url)
+    with socket.create_connection((u.hostname, u.port), timeout=30) as s:
+        s.sendall(head + body)
+        got = b""
+        while b"\r\n\r\n" not in got:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            got += chunk
+    return int(got.split(b" ", 2)[1]), got
+
+
+@case
+def cross_site_and_framing():
+    """A page of another origin may not POST (a form posts across sites
+    without a preflight, and without a token the server cannot tell it
+    from its user): 403 cross_origin_refused, unless --http-cors-origins
+    lists it (blanks around the list's entries are not part of them); the
+    same origin (the playground) may. A body whose length could be read two
+    ways (two Content-Length headers, Transfer-Encoding beside one, an
+    encoding other than chunked) is 400 invalid_framing; chunked alone is
+    fine."""
+    d = Daemon("--http-listen", "127.0.0.1:0", "--http-cors-origins",
+               "https://a.example, https://b.example")
+    try:
+        u = urllib.parse.urlsplit(d.http_url)
+        body = {"prompt": PROMPT, "size": "64x64", "num_inference_steps": 1, "seed": 1}
+        for origin in ("https://evil.example", "null", "http://localhost:1"):
+            st, _, raw = http_request(d, "POST", GEN, body, headers={"Origin": origin})
+            err = json.loads(raw)["error"]
+            assert st == 403 and err["code"] == "cross_origin_refused", (origin, st, raw)
+        st, _, raw = http_request(d, "DELETE", f"{VIDEOS}/video_0", headers={"Origin": "https://evil.example"})
+        assert st == 403, (st, raw)
+        for origin in ("https://b.example", f"http://{u.hostname}:{u.port}", None):
+            st, hdrs, raw = http_request(d, "POST", GEN, body, headers={"Origin": origin})
+            assert st == 200, (origin, st, raw[:300])
+        st, hdrs, _ = http_request(d, "OPTIONS", GEN, headers={"Origin": "https://b.example"})
+        assert st == 204 and hdrs.get("access-control-allow-origin") == "https://b.example", hdrs
+
+        data = json.dumps(body).encode()
+        n = str(len(data)).encode()
+        start = b"POST " + GEN.encode() + b" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        for extra in (b"Content-Length: " + n + b"\r\nContent-Length: 5\r\n",
+                      b"Transfer-Encoding: chunked\r\nContent-Length: " + n + b"\r\n",
+                      b"Transfer-Encoding: xchunked\r\n"):
+            st, got = raw_exchange(d, start + extra + b"Connection: close\r\n\r\n", data)
+            assert st == 400 and b"invalid_framing" in got, (extra, got[:400])
+        chunked = hex(len(data))[2:].encode() + b"\r\n" + data + b"\r\n0\r\n\r\n"
+        st, got = raw_exchange(d, start + b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n",
+                               chunked)
+        assert st == 200, got[:400]
+        assert http_request(d, "GET", "/health")[0] == 200
+        d.stop()
+    finally:
+        d.close()
+
+
 def closed_by_server(sock, timeout_s):
     """True when the server closes this socket within timeout_s."""
     sock.settimeout(timeout_s)
