@@ -77,28 +77,16 @@ class Daemon:
         e = dict(os.environ)
         e.update(env or {})
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.logf, env=e)
-        line = self.proc.stdout.readline().decode()
-        if not line.startswith("ditd: listening on "):
-            self.proc.kill()
-            self.proc.wait()
-            raise AssertionError(f"ditd did not start: {line!r}\n{self.log()}")
-        self.target = line.split()[-1]
+        self.target = self._address("ditd: listening on ", "ditd did not start")
         self.join_target = None
         if "--join-listen" in args:
-            line = self.proc.stdout.readline().decode()
-            if not line.startswith("ditd: workers join on "):
-                self.proc.kill()
-                self.proc.wait()
-                raise AssertionError(f"ditd printed no join address: {line!r}\n{self.log()}")
-            self.join_target = line.split()[-1]
+            self.join_target = self._address("ditd: workers join on ",
+                                             "ditd printed no join address")
         self.metrics_url = None
         if "--metrics-port" in args:
-            line = self.proc.stdout.readline().decode()
-            if not line.startswith("ditd: metrics on http://"):
-                self.proc.kill()
-                self.proc.wait()
-                raise AssertionError(f"ditd printed no metrics address: {line!r}\n{self.log()}")
-            self.metrics_url = line.split()[-1].replace("0.0.0.0", "127.0.0.1")
+            self.metrics_url = self._address("ditd: metrics on http://",
+                                             "ditd printed no metrics address")
+            self.metrics_url = self.metrics_url.replace("0.0.0.0", "127.0.0.1")
         self.http_url = None
         if "--http-listen" in args:
             # After the join and metrics lines, when those are asked for.
@@ -116,6 +104,15 @@ class Daemon:
         self.workers = []
         if wait_serving:
             self.wait_serving(startup_s)
+
+    def _address(self, prefix, what):
+        """The address ditd's next line of output gives after prefix."""
+        line = self.proc.stdout.readline().decode()
+        if not line.startswith(prefix):
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError(f"{what}: {line!r}\n{self.log()}")
+        return line.split()[-1]
 
     def connect(self, creds=None):
         """A new channel to the daemon, with TLS when it serves TLS."""
