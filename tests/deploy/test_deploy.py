@@ -279,6 +279,23 @@ def k8s_multinode():
     # Clients reach the leader's gRPC port, which the probes watch.
     port = int(cfg["DITD_LISTEN"].rsplit(":", 1)[1])
     assert lports["grpc"] == port
+    # The join port and NCCL are open to the mesh's pods only; everyone
+    # else reaches the leader's gRPC and metrics ports alone.
+    mesh_names = {lpod["metadata"]["labels"]["app.kubernetes.io/name"],
+                  wpod["metadata"]["labels"]["app.kubernetes.io/name"]}
+    for pol_name, pod in (("ditd-leader", lpod), ("ditworker", wpod)):
+        pol = objs[("NetworkPolicy", pol_name)]["spec"]
+        sel = pol["podSelector"]["matchLabels"]
+        assert sel.items() <= pod["metadata"]["labels"].items(), (pol_name, sel)
+        assert pol["policyTypes"] == ["Ingress"]
+        for rule in pol["ingress"]:
+            if "from" in rule:
+                expr = rule["from"][0]["podSelector"]["matchExpressions"][0]
+                assert set(expr["values"]) == mesh_names and "ports" not in rule, rule
+            else:
+                open_ports = {p["port"] for p in rule["ports"]}
+                assert pol_name == "ditd-leader" and join_port not in open_ports, rule
+                assert open_ports == {port, int(cfg["DITD_METRICS_PORT"])}, open_ports
     csvc = objs[("Service", "ditd")]["spec"]
     assert all(labels.get(k) == v for k, v in csvc["selector"].items())
     assert csvc["ports"][0]["port"] == port
